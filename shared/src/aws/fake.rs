@@ -1,0 +1,450 @@
+//! In-memory implementations of the AWS traits, for fast domain tests.
+//!
+//! They keep just enough state to behave like the service (a completed lifecycle action is
+//! gone; an access entry exists once) and record every call so tests can assert on them.
+//! Faults are injected per operation with [`FakeFaults`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::*;
+
+/// Errors queued per operation name; each call pops one before doing anything.
+#[derive(Debug, Default, Clone)]
+pub struct FakeFaults {
+    queued: Arc<Mutex<HashMap<&'static str, VecDeque<AwsErrorKind>>>>,
+}
+
+impl FakeFaults {
+    /// The next `times` calls of `operation` fail with `kind`.
+    pub fn fail(&self, operation: &'static str, kind: AwsErrorKind, times: usize) {
+        let mut queued = lock(&self.queued);
+        let queue = queued.entry(operation).or_default();
+        queue.extend(std::iter::repeat_n(kind, times));
+    }
+
+    fn take(&self, operation: &'static str) -> Result<(), AwsError> {
+        match lock(&self.queued)
+            .get_mut(operation)
+            .and_then(VecDeque::pop_front)
+        {
+            Some(kind) => Err(AwsError::new(operation, kind, "injected fault")),
+            None => Ok(()),
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic in another test thread must not hide this test's own result.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A completion as the fake recorded it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedCompletion {
+    pub action: LifecycleActionRef,
+    pub result: LifecycleActionResult,
+}
+
+#[derive(Debug, Default)]
+struct AutoScalingState {
+    /// (group, hook, instance) -> token of the pending action.
+    pending: HashMap<(String, String, String), String>,
+    hooks: HashMap<(String, String), LifecycleHook>,
+    tags: HashMap<String, BTreeMap<String, String>>,
+    completions: Vec<RecordedCompletion>,
+    heartbeats: Vec<LifecycleActionRef>,
+}
+
+/// Auto Scaling with pending lifecycle actions, hooks and group tags.
+#[derive(Debug, Default, Clone)]
+pub struct FakeAutoScaling {
+    state: Arc<Mutex<AutoScalingState>>,
+    pub faults: FakeFaults,
+}
+
+impl FakeAutoScaling {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add_group(&self, group: &str, tags: &[(&str, &str)]) {
+        lock(&self.state).tags.insert(
+            group.to_owned(),
+            tags.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+    }
+
+    pub fn add_hook(&self, group: &str, hook: LifecycleHook) {
+        lock(&self.state)
+            .hooks
+            .insert((group.to_owned(), hook.name.clone()), hook);
+    }
+
+    /// Makes `action` pending, as Auto Scaling does when it sends the notification.
+    pub fn start_action(&self, action: &LifecycleActionRef) {
+        lock(&self.state)
+            .pending
+            .insert(key(action), action.token.clone());
+    }
+
+    pub fn completions(&self) -> Vec<RecordedCompletion> {
+        lock(&self.state).completions.clone()
+    }
+
+    pub fn heartbeats(&self) -> Vec<LifecycleActionRef> {
+        lock(&self.state).heartbeats.clone()
+    }
+
+    pub fn is_pending(&self, action: &LifecycleActionRef) -> bool {
+        lock(&self.state).pending.contains_key(&key(action))
+    }
+}
+
+fn key(action: &LifecycleActionRef) -> (String, String, String) {
+    (
+        action.auto_scaling_group_name.clone(),
+        action.lifecycle_hook_name.clone(),
+        action.instance_id.clone(),
+    )
+}
+
+impl AutoScaling for FakeAutoScaling {
+    async fn complete_lifecycle_action(
+        &self,
+        action: &LifecycleActionRef,
+        result: LifecycleActionResult,
+    ) -> Result<CompletionOutcome, AwsError> {
+        self.faults.take("CompleteLifecycleAction")?;
+        let mut state = lock(&self.state);
+        match state.pending.get(&key(action)) {
+            Some(token) if *token == action.token => {
+                state.pending.remove(&key(action));
+                state.completions.push(RecordedCompletion {
+                    action: action.clone(),
+                    result,
+                });
+                Ok(CompletionOutcome::Completed)
+            }
+            _ => Ok(CompletionOutcome::NoActiveAction),
+        }
+    }
+
+    async fn record_lifecycle_action_heartbeat(
+        &self,
+        action: &LifecycleActionRef,
+    ) -> Result<HeartbeatOutcome, AwsError> {
+        self.faults.take("RecordLifecycleActionHeartbeat")?;
+        let mut state = lock(&self.state);
+        match state.pending.get(&key(action)) {
+            Some(token) if *token == action.token => {
+                state.heartbeats.push(action.clone());
+                Ok(HeartbeatOutcome::Recorded)
+            }
+            _ => Ok(HeartbeatOutcome::NoActiveAction),
+        }
+    }
+
+    async fn describe_lifecycle_hook(
+        &self,
+        group_name: &str,
+        hook_name: &str,
+    ) -> Result<Option<LifecycleHook>, AwsError> {
+        self.faults.take("DescribeLifecycleHooks")?;
+        Ok(lock(&self.state)
+            .hooks
+            .get(&(group_name.to_owned(), hook_name.to_owned()))
+            .cloned())
+    }
+
+    async fn group_tags(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, AwsError> {
+        self.faults.take("DescribeAutoScalingGroups")?;
+        Ok(lock(&self.state).tags.get(group_name).cloned())
+    }
+}
+
+/// EC2 instances and their private DNS names.
+#[derive(Debug, Default, Clone)]
+pub struct FakeInstances {
+    names: Arc<Mutex<HashMap<String, String>>>,
+    pub faults: FakeFaults,
+}
+
+impl FakeInstances {
+    pub fn add(&self, instance_id: &str, private_dns_name: &str) {
+        lock(&self.names).insert(instance_id.to_owned(), private_dns_name.to_owned());
+    }
+}
+
+impl Instances for FakeInstances {
+    async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        Ok(lock(&self.names).get(instance_id).cloned())
+    }
+}
+
+/// A message published to SNS.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedMessage {
+    pub topic_arn: String,
+    pub subject: Option<String>,
+    pub message: String,
+}
+
+/// SNS that records what is published.
+#[derive(Debug, Default, Clone)]
+pub struct FakeNotifications {
+    published: Arc<Mutex<Vec<PublishedMessage>>>,
+    pub faults: FakeFaults,
+}
+
+impl FakeNotifications {
+    pub fn published(&self) -> Vec<PublishedMessage> {
+        lock(&self.published).clone()
+    }
+
+    /// Removes and returns what was published so far (to deliver it as a new invocation).
+    pub fn drain(&self) -> Vec<PublishedMessage> {
+        std::mem::take(&mut *lock(&self.published))
+    }
+}
+
+impl Notifications for FakeNotifications {
+    async fn publish(
+        &self,
+        topic_arn: &str,
+        subject: Option<&str>,
+        message: &str,
+    ) -> Result<(), AwsError> {
+        self.faults.take("Publish")?;
+        lock(&self.published).push(PublishedMessage {
+            topic_arn: topic_arn.to_owned(),
+            subject: subject.map(str::to_owned),
+            message: message.to_owned(),
+        });
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct EksState {
+    clusters: HashMap<String, ClusterDescription>,
+    /// cluster -> node group name -> description.
+    nodegroups: HashMap<String, BTreeMap<String, NodegroupDescription>>,
+    /// (cluster, principal ARN) -> entry.
+    access_entries: BTreeMap<(String, String), AccessEntry>,
+    calls: Vec<String>,
+}
+
+/// EKS clusters, node groups and access entries.
+#[derive(Debug, Default, Clone)]
+pub struct FakeEks {
+    state: Arc<Mutex<EksState>>,
+    pub faults: FakeFaults,
+}
+
+impl FakeEks {
+    pub fn add_cluster(&self, cluster: ClusterDescription) {
+        lock(&self.state)
+            .clusters
+            .insert(cluster.name.clone(), cluster);
+    }
+
+    pub fn add_nodegroup(&self, nodegroup: NodegroupDescription) {
+        lock(&self.state)
+            .nodegroups
+            .entry(nodegroup.cluster_name.clone())
+            .or_default()
+            .insert(nodegroup.nodegroup_name.clone(), nodegroup);
+    }
+
+    pub fn remove_nodegroup(&self, cluster_name: &str, nodegroup_name: &str) {
+        if let Some(groups) = lock(&self.state).nodegroups.get_mut(cluster_name) {
+            groups.remove(nodegroup_name);
+        }
+    }
+
+    pub fn access_entries(&self, cluster_name: &str) -> Vec<AccessEntry> {
+        lock(&self.state)
+            .access_entries
+            .iter()
+            .filter(|((cluster, _), _)| cluster == cluster_name)
+            .map(|(_, entry)| entry.clone())
+            .collect()
+    }
+
+    /// Operation names called so far, in order.
+    pub fn calls(&self) -> Vec<String> {
+        lock(&self.state).calls.clone()
+    }
+
+    fn call(&self, operation: &'static str) -> Result<MutexGuard<'_, EksState>, AwsError> {
+        self.faults.take(operation)?;
+        let mut state = lock(&self.state);
+        state.calls.push(operation.to_owned());
+        Ok(state)
+    }
+}
+
+impl Eks for FakeEks {
+    async fn describe_cluster(
+        &self,
+        cluster_name: &str,
+    ) -> Result<Option<ClusterDescription>, AwsError> {
+        Ok(self
+            .call("DescribeCluster")?
+            .clusters
+            .get(cluster_name)
+            .cloned())
+    }
+
+    async fn describe_nodegroup(
+        &self,
+        cluster_name: &str,
+        nodegroup_name: &str,
+    ) -> Result<Option<NodegroupDescription>, AwsError> {
+        Ok(self
+            .call("DescribeNodegroup")?
+            .nodegroups
+            .get(cluster_name)
+            .and_then(|groups| groups.get(nodegroup_name))
+            .cloned())
+    }
+
+    async fn list_nodegroups(&self, cluster_name: &str) -> Result<Vec<String>, AwsError> {
+        Ok(self
+            .call("ListNodegroups")?
+            .nodegroups
+            .get(cluster_name)
+            .map(|groups| groups.keys().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn create_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+        entry_type: AccessEntryType,
+    ) -> Result<AccessEntryCreation, AwsError> {
+        let mut state = self.call("CreateAccessEntry")?;
+        let key = (cluster_name.to_owned(), principal_arn.to_owned());
+        if state.access_entries.contains_key(&key) {
+            return Ok(AccessEntryCreation::AlreadyExists);
+        }
+        let groups = match entry_type {
+            AccessEntryType::Ec2Linux | AccessEntryType::Ec2Windows => {
+                vec!["system:nodes".to_owned()]
+            }
+        };
+        state.access_entries.insert(
+            key,
+            AccessEntry {
+                principal_arn: principal_arn.to_owned(),
+                entry_type: entry_type.as_str().to_owned(),
+                username: Some("system:node:{{EC2PrivateDNSName}}".to_owned()),
+                kubernetes_groups: groups,
+            },
+        );
+        Ok(AccessEntryCreation::Created)
+    }
+
+    async fn describe_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+    ) -> Result<Option<AccessEntry>, AwsError> {
+        Ok(self
+            .call("DescribeAccessEntry")?
+            .access_entries
+            .get(&(cluster_name.to_owned(), principal_arn.to_owned()))
+            .cloned())
+    }
+
+    async fn delete_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+    ) -> Result<bool, AwsError> {
+        Ok(self
+            .call("DeleteAccessEntry")?
+            .access_entries
+            .remove(&(cluster_name.to_owned(), principal_arn.to_owned()))
+            .is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn action(token: &str) -> LifecycleActionRef {
+        LifecycleActionRef {
+            auto_scaling_group_name: "asg".into(),
+            lifecycle_hook_name: "Terminate-LC-Hook".into(),
+            instance_id: "i-1".into(),
+            token: token.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lifecycle_action_completes_once() {
+        let asg = FakeAutoScaling::new();
+        asg.start_action(&action("t1"));
+        let first = asg
+            .complete_lifecycle_action(&action("t1"), LifecycleActionResult::Continue)
+            .await
+            .unwrap();
+        let second = asg
+            .complete_lifecycle_action(&action("t1"), LifecycleActionResult::Continue)
+            .await
+            .unwrap();
+        assert_eq!(first, CompletionOutcome::Completed);
+        assert_eq!(second, CompletionOutcome::NoActiveAction);
+        assert_eq!(asg.completions().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn wrong_token_and_injected_faults() {
+        let asg = FakeAutoScaling::new();
+        asg.start_action(&action("t1"));
+        asg.faults
+            .fail("CompleteLifecycleAction", AwsErrorKind::Transient, 1);
+        let err = asg
+            .complete_lifecycle_action(&action("t1"), LifecycleActionResult::Continue)
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable());
+        assert_eq!(
+            asg.record_lifecycle_action_heartbeat(&action("other"))
+                .await
+                .unwrap(),
+            HeartbeatOutcome::NoActiveAction
+        );
+        assert!(asg.is_pending(&action("t1")));
+    }
+
+    #[tokio::test]
+    async fn access_entry_exists_once() {
+        let eks = FakeEks::default();
+        let arn = "arn:aws:iam::111111111111:role/node";
+        assert_eq!(
+            eks.create_access_entry("c", arn, AccessEntryType::Ec2Linux)
+                .await
+                .unwrap(),
+            AccessEntryCreation::Created
+        );
+        assert_eq!(
+            eks.create_access_entry("c", arn, AccessEntryType::Ec2Linux)
+                .await
+                .unwrap(),
+            AccessEntryCreation::AlreadyExists
+        );
+        assert!(eks.delete_access_entry("c", arn).await.unwrap());
+        assert!(!eks.delete_access_entry("c", arn).await.unwrap());
+    }
+}

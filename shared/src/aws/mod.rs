@@ -1,0 +1,303 @@
+//! The AWS calls the domain makes, as one small trait per capability.
+//!
+//! Each trait has an SDK adapter (`sdk`) and an in-memory fake (`fake`), so domain logic is
+//! tested without I/O and the binaries pick the real one. Errors are folded into [`AwsError`]
+//! whose [`AwsErrorKind`] is what a caller acts on (retry, treat as done, give up).
+
+pub mod fake;
+pub mod http_client;
+pub mod sdk;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+/// An AWS call that failed, with the part a caller can act on.
+#[derive(Debug, thiserror::Error)]
+#[error("{operation} failed ({kind:?}{}): {message}", code.as_deref().map(|c| format!(", {c}")).unwrap_or_default())]
+pub struct AwsError {
+    /// The API operation, e.g. `CompleteLifecycleAction`.
+    pub operation: &'static str,
+    pub kind: AwsErrorKind,
+    /// The service's error code, when it sent one.
+    pub code: Option<String>,
+    pub message: String,
+}
+
+/// What kind of failure an [`AwsError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AwsErrorKind {
+    /// The named resource does not exist (`ResourceNotFoundException`, ...).
+    NotFound,
+    /// It exists already (`ResourceInUseException`).
+    AlreadyExists,
+    /// Throttled or a 5xx: worth retrying.
+    Transient,
+    /// Not allowed (`AccessDenied`): fix IAM, retrying will not help.
+    AccessDenied,
+    /// The request was refused as invalid.
+    Invalid,
+    /// Could not reach the service or read its answer.
+    Transport,
+    /// Anything else.
+    Other,
+}
+
+impl AwsError {
+    pub fn new(operation: &'static str, kind: AwsErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            operation,
+            kind,
+            code: None,
+            message: message.into(),
+        }
+    }
+
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    /// Whether trying the same call again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self.kind, AwsErrorKind::Transient | AwsErrorKind::Transport)
+    }
+}
+
+/// Identifies one pending lifecycle action of one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleActionRef {
+    pub auto_scaling_group_name: String,
+    pub lifecycle_hook_name: String,
+    pub instance_id: String,
+    /// The `LifecycleActionToken` of the notification (not a credential).
+    pub token: String,
+}
+
+/// The result given to `CompleteLifecycleAction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LifecycleActionResult {
+    Continue,
+    Abandon,
+}
+
+impl LifecycleActionResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Continue => "CONTINUE",
+            Self::Abandon => "ABANDON",
+        }
+    }
+
+    /// Parses `CONTINUE`/`ABANDON` (case-insensitive).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_uppercase().as_str() {
+            "CONTINUE" => Some(Self::Continue),
+            "ABANDON" => Some(Self::Abandon),
+            _ => None,
+        }
+    }
+}
+
+/// What `CompleteLifecycleAction` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompletionOutcome {
+    /// This call completed the action.
+    Completed,
+    /// Auto Scaling had no active action for this instance and token ("No active Lifecycle
+    /// Action found"): somebody completed it, or it timed out. Nothing left to do.
+    NoActiveAction,
+}
+
+/// What a heartbeat did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatOutcome {
+    Recorded,
+    /// The action is gone (completed or expired): stop working on it.
+    NoActiveAction,
+}
+
+/// A lifecycle hook's timing, as `DescribeLifecycleHooks` returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleHook {
+    pub name: String,
+    pub transition: String,
+    pub heartbeat_timeout: Duration,
+    pub global_timeout: Duration,
+    pub default_result: LifecycleActionResult,
+}
+
+/// Auto Scaling: lifecycle actions and the group facts needed to act on them.
+pub trait AutoScaling: Send + Sync {
+    fn complete_lifecycle_action(
+        &self,
+        action: &LifecycleActionRef,
+        result: LifecycleActionResult,
+    ) -> impl Future<Output = Result<CompletionOutcome, AwsError>> + Send;
+
+    fn record_lifecycle_action_heartbeat(
+        &self,
+        action: &LifecycleActionRef,
+    ) -> impl Future<Output = Result<HeartbeatOutcome, AwsError>> + Send;
+
+    /// The hook named `hook_name` of group `group_name`, `None` when it does not exist.
+    fn describe_lifecycle_hook(
+        &self,
+        group_name: &str,
+        hook_name: &str,
+    ) -> impl Future<Output = Result<Option<LifecycleHook>, AwsError>> + Send;
+
+    /// The group's tags, `None` when the group does not exist.
+    fn group_tags(
+        &self,
+        group_name: &str,
+    ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, AwsError>> + Send;
+}
+
+/// EC2: what the domain needs to know about an instance.
+pub trait Instances: Send + Sync {
+    /// The instance's private DNS name (the node name on EKS), `None` when the instance is
+    /// unknown or has none.
+    fn private_dns_name(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+}
+
+/// SNS: hand a notification to a fresh invocation by publishing it again.
+pub trait Notifications: Send + Sync {
+    fn publish(
+        &self,
+        topic_arn: &str,
+        subject: Option<&str>,
+        message: &str,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+}
+
+/// The cluster's authentication mode (`accessConfig.authenticationMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthenticationMode {
+    ConfigMap,
+    ApiAndConfigMap,
+    Api,
+}
+
+impl AuthenticationMode {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "CONFIG_MAP" => Some(Self::ConfigMap),
+            "API_AND_CONFIG_MAP" => Some(Self::ApiAndConfigMap),
+            "API" => Some(Self::Api),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConfigMap => "CONFIG_MAP",
+            Self::ApiAndConfigMap => "API_AND_CONFIG_MAP",
+            Self::Api => "API",
+        }
+    }
+}
+
+/// What `DescribeCluster` says about the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterDescription {
+    pub name: String,
+    pub arn: String,
+    /// `https://...` API server endpoint.
+    pub endpoint: String,
+    /// `certificateAuthority.data`: base64 of the PEM bundle, exactly as EKS returns it.
+    pub certificate_authority_data: String,
+    /// Clusters created before access entries existed report no `accessConfig`: `ConfigMap`.
+    pub authentication_mode: AuthenticationMode,
+}
+
+/// What `DescribeNodegroup` says about a node group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodegroupDescription {
+    pub cluster_name: String,
+    pub nodegroup_name: String,
+    pub node_role: String,
+    /// e.g. `AL2_x86_64`, `WINDOWS_CORE_2022_x86_64`, `CUSTOM`.
+    pub ami_type: String,
+    pub status: String,
+}
+
+/// An EKS access entry's type for node roles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessEntryType {
+    Ec2Linux,
+    Ec2Windows,
+}
+
+impl AccessEntryType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ec2Linux => "EC2_LINUX",
+            Self::Ec2Windows => "EC2_WINDOWS",
+        }
+    }
+}
+
+/// An access entry as `DescribeAccessEntry` returns it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccessEntry {
+    pub principal_arn: String,
+    /// `STANDARD`, `EC2_LINUX`, `EC2_WINDOWS`, ...
+    pub entry_type: String,
+    pub username: Option<String>,
+    pub kubernetes_groups: Vec<String>,
+}
+
+/// What `CreateAccessEntry` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessEntryCreation {
+    Created,
+    /// `ResourceInUseException`: an entry for that principal exists already.
+    AlreadyExists,
+}
+
+/// EKS: clusters, node groups and access entries.
+pub trait Eks: Send + Sync {
+    /// `None` when the cluster does not exist.
+    fn describe_cluster(
+        &self,
+        cluster_name: &str,
+    ) -> impl Future<Output = Result<Option<ClusterDescription>, AwsError>> + Send;
+
+    /// `None` when the node group does not exist (any more).
+    fn describe_nodegroup(
+        &self,
+        cluster_name: &str,
+        nodegroup_name: &str,
+    ) -> impl Future<Output = Result<Option<NodegroupDescription>, AwsError>> + Send;
+
+    /// Every node group name of the cluster (all pages).
+    fn list_nodegroups(
+        &self,
+        cluster_name: &str,
+    ) -> impl Future<Output = Result<Vec<String>, AwsError>> + Send;
+
+    fn create_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+        entry_type: AccessEntryType,
+    ) -> impl Future<Output = Result<AccessEntryCreation, AwsError>> + Send;
+
+    /// `None` when there is no entry for the principal.
+    fn describe_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+    ) -> impl Future<Output = Result<Option<AccessEntry>, AwsError>> + Send;
+
+    /// `false` when there was no entry to delete.
+    fn delete_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+    ) -> impl Future<Output = Result<bool, AwsError>> + Send;
+}

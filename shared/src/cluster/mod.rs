@@ -1,0 +1,1 @@
+//! Cluster access: discovery, EKS bearer tokens and a self-refreshing `kube::Client`.

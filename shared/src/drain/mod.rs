@@ -1,0 +1,1 @@
+//! Draining the node of a terminating instance.

@@ -1,0 +1,1 @@
+//! Completing the launch lifecycle hook once the node is Ready.

@@ -1,0 +1,1 @@
+//! Auto Scaling lifecycle notifications.

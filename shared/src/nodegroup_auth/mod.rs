@@ -1,0 +1,1 @@
+//! The node role's `aws-auth` mapping or access entry.

@@ -1,0 +1,1 @@
+//! A local Lambda Runtime API.

@@ -1,0 +1,14 @@
+//! # node-manager-testkit
+//!
+//! A faithful fake EKS for tests and the local sandbox: a Kubernetes API server ([`kube`])
+//! served over real HTTP(S) with EKS-style authentication and RBAC, fake AWS endpoints
+//! ([`aws`]) that the real SDK clients reach through `AWS_ENDPOINT_URL`, and a local Lambda
+//! Runtime API ([`lambda_api`]) that runs the built function binaries as Lambda does.
+//!
+//! Not for production: nothing here is compiled into a Lambda function.
+
+pub mod account;
+pub mod aws;
+pub mod kube;
+pub mod lambda_api;
+pub mod token_verifier;
