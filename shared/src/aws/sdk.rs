@@ -1,1 +1,508 @@
-//! SDK adapters for the AWS traits.
+//! AWS SDK adapters for the traits in [`crate::aws`].
+//!
+//! Thin: one SDK call per trait method, and one place ([`classify`]) that turns an SDK error
+//! into an [`AwsError`] whose kind the domain acts on. The SDK's own standard retry strategy
+//! (throttling, 5xx, transport errors; three attempts) applies underneath.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use aws_smithy_runtime_api::client::orchestrator::HttpResponse;
+use aws_smithy_runtime_api::client::result::SdkError;
+use aws_smithy_types::error::display::DisplayErrorContext;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use aws_types::SdkConfig;
+
+use super::*;
+
+/// The text Auto Scaling answers with when the lifecycle action is already completed,
+/// abandoned or expired (a `ValidationError`).
+const NO_ACTIVE_LIFECYCLE_ACTION: &str = "No active Lifecycle Action found";
+
+/// Error codes that mean "try again later".
+const TRANSIENT_CODES: &[&str] = &[
+    "Throttling",
+    "ThrottlingException",
+    "ThrottledException",
+    "TooManyRequestsException",
+    "RequestLimitExceeded",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "ServiceUnavailable",
+    "ServiceUnavailableException",
+    "InternalFailure",
+    "InternalError",
+    "InternalErrorException",
+    "ServerException",
+];
+
+const ACCESS_DENIED_CODES: &[&str] = &[
+    "AccessDenied",
+    "AccessDeniedException",
+    "UnauthorizedOperation",
+    "UnrecognizedClientException",
+    "InvalidClientTokenId",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "AuthFailure",
+    "SignatureDoesNotMatch",
+];
+
+const NOT_FOUND_CODES: &[&str] = &[
+    "ResourceNotFoundException",
+    "NotFoundException",
+    "InvalidInstanceID.NotFound",
+];
+
+const INVALID_CODES: &[&str] = &[
+    "ValidationError",
+    "ValidationException",
+    "InvalidParameterException",
+    "InvalidParameterValue",
+    "InvalidParameter",
+    "InvalidRequestException",
+    "InvalidInstanceID.Malformed",
+];
+
+/// Folds an SDK error into an [`AwsError`] the domain can act on.
+pub fn classify<E>(operation: &'static str, error: SdkError<E, HttpResponse>) -> AwsError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match &error {
+        SdkError::ServiceError(service_error) => {
+            let status = service_error.raw().status().as_u16();
+            let code = service_error.err().code().map(str::to_owned);
+            let message = service_error
+                .err()
+                .message()
+                .map(str::to_owned)
+                .unwrap_or_else(|| DisplayErrorContext(&error).to_string());
+            let kind = match code.as_deref() {
+                Some(c) if TRANSIENT_CODES.contains(&c) => AwsErrorKind::Transient,
+                Some(c) if ACCESS_DENIED_CODES.contains(&c) => AwsErrorKind::AccessDenied,
+                Some(c) if NOT_FOUND_CODES.contains(&c) => AwsErrorKind::NotFound,
+                Some("ResourceInUseException") => AwsErrorKind::AlreadyExists,
+                Some(c) if INVALID_CODES.contains(&c) => AwsErrorKind::Invalid,
+                _ if status == 429 || status >= 500 => AwsErrorKind::Transient,
+                _ if status == 401 || status == 403 => AwsErrorKind::AccessDenied,
+                _ if status == 404 => AwsErrorKind::NotFound,
+                _ => AwsErrorKind::Other,
+            };
+            AwsError {
+                operation,
+                kind,
+                code,
+                message,
+            }
+        }
+        SdkError::ConstructionFailure(_) => AwsError::new(
+            operation,
+            AwsErrorKind::Invalid,
+            DisplayErrorContext(&error).to_string(),
+        ),
+        _ => AwsError::new(
+            operation,
+            AwsErrorKind::Transport,
+            DisplayErrorContext(&error).to_string(),
+        ),
+    }
+}
+
+/// Auto Scaling through `aws-sdk-autoscaling`.
+#[derive(Debug, Clone)]
+pub struct SdkAutoScaling {
+    client: aws_sdk_autoscaling::Client,
+}
+
+impl SdkAutoScaling {
+    pub fn new(config: &SdkConfig) -> Self {
+        Self::from_client(aws_sdk_autoscaling::Client::new(config))
+    }
+
+    pub fn from_client(client: aws_sdk_autoscaling::Client) -> Self {
+        Self { client }
+    }
+}
+
+fn is_no_active_action(error: &AwsError) -> bool {
+    error.kind == AwsErrorKind::Invalid && error.message.contains(NO_ACTIVE_LIFECYCLE_ACTION)
+}
+
+impl AutoScaling for SdkAutoScaling {
+    async fn complete_lifecycle_action(
+        &self,
+        action: &LifecycleActionRef,
+        result: LifecycleActionResult,
+    ) -> Result<CompletionOutcome, AwsError> {
+        let sent = self
+            .client
+            .complete_lifecycle_action()
+            .auto_scaling_group_name(&action.auto_scaling_group_name)
+            .lifecycle_hook_name(&action.lifecycle_hook_name)
+            .instance_id(&action.instance_id)
+            .lifecycle_action_token(&action.token)
+            .lifecycle_action_result(result.as_str())
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(CompletionOutcome::Completed),
+            Err(e) => {
+                let error = classify("CompleteLifecycleAction", e);
+                if is_no_active_action(&error) {
+                    Ok(CompletionOutcome::NoActiveAction)
+                } else {
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    async fn record_lifecycle_action_heartbeat(
+        &self,
+        action: &LifecycleActionRef,
+    ) -> Result<HeartbeatOutcome, AwsError> {
+        let sent = self
+            .client
+            .record_lifecycle_action_heartbeat()
+            .auto_scaling_group_name(&action.auto_scaling_group_name)
+            .lifecycle_hook_name(&action.lifecycle_hook_name)
+            .instance_id(&action.instance_id)
+            .lifecycle_action_token(&action.token)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(HeartbeatOutcome::Recorded),
+            Err(e) => {
+                let error = classify("RecordLifecycleActionHeartbeat", e);
+                if is_no_active_action(&error) {
+                    Ok(HeartbeatOutcome::NoActiveAction)
+                } else {
+                    Err(error)
+                }
+            }
+        }
+    }
+
+    async fn describe_lifecycle_hook(
+        &self,
+        group_name: &str,
+        hook_name: &str,
+    ) -> Result<Option<LifecycleHook>, AwsError> {
+        let output = self
+            .client
+            .describe_lifecycle_hooks()
+            .auto_scaling_group_name(group_name)
+            .lifecycle_hook_names(hook_name)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeLifecycleHooks", e))?;
+        let Some(hook) = output
+            .lifecycle_hooks()
+            .iter()
+            .find(|h| h.lifecycle_hook_name() == Some(hook_name))
+        else {
+            return Ok(None);
+        };
+        // Auto Scaling's documented defaults when a field is absent.
+        let heartbeat = hook.heartbeat_timeout().unwrap_or(3600).max(0) as u64;
+        let global = hook
+            .global_timeout()
+            .map(|g| g.max(0) as u64)
+            .unwrap_or_else(|| (heartbeat * 100).min(172_800));
+        Ok(Some(LifecycleHook {
+            name: hook_name.to_owned(),
+            transition: hook.lifecycle_transition().unwrap_or_default().to_owned(),
+            heartbeat_timeout: Duration::from_secs(heartbeat),
+            global_timeout: Duration::from_secs(global),
+            default_result: hook
+                .default_result()
+                .and_then(LifecycleActionResult::parse)
+                .unwrap_or(LifecycleActionResult::Abandon),
+        }))
+    }
+
+    async fn group_tags(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, AwsError> {
+        let output = self
+            .client
+            .describe_auto_scaling_groups()
+            .auto_scaling_group_names(group_name)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+        Ok(output
+            .auto_scaling_groups()
+            .iter()
+            .find(|g| g.auto_scaling_group_name() == Some(group_name))
+            .map(|group| {
+                group
+                    .tags()
+                    .iter()
+                    .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
+                    .collect()
+            }))
+    }
+}
+
+/// EC2 through `aws-sdk-ec2`.
+#[derive(Debug, Clone)]
+pub struct SdkInstances {
+    client: aws_sdk_ec2::Client,
+}
+
+impl SdkInstances {
+    pub fn new(config: &SdkConfig) -> Self {
+        Self::from_client(aws_sdk_ec2::Client::new(config))
+    }
+
+    pub fn from_client(client: aws_sdk_ec2::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl Instances for SdkInstances {
+    async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
+        let output = match self
+            .client
+            .describe_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => {
+                let error = classify("DescribeInstances", e);
+                return match error.kind {
+                    AwsErrorKind::NotFound => Ok(None),
+                    _ => Err(error),
+                };
+            }
+        };
+        Ok(output
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .find(|i| i.instance_id() == Some(instance_id))
+            .and_then(|i| i.private_dns_name())
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned))
+    }
+}
+
+/// SNS through `aws-sdk-sns`.
+#[derive(Debug, Clone)]
+pub struct SdkNotifications {
+    client: aws_sdk_sns::Client,
+}
+
+impl SdkNotifications {
+    pub fn new(config: &SdkConfig) -> Self {
+        Self::from_client(aws_sdk_sns::Client::new(config))
+    }
+
+    pub fn from_client(client: aws_sdk_sns::Client) -> Self {
+        Self { client }
+    }
+}
+
+impl Notifications for SdkNotifications {
+    async fn publish(
+        &self,
+        topic_arn: &str,
+        subject: Option<&str>,
+        message: &str,
+    ) -> Result<(), AwsError> {
+        self.client
+            .publish()
+            .topic_arn(topic_arn)
+            .set_subject(subject.map(str::to_owned))
+            .message(message)
+            .send()
+            .await
+            .map_err(|e| classify("Publish", e))?;
+        Ok(())
+    }
+}
+
+/// EKS through `aws-sdk-eks`.
+#[derive(Debug, Clone)]
+pub struct SdkEks {
+    client: aws_sdk_eks::Client,
+}
+
+impl SdkEks {
+    pub fn new(config: &SdkConfig) -> Self {
+        Self::from_client(aws_sdk_eks::Client::new(config))
+    }
+
+    pub fn from_client(client: aws_sdk_eks::Client) -> Self {
+        Self { client }
+    }
+}
+
+/// `Ok(None)` for a not-found error, the error otherwise.
+fn none_if_not_found<T>(error: AwsError) -> Result<Option<T>, AwsError> {
+    match error.kind {
+        AwsErrorKind::NotFound => Ok(None),
+        _ => Err(error),
+    }
+}
+
+impl Eks for SdkEks {
+    async fn describe_cluster(
+        &self,
+        cluster_name: &str,
+    ) -> Result<Option<ClusterDescription>, AwsError> {
+        let output = match self
+            .client
+            .describe_cluster()
+            .name(cluster_name)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => return none_if_not_found(classify("DescribeCluster", e)),
+        };
+        let Some(cluster) = output.cluster() else {
+            return Ok(None);
+        };
+        let authentication_mode = match cluster
+            .access_config()
+            .and_then(|a| a.authentication_mode())
+        {
+            None => AuthenticationMode::ConfigMap,
+            Some(mode) => AuthenticationMode::parse(mode.as_str()).ok_or_else(|| {
+                AwsError::new(
+                    "DescribeCluster",
+                    AwsErrorKind::Other,
+                    format!("unknown authentication mode {:?}", mode.as_str()),
+                )
+            })?,
+        };
+        Ok(Some(ClusterDescription {
+            name: cluster.name().unwrap_or(cluster_name).to_owned(),
+            arn: cluster.arn().unwrap_or_default().to_owned(),
+            endpoint: cluster.endpoint().unwrap_or_default().to_owned(),
+            certificate_authority_data: cluster
+                .certificate_authority()
+                .and_then(|c| c.data())
+                .unwrap_or_default()
+                .to_owned(),
+            authentication_mode,
+        }))
+    }
+
+    async fn describe_nodegroup(
+        &self,
+        cluster_name: &str,
+        nodegroup_name: &str,
+    ) -> Result<Option<NodegroupDescription>, AwsError> {
+        let output = match self
+            .client
+            .describe_nodegroup()
+            .cluster_name(cluster_name)
+            .nodegroup_name(nodegroup_name)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => return none_if_not_found(classify("DescribeNodegroup", e)),
+        };
+        Ok(output.nodegroup().map(|ng| NodegroupDescription {
+            cluster_name: ng.cluster_name().unwrap_or(cluster_name).to_owned(),
+            nodegroup_name: ng.nodegroup_name().unwrap_or(nodegroup_name).to_owned(),
+            node_role: ng.node_role().unwrap_or_default().to_owned(),
+            ami_type: ng
+                .ami_type()
+                .map(|t| t.as_str().to_owned())
+                .unwrap_or_default(),
+            status: ng
+                .status()
+                .map(|s| s.as_str().to_owned())
+                .unwrap_or_default(),
+        }))
+    }
+
+    async fn list_nodegroups(&self, cluster_name: &str) -> Result<Vec<String>, AwsError> {
+        self.client
+            .list_nodegroups()
+            .cluster_name(cluster_name)
+            .into_paginator()
+            .items()
+            .send()
+            .collect::<Result<Vec<_>, _>>()
+            .await
+            .map_err(|e| classify("ListNodegroups", e))
+    }
+
+    async fn create_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+        entry_type: AccessEntryType,
+    ) -> Result<AccessEntryCreation, AwsError> {
+        match self
+            .client
+            .create_access_entry()
+            .cluster_name(cluster_name)
+            .principal_arn(principal_arn)
+            .r#type(entry_type.as_str())
+            .send()
+            .await
+        {
+            Ok(_) => Ok(AccessEntryCreation::Created),
+            Err(e) => {
+                let error = classify("CreateAccessEntry", e);
+                match error.kind {
+                    AwsErrorKind::AlreadyExists => Ok(AccessEntryCreation::AlreadyExists),
+                    _ => Err(error),
+                }
+            }
+        }
+    }
+
+    async fn describe_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+    ) -> Result<Option<AccessEntry>, AwsError> {
+        let output = match self
+            .client
+            .describe_access_entry()
+            .cluster_name(cluster_name)
+            .principal_arn(principal_arn)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => return none_if_not_found(classify("DescribeAccessEntry", e)),
+        };
+        Ok(output.access_entry().map(|entry| AccessEntry {
+            principal_arn: entry.principal_arn().unwrap_or(principal_arn).to_owned(),
+            entry_type: entry.r#type().unwrap_or_default().to_owned(),
+            username: entry.username().map(str::to_owned),
+            kubernetes_groups: entry.kubernetes_groups().to_vec(),
+        }))
+    }
+
+    async fn delete_access_entry(
+        &self,
+        cluster_name: &str,
+        principal_arn: &str,
+    ) -> Result<bool, AwsError> {
+        match self
+            .client
+            .delete_access_entry()
+            .cluster_name(cluster_name)
+            .principal_arn(principal_arn)
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) => none_if_not_found(classify("DeleteAccessEntry", e)).map(|_: Option<()>| false),
+        }
+    }
+}
