@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use sha2::Digest;
+
 /// One set of credentials and the IAM principal it belongs to.
 #[derive(Clone, PartialEq, Eq)]
 pub struct FakeCredentials {
@@ -69,11 +71,12 @@ impl FakeAccount {
     /// Creates credentials for a role of this account (deterministic from the role name, so
     /// scenarios are reproducible) and registers them.
     pub fn add_role_credentials(&self, role_name: &str) -> FakeCredentials {
-        let id: String = role_name
-            .bytes()
-            .map(|b| char::from(b'A' + b % 26))
-            .chain(std::iter::repeat('X'))
+        // Distinct roles must get distinct keys, whatever their common prefix.
+        let digest = sha2::Sha256::digest(role_name.as_bytes());
+        let id: String = digest
+            .iter()
             .take(16)
+            .map(|b| char::from(b'A' + b % 26))
             .collect();
         let credentials = FakeCredentials {
             access_key_id: format!("ASIA{id}"),

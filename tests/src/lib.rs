@@ -9,6 +9,8 @@
 
 pub mod account;
 pub mod aws;
+pub mod binaries;
 pub mod kube;
 pub mod lambda_api;
+pub mod sandbox;
 pub mod token_verifier;

@@ -1,1 +1,57 @@
-//! Draining the node of a terminating instance.
+//! Draining the node of a terminating instance, the way EKS managed node groups do.
+//!
+//! [`Drainer::handle`] takes one Lambda event; for each terminating notification of this
+//! cluster's groups it:
+//! 1. finds the instance's Node (none: completes at once) — [`crate::lifecycle::node`];
+//! 2. takes the drain on the Node, or resumes it, or leaves it to the invocation already on
+//!    it — [`lease`] over the [`checkpoint`] annotation;
+//! 3. excludes the node from external load balancers, cordons it, optionally taints it —
+//!    [`cordon`];
+//! 4. decides which pods leave, in which tier, which stay — [`plan`];
+//! 5. evicts them within a concurrency bound, retrying refusals with [`backoff`] —
+//!    [`eviction`], [`eviction_queue`] — and watches them go with one watch — [`node_pods`];
+//! 6. at the deadline, reports the pods and budgets in the way ([`budgets`]) or deletes them
+//!    ([`force`]);
+//! 7. settles, then completes the lifecycle action — [`session`], [`drainer`];
+//! 8. before the invocation runs out, hands over to a fresh one
+//!    ([`crate::lifecycle::continuation`]).
+//!
+//! What the user sees: Kubernetes [`events`], JSON log lines (one per step, field `step`)
+//! and [`metrics`].
+//!
+//! Not here: parsing notifications, deciding whether a group is ours, heartbeats and
+//! hand-over mechanics — [`crate::lifecycle`].
+
+pub mod backoff;
+pub mod budgets;
+pub mod checkpoint;
+pub mod cordon;
+pub mod drainer;
+pub mod events;
+pub mod eviction;
+pub mod eviction_queue;
+pub mod force;
+pub mod lease;
+pub mod metrics;
+pub mod node_pods;
+pub mod plan;
+pub mod session;
+
+pub use drainer::{
+    DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, FUNCTION_NAME, Invocation,
+};
+
+/// Handles one Lambda event with `drainer`: the terminating hook's whole invocation.
+pub async fn handle<K, A, I, N>(
+    drainer: &Drainer<K, A, I, N>,
+    event: serde_json::Value,
+    lambda: &lambda_runtime::Context,
+) -> Result<DrainReport, DrainError>
+where
+    K: crate::lifecycle::connection::KubeConnection,
+    A: crate::aws::AutoScaling,
+    I: crate::aws::Instances,
+    N: crate::aws::Notifications,
+{
+    drainer.handle(event, lambda).await
+}

@@ -1,0 +1,66 @@
+//! The `kube::Client` for a cluster: its CA only, the function's user agent, EKS tokens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::header::USER_AGENT;
+
+use super::bearer::{BearerAuth, TokenSource};
+use super::discovery::ClusterInfo;
+use super::error::ClusterAccessError;
+
+/// `open-node-manager/<version> (<function>)`: how the API server's audit log names us.
+pub fn user_agent(function_name: &str) -> String {
+    let function: String = function_name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() && !matches!(c, '(' | ')') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!(
+        "open-node-manager/{} ({function})",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Builds a client for `cluster` that authenticates with tokens from `tokens`.
+///
+/// Needs a Tokio runtime (the client's request queue runs on it).
+pub fn build_client(
+    cluster: &ClusterInfo,
+    function_name: &str,
+    tokens: Arc<TokenSource>,
+) -> Result<kube::Client, ClusterAccessError> {
+    let uri = cluster.endpoint_uri()?;
+    let ca = cluster.ca_certificates()?;
+    if uri.scheme_str() == Some("https") && ca.is_empty() {
+        return Err(ClusterAccessError::InvalidCertificateAuthority {
+            reason: "an https:// endpoint needs the cluster's CA".to_owned(),
+        });
+    }
+    // kube builds its rustls config with the process-wide provider; ring is the one this
+    // workspace compiles. Installing fails only when one is installed already: fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+
+    let mut config = kube::Config::new(uri);
+    // Only the cluster CA is trusted: the system roots are never consulted.
+    config.root_cert = (!ca.is_empty()).then_some(ca);
+    config.connect_timeout = Some(Duration::from_secs(10));
+    let agent = HeaderValue::try_from(user_agent(function_name))
+        .map_err(|e| ClusterAccessError::Client(kube::Error::Service(Box::new(e))))?;
+    config.headers.push((USER_AGENT, agent));
+
+    // The unauthenticated stack (TLS, base URI, user agent, kube's retry of 429/503/504) is a
+    // client of its own: its request queue makes it cheap to clone, which the 401 retry needs.
+    let transport = kube::Client::try_from(config).map_err(ClusterAccessError::Client)?;
+    let send = tower::service_fn(move |request| {
+        let transport = transport.clone();
+        async move { transport.send(request).await }
+    });
+    Ok(kube::Client::new(BearerAuth::new(send, tokens), "default"))
+}

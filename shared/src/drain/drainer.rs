@@ -1,0 +1,770 @@
+//! The terminating hook's handler: one Lambda event in, every record handled, the lifecycle
+//! action completed when the node is drained (or cannot be).
+//!
+//! [`Drainer`] is built once per execution environment (clients, caches, settings) and
+//! borrowed by every invocation; [`Drainer::handle`] is the whole algorithm of one
+//! invocation, from notification to `CompleteLifecycleAction` or hand-over.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::Value;
+use tracing::Instrument;
+
+use crate::aws::{
+    AutoScaling, AwsError, CompletionOutcome, Instances, LifecycleActionResult, Notifications,
+};
+use crate::cluster::ClusterAccessError;
+use crate::lifecycle::connection::KubeConnection;
+use crate::lifecycle::continuation::{
+    ActionGone, ContinuationError, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget,
+    complete_action, hand_over,
+};
+use crate::lifecycle::node::{NodeLookupError, find_node};
+use crate::lifecycle::notification::{
+    Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition, NotificationError,
+    parse_event,
+};
+use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_function_arn};
+use crate::lifecycle::settings::DrainSettings;
+
+use super::backoff::Backoff;
+use super::cordon::cordon;
+use super::events::{DrainEvents, reason};
+use super::force::{ForcedDeletion, delete_pod};
+use super::lease::{self, Claim, LeaseHolder, Update};
+use super::metrics::DrainMetrics;
+use super::session::{
+    DrainSession, SessionEnd, SessionSettings, SessionStats, StuckPod, StuckReason,
+};
+
+/// The function's name: the `Function` metric dimension and the Events' reporter.
+pub const FUNCTION_NAME: &str = "terminating-hook";
+
+/// Everything an invocation of the terminating hook needs, built once per execution
+/// environment and borrowed by every invocation.
+pub struct Drainer<K, A, I, N> {
+    /// The way to the cluster's API; asked for a client only when a record needs one.
+    pub kube: K,
+    pub autoscaling: A,
+    pub instances: I,
+    pub notifications: N,
+    pub settings: DrainSettings,
+    pub scope: GroupScope,
+    pub hooks: HookTimings,
+    /// Whether Kubernetes Events are written (off only in tests that count API calls).
+    pub record_events: bool,
+}
+
+impl<K, A, I, N> Drainer<K, A, I, N> {
+    pub fn new(
+        kube: K,
+        autoscaling: A,
+        instances: I,
+        notifications: N,
+        settings: DrainSettings,
+    ) -> Self {
+        let scope = GroupScope::new(
+            settings.lifecycle.cluster.clone(),
+            settings.lifecycle.allowed_groups.clone(),
+            None,
+        );
+        Self {
+            kube,
+            autoscaling,
+            instances,
+            notifications,
+            settings,
+            scope,
+            hooks: HookTimings::new(),
+            record_events: true,
+        }
+    }
+}
+
+/// What an invocation did, record by record: the Lambda response.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DrainReport {
+    /// One line per record, e.g. `Completed CONTINUE (Drained)`.
+    pub records: Vec<String>,
+    #[serde(skip)]
+    pub outcomes: Vec<DeliveryOutcome>,
+}
+
+/// What the handler did with one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// `autoscaling:TEST_NOTIFICATION`: acknowledged.
+    TestNotification,
+    /// A launch notification, or a transition these functions do not handle: acknowledged.
+    OtherTransition(String),
+    /// The group belongs to another cluster or account: left alone.
+    Foreign(String),
+    /// The instance has no node: completed at once.
+    NoNode(CompletionOutcome),
+    /// Another invocation is draining this node: nothing done.
+    Duplicate { holder: String },
+    /// This action's drain was completed already.
+    AlreadyCompleted,
+    /// Drained (or out of time) and completed.
+    Completed {
+        result: LifecycleActionResult,
+        outcome: CompletionOutcome,
+        drain: DrainEnd,
+    },
+    /// Handed to a fresh invocation.
+    HandedOver { continuation: u32 },
+    /// Auto Scaling no longer has the action (completed elsewhere or expired): stopped.
+    ActionGone,
+    /// Our lease expired and another invocation took over: stopped.
+    LeaseLost,
+}
+
+impl DeliveryOutcome {
+    /// One line for the Lambda response.
+    pub fn summary(&self) -> String {
+        match self {
+            Self::TestNotification => "TestNotification acknowledged".to_owned(),
+            Self::OtherTransition(t) => format!("{t} acknowledged (not handled here)"),
+            Self::Foreign(reason) => format!("left alone: {reason}"),
+            Self::NoNode(outcome) => format!("no node: completed ({outcome:?})"),
+            Self::Duplicate { holder } => format!("duplicate: {holder} is draining the node"),
+            Self::AlreadyCompleted => "already completed".to_owned(),
+            Self::Completed {
+                result,
+                outcome,
+                drain,
+            } => {
+                format!(
+                    "completed {} ({}, {outcome:?})",
+                    result.as_str(),
+                    drain.label()
+                )
+            }
+            Self::HandedOver { continuation } => {
+                format!("handed over (continuation {continuation})")
+            }
+            Self::ActionGone => "lifecycle action gone: stopped".to_owned(),
+            Self::LeaseLost => "lease lost to another invocation: stopped".to_owned(),
+        }
+    }
+}
+
+/// How the drain part ended, for completions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DrainEnd {
+    /// Every pod left; settled.
+    Drained,
+    /// The node disappeared during the drain.
+    NodeGone,
+    /// Deadline passed; the remaining pods were deleted (force).
+    Forced(Vec<String>),
+    /// Deadline passed; these pods were still there (PodEvictionFailure).
+    EvictionFailure(Vec<String>),
+}
+
+impl DrainEnd {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Drained => "Drained",
+            Self::NodeGone => "NodeGone",
+            Self::Forced(_) => "Forced",
+            Self::EvictionFailure(_) => "PodEvictionFailure",
+        }
+    }
+}
+
+/// A record that could not be handled. The invocation fails (so Lambda retries it) after the
+/// other records were handled.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainError {
+    #[error("malformed notification: {0}")]
+    Notification(#[from] NotificationError),
+    #[error("cannot reach the cluster's Kubernetes API: {0}")]
+    Cluster(#[from] ClusterAccessError),
+    #[error("cannot decide whether the Auto Scaling group is this cluster's: {0}")]
+    Scope(#[source] AwsError),
+    #[error("cannot find the node of instance {instance_id}: {source}")]
+    NodeLookup {
+        instance_id: String,
+        #[source]
+        source: NodeLookupError,
+    },
+    #[error("Kubernetes API call failed while draining node {node}: {source}")]
+    Kubernetes {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("CompleteLifecycleAction failed for instance {instance_id}: {source}")]
+    Complete {
+        instance_id: String,
+        #[source]
+        source: AwsError,
+    },
+    #[error("cannot hand the drain of node {node} to a fresh invocation: {source}")]
+    HandOver {
+        node: String,
+        #[source]
+        source: ContinuationError,
+    },
+    #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Records(Vec<DrainError>),
+}
+
+impl DrainError {
+    /// A short name for logs and the Lambda error type.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Notification(_) => "MalformedNotification",
+            Self::Cluster(_) => "ClusterAccessFailed",
+            Self::Scope(_) => "ScopeCheckFailed",
+            Self::NodeLookup { .. } => "NodeLookupFailed",
+            Self::Kubernetes { .. } => "KubernetesApiFailed",
+            Self::Complete { .. } => "CompleteLifecycleActionFailed",
+            Self::HandOver { .. } => "HandOverFailed",
+            Self::Records(_) => "RecordsFailed",
+        }
+    }
+}
+
+impl From<DrainError> for lambda_runtime::Diagnostic {
+    fn from(error: DrainError) -> Self {
+        lambda_runtime::Diagnostic {
+            error_type: error.kind().to_owned(),
+            error_message: error.to_string(),
+        }
+    }
+}
+
+/// The invocation a record is handled in: who is working (the lease holder) and until when.
+/// Built from the Lambda context by [`Drainer::handle`]; tests build it directly to simulate
+/// short invocations.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The Lambda request id: the lease holder's name. Lambda's own retries of a failed
+    /// invocation keep it, so a retry resumes its own lease at once.
+    pub request_id: String,
+    /// This function's account (from its ARN); `None` skips the account check.
+    pub function_account: Option<String>,
+    pub budget: InvocationBudget,
+}
+
+impl Invocation {
+    pub fn from_context(
+        lambda: &lambda_runtime::Context,
+        hand_over_margin: std::time::Duration,
+    ) -> Self {
+        Self {
+            request_id: lambda.request_id.clone(),
+            function_account: account_id_from_function_arn(&lambda.invoked_function_arn),
+            budget: InvocationBudget::from_context(lambda, hand_over_margin),
+        }
+    }
+}
+
+impl<K, A, I, N> Drainer<K, A, I, N>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
+    /// Handles every record of `event`. Records that fail are reported together after the
+    /// others were handled.
+    pub async fn handle(
+        &self,
+        event: Value,
+        lambda: &lambda_runtime::Context,
+    ) -> Result<DrainReport, DrainError> {
+        let invocation = Invocation::from_context(lambda, self.settings.lifecycle.hand_over_margin);
+        self.handle_invocation(event, &invocation).await
+    }
+
+    /// [`Self::handle`] for an invocation described directly (tests, local runs).
+    pub async fn handle_invocation(
+        &self,
+        event: Value,
+        invocation: &Invocation,
+    ) -> Result<DrainReport, DrainError> {
+        let mut outcomes = Vec::new();
+        let mut errors = Vec::new();
+        for parsed in parse_event(&event) {
+            let result = match parsed {
+                Ok(delivery) => self.handle_delivery(&delivery, invocation).await,
+                Err(error) => {
+                    tracing::error!(%error, "malformed notification: nothing done for this record");
+                    Err(DrainError::Notification(error))
+                }
+            };
+            match result {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(error) => errors.push(error),
+            }
+        }
+        match errors.len() {
+            0 => Ok(DrainReport {
+                records: outcomes.iter().map(DeliveryOutcome::summary).collect(),
+                outcomes,
+            }),
+            1 => Err(errors.remove(0)),
+            _ => Err(DrainError::Records(errors)),
+        }
+    }
+
+    async fn handle_delivery(
+        &self,
+        delivery: &Delivery,
+        invocation: &Invocation,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = match &delivery.message {
+            LifecycleMessage::Test(test) => {
+                tracing::info!(step = "test_notification", asg = ?test.group_name, "test notification acknowledged");
+                return Ok(DeliveryOutcome::TestNotification);
+            }
+            LifecycleMessage::UnknownTransition {
+                transition,
+                group_name,
+                instance_id,
+            } => {
+                tracing::info!(step = "ignored", transition, asg = ?group_name, instance_id = ?instance_id, "not a transition this function handles; acknowledged");
+                return Ok(DeliveryOutcome::OtherTransition(transition.clone()));
+            }
+            LifecycleMessage::Lifecycle(n) if n.transition != LifecycleTransition::Terminating => {
+                tracing::info!(step = "ignored", transition = %n.transition, instance_id = %n.action.instance_id, asg = %n.action.auto_scaling_group_name, "a launch notification reached the terminating hook; acknowledged (check the SNS subscription filter)");
+                return Ok(DeliveryOutcome::OtherTransition(
+                    n.transition.as_str().to_owned(),
+                ));
+            }
+            LifecycleMessage::Lifecycle(n) => n,
+        };
+        let span = tracing::info_span!(
+            "drain",
+            instance_id = %notification.action.instance_id,
+            asg = %notification.action.auto_scaling_group_name,
+            hook = %notification.action.lifecycle_hook_name,
+            request_id = %invocation.request_id,
+            continuation = notification.continuation,
+            node = tracing::field::Empty,
+        );
+        // Boxed: the drain's future is deep (watch, evictions, heartbeats, timers), and an
+        // unboxed one overflows the compiler's layout depth in the binary's `main`.
+        Box::pin(
+            self.terminating(delivery, notification, invocation)
+                .instrument(span),
+        )
+        .await
+    }
+
+    async fn terminating(
+        &self,
+        delivery: &Delivery,
+        notification: &LifecycleNotification,
+        invocation: &Invocation,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let action = &notification.action;
+        let decision = self
+            .scope
+            .decide_for_account(
+                &self.autoscaling,
+                invocation.function_account.as_deref(),
+                &notification.account_id,
+                &action.auto_scaling_group_name,
+            )
+            .await
+            .map_err(DrainError::Scope)?;
+        if let ScopeDecision::Foreign(reason) = decision {
+            tracing::info!(step = "foreign_group", %reason, "not this cluster's Auto Scaling group: left alone");
+            return Ok(DeliveryOutcome::Foreign(reason.to_string()));
+        }
+
+        let client = self.kube.client().await?;
+        let events = if self.record_events {
+            DrainEvents::new(Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: format!("open-node-manager/{FUNCTION_NAME}"),
+                    instance: Some(invocation.request_id.clone()).filter(|id| !id.is_empty()),
+                },
+            ))
+        } else {
+            DrainEvents::disabled()
+        };
+        let node = find_node(&client, &self.instances, &action.instance_id)
+            .await
+            .map_err(|source| DrainError::NodeLookup {
+                instance_id: action.instance_id.clone(),
+                source,
+            })?;
+        let Some(node) = node else {
+            tracing::info!(
+                step = "no_node",
+                "the instance has no node (never joined or already gone): completing"
+            );
+            let outcome = self
+                .complete(notification, LifecycleActionResult::Continue)
+                .await?;
+            self.metrics(notification, None, "NoNode").emit();
+            return Ok(DeliveryOutcome::NoNode(outcome));
+        };
+        let node_name = node.metadata.name.clone().unwrap_or_default();
+        tracing::Span::current().record("node", node_name.as_str());
+        let kube_error = |source| DrainError::Kubernetes {
+            node: node_name.clone(),
+            source,
+        };
+
+        let holder = LeaseHolder {
+            id: invocation.request_id.clone(),
+            lease_duration: self.settings.lease_duration,
+        };
+        let nodes: Api<Node> = Api::all(client.clone());
+        let claim = lease::claim(&nodes, node, action, &holder, self.settings.drain_timeout)
+            .await
+            .map_err(kube_error)?;
+        let (node, checkpoint, resumed) = match claim {
+            Claim::Claimed {
+                node,
+                checkpoint,
+                resumed,
+            } => (*node, checkpoint, resumed),
+            Claim::HeldByOther { holder, until } => {
+                tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
+                return Ok(DeliveryOutcome::Duplicate { holder });
+            }
+            Claim::AlreadyCompleted => {
+                tracing::info!(
+                    step = "already_completed",
+                    "this lifecycle action's drain is complete already"
+                );
+                return Ok(DeliveryOutcome::AlreadyCompleted);
+            }
+            Claim::NodeGone => {
+                tracing::info!(step = "no_node", "the node was deleted: completing");
+                let outcome = self
+                    .complete(notification, LifecycleActionResult::Continue)
+                    .await?;
+                return Ok(DeliveryOutcome::NoNode(outcome));
+            }
+        };
+        let node_reference = DrainEvents::node_reference(&node_name, node.metadata.uid.as_deref());
+        if resumed {
+            tracing::info!(step = "resumed", started_at = %checkpoint.started_at, deadline = %checkpoint.deadline, continuations = checkpoint.continuations, "resuming the drain");
+        } else {
+            tracing::info!(step = "drain_started", deadline = %checkpoint.deadline, "drain started");
+            events
+                .normal(
+                    &node_reference,
+                    reason::DRAIN_STARTED,
+                    format!(
+                        "Draining node {node_name} for the termination of instance {} (Auto Scaling group {}, deadline {})",
+                        action.instance_id, action.auto_scaling_group_name, checkpoint.deadline
+                    ),
+                )
+                .await;
+        }
+
+        let taint = self.settings.taint.as_ref().map(|t| t.to_taint());
+        let (node, report) = cordon(&nodes, node, taint.as_ref())
+            .await
+            .map_err(kube_error)?;
+        if report.labelled || report.cordoned || report.tainted {
+            tracing::info!(
+                step = "cordoned",
+                labelled = report.labelled,
+                cordoned = report.cordoned,
+                tainted = report.tainted,
+                "node excluded from load balancers and cordoned"
+            );
+            events
+                .normal(
+                    &node_reference,
+                    reason::CORDONED,
+                    format!("Node {node_name} excluded from external load balancers and marked unschedulable"),
+                )
+                .await;
+        }
+
+        let hook = self
+            .hooks
+            .get_or_default(
+                &self.autoscaling,
+                &action.auto_scaling_group_name,
+                &action.lifecycle_hook_name,
+            )
+            .await;
+        let mut keeper =
+            HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
+        let session_settings = SessionSettings {
+            settle: self.settings.settle,
+            eviction_concurrency: self.settings.eviction_concurrency,
+            backoff: Backoff {
+                base: self.settings.eviction_backoff,
+                max: self
+                    .settings
+                    .eviction_backoff_max
+                    .max(self.settings.eviction_backoff),
+            },
+            grace_period_seconds: self
+                .settings
+                .pod_grace_period
+                .map(|g| i64::try_from(g.as_secs()).unwrap_or(i64::MAX)),
+        };
+        let mut session = DrainSession {
+            client: &client,
+            node_name: node_name.clone(),
+            node_uid: node.metadata.uid.clone(),
+            holder: &holder,
+            settings: &session_settings,
+            events: &events,
+            checkpoint,
+            stats: SessionStats::default(),
+        };
+        let hand_over_at = invocation.budget.hand_over_at();
+        let driven = keeper
+            .keep_alive(
+                &self.autoscaling,
+                Box::pin(self.drive(&mut session, &events, hand_over_at)),
+            )
+            .await;
+        let stats = session.stats;
+        let end = match driven {
+            Err(ActionGone) => {
+                tracing::warn!(
+                    step = "action_gone",
+                    "Auto Scaling no longer has this lifecycle action (completed elsewhere or timed out): stopping"
+                );
+                self.release(&nodes, &node_name, &holder).await;
+                self.metrics(notification, Some(stats), "ActionGone").emit();
+                return Ok(DeliveryOutcome::ActionGone);
+            }
+            Ok(result) => result.map_err(kube_error)?,
+        };
+        match end {
+            Driven::HandOver => {
+                let handed =
+                    match lease::update(&nodes, &node_name, &holder, |c, now| c.handed_over(now))
+                        .await
+                        .map_err(kube_error)?
+                    {
+                        Update::Written(_) => true,
+                        Update::LeaseLost => false,
+                        Update::NodeGone => {
+                            let outcome = self
+                                .complete(notification, LifecycleActionResult::Continue)
+                                .await?;
+                            return Ok(DeliveryOutcome::NoNode(outcome));
+                        }
+                    };
+                if !handed {
+                    return Ok(DeliveryOutcome::LeaseLost);
+                }
+                let handed = hand_over(
+                    &self.autoscaling,
+                    &self.notifications,
+                    &mut keeper,
+                    delivery,
+                    self.settings.lifecycle.continuation_topic_arn.as_deref(),
+                )
+                .await
+                .map_err(|source| DrainError::HandOver {
+                    node: node_name.clone(),
+                    source,
+                })?;
+                self.metrics(notification, Some(stats), "HandedOver")
+                    .metric("Continuations", 1.0, crate::telemetry::Unit::Count)
+                    .emit();
+                match handed {
+                    HandOver::Published { continuation, .. } => {
+                        tracing::info!(
+                            step = "handed_over",
+                            continuation,
+                            pods_evicted = stats.pods_evicted,
+                            "invocation time nearly up: drain handed to a fresh invocation"
+                        );
+                        Ok(DeliveryOutcome::HandedOver { continuation })
+                    }
+                    HandOver::ActionGone => Ok(DeliveryOutcome::ActionGone),
+                }
+            }
+            Driven::LeaseLost => {
+                tracing::info!(
+                    step = "lease_lost",
+                    "another invocation took over the drain: stopping"
+                );
+                Ok(DeliveryOutcome::LeaseLost)
+            }
+            Driven::Finished(drain) => {
+                let result = match &drain {
+                    DrainEnd::EvictionFailure(_) => self.settings.timeout_result,
+                    _ => LifecycleActionResult::Continue,
+                };
+                let outcome = self.complete(notification, result).await?;
+                let started_at = session.checkpoint.started_at;
+                let completed = lease::update(&nodes, &node_name, &holder, |c, now| {
+                    let mut next = c.handed_over(now);
+                    next.continuations = c.continuations;
+                    next.completed_at = Some(now);
+                    next
+                })
+                .await;
+                if let Err(error) = completed {
+                    tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
+                }
+                let duration = Timestamp::now().duration_since(started_at);
+                tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
+                events
+                    .normal(
+                        &node_reference,
+                        reason::LIFECYCLE_ACTION_COMPLETED,
+                        format!(
+                            "Lifecycle action of instance {} completed with {} ({})",
+                            action.instance_id,
+                            result.as_str(),
+                            drain.label()
+                        ),
+                    )
+                    .await;
+                self.metrics(notification, Some(stats), drain.label())
+                    .metric(
+                        "DrainDuration",
+                        duration.as_secs_f64().max(0.0),
+                        crate::telemetry::Unit::Seconds,
+                    )
+                    .emit();
+                Ok(DeliveryOutcome::Completed {
+                    result,
+                    outcome,
+                    drain,
+                })
+            }
+        }
+    }
+
+    /// The session, plus what happens at the deadline (report, or force and settle).
+    async fn drive(
+        &self,
+        session: &mut DrainSession<'_>,
+        events: &DrainEvents,
+        hand_over_at: tokio::time::Instant,
+    ) -> Result<Driven, kube::Error> {
+        let end = session.run(hand_over_at).await?;
+        let stuck = match end {
+            SessionEnd::Settled => return Ok(Driven::Finished(DrainEnd::Drained)),
+            SessionEnd::NodeGone => return Ok(Driven::Finished(DrainEnd::NodeGone)),
+            SessionEnd::HandOver => return Ok(Driven::HandOver),
+            SessionEnd::LeaseLost => return Ok(Driven::LeaseLost),
+            SessionEnd::DeadlinePassed(stuck) => stuck,
+        };
+        let listed: Vec<String> = stuck.iter().map(ToString::to_string).collect();
+        let node_reference = session.node_reference();
+        if !self.settings.force {
+            let note = format!(
+                "{} pod(s) could not be evicted from node {} before the drain deadline: {}. Completing the lifecycle action with {}.",
+                stuck.len(),
+                session.node_name,
+                listed.join(", "),
+                self.settings.timeout_result.as_str()
+            );
+            tracing::warn!(step = "pod_eviction_failure", pods = ?listed, "{note}");
+            events
+                .warning(&node_reference, reason::POD_EVICTION_FAILURE, note)
+                .await;
+            return Ok(Driven::Finished(DrainEnd::EvictionFailure(listed)));
+        }
+        let deleted = self.force_delete(session, &stuck).await;
+        let note = format!(
+            "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE): {}",
+            deleted.len(),
+            deleted.join(", ")
+        );
+        tracing::warn!(step = "forced", pods = ?deleted, "{note}");
+        events
+            .warning(&node_reference, reason::DRAIN_FORCED, note)
+            .await;
+        if let Some(end) = session.mark_drained().await? {
+            return Ok(match end {
+                SessionEnd::LeaseLost => Driven::LeaseLost,
+                _ => Driven::Finished(DrainEnd::NodeGone),
+            });
+        }
+        Ok(match session.settle(hand_over_at).await? {
+            SessionEnd::HandOver => Driven::HandOver,
+            SessionEnd::LeaseLost => Driven::LeaseLost,
+            _ => Driven::Finished(DrainEnd::Forced(deleted)),
+        })
+    }
+
+    async fn force_delete(&self, session: &DrainSession<'_>, stuck: &[StuckPod]) -> Vec<String> {
+        let grace = session.settings.grace_period_seconds;
+        let mut deleted = Vec::new();
+        // Pods already terminating are on their way; a second DELETE would change nothing.
+        for pod in stuck.iter().filter(|p| p.why != StuckReason::Terminating) {
+            match delete_pod(session.client, &pod.pod, grace).await {
+                ForcedDeletion::Deleted => deleted.push(pod.pod.to_string()),
+                ForcedDeletion::AlreadyGone => {}
+                ForcedDeletion::Failed(error) => {
+                    tracing::warn!(pod = %pod.pod, %error, "could not delete the pod");
+                }
+            }
+        }
+        deleted
+    }
+
+    async fn complete(
+        &self,
+        notification: &LifecycleNotification,
+        result: LifecycleActionResult,
+    ) -> Result<CompletionOutcome, DrainError> {
+        let outcome = complete_action(&self.autoscaling, &notification.action, result)
+            .await
+            .map_err(|source| DrainError::Complete {
+                instance_id: notification.action.instance_id.clone(),
+                source,
+            })?;
+        if outcome == CompletionOutcome::NoActiveAction {
+            tracing::info!(
+                step = "completed",
+                result = result.as_str(),
+                "no active lifecycle action: it was completed already or timed out"
+            );
+        }
+        Ok(outcome)
+    }
+
+    /// Lets go of the lease so another invocation need not wait for it to expire.
+    async fn release(&self, nodes: &Api<Node>, node_name: &str, holder: &LeaseHolder) {
+        let released = lease::update(nodes, node_name, holder, |c, now| {
+            let mut next = c.handed_over(now);
+            next.continuations = c.continuations;
+            next
+        })
+        .await;
+        if let Err(error) = released {
+            tracing::debug!(%error, "could not release the drain lease; it expires by itself");
+        }
+    }
+
+    fn metrics(
+        &self,
+        notification: &LifecycleNotification,
+        stats: Option<SessionStats>,
+        outcome: &str,
+    ) -> crate::telemetry::MetricSet {
+        DrainMetrics::new(
+            FUNCTION_NAME,
+            notification,
+            stats.unwrap_or_default(),
+            outcome,
+        )
+        .metric_set()
+    }
+}
+
+/// What driving the drain in this invocation came to.
+enum Driven {
+    Finished(DrainEnd),
+    HandOver,
+    LeaseLost,
+}

@@ -1,0 +1,258 @@
+//! The evictions of one drain: which are in flight, which wait for a retry, which pods are
+//! already leaving — keyed by namespace, name and UID, with a backoff per pod.
+//!
+//! The queue does not decide *which* pods to evict (that is [`super::plan`]); it is offered
+//! the pods of the current tier each time something changes, and starts what is due within
+//! the concurrency limit.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use super::eviction::EvictionOutcome;
+use super::plan::{PlannedPod, PodKey};
+
+/// An eviction in flight.
+pub type EvictionFuture = Pin<Box<dyn Future<Output = (PodKey, EvictionOutcome)> + Send>>;
+
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    /// Refusals so far (the backoff exponent).
+    refusals: u32,
+    not_before: Option<Instant>,
+    in_flight: bool,
+    /// Accepted, already gone or going with its namespace: only waited for now.
+    leaving: bool,
+    last_refusal: Option<EvictionOutcome>,
+}
+
+/// What the queue learnt from one eviction answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recorded {
+    /// The API server accepted the eviction (the pod is being deleted).
+    Evicted,
+    /// The pod is gone or going for another reason.
+    Leaving,
+    /// Refused; retried at the given time.
+    RetryAt(Instant),
+}
+
+pub struct EvictionQueue {
+    backoff: Backoff,
+    concurrency: usize,
+    /// Overrides each pod's own grace period when set.
+    grace_period_override: Option<i64>,
+    entries: HashMap<PodKey, Entry>,
+    in_flight: FuturesUnordered<EvictionFuture>,
+}
+
+impl EvictionQueue {
+    pub fn new(backoff: Backoff, concurrency: usize, grace_period_override: Option<i64>) -> Self {
+        Self {
+            backoff,
+            concurrency: concurrency.max(1),
+            grace_period_override,
+            entries: HashMap::new(),
+            in_flight: FuturesUnordered::new(),
+        }
+    }
+
+    /// Starts evictions for the `pods` that are due, up to the concurrency limit. `evict`
+    /// makes the request (the real one is [`super::eviction::evict`]). Returns how many
+    /// were started.
+    pub fn offer(
+        &mut self,
+        pods: &[PlannedPod],
+        now: Instant,
+        evict: impl Fn(PodKey, Option<i64>) -> EvictionFuture,
+    ) -> usize {
+        let mut started = 0;
+        for pod in pods {
+            if self.in_flight.len() >= self.concurrency {
+                break;
+            }
+            let entry = self.entries.entry(pod.key.clone()).or_default();
+            let due = entry.not_before.is_none_or(|t| t <= now);
+            if entry.in_flight || entry.leaving || !due {
+                continue;
+            }
+            entry.in_flight = true;
+            let grace = self.grace_period_override.or(pod.grace_period_seconds);
+            self.in_flight.push(evict(pod.key.clone(), grace));
+            started += 1;
+        }
+        started
+    }
+
+    /// The next answer of an eviction in flight; never resolves while none is in flight
+    /// (so it can sit in a `select!` next to the pod watch and timers).
+    pub async fn next_answer(&mut self) -> (PodKey, EvictionOutcome) {
+        match self.in_flight.next().await {
+            Some(answer) => answer,
+            None => std::future::pending().await,
+        }
+    }
+
+    pub fn has_in_flight(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// Records an eviction answer and, for a refusal, when to try again.
+    pub fn record(&mut self, pod: &PodKey, outcome: EvictionOutcome, now: Instant) -> Recorded {
+        let entry = self.entries.entry(pod.clone()).or_default();
+        entry.in_flight = false;
+        if outcome.is_leaving() {
+            entry.leaving = true;
+            return if outcome == EvictionOutcome::Accepted {
+                Recorded::Evicted
+            } else {
+                Recorded::Leaving
+            };
+        }
+        // An operator has to act on a rejection (RBAC, admission): retry at the slowest pace.
+        let attempt = if matches!(outcome, EvictionOutcome::Rejected { .. }) {
+            u32::MAX
+        } else {
+            entry.refusals
+        };
+        let at = now + self.backoff.delay(attempt, outcome.retry_after());
+        entry.refusals = entry.refusals.saturating_add(1);
+        entry.not_before = Some(at);
+        entry.last_refusal = Some(outcome);
+        Recorded::RetryAt(at)
+    }
+
+    /// When the earliest waiting retry is due, if any.
+    pub fn next_retry_at(&self) -> Option<Instant> {
+        self.entries
+            .values()
+            .filter(|e| !e.in_flight && !e.leaving)
+            .filter_map(|e| e.not_before)
+            .min()
+    }
+
+    /// Forgets pods that are no longer on the node.
+    pub fn retain_present(&mut self, present: impl Fn(&PodKey) -> bool) {
+        self.entries
+            .retain(|key, entry| entry.in_flight || present(key));
+    }
+
+    /// The last refusal of each pod still refused, for the PodEvictionFailure report.
+    pub fn refusals(&self) -> impl Iterator<Item = (&PodKey, &EvictionOutcome)> {
+        self.entries
+            .iter()
+            .filter(|(_, e)| !e.leaving)
+            .filter_map(|(k, e)| e.last_refusal.as_ref().map(|r| (k, r)))
+    }
+
+    /// Whether the pod's eviction was accepted or it is otherwise on its way out.
+    pub fn is_leaving(&self, pod: &PodKey) -> bool {
+        self.entries.get(pod).is_some_and(|e| e.leaving)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    fn pod(name: &str) -> PlannedPod {
+        PlannedPod {
+            key: PodKey {
+                namespace: "default".into(),
+                name: name.into(),
+                uid: format!("uid-{name}"),
+            },
+            grace_period_seconds: Some(30),
+        }
+    }
+
+    fn queue(concurrency: usize, grace: Option<i64>) -> EvictionQueue {
+        EvictionQueue::new(
+            Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::from_secs(8),
+            },
+            concurrency,
+            grace,
+        )
+    }
+
+    type Calls = Arc<Mutex<Vec<(String, Option<i64>)>>>;
+
+    fn answering(
+        outcome: EvictionOutcome,
+        calls: Calls,
+    ) -> impl Fn(PodKey, Option<i64>) -> EvictionFuture {
+        move |key, grace| {
+            calls.lock().unwrap().push((key.name.clone(), grace));
+            let outcome = outcome.clone();
+            Box::pin(async move { (key, outcome) })
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrency_is_bounded_and_accepted_pods_are_not_evicted_again() {
+        let calls = Calls::default();
+        let pods = [pod("a"), pod("b"), pod("c")];
+        let mut q = queue(2, None);
+        let now = Instant::now();
+        let evict = answering(EvictionOutcome::Accepted, calls.clone());
+        assert_eq!(q.offer(&pods, now, &evict), 2);
+        assert_eq!(q.offer(&pods, now, &evict), 0, "limit reached");
+        let (key, outcome) = q.next_answer().await;
+        assert_eq!(q.record(&key, outcome, now), Recorded::Evicted);
+        assert_eq!(q.offer(&pods, now, &evict), 1);
+        let (key, outcome) = q.next_answer().await;
+        q.record(&key, outcome, now);
+        let (key, outcome) = q.next_answer().await;
+        q.record(&key, outcome, now);
+        assert_eq!(q.offer(&pods, now, &evict), 0, "all leaving");
+        assert!(!q.has_in_flight());
+        let names: Vec<_> = calls.lock().unwrap().iter().map(|c| c.0.clone()).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(
+            calls.lock().unwrap()[0].1,
+            Some(30),
+            "pod's own grace period"
+        );
+    }
+
+    #[tokio::test]
+    async fn refused_pods_wait_for_their_backoff_and_are_reported() {
+        let calls = Calls::default();
+        let pods = [pod("a")];
+        let mut q = queue(4, Some(0));
+        let now = Instant::now();
+        let refused = EvictionOutcome::BlockedByBudget {
+            budgets: vec!["web".into()],
+            retry_after: Some(Duration::from_secs(5)),
+            message: "disruption budget".into(),
+        };
+        let evict = answering(refused.clone(), calls.clone());
+        q.offer(&pods, now, &evict);
+        let (key, outcome) = q.next_answer().await;
+        let Recorded::RetryAt(at) = q.record(&key, outcome, now) else {
+            panic!("expected a retry")
+        };
+        assert!(at >= now + Duration::from_secs(5), "Retry-After honoured");
+        assert_eq!(q.next_retry_at(), Some(at));
+        assert_eq!(q.offer(&pods, now + Duration::from_secs(1), &evict), 0);
+        assert_eq!(q.offer(&pods, at, &evict), 1);
+        assert_eq!(calls.lock().unwrap()[0].1, Some(0), "override wins");
+        let refusals: Vec<_> = q
+            .refusals()
+            .map(|(k, r)| (k.name.clone(), r.clone()))
+            .collect();
+        assert_eq!(refusals, [("a".to_owned(), refused)]);
+        q.retain_present(|_| false);
+        assert_eq!(q.refusals().count(), 1, "in flight entries are kept");
+    }
+}

@@ -1,0 +1,200 @@
+//! Reading and writing the drain checkpoint on the Node, with optimistic concurrency.
+//!
+//! Every write is a merge patch that carries the `resourceVersion` the decision was made
+//! from: when two invocations race for a drain, the API server accepts one write and answers
+//! 409 Conflict to the other, which reads the node again and sees the winner's lease. That is
+//! what makes "at most one invocation drains a node" hold without any lock service.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+
+use super::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision};
+use crate::aws::LifecycleActionRef;
+
+/// How many times a write lost to a concurrent change is recomputed and retried. Node
+/// objects change often (kubelet status), so a conflict is normal, not an error.
+const CONFLICT_ATTEMPTS: u32 = 8;
+
+/// The outcome of trying to take a drain.
+// Returned once per claim, never stored in bulk: size does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Claim {
+    /// This invocation now holds the drain.
+    Claimed {
+        node: Box<Node>,
+        checkpoint: DrainCheckpoint,
+        resumed: bool,
+    },
+    /// Another invocation holds it: exit quietly.
+    HeldByOther { holder: String, until: Timestamp },
+    /// The drain of this action is complete.
+    AlreadyCompleted,
+    /// The node was deleted meanwhile.
+    NodeGone,
+}
+
+/// The outcome of updating a checkpoint this invocation holds.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Update {
+    Written(DrainCheckpoint),
+    /// The lease expired and someone else took the drain: stop working on it.
+    LeaseLost,
+    NodeGone,
+}
+
+/// The checkpoint stored on `node`, if any. An unreadable one is ignored (and replaced by the
+/// next write) with a warning, since it cannot be resumed from anyway.
+pub fn checkpoint_of(node: &Node) -> Option<DrainCheckpoint> {
+    let raw = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(CHECKPOINT_ANNOTATION)?;
+    match DrainCheckpoint::parse(raw) {
+        Ok(checkpoint) => Some(checkpoint),
+        Err(error) => {
+            tracing::warn!(
+                annotation = CHECKPOINT_ANNOTATION,
+                %error,
+                "ignoring an unreadable drain checkpoint; it will be replaced"
+            );
+            None
+        }
+    }
+}
+
+/// Identifies the invocation and how long its claims last.
+#[derive(Debug, Clone)]
+pub struct LeaseHolder {
+    /// The Lambda request id.
+    pub id: String,
+    pub lease_duration: Duration,
+}
+
+/// Takes the drain of `node` for `action`, or learns who has it.
+pub async fn claim(
+    nodes: &Api<Node>,
+    node: Node,
+    action: &LifecycleActionRef,
+    holder: &LeaseHolder,
+    drain_timeout: Duration,
+) -> Result<Claim, kube::Error> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let mut node = node;
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let existing = checkpoint_of(&node);
+        let decision = DrainCheckpoint::decide(
+            existing.as_ref(),
+            action,
+            &holder.id,
+            Timestamp::now(),
+            drain_timeout,
+            holder.lease_duration,
+        );
+        let (checkpoint, resumed) = match decision {
+            LeaseDecision::Claim {
+                checkpoint,
+                resumed,
+            } => (checkpoint, resumed),
+            LeaseDecision::HeldByOther { holder, until } => {
+                return Ok(Claim::HeldByOther { holder, until });
+            }
+            LeaseDecision::AlreadyCompleted => return Ok(Claim::AlreadyCompleted),
+        };
+        match write(nodes, &name, &node, &checkpoint).await? {
+            Written::Node(written) => {
+                return Ok(Claim::Claimed {
+                    node: written,
+                    checkpoint,
+                    resumed,
+                });
+            }
+            Written::Conflict => match get(nodes, &name).await? {
+                Some(fresh) => node = fresh,
+                None => return Ok(Claim::NodeGone),
+            },
+            Written::NodeGone => return Ok(Claim::NodeGone),
+        }
+    }
+    Err(too_many_conflicts(&name))
+}
+
+/// Applies `change` to the checkpoint this invocation holds (renewing the lease, recording
+/// progress, handing over). Fails with [`Update::LeaseLost`] if the lease is no longer ours.
+pub async fn update(
+    nodes: &Api<Node>,
+    name: &str,
+    holder: &LeaseHolder,
+    change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
+) -> Result<Update, kube::Error> {
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let Some(node) = get(nodes, name).await? else {
+            return Ok(Update::NodeGone);
+        };
+        let now = Timestamp::now();
+        let Some(current) = checkpoint_of(&node).filter(|c| c.is_held_by(&holder.id, now)) else {
+            return Ok(Update::LeaseLost);
+        };
+        let next = change(&current, now);
+        match write(nodes, name, &node, &next).await? {
+            Written::Node(_) => return Ok(Update::Written(next)),
+            Written::Conflict => continue,
+            Written::NodeGone => return Ok(Update::NodeGone),
+        }
+    }
+    Err(too_many_conflicts(name))
+}
+
+enum Written {
+    Node(Box<Node>),
+    Conflict,
+    NodeGone,
+}
+
+async fn write(
+    nodes: &Api<Node>,
+    name: &str,
+    read: &Node,
+    checkpoint: &DrainCheckpoint,
+) -> Result<Written, kube::Error> {
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": read.metadata.resource_version,
+            "annotations": {CHECKPOINT_ANNOTATION: checkpoint.to_json()},
+        }
+    });
+    match nodes
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(node) => Ok(Written::Node(Box::new(node))),
+        Err(kube::Error::Api(status)) if status.is_conflict() => Ok(Written::Conflict),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(Written::NodeGone),
+        Err(error) => Err(error),
+    }
+}
+
+async fn get(nodes: &Api<Node>, name: &str) -> Result<Option<Node>, kube::Error> {
+    nodes.get_opt(name).await
+}
+
+fn too_many_conflicts(name: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(
+            &format!(
+                "the drain checkpoint on node {name} could not be written: it changed \
+                 {CONFLICT_ATTEMPTS} times while being updated"
+            ),
+            "Conflict",
+        )
+        .with_code(409)
+        .boxed(),
+    )
+}

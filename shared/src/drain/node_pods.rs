@@ -1,0 +1,123 @@
+//! The pods on the node being drained, kept current by ONE watch.
+//!
+//! The watcher lists the node's pods across all namespaces (field selector
+//! `spec.nodeName=<node>`, in pages) and then watches them, so the drain learns that a pod is
+//! gone — deleted, or replaced by a pod of the same name with a new UID — from one stream
+//! instead of polling each pod. The watcher re-lists by itself after an expired watch.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// Pages of the initial list: big enough for any node (kubelet caps pods per node at a few
+/// hundred), small enough to keep each answer modest.
+const LIST_PAGE_SIZE: u32 = 250;
+
+type PodEvents = Pin<Box<dyn Stream<Item = Result<watcher::Event<Pod>, watcher::Error>> + Send>>;
+
+/// The node's pods as last seen, keyed by namespace and name.
+pub struct NodePods {
+    events: PodEvents,
+    pods: BTreeMap<(String, String), Pod>,
+    /// Pods of a re-list in progress; swapped in when the list is complete.
+    listing: Option<BTreeMap<(String, String), Pod>>,
+    synced: bool,
+}
+
+impl NodePods {
+    pub fn watch(client: &kube::Client, node_name: &str) -> Self {
+        let api: Api<Pod> = Api::all(client.clone());
+        let config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node_name}"))
+            .page_size(LIST_PAGE_SIZE);
+        let events = watcher(api, config).default_backoff().boxed();
+        Self {
+            events,
+            pods: BTreeMap::new(),
+            listing: None,
+            synced: false,
+        }
+    }
+
+    /// Waits until the view is complete and something changed. Watch errors are logged and
+    /// retried by the watcher's own backoff; `Err` only when the stream ends (it does not,
+    /// in practice). Cancel-safe: the state lives in `self`, so it can sit in a `select!`.
+    pub async fn changed(&mut self) -> Result<(), NodePodsError> {
+        loop {
+            let event = match self.events.next().await {
+                Some(Ok(event)) => event,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "watch of the node's pods failed; retrying");
+                    continue;
+                }
+                None => return Err(NodePodsError::WatchEnded),
+            };
+            match event {
+                watcher::Event::Init => self.listing = Some(BTreeMap::new()),
+                watcher::Event::InitApply(pod) => {
+                    if let Some(listing) = self.listing.as_mut()
+                        && let Some(key) = key(&pod)
+                    {
+                        listing.insert(key, pod);
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(listing) = self.listing.take() {
+                        self.pods = listing;
+                    }
+                    self.synced = true;
+                    return Ok(());
+                }
+                watcher::Event::Apply(pod) => {
+                    if let Some(key) = key(&pod) {
+                        self.pods.insert(key, pod);
+                    }
+                    if self.synced {
+                        return Ok(());
+                    }
+                }
+                watcher::Event::Delete(pod) => {
+                    if let Some(key) = key(&pod) {
+                        // Only if it is the same pod: a replacement may already be there.
+                        if self.pods.get(&key).map(|p| &p.metadata.uid) == Some(&pod.metadata.uid) {
+                            self.pods.remove(&key);
+                        }
+                    }
+                    if self.synced {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether the first complete list has arrived.
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    pub fn pods(&self) -> impl Iterator<Item = &Pod> {
+        self.pods.values()
+    }
+
+    /// Whether the pod with this namespace, name and UID is still on the node.
+    pub fn contains(&self, namespace: &str, name: &str, uid: &str) -> bool {
+        self.pods
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid))
+    }
+}
+
+fn key(pod: &Pod) -> Option<(String, String)> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodePodsError {
+    #[error("the watch of the node's pods ended unexpectedly")]
+    WatchEnded,
+}

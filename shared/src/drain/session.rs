@@ -1,0 +1,461 @@
+//! One invocation's share of a drain: from the claimed checkpoint until the node is empty and
+//! settled, the drain deadline passes, or the invocation has to hand over.
+//!
+//! Everything the loop waits for sits in one `select!`: the watch of the node's pods, the
+//! eviction answers, the next retry, the lease renewal, the drain deadline and the hand-over
+//! time. Each wake-up recomputes the [`DrainPlan`] from the watched pods and offers the
+//! current tier to the [`EvictionQueue`], so the loop holds no state a restart could lose
+//! beyond what the checkpoint and the cluster already say.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use tokio::time::{Instant, sleep_until};
+
+use super::backoff::Backoff;
+use super::budgets;
+use super::checkpoint::DrainCheckpoint;
+use super::events::{DrainEvents, reason};
+use super::eviction::{self, EvictionOutcome};
+use super::eviction_queue::{EvictionFuture, EvictionQueue, Recorded};
+use super::lease::{self, LeaseHolder, Update};
+use super::node_pods::NodePods;
+use super::plan::{DrainPlan, PodKey};
+use crate::lifecycle::continuation::instant_at;
+
+/// How a drain session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// The node is empty and the settle period is over: complete with CONTINUE.
+    Settled,
+    /// The drain deadline passed with pods left (eviction kept being refused).
+    DeadlinePassed(Vec<StuckPod>),
+    /// The invocation is nearly out of time: hand the drain to a fresh one.
+    HandOver,
+    /// Another invocation took the drain (our lease had expired): stop quietly.
+    LeaseLost,
+    /// The node disappeared: the instance is gone; complete.
+    NodeGone,
+}
+
+/// A pod still on the node at the deadline, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StuckPod {
+    pub pod: PodKey,
+    /// Budgets that select the pod (from the namespace's budgets or the refusal).
+    pub budgets: Vec<String>,
+    pub why: StuckReason,
+}
+
+/// Why a pod was still there at the deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StuckReason {
+    /// Its eviction was refused; the last answer.
+    Refused(EvictionOutcome),
+    /// It was being deleted and did not finish.
+    Terminating,
+    /// Not tried: it waited for an earlier tier (critical pods wait for the ordinary ones).
+    NotReached,
+}
+
+impl std::fmt::Display for StuckPod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.pod)?;
+        match (&self.why, self.budgets.as_slice()) {
+            (StuckReason::Terminating, _) => write!(f, " (still terminating)"),
+            (StuckReason::NotReached, _) => {
+                write!(f, " (not evicted yet: waits for the pods before it)")
+            }
+            (StuckReason::Refused(_), [one]) => write!(f, " (PodDisruptionBudget {one})"),
+            (StuckReason::Refused(_), [_, _, ..]) => write!(
+                f,
+                " (PodDisruptionBudgets {}: more than one selects it, eviction cannot work)",
+                self.budgets.join(", ")
+            ),
+            (StuckReason::Refused(refusal), []) => write!(f, " ({})", refusal.label()),
+        }
+    }
+}
+
+/// Counters for metrics and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionStats {
+    pub pods_evicted: u32,
+    pub eviction_retries: u32,
+}
+
+/// The knobs a session needs (from [`crate::lifecycle::settings::DrainSettings`]).
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    pub settle: Duration,
+    pub eviction_concurrency: usize,
+    pub backoff: Backoff,
+    pub grace_period_seconds: Option<i64>,
+}
+
+/// One invocation working on one node's drain.
+pub struct DrainSession<'a> {
+    pub client: &'a kube::Client,
+    pub node_name: String,
+    pub node_uid: Option<String>,
+    pub holder: &'a LeaseHolder,
+    pub settings: &'a SessionSettings,
+    pub events: &'a DrainEvents,
+    pub checkpoint: DrainCheckpoint,
+    pub stats: SessionStats,
+}
+
+impl DrainSession<'_> {
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.client.clone())
+    }
+
+    /// Runs until the drain is done, its deadline passes or `hand_over_at` comes.
+    pub async fn run(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
+        if self.checkpoint.drained_at.is_none() {
+            match self.evict_all(hand_over_at).await? {
+                None => {}
+                Some(end) => return Ok(end),
+            }
+            let now = Timestamp::now();
+            match self
+                .update(|c, _| {
+                    let mut next = c.clone();
+                    next.drained_at.get_or_insert(now);
+                    next
+                })
+                .await?
+            {
+                Some(end) => return Ok(end),
+                None => {
+                    tracing::info!(step = "drained", node = %self.node_name, pods_evicted = self.stats.pods_evicted, "node drained");
+                    self.events
+                        .normal(
+                            &self.node_reference(),
+                            reason::DRAINED,
+                            format!(
+                                "All pods that had to leave node {} are gone ({} evicted by this invocation)",
+                                self.node_name, self.stats.pods_evicted
+                            ),
+                        )
+                        .await;
+                }
+            }
+        }
+        self.settle(hand_over_at).await
+    }
+
+    /// Marks the node drained (after forced deletion) so the settle period starts now.
+    pub async fn mark_drained(&mut self) -> Result<Option<SessionEnd>, kube::Error> {
+        let now = Timestamp::now();
+        self.update(|c, _| {
+            let mut next = c.clone();
+            next.drained_at.get_or_insert(now);
+            next
+        })
+        .await
+    }
+
+    /// Waits out the settle period, renewing the lease, unless the invocation ends first.
+    pub async fn settle(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
+        let drained_at = self.checkpoint.drained_at.unwrap_or_else(Timestamp::now);
+        let settled_at = instant_at(
+            drained_at
+                .checked_add(self.settings.settle)
+                .unwrap_or(Timestamp::MAX),
+        );
+        if Instant::now() < settled_at {
+            tracing::info!(step = "settling", node = %self.node_name, settle_seconds = self.settings.settle.as_secs_f64(), "waiting for load balancers to let go of the node");
+        }
+        loop {
+            let now = Instant::now();
+            if now >= settled_at {
+                return Ok(SessionEnd::Settled);
+            }
+            if now >= hand_over_at {
+                return Ok(SessionEnd::HandOver);
+            }
+            let renew_at = now + self.renew_interval();
+            let wake = settled_at.min(hand_over_at).min(renew_at);
+            sleep_until(wake).await;
+            if wake == renew_at
+                && let Some(end) = self.renew().await?
+            {
+                return Ok(end);
+            }
+        }
+    }
+
+    /// Evicts until the node is empty (`None`) or the session has to end (`Some`).
+    async fn evict_all(
+        &mut self,
+        hand_over_at: Instant,
+    ) -> Result<Option<SessionEnd>, kube::Error> {
+        let client = self.client.clone();
+        let mut pods = NodePods::watch(&client, &self.node_name);
+        let mut queue = EvictionQueue::new(
+            self.settings.backoff,
+            self.settings.eviction_concurrency,
+            self.settings.grace_period_seconds,
+        );
+        let deadline_at = instant_at(self.checkpoint.deadline);
+        let mut renew_at = Instant::now() + self.renew_interval();
+        let mut reported_multiple: BTreeSet<PodKey> = BTreeSet::new();
+        let evict = |key: PodKey, grace: Option<i64>| -> EvictionFuture {
+            let client = client.clone();
+            Box::pin(async move {
+                let outcome = eviction::evict(&client, &key, grace).await;
+                (key, outcome)
+            })
+        };
+        loop {
+            if pods.is_synced() {
+                let plan = DrainPlan::new(pods.pods());
+                if plan.is_drained() {
+                    return Ok(None);
+                }
+                queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+                queue.offer(plan.to_evict_now(), Instant::now(), evict);
+            }
+            let retry_at = queue.next_retry_at();
+            // Biased, in this order: the deadline and the hand-over win over everything; an
+            // eviction answer is read before more watch events (a busy watch must not starve
+            // the answers, whose connections would sit unread).
+            tokio::select! {
+                biased;
+                _ = sleep_until(deadline_at) => {
+                    let stuck = self.stuck_pods(&pods, &queue).await;
+                    return Ok(Some(SessionEnd::DeadlinePassed(stuck)));
+                }
+                _ = sleep_until(hand_over_at) => return Ok(Some(SessionEnd::HandOver)),
+                _ = sleep_until(renew_at) => {
+                    if let Some(end) = self.renew().await? {
+                        return Ok(Some(end));
+                    }
+                    renew_at = Instant::now() + self.renew_interval();
+                }
+                (pod, outcome) = queue.next_answer() => {
+                    self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                }
+                _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
+                changed = pods.changed() => {
+                    if let Err(error) = changed {
+                        tracing::warn!(%error, "restarting the watch of the node's pods");
+                        pods = NodePods::watch(&client, &self.node_name);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn on_answer(
+        &mut self,
+        queue: &mut EvictionQueue,
+        pod: &PodKey,
+        outcome: EvictionOutcome,
+        reported_multiple: &mut BTreeSet<PodKey>,
+    ) {
+        let label = outcome.label();
+        let multiple = matches!(outcome, EvictionOutcome::MultipleBudgets { .. });
+        let detail = match &outcome {
+            EvictionOutcome::BlockedByBudget { message, .. }
+            | EvictionOutcome::MultipleBudgets { message }
+            | EvictionOutcome::Transient { message, .. }
+            | EvictionOutcome::Rejected { message, .. } => message.clone(),
+            _ => String::new(),
+        };
+        match queue.record(pod, outcome, Instant::now()) {
+            Recorded::Evicted => {
+                self.stats.pods_evicted += 1;
+                tracing::info!(step = "evicted", node = %self.node_name, pod = %pod, "pod evicted");
+                self.events
+                    .normal(
+                        &DrainEvents::pod_reference(pod),
+                        reason::EVICTED,
+                        format!(
+                            "Evicted: node {} is being drained for termination",
+                            self.node_name
+                        ),
+                    )
+                    .await;
+            }
+            Recorded::Leaving => {
+                tracing::info!(step = "evicted", node = %self.node_name, pod = %pod, outcome = label, "pod already leaving");
+            }
+            Recorded::RetryAt(at) => {
+                self.stats.eviction_retries += 1;
+                let retry_in = at.saturating_duration_since(Instant::now());
+                tracing::info!(step = "eviction_refused", node = %self.node_name, pod = %pod, outcome = label, retry_in_ms = retry_in.as_millis() as u64, detail = %detail, "eviction refused; will retry");
+                if multiple && reported_multiple.insert(pod.clone()) {
+                    let names = self.budgets_of(pod).await;
+                    let note = format!(
+                        "Cannot evict: more than one PodDisruptionBudget selects this pod ({}); \
+                         the eviction API refuses such pods. Retrying until the drain deadline.",
+                        if names.is_empty() {
+                            "names unknown".to_owned()
+                        } else {
+                            names.join(", ")
+                        }
+                    );
+                    tracing::warn!(step = "eviction_refused", node = %self.node_name, pod = %pod, budgets = ?names, "{note}");
+                    self.events
+                        .warning(
+                            &DrainEvents::pod_reference(pod),
+                            reason::EVICTION_BLOCKED,
+                            note,
+                        )
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// The budgets that select `pod`, from its namespace's list; empty when unknown.
+    async fn budgets_of(&self, pod: &PodKey) -> Vec<String> {
+        let api: Api<k8s_openapi::api::core::v1::Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace);
+        let labels = match api.get_opt(&pod.name).await {
+            Ok(Some(p)) => p.metadata.labels.unwrap_or_default(),
+            _ => return Vec::new(),
+        };
+        match budgets::list(self.client, &pod.namespace).await {
+            Ok(list) => budgets::covering(&list, &labels),
+            Err(error) => {
+                tracing::debug!(%error, "could not list PodDisruptionBudgets");
+                Vec::new()
+            }
+        }
+    }
+
+    async fn stuck_pods(&self, pods: &NodePods, queue: &EvictionQueue) -> Vec<StuckPod> {
+        let plan = DrainPlan::new(pods.pods());
+        let refusals: BTreeMap<&PodKey, &EvictionOutcome> = queue.refusals().collect();
+        let mut namespaces: BTreeMap<
+            String,
+            Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+        > = BTreeMap::new();
+        let labels_of: BTreeMap<PodKey, BTreeMap<String, String>> = pods
+            .pods()
+            .filter_map(|p| {
+                Some((
+                    PodKey::of(p)?,
+                    p.metadata.labels.clone().unwrap_or_default(),
+                ))
+            })
+            .collect();
+        let mut stuck = Vec::new();
+        for key in plan.remaining() {
+            if !namespaces.contains_key(&key.namespace) {
+                let list = budgets::list(self.client, &key.namespace)
+                    .await
+                    .unwrap_or_else(|error| {
+                        tracing::debug!(%error, "could not list PodDisruptionBudgets");
+                        Vec::new()
+                    });
+                namespaces.insert(key.namespace.clone(), list);
+            }
+            let refusal = refusals.get(key).map(|r| (*r).clone());
+            let terminating = queue.is_leaving(key) || plan.is_terminating(key);
+            let mut names = labels_of
+                .get(key)
+                .map(|labels| budgets::covering(&namespaces[&key.namespace], labels))
+                .unwrap_or_default();
+            if names.is_empty()
+                && let Some(EvictionOutcome::BlockedByBudget { budgets, .. }) = &refusal
+            {
+                names = budgets.clone();
+            }
+            let why = match refusal {
+                _ if terminating => StuckReason::Terminating,
+                Some(refusal) => StuckReason::Refused(refusal),
+                None => StuckReason::NotReached,
+            };
+            stuck.push(StuckPod {
+                pod: key.clone(),
+                budgets: names,
+                why,
+            });
+        }
+        stuck
+    }
+
+    fn renew_interval(&self) -> Duration {
+        (self.holder.lease_duration / 3).max(Duration::from_millis(10))
+    }
+
+    async fn renew(&mut self) -> Result<Option<SessionEnd>, kube::Error> {
+        let holder = self.holder.clone();
+        self.update(move |c, now| c.renewed(&holder.id, now, holder.lease_duration))
+            .await
+    }
+
+    /// Writes a checkpoint change; `Some(end)` when the session has to stop.
+    async fn update(
+        &mut self,
+        change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
+    ) -> Result<Option<SessionEnd>, kube::Error> {
+        match lease::update(&self.nodes(), &self.node_name, self.holder, change).await? {
+            Update::Written(checkpoint) => {
+                self.checkpoint = checkpoint;
+                Ok(None)
+            }
+            Update::LeaseLost => Ok(Some(SessionEnd::LeaseLost)),
+            Update::NodeGone => Ok(Some(SessionEnd::NodeGone)),
+        }
+    }
+
+    pub fn node_reference(&self) -> k8s_openapi::api::core::v1::ObjectReference {
+        DrainEvents::node_reference(&self.node_name, self.node_uid.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> PodKey {
+        PodKey {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: "u".into(),
+        }
+    }
+
+    #[test]
+    fn stuck_pods_say_why() {
+        let refused = EvictionOutcome::BlockedByBudget {
+            budgets: vec!["web".into()],
+            retry_after: None,
+            message: String::new(),
+        };
+        let one = StuckPod {
+            pod: key("a"),
+            budgets: vec!["web".into()],
+            why: StuckReason::Refused(refused),
+        };
+        assert_eq!(one.to_string(), "default/a (PodDisruptionBudget web)");
+        let two = StuckPod {
+            pod: key("b"),
+            budgets: vec!["x".into(), "y".into()],
+            why: StuckReason::Refused(EvictionOutcome::MultipleBudgets {
+                message: String::new(),
+            }),
+        };
+        assert!(two.to_string().contains("PodDisruptionBudgets x, y"));
+        let terminating = StuckPod {
+            pod: key("c"),
+            budgets: vec![],
+            why: StuckReason::Terminating,
+        };
+        assert_eq!(terminating.to_string(), "default/c (still terminating)");
+        let later = StuckPod {
+            pod: key("d"),
+            budgets: vec![],
+            why: StuckReason::NotReached,
+        };
+        assert!(later.to_string().contains("not evicted yet"));
+    }
+}

@@ -1,1 +1,0 @@
-//! Completing the launch lifecycle hook once the node is Ready.

@@ -1,0 +1,186 @@
+//! Which Kubernetes Node an EC2 instance is.
+//!
+//! On EKS a node is named after the instance's private DNS name, so one EC2 call and one GET
+//! usually find it. The name alone is not proof (names are reused after an instance is gone,
+//! and some clusters name nodes differently), so the node's `spec.providerID`
+//! (`aws:///<az>/<instance-id>`) must name the instance; when it does not, a paged scan of
+//! the nodes by providerID decides.
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ListParams};
+
+use crate::aws::{AwsError, Instances};
+
+use super::continuation::{RetryPolicy, with_retries};
+
+/// Nodes read per page of the fallback scan.
+const SCAN_PAGE_SIZE: u32 = 500;
+
+/// A lookup that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeLookupError {
+    #[error("cannot read nodes from the Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Aws(#[from] AwsError),
+}
+
+/// The instance id a provider ID names: `aws:///eu-west-1a/i-0abc` -> `i-0abc`.
+pub fn instance_id_from_provider_id(provider_id: &str) -> Option<&str> {
+    let rest = provider_id.strip_prefix("aws://")?;
+    let last = rest.rsplit('/').next()?;
+    last.starts_with("i-").then_some(last)
+}
+
+/// Whether the node's `spec.providerID` names `instance_id`.
+pub fn node_provider_id_matches(node: &Node, instance_id: &str) -> bool {
+    node_instance_id(node) == Some(instance_id)
+}
+
+/// The instance a node says it runs on, from its `spec.providerID`.
+pub fn node_instance_id(node: &Node) -> Option<&str> {
+    node.spec
+        .as_ref()
+        .and_then(|spec| spec.provider_id.as_deref())
+        .and_then(instance_id_from_provider_id)
+}
+
+/// Whether `node`, found under the instance's private DNS name, is the instance's node: its
+/// providerID names the instance, or it has none yet (a node that has only just registered).
+pub fn is_node_of_instance(node: &Node, instance_id: &str) -> bool {
+    let provider_id = node
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.provider_id.as_deref());
+    match provider_id {
+        None | Some("") => true,
+        Some(_) => node_provider_id_matches(node, instance_id),
+    }
+}
+
+/// Whether the node's `Ready` condition is `True`.
+pub fn is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+}
+
+/// The instance's private DNS name, `None` when EC2 does not know it or cannot be asked (the
+/// scan still finds the node then).
+pub async fn private_dns_name(instances: &impl Instances, instance_id: &str) -> Option<String> {
+    match with_retries(&RetryPolicy::default(), || {
+        instances.private_dns_name(instance_id)
+    })
+    .await
+    {
+        Ok(name) => name.filter(|n| !n.is_empty()),
+        Err(error) => {
+            tracing::warn!(
+                instance_id,
+                error = %error,
+                "cannot read the instance's private DNS name; looking for its node by providerID"
+            );
+            None
+        }
+    }
+}
+
+/// The Node of `instance_id`, `Ok(None)` when the cluster has none.
+pub async fn find_node(
+    client: &kube::Client,
+    instances: &impl Instances,
+    instance_id: &str,
+) -> Result<Option<Node>, NodeLookupError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if let Some(name) = private_dns_name(instances, instance_id).await
+        && let Some(node) = nodes.get_opt(&name).await?
+    {
+        if is_node_of_instance(&node, instance_id) {
+            return Ok(Some(node));
+        }
+        tracing::info!(
+            instance_id,
+            node = %name,
+            provider_id = ?node_instance_id(&node),
+            "the node named after the instance's DNS name belongs to another instance; scanning by providerID"
+        );
+    }
+    scan_by_provider_id(&nodes, instance_id).await
+}
+
+/// Pages through all nodes for the one whose providerID names `instance_id`.
+async fn scan_by_provider_id(
+    nodes: &Api<Node>,
+    instance_id: &str,
+) -> Result<Option<Node>, NodeLookupError> {
+    let mut params = ListParams::default().limit(SCAN_PAGE_SIZE);
+    loop {
+        let page = nodes.list(&params).await?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        if let Some(node) = page
+            .items
+            .into_iter()
+            .find(|node| node_provider_id_matches(node, instance_id))
+        {
+            return Ok(Some(node));
+        }
+        match next {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus};
+
+    fn node(provider_id: Option<&str>, ready: Option<&str>) -> Node {
+        Node {
+            spec: Some(NodeSpec {
+                provider_id: provider_id.map(str::to_owned),
+                ..NodeSpec::default()
+            }),
+            status: ready.map(|status| NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: status.into(),
+                    ..NodeCondition::default()
+                }]),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn provider_ids() {
+        assert_eq!(
+            instance_id_from_provider_id("aws:///eu-west-1a/i-07e9ea9eb19a67337"),
+            Some("i-07e9ea9eb19a67337")
+        );
+        assert_eq!(instance_id_from_provider_id("gce://p/z/i-1"), None);
+        assert_eq!(instance_id_from_provider_id("aws:///eu-west-1a/"), None);
+        let n = node(Some("aws:///eu-west-1a/i-1"), None);
+        assert!(node_provider_id_matches(&n, "i-1"));
+        assert!(!node_provider_id_matches(&n, "i-2"));
+        assert!(is_node_of_instance(&node(None, None), "i-2"));
+        assert!(!is_node_of_instance(&n, "i-2"));
+    }
+
+    #[test]
+    fn readiness() {
+        assert!(is_ready(&node(None, Some("True"))));
+        assert!(!is_ready(&node(None, Some("False"))));
+        assert!(!is_ready(&node(None, Some("Unknown"))));
+        assert!(!is_ready(&node(None, None)));
+    }
+}

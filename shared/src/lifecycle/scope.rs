@@ -1,0 +1,302 @@
+//! Whether an Auto Scaling group belongs to this function's cluster.
+//!
+//! A hook function may share an SNS topic or an EventBridge bus with other clusters' groups;
+//! acting on their instances would drain nodes of a cluster we do not serve. A group is ours
+//! when it carries one of the cluster tags EKS, the cluster autoscaler convention or eksctl
+//! put on node groups, or when it is named in the allow-list setting; the notification must
+//! also come from this function's own account.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use crate::aws::{AutoScaling, AwsError};
+use crate::settings::ClusterScope;
+
+/// Why a group is ours or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScopeDecision {
+    /// Act on it; `evidence` names the tag or setting that says so (for the log line).
+    Ours {
+        evidence: String,
+    },
+    Foreign(ForeignReason),
+}
+
+impl ScopeDecision {
+    pub fn is_ours(&self) -> bool {
+        matches!(self, Self::Ours { .. })
+    }
+}
+
+/// Why a group is left alone.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForeignReason {
+    #[error("the notification is from account {account_id}, not this function's account")]
+    OtherAccount { account_id: String },
+    #[error("the Auto Scaling group does not exist (any more)")]
+    GroupNotFound,
+    #[error(
+        "the Auto Scaling group has no tag naming this cluster (eks:cluster-name, kubernetes.io/cluster/<name>, alpha.eksctl.io/cluster-name) and is not in AUTO_SCALING_GROUP_NAMES"
+    )]
+    NotTaggedForCluster,
+}
+
+/// Decides, and remembers per group for the life of the execution environment (group tags
+/// naming a cluster do not change while its instances come and go).
+#[derive(Debug)]
+pub struct GroupScope {
+    cluster: ClusterScope,
+    allowed_groups: Vec<String>,
+    account_id: Option<String>,
+    decided: Mutex<HashMap<String, ScopeDecision>>,
+}
+
+impl GroupScope {
+    /// `account_id`: this function's account (see [`account_id_from_function_arn`]); `None`
+    /// skips the account check, for local runs without a function ARN.
+    pub fn new(
+        cluster: ClusterScope,
+        allowed_groups: Vec<String>,
+        account_id: Option<String>,
+    ) -> Self {
+        Self {
+            cluster,
+            allowed_groups,
+            account_id,
+            decided: Mutex::default(),
+        }
+    }
+
+    /// Sets the function's account once it is known (the first invocation's context).
+    pub fn with_account_id(mut self, account_id: Option<String>) -> Self {
+        self.account_id = account_id;
+        self
+    }
+
+    /// Whether `group_name`, named in a notification from `notification_account`, is ours.
+    pub async fn decide(
+        &self,
+        autoscaling: &impl AutoScaling,
+        notification_account: &str,
+        group_name: &str,
+    ) -> Result<ScopeDecision, AwsError> {
+        self.decide_for_account(
+            autoscaling,
+            self.account_id.as_deref(),
+            notification_account,
+            group_name,
+        )
+        .await
+    }
+
+    /// [`Self::decide`] with the function's account given per call (from the invocation's
+    /// context), overriding the one given at construction when `Some`.
+    pub async fn decide_for_account(
+        &self,
+        autoscaling: &impl AutoScaling,
+        function_account: Option<&str>,
+        notification_account: &str,
+        group_name: &str,
+    ) -> Result<ScopeDecision, AwsError> {
+        let function_account = function_account.or(self.account_id.as_deref());
+        if let Some(own) = function_account
+            && own != notification_account
+        {
+            return Ok(ScopeDecision::Foreign(ForeignReason::OtherAccount {
+                account_id: notification_account.to_owned(),
+            }));
+        }
+        if self.allowed_groups.iter().any(|g| g == group_name) {
+            return Ok(ScopeDecision::Ours {
+                evidence: "AUTO_SCALING_GROUP_NAMES".to_owned(),
+            });
+        }
+        if let Some(decision) = self.cached(group_name) {
+            return Ok(decision);
+        }
+        let decision = match autoscaling.group_tags(group_name).await? {
+            // Not cached: a group that is not there yet may be created with this name.
+            None => return Ok(ScopeDecision::Foreign(ForeignReason::GroupNotFound)),
+            Some(tags) => decide_by_tags(&self.cluster, &tags),
+        };
+        self.decided
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(group_name.to_owned(), decision.clone());
+        Ok(decision)
+    }
+
+    fn cached(&self, group_name: &str) -> Option<ScopeDecision> {
+        self.decided
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(group_name)
+            .cloned()
+    }
+}
+
+/// The pure part: do these tags name one of the cluster's names?
+pub fn decide_by_tags(cluster: &ClusterScope, tags: &BTreeMap<String, String>) -> ScopeDecision {
+    for name in std::iter::once(&cluster.cluster_name).chain(&cluster.additional_cluster_names) {
+        for key in ["eks:cluster-name", "alpha.eksctl.io/cluster-name"] {
+            if tags.get(key).is_some_and(|value| value == name) {
+                return ScopeDecision::Ours {
+                    evidence: format!("tag {key}={name}"),
+                };
+            }
+        }
+        // The cluster autoscaler convention: the key names the cluster, the value is
+        // `owned` or `shared`; either way the group serves this cluster.
+        let key = format!("kubernetes.io/cluster/{name}");
+        if tags.contains_key(&key) {
+            return ScopeDecision::Ours {
+                evidence: format!("tag {key}"),
+            };
+        }
+    }
+    ScopeDecision::Foreign(ForeignReason::NotTaggedForCluster)
+}
+
+/// The account of a Lambda function ARN (`arn:aws:lambda:<region>:<account>:function:<name>`).
+pub fn account_id_from_function_arn(arn: &str) -> Option<String> {
+    let mut parts = arn.split(':');
+    let (Some("arn"), Some(_partition), Some("lambda"), Some(_region), Some(account)) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    (account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit())).then(|| account.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::aws::fake::FakeAutoScaling;
+
+    fn cluster() -> ClusterScope {
+        ClusterScope {
+            cluster_name: "ironman-2022".into(),
+            additional_cluster_names: vec!["ironman-old".into()],
+        }
+    }
+
+    fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn each_cluster_tag_is_recognised() {
+        for pairs in [
+            [("eks:cluster-name", "ironman-2022")],
+            [("kubernetes.io/cluster/ironman-2022", "owned")],
+            [("alpha.eksctl.io/cluster-name", "ironman-2022")],
+            [("eks:cluster-name", "ironman-old")],
+        ] {
+            assert!(
+                decide_by_tags(&cluster(), &tags(&pairs)).is_ours(),
+                "{pairs:?}"
+            );
+        }
+        for pairs in [
+            [("eks:cluster-name", "other")],
+            [("kubernetes.io/cluster/other", "owned")],
+            [("Name", "ironman-2022")],
+        ] {
+            assert_eq!(
+                decide_by_tags(&cluster(), &tags(&pairs)),
+                ScopeDecision::Foreign(ForeignReason::NotTaggedForCluster),
+                "{pairs:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn decisions_are_cached_per_group() {
+        let asg = FakeAutoScaling::new();
+        asg.add_group("ours", &[("eks:cluster-name", "ironman-2022")]);
+        asg.add_group("theirs", &[("eks:cluster-name", "other")]);
+        let scope = GroupScope::new(cluster(), vec![], Some("111111111111".into()));
+        assert!(
+            scope
+                .decide(&asg, "111111111111", "ours")
+                .await
+                .unwrap()
+                .is_ours()
+        );
+        assert!(
+            !scope
+                .decide(&asg, "111111111111", "theirs")
+                .await
+                .unwrap()
+                .is_ours()
+        );
+        // Cached: a failing DescribeAutoScalingGroups is not called again.
+        asg.faults.fail(
+            "DescribeAutoScalingGroups",
+            crate::aws::AwsErrorKind::AccessDenied,
+            5,
+        );
+        assert!(
+            scope
+                .decide(&asg, "111111111111", "ours")
+                .await
+                .unwrap()
+                .is_ours()
+        );
+        assert!(scope.decide(&asg, "111111111111", "unknown").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn other_accounts_and_missing_groups_are_foreign() {
+        let asg = FakeAutoScaling::new();
+        asg.add_group("ours", &[("eks:cluster-name", "ironman-2022")]);
+        let scope = GroupScope::new(
+            cluster(),
+            vec!["listed".into()],
+            Some("111111111111".into()),
+        );
+        assert_eq!(
+            scope.decide(&asg, "222222222222", "ours").await.unwrap(),
+            ScopeDecision::Foreign(ForeignReason::OtherAccount {
+                account_id: "222222222222".into()
+            })
+        );
+        assert_eq!(
+            scope.decide(&asg, "111111111111", "gone").await.unwrap(),
+            ScopeDecision::Foreign(ForeignReason::GroupNotFound)
+        );
+        // The allow-list needs no tags and no AWS call.
+        assert!(
+            scope
+                .decide(&asg, "111111111111", "listed")
+                .await
+                .unwrap()
+                .is_ours()
+        );
+    }
+
+    #[test]
+    fn account_from_function_arn() {
+        assert_eq!(
+            account_id_from_function_arn(
+                "arn:aws:lambda:eu-west-1:111111111111:function:launching-hook"
+            )
+            .as_deref(),
+            Some("111111111111")
+        );
+        assert_eq!(account_id_from_function_arn(""), None);
+        assert_eq!(
+            account_id_from_function_arn("arn:aws:sns:eu-west-1:1:t"),
+            None
+        );
+    }
+}

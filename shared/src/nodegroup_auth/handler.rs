@@ -1,0 +1,629 @@
+//! The function's logic: from an invocation to the node role's mapping, with the truth read
+//! from EKS and every outcome reported (log line, Kubernetes Event, EMF metric).
+
+use std::convert::Infallible;
+use std::error::Error as StdError;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::aws::{AuthenticationMode, AwsError, ClusterDescription, Eks};
+use crate::telemetry::{MetricSet, Unit};
+
+use super::access_entry::{self, AccessEntryOutcome};
+use super::aws_auth::{
+    AwsAuthEditor, AwsAuthError, AwsAuthEvent, AwsAuthStore, EditOutcome, StoreError,
+};
+use super::event::{Invocation, InvocationError, Origin};
+use super::fake::InMemoryAwsAuth;
+use super::role_arn::{NodeRoleArn, RoleArnError};
+use super::role_mapping::NodeOs;
+use super::settings::{AccountError, NodegroupAuthSettings};
+
+/// The function name in metrics.
+pub const FUNCTION_NAME: &str = "nodegroup-auth";
+
+/// How the handler reaches `aws-auth`; asked only when the authentication mode needs it, so
+/// an `API`-mode cluster is never contacted.
+pub trait AwsAuthAccess: Send + Sync {
+    type Store: AwsAuthStore;
+    type Error: StdError + Send + Sync + 'static;
+    fn aws_auth(&self) -> impl Future<Output = Result<Self::Store, Self::Error>> + Send;
+}
+
+impl AwsAuthAccess for InMemoryAwsAuth {
+    type Store = InMemoryAwsAuth;
+    type Error = Infallible;
+    async fn aws_auth(&self) -> Result<InMemoryAwsAuth, Infallible> {
+        Ok(self.clone())
+    }
+}
+
+/// Why an invocation failed. Rejected payloads write nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum NodegroupAuthError {
+    #[error("rejected: {0}")]
+    Rejected(#[from] InvocationError),
+    #[error(transparent)]
+    Account(#[from] AccountError),
+    #[error("cluster {0:?} does not exist (DescribeCluster); check CLUSTER_NAME")]
+    ClusterNotFound(String),
+    #[error(transparent)]
+    Eks(#[from] AwsError),
+    #[error("rejected node role of node group {nodegroup:?}: {source}")]
+    NodeRole {
+        nodegroup: String,
+        #[source]
+        source: RoleArnError,
+    },
+    #[error(transparent)]
+    AwsAuth(#[from] AwsAuthError),
+    #[error("cannot reach the cluster's Kubernetes API: {0}")]
+    ClusterAccess(#[source] Box<dyn StdError + Send + Sync>),
+    #[error(
+        "node group {nodegroup:?} is still being deleted after {waited:?}; its role stays mapped until it is gone (the event will be retried)"
+    )]
+    StillDeleting { nodegroup: String, waited: Duration },
+    #[error("{} of the node groups could not be reconciled: {}", failures.len(), failures.join("; "))]
+    Partial { failures: Vec<String> },
+}
+
+impl NodegroupAuthError {
+    /// A short name for metrics and the Lambda error type.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Rejected(_) => "Rejected",
+            Self::Account(_) => "Account",
+            Self::ClusterNotFound(_) => "ClusterNotFound",
+            Self::Eks(_) => "Eks",
+            Self::NodeRole { .. } => "NodeRoleRejected",
+            Self::AwsAuth(AwsAuthError::RetriesExhausted { .. }) => "RetriesExhausted",
+            Self::AwsAuth(_) => "AwsAuth",
+            Self::ClusterAccess(_) => "ClusterAccess",
+            Self::StillDeleting { .. } => "StillDeleting",
+            Self::Partial { .. } => "Partial",
+        }
+    }
+}
+
+/// What happened to one target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Mapped,
+    AlreadyMapped,
+    /// An entry for the role exists that must not be touched: reported, left alone.
+    Conflict,
+    Unmapped,
+    NotPresent,
+    /// Delete: another node group still uses the role.
+    KeptInUse,
+    /// Delete: the entry is not of the node shape.
+    KeptNotNode,
+}
+
+/// One node group's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodegroupReport {
+    pub cluster: String,
+    pub nodegroup: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role_arn: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aws_auth: Option<Outcome>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_entry: Option<Outcome>,
+    /// Why nothing was done, or what was found (conflicts, users of the role).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl NodegroupReport {
+    fn new(cluster: &str, nodegroup: &str) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            nodegroup: nodegroup.to_owned(),
+            role_arn: None,
+            aws_auth: None,
+            access_entry: None,
+            note: None,
+        }
+    }
+
+    fn noted(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+
+    fn add_note(&mut self, note: String) {
+        self.note = Some(match self.note.take() {
+            Some(previous) => format!("{previous}; {note}"),
+            None => note,
+        });
+    }
+}
+
+/// The function's answer (also the Lambda response).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthReport {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ignored: Option<String>,
+    pub nodegroups: Vec<NodegroupReport>,
+}
+
+/// The node group auth function, built once per execution environment.
+pub struct NodegroupAuth<E, A> {
+    eks: E,
+    access: A,
+    settings: NodegroupAuthSettings,
+}
+
+impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
+    pub fn new(eks: E, access: A, settings: NodegroupAuthSettings) -> Self {
+        Self {
+            eks,
+            access,
+            settings,
+        }
+    }
+
+    pub fn settings(&self) -> &NodegroupAuthSettings {
+        &self.settings
+    }
+
+    /// Handles one invocation; `invoked_function_arn` names this function's account.
+    #[tracing::instrument(skip_all)]
+    pub async fn handle(
+        &self,
+        payload: &Value,
+        invoked_function_arn: &str,
+    ) -> Result<AuthReport, NodegroupAuthError> {
+        let origin = Origin {
+            account_id: self.settings.account_for(invoked_function_arn)?,
+            region: self.settings.region.clone(),
+        };
+        let invocation =
+            Invocation::parse(payload, &origin, &self.settings.scope).inspect_err(|err| {
+                tracing::warn!(error = %err, "invocation rejected");
+                metric("Invocation", "Rejected", "Rejected");
+            })?;
+        tracing::info!(?invocation, "handling");
+        match invocation {
+            Invocation::Ignore { reason } => Ok(AuthReport {
+                ignored: Some(reason),
+                nodegroups: Vec::new(),
+            }),
+            Invocation::Grant { cluster, nodegroup } => {
+                let description = self.cluster(&cluster).await?;
+                let report = self.grant(&origin, &description, &nodegroup).await?;
+                Ok(AuthReport {
+                    ignored: None,
+                    nodegroups: vec![report],
+                })
+            }
+            Invocation::GrantAll { cluster } => {
+                let description = self.cluster(&cluster).await?;
+                let mut reports = Vec::new();
+                let mut failures = Vec::new();
+                for nodegroup in self.eks.list_nodegroups(&cluster).await? {
+                    match self.grant(&origin, &description, &nodegroup).await {
+                        Ok(report) => reports.push(report),
+                        Err(err) => {
+                            tracing::error!(%nodegroup, error = %err, "reconcile failed");
+                            failures.push(format!("{nodegroup}: {err}"));
+                        }
+                    }
+                }
+                if failures.is_empty() {
+                    Ok(AuthReport {
+                        ignored: None,
+                        nodegroups: reports,
+                    })
+                } else {
+                    Err(NodegroupAuthError::Partial { failures })
+                }
+            }
+            Invocation::Revoke {
+                cluster,
+                nodegroup,
+                event_node_role,
+            } => {
+                let description = self.cluster(&cluster).await?;
+                let report = self
+                    .revoke(
+                        &origin,
+                        &description,
+                        &nodegroup,
+                        event_node_role.as_deref(),
+                    )
+                    .await?;
+                Ok(AuthReport {
+                    ignored: None,
+                    nodegroups: vec![report],
+                })
+            }
+        }
+    }
+
+    async fn cluster(&self, cluster: &str) -> Result<ClusterDescription, NodegroupAuthError> {
+        self.eks
+            .describe_cluster(cluster)
+            .await?
+            .ok_or_else(|| NodegroupAuthError::ClusterNotFound(cluster.to_owned()))
+    }
+
+    fn role(
+        &self,
+        origin: &Origin,
+        nodegroup: &str,
+        arn: &str,
+    ) -> Result<NodeRoleArn, NodegroupAuthError> {
+        NodeRoleArn::parse(arn, &origin.account_id, &origin.region).map_err(|source| {
+            tracing::warn!(%nodegroup, error = %source, "node role rejected");
+            metric("Invocation", "Rejected", "Rejected");
+            NodegroupAuthError::NodeRole {
+                nodegroup: nodegroup.to_owned(),
+                source,
+            }
+        })
+    }
+
+    fn writes_aws_auth(&self, mode: AuthenticationMode) -> bool {
+        match mode {
+            AuthenticationMode::ConfigMap => true,
+            AuthenticationMode::ApiAndConfigMap => self.settings.aws_auth_with_access_entries,
+            AuthenticationMode::Api => false,
+        }
+    }
+
+    async fn editor(&self) -> Result<AwsAuthEditor<A::Store>, NodegroupAuthError> {
+        let store = self
+            .access
+            .aws_auth()
+            .await
+            .map_err(|err| NodegroupAuthError::ClusterAccess(Box::new(err)))?;
+        Ok(AwsAuthEditor::new(store, self.settings.retry))
+    }
+
+    /// Ensures the node group's role is mapped.
+    async fn grant(
+        &self,
+        origin: &Origin,
+        cluster: &ClusterDescription,
+        nodegroup: &str,
+    ) -> Result<NodegroupReport, NodegroupAuthError> {
+        let report = NodegroupReport::new(&cluster.name, nodegroup);
+        let Some(description) = self
+            .eks
+            .describe_nodegroup(&cluster.name, nodegroup)
+            .await?
+        else {
+            return Ok(report.noted("the node group does not exist (any more); nothing to map"));
+        };
+        if description.status == "DELETING" {
+            return Ok(report.noted("the node group is being deleted; nothing to map"));
+        }
+        let role = self.role(origin, nodegroup, &description.node_role)?;
+        let os = NodeOs::from_ami_type(&description.ami_type);
+        let mut report = NodegroupReport {
+            role_arn: Some(role.full()),
+            ..report
+        };
+        let mode = cluster.authentication_mode;
+        if mode != AuthenticationMode::ConfigMap {
+            let outcome = access_entry::grant(&self.eks, &cluster.name, &role, os).await?;
+            report.access_entry = Some(self.report_access_entry(&role, &outcome, &mut report));
+        }
+        if self.writes_aws_auth(mode) {
+            let editor = self.editor().await?;
+            let edit = editor
+                .grant(&role.without_path(), os.required_groups())
+                .await
+                .inspect_err(|err| aws_auth_failed(&role, err))?;
+            report.aws_auth = Some(
+                self.report_edit(&editor, &role, "Grant", edit, &mut report)
+                    .await,
+            );
+        }
+        Ok(report)
+    }
+
+    /// Unmaps the node group's role once the node group is gone and no other uses it.
+    async fn revoke(
+        &self,
+        origin: &Origin,
+        cluster: &ClusterDescription,
+        nodegroup: &str,
+        event_node_role: Option<&str>,
+    ) -> Result<NodegroupReport, NodegroupAuthError> {
+        let report = NodegroupReport::new(&cluster.name, nodegroup);
+        let role_arn = match self
+            .eks
+            .describe_nodegroup(&cluster.name, nodegroup)
+            .await?
+        {
+            Some(description) if description.status != "DELETING" => {
+                return Ok(report.noted(format!(
+                    "the node group exists with status {}; its role stays mapped",
+                    description.status
+                )));
+            }
+            Some(description) => {
+                // Its nodes are still draining and need the mapping until they are gone.
+                if let Some(status) = self.wait_until_gone(&cluster.name, nodegroup).await? {
+                    return Ok(report.noted(format!(
+                        "the node group exists again with status {status}; its role stays mapped"
+                    )));
+                }
+                description.node_role
+            }
+            None => match event_node_role {
+                Some(arn) => arn.to_owned(),
+                None => {
+                    return Ok(report.noted(
+                        "the node group is gone and the event does not name its role; nothing to unmap",
+                    ));
+                }
+            },
+        };
+        let role = self.role(origin, nodegroup, &role_arn)?;
+        let mut report = NodegroupReport {
+            role_arn: Some(role.full()),
+            ..report
+        };
+        let users = self
+            .other_users(origin, &cluster.name, nodegroup, &role)
+            .await?;
+        if !users.is_empty() {
+            let note = format!("still used by node group(s) {}", users.join(", "));
+            tracing::info!(role = %role, %note, "role kept");
+            if cluster.authentication_mode != AuthenticationMode::ConfigMap {
+                report.access_entry = Some(Outcome::KeptInUse);
+            }
+            if self.writes_aws_auth(cluster.authentication_mode) {
+                report.aws_auth = Some(Outcome::KeptInUse);
+            }
+            return Ok(report.noted(note));
+        }
+        if cluster.authentication_mode != AuthenticationMode::ConfigMap {
+            let outcome = access_entry::revoke(&self.eks, &cluster.name, &role).await?;
+            report.access_entry = Some(self.report_access_entry(&role, &outcome, &mut report));
+        }
+        if self.writes_aws_auth(cluster.authentication_mode) {
+            let editor = self.editor().await?;
+            let edit = editor
+                .revoke(&role.without_path())
+                .await
+                .inspect_err(|err| aws_auth_failed(&role, err))?;
+            report.aws_auth = Some(
+                self.report_edit(&editor, &role, "Revoke", edit, &mut report)
+                    .await,
+            );
+        }
+        Ok(report)
+    }
+
+    /// Polls until the node group is gone: `None`, or `Some(status)` when it exists again
+    /// in another state (recreated under the same name).
+    async fn wait_until_gone(
+        &self,
+        cluster: &str,
+        nodegroup: &str,
+    ) -> Result<Option<String>, NodegroupAuthError> {
+        let started = tokio::time::Instant::now();
+        loop {
+            if started.elapsed() >= self.settings.delete_wait {
+                return Err(NodegroupAuthError::StillDeleting {
+                    nodegroup: nodegroup.to_owned(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(self.settings.delete_poll_interval).await;
+            match self.eks.describe_nodegroup(cluster, nodegroup).await? {
+                None => return Ok(None),
+                Some(description) if description.status != "DELETING" => {
+                    return Ok(Some(description.status));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// The other node groups of the cluster whose role is `role` (any status: a node group
+    /// that is itself being deleted still has draining nodes).
+    async fn other_users(
+        &self,
+        origin: &Origin,
+        cluster: &str,
+        nodegroup: &str,
+        role: &NodeRoleArn,
+    ) -> Result<Vec<String>, NodegroupAuthError> {
+        let mut users = Vec::new();
+        for name in self.eks.list_nodegroups(cluster).await? {
+            if name == nodegroup {
+                continue;
+            }
+            let Some(other) = self.eks.describe_nodegroup(cluster, &name).await? else {
+                continue;
+            };
+            let same =
+                match NodeRoleArn::parse(&other.node_role, &origin.account_id, &origin.region) {
+                    Ok(other_role) => other_role.same_role(role),
+                    Err(_) => other.node_role.eq_ignore_ascii_case(&role.full()),
+                };
+            if same {
+                users.push(name);
+            }
+        }
+        Ok(users)
+    }
+
+    fn report_access_entry(
+        &self,
+        role: &NodeRoleArn,
+        outcome: &AccessEntryOutcome,
+        report: &mut NodegroupReport,
+    ) -> Outcome {
+        let (result, label) = match outcome {
+            AccessEntryOutcome::Created(entry_type) => {
+                tracing::info!(role = %role, entry_type = entry_type.as_str(), "access entry created");
+                (Outcome::Mapped, "Written")
+            }
+            AccessEntryOutcome::AlreadyPresent { .. } => (Outcome::AlreadyMapped, "NoOp"),
+            AccessEntryOutcome::Conflict { entry_type, needed } => {
+                let note = format!(
+                    "access entry for {role} has type {entry_type}, not {}; left untouched",
+                    needed.as_str()
+                );
+                tracing::warn!(%note, "access entry conflict");
+                report.add_note(note);
+                (Outcome::Conflict, "Conflict")
+            }
+            AccessEntryOutcome::Deleted => {
+                tracing::info!(role = %role, "access entry deleted");
+                (Outcome::Unmapped, "Written")
+            }
+            AccessEntryOutcome::NotPresent => (Outcome::NotPresent, "NoOp"),
+            AccessEntryOutcome::KeptNotNode { entry_type } => {
+                let note = format!("access entry for {role} has type {entry_type}; kept");
+                tracing::warn!(%note, "access entry kept");
+                report.add_note(note);
+                (Outcome::KeptNotNode, "Conflict")
+            }
+        };
+        metric("AccessEntry", label, label);
+        result
+    }
+
+    async fn report_edit(
+        &self,
+        editor: &AwsAuthEditor<A::Store>,
+        role: &NodeRoleArn,
+        action: &'static str,
+        edit: EditOutcome,
+        report: &mut NodegroupReport,
+    ) -> Outcome {
+        let role_arn = role.without_path();
+        match edit {
+            EditOutcome::Unchanged => {
+                tracing::info!(role = %role_arn, action, "aws-auth already as needed; no write");
+                metric("AwsAuth", "NoOp", "NoOp");
+                if action == "Grant" {
+                    Outcome::AlreadyMapped
+                } else {
+                    Outcome::NotPresent
+                }
+            }
+            EditOutcome::Written(written) => {
+                tracing::info!(
+                    role = %role_arn,
+                    action,
+                    created = written.created,
+                    old_sha256 = %written.old_sha256,
+                    new_sha256 = %written.new_sha256,
+                    resource_version = written.resource_version.as_deref().unwrap_or_default(),
+                    conflicts_retried = written.conflicts_retried,
+                    "aws-auth written"
+                );
+                MetricSet::new(FUNCTION_NAME)
+                    .dimension("Target", "AwsAuth")
+                    .dimension("Outcome", "Written")
+                    .metric("Written", 1.0, Unit::Count)
+                    .metric(
+                        "WriteConflictsRetried",
+                        f64::from(written.conflicts_retried),
+                        Unit::Count,
+                    )
+                    .emit();
+                let (reason, verb) = if action == "Grant" {
+                    ("NodeRoleMapped", "mapped")
+                } else {
+                    ("NodeRoleUnmapped", "unmapped")
+                };
+                let event = AwsAuthEvent {
+                    warning: false,
+                    reason,
+                    action,
+                    note: format!(
+                        "{verb} node role {role_arn} (mapRoles sha256 {} -> {})",
+                        short(&written.old_sha256),
+                        short(&written.new_sha256)
+                    ),
+                };
+                publish(editor.store(), &written.object, &event).await;
+                if action == "Grant" {
+                    Outcome::Mapped
+                } else {
+                    Outcome::Unmapped
+                }
+            }
+            EditOutcome::Conflict(conflict) => {
+                let note = conflict.to_string();
+                tracing::warn!(role = %role_arn, action, %note, "aws-auth entry left untouched");
+                metric("AwsAuth", "Conflict", "Conflict");
+                if let Ok(Some(object)) = editor.store().get().await {
+                    let event = AwsAuthEvent {
+                        warning: true,
+                        reason: "NodeRoleMappingConflict",
+                        action,
+                        note: note.clone(),
+                    };
+                    publish(editor.store(), &object, &event).await;
+                }
+                report.add_note(note);
+                if action == "Grant" {
+                    Outcome::Conflict
+                } else {
+                    Outcome::KeptNotNode
+                }
+            }
+        }
+    }
+}
+
+fn short(sha: &str) -> &str {
+    sha.get(..12).unwrap_or(sha)
+}
+
+fn aws_auth_failed(role: &NodeRoleArn, err: &AwsAuthError) {
+    tracing::error!(role = %role.without_path(), error = %err, "aws-auth not changed");
+    let label = match err {
+        AwsAuthError::RetriesExhausted { .. } => "RetriesExhausted",
+        AwsAuthError::MapRoles(_) => "Malformed",
+        _ => "Failed",
+    };
+    metric("AwsAuth", label, "Failed");
+}
+
+async fn publish<S: AwsAuthStore>(
+    store: &S,
+    object: &k8s_openapi::api::core::v1::ConfigMap,
+    event: &AwsAuthEvent,
+) {
+    if let Err(err) = store.publish_event(object, event).await {
+        // The mapping is what matters; a lost Event is only logged.
+        let err: StoreError = err;
+        tracing::warn!(error = %err, reason = event.reason, "could not record the Kubernetes Event");
+    }
+}
+
+fn metric(target: &str, outcome: &str, name: &str) {
+    MetricSet::new(FUNCTION_NAME)
+        .dimension("Target", target)
+        .dimension("Outcome", outcome)
+        .metric(name, 1.0, Unit::Count)
+        .emit();
+}
+
+impl From<NodegroupAuthError> for lambda_runtime::Diagnostic {
+    fn from(error: NodegroupAuthError) -> Self {
+        lambda_runtime::Diagnostic {
+            error_type: format!("NodegroupAuth.{}", error.metric_label()),
+            error_message: error.to_string(),
+        }
+    }
+}

@@ -1,0 +1,573 @@
+//! The node group auth function end to end over the fakes: the fixtures, forged events,
+//! every authentication mode, delete semantics.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::ObjectMeta;
+use node_manager::aws::fake::FakeEks;
+use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
+use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
+use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
+use node_manager::nodegroup_auth::handler::{NodegroupAuth, NodegroupAuthError, Outcome};
+use node_manager::nodegroup_auth::role_mapping::MapRoles;
+use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::settings::ClusterScope;
+use serde_json::{Value, json};
+
+const FUNCTION_ARN: &str = "arn:aws:lambda:eu-west-1:111111111111:function:nodegroup-auth";
+const CLUSTER: &str = "ironman-2022";
+const ROLE: &str = "arn:aws:iam::111111111111:role/eksctl-ironman-2022-nodegroup-demo-ng-NodeInstanceRole-454Q2XHJ5LZ0";
+
+fn fixture(name: &str) -> Value {
+    let path = format!(
+        "{}/../../shared/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn settings() -> NodegroupAuthSettings {
+    NodegroupAuthSettings {
+        scope: ClusterScope {
+            cluster_name: CLUSTER.into(),
+            additional_cluster_names: vec![],
+        },
+        region: "eu-west-1".into(),
+        account_id: None,
+        aws_auth_with_access_entries: false,
+        retry: RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        },
+        delete_wait: Duration::from_secs(2),
+        delete_poll_interval: Duration::from_millis(10),
+    }
+}
+
+struct World {
+    eks: FakeEks,
+    store: InMemoryAwsAuth,
+    function: NodegroupAuth<FakeEks, InMemoryAwsAuth>,
+}
+
+fn world(mode: AuthenticationMode) -> World {
+    world_with(mode, settings())
+}
+
+fn world_with(mode: AuthenticationMode, settings: NodegroupAuthSettings) -> World {
+    let eks = FakeEks::default();
+    eks.add_cluster(ClusterDescription {
+        name: CLUSTER.into(),
+        arn: format!("arn:aws:eks:eu-west-1:111111111111:cluster/{CLUSTER}"),
+        endpoint: "https://127.0.0.1:1".into(),
+        certificate_authority_data: String::new(),
+        authentication_mode: mode,
+    });
+    let store = InMemoryAwsAuth::new();
+    World {
+        function: NodegroupAuth::new(eks.clone(), store.clone(), settings),
+        eks,
+        store,
+    }
+}
+
+fn nodegroup(name: &str, role: &str, ami_type: &str, status: &str) -> NodegroupDescription {
+    NodegroupDescription {
+        cluster_name: CLUSTER.into(),
+        nodegroup_name: name.into(),
+        node_role: role.into(),
+        ami_type: ami_type.into(),
+        status: status.into(),
+    }
+}
+
+fn map_roles(store: &InMemoryAwsAuth) -> MapRoles {
+    MapRoles::parse(store.map_roles().as_deref()).unwrap()
+}
+
+fn aws_auth(map_roles: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("aws-auth".into()),
+            namespace: Some("kube-system".into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("mapRoles".to_owned(), map_roles.to_owned())].into()),
+        ..ConfigMap::default()
+    }
+}
+
+#[tokio::test]
+async fn create_fixture_maps_the_role_in_config_map_mode() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "CREATING"));
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::Mapped));
+    let map = map_roles(&w.store);
+    let (_, m) = map.effective(ROLE).unwrap();
+    assert_eq!(m.groups, ["system:bootstrappers", "system:nodes"]);
+    let events = w.store.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].reason, "NodeRoleMapped");
+    assert!(w.eks.access_entries(CLUSTER).is_empty());
+
+    // Second delivery: nothing written.
+    let version = w.store.resource_version();
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::AlreadyMapped));
+    assert_eq!(w.store.resource_version(), version);
+    assert_eq!(w.store.writes(), 1);
+}
+
+#[tokio::test]
+async fn the_role_comes_from_describe_nodegroup_not_from_the_event() {
+    let w = world(AuthenticationMode::ConfigMap);
+    let truth = "arn:aws:iam::111111111111:role/teams/real-node-role";
+    w.eks.add_nodegroup(nodegroup(
+        "demo-ng",
+        truth,
+        "WINDOWS_CORE_2022_x86_64",
+        "ACTIVE",
+    ));
+    let mut event = fixture("eventbridge-create-nodegroup.json");
+    event["detail"]["requestParameters"]["groups"] = json!(["system:masters"]);
+    event["detail"]["responseElements"]["nodegroup"]["groups"] = json!(["system:masters"]);
+    w.function.handle(&event, FUNCTION_ARN).await.unwrap();
+    let map = map_roles(&w.store);
+    assert_eq!(map.mappings().len(), 1);
+    let m = &map.mappings()[0];
+    assert_eq!(
+        m.role_arn, "arn:aws:iam::111111111111:role/real-node-role",
+        "path stripped"
+    );
+    assert_eq!(
+        m.groups,
+        [
+            "system:bootstrappers",
+            "system:nodes",
+            "eks:kube-proxy-windows"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn failed_calls_and_other_apis_are_ignored() {
+    let w = world(AuthenticationMode::ConfigMap);
+    let mut event = fixture("eventbridge-create-nodegroup.json");
+    event["detail"]["errorCode"] = json!("ResourceInUseException");
+    let report = w.function.handle(&event, FUNCTION_ARN).await.unwrap();
+    assert!(report.ignored.is_some());
+    let mut event = fixture("eventbridge-create-nodegroup.json");
+    event["detail"]["eventName"] = json!("UpdateNodegroupConfig");
+    assert!(
+        w.function
+            .handle(&event, FUNCTION_ARN)
+            .await
+            .unwrap()
+            .ignored
+            .is_some()
+    );
+    assert!(w.eks.calls().is_empty());
+    assert_eq!(w.store.gets(), 0);
+}
+
+type Forgery = Box<dyn Fn(&mut Value)>;
+
+#[tokio::test]
+async fn forged_events_are_rejected_without_any_call() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    let forgeries: Vec<(&str, Forgery)> = vec![
+        (
+            "other account",
+            Box::new(|e| e["account"] = json!("222222222222")),
+        ),
+        (
+            "other recipient",
+            Box::new(|e| e["detail"]["recipientAccountId"] = json!("222222222222")),
+        ),
+        (
+            "other region",
+            Box::new(|e| e["region"] = json!("us-east-1")),
+        ),
+        (
+            "other aws region",
+            Box::new(|e| e["detail"]["awsRegion"] = json!("us-east-1")),
+        ),
+        (
+            "other cluster",
+            Box::new(|e| {
+                e["detail"]["responseElements"]["nodegroup"]["clusterName"] = json!("prod");
+                e["detail"]["requestParameters"]["name"] = json!("prod");
+            }),
+        ),
+        (
+            "disagreeing cluster names",
+            Box::new(|e| e["detail"]["requestParameters"]["name"] = json!("prod")),
+        ),
+        ("other source", Box::new(|e| e["source"] = json!("my.app"))),
+        (
+            "other event source",
+            Box::new(|e| e["detail"]["eventSource"] = json!("iam.amazonaws.com")),
+        ),
+        (
+            "newline in a name",
+            Box::new(|e| {
+                e["detail"]["responseElements"]["nodegroup"]["nodegroupName"] =
+                    json!("demo-ng\n- rolearn: x");
+            }),
+        ),
+    ];
+    for (what, forge) in forgeries {
+        let mut event = fixture("eventbridge-create-nodegroup.json");
+        forge(&mut event);
+        let err = w.function.handle(&event, FUNCTION_ARN).await.unwrap_err();
+        assert!(
+            matches!(err, NodegroupAuthError::Rejected(_)),
+            "{what}: {err}"
+        );
+    }
+    let directs = [
+        json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng", "groups": ["system:masters"]}),
+        json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng", "nodeRole": ROLE}),
+        json!({"clusterName": "prod", "nodegroupName": "demo-ng"}),
+        json!({"clusterName": CLUSTER}),
+        json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng", "reconcile": "all"}),
+        json!({"clusterName": CLUSTER, "reconcile": "some"}),
+        json!("demo-ng"),
+    ];
+    for payload in directs {
+        let err = w.function.handle(&payload, FUNCTION_ARN).await.unwrap_err();
+        assert!(
+            matches!(err, NodegroupAuthError::Rejected(_)),
+            "{payload}: {err}"
+        );
+    }
+    assert!(w.eks.calls().is_empty(), "{:?}", w.eks.calls());
+    assert!(w.store.current().is_none());
+}
+
+#[tokio::test]
+async fn unacceptable_node_roles_are_rejected_without_a_write() {
+    for role in [
+        "arn:aws:iam::111111111111:user/cli",
+        "arn:aws:iam::222222222222:role/node",
+        "arn:aws:sts::111111111111:assumed-role/node/i-0abc",
+        "arn:aws:iam::111111111111:role/node\n  groups:\n  - system:masters",
+        "arn:aws:iam::111111111111:role/*",
+    ] {
+        let w = world(AuthenticationMode::ConfigMap);
+        w.eks
+            .add_nodegroup(nodegroup("demo-ng", role, "AL2_x86_64", "ACTIVE"));
+        let err = w
+            .function
+            .handle(
+                &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+                FUNCTION_ARN,
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, NodegroupAuthError::NodeRole { .. }),
+            "{role:?}: {err}"
+        );
+        assert_eq!(w.store.gets(), 0);
+        assert!(w.store.current().is_none());
+    }
+}
+
+#[tokio::test]
+async fn api_mode_creates_an_access_entry_and_leaves_aws_auth_alone() {
+    let w = world(AuthenticationMode::Api);
+    let role = "arn:aws:iam::111111111111:role/teams/node";
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", role, "AL2_x86_64", "ACTIVE"));
+    let report = w
+        .function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Mapped));
+    assert_eq!(report.nodegroups[0].aws_auth, None);
+    let entries = w.eks.access_entries(CLUSTER);
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        entries[0].principal_arn, role,
+        "access entries keep the path"
+    );
+    assert_eq!(entries[0].entry_type, "EC2_LINUX");
+    assert_eq!(w.store.gets(), 0, "the ConfigMap is not even read");
+    // Again: already there.
+    let report = w
+        .function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        report.nodegroups[0].access_entry,
+        Some(Outcome::AlreadyMapped)
+    );
+}
+
+#[tokio::test]
+async fn api_and_config_map_writes_aws_auth_only_when_asked() {
+    let w = world(AuthenticationMode::ApiAndConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("win", ROLE, "WINDOWS_FULL_2022_x86_64", "ACTIVE"));
+    w.function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "win"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.eks.access_entries(CLUSTER)[0].entry_type, "EC2_WINDOWS");
+    assert!(w.store.current().is_none());
+
+    let w = world_with(
+        AuthenticationMode::ApiAndConfigMap,
+        NodegroupAuthSettings {
+            aws_auth_with_access_entries: true,
+            ..settings()
+        },
+    );
+    w.eks
+        .add_nodegroup(nodegroup("win", ROLE, "WINDOWS_FULL_2022_x86_64", "ACTIVE"));
+    let report = w
+        .function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "win"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Mapped));
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::Mapped));
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+}
+
+#[tokio::test]
+async fn shared_linux_role_gains_the_windows_group() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("linux", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.eks.add_nodegroup(nodegroup(
+        "windows",
+        ROLE,
+        "WINDOWS_CORE_2019_x86_64",
+        "ACTIVE",
+    ));
+    let report = w
+        .function
+        .handle(
+            &json!({"clusterName": CLUSTER, "reconcile": "all"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups.len(), 2);
+    let map = map_roles(&w.store);
+    assert_eq!(map.mappings().len(), 1, "one entry for the shared role");
+    assert_eq!(
+        map.mappings()[0].groups,
+        [
+            "system:bootstrappers",
+            "system:nodes",
+            "eks:kube-proxy-windows"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn privileged_entry_is_left_alone_and_reported() {
+    let w = world(AuthenticationMode::ConfigMap);
+    let text = format!("- rolearn: {ROLE}\n  username: admin\n  groups:\n    - system:masters\n");
+    w.store.put(aws_auth(&text));
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::Conflict));
+    assert!(
+        report.nodegroups[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("admin")
+    );
+    assert_eq!(w.store.map_roles().unwrap(), text);
+    assert_eq!(w.store.writes(), 0);
+    let events = w.store.events();
+    assert_eq!(events[0].reason, "NodeRoleMappingConflict");
+    assert!(events[0].warning);
+}
+
+#[tokio::test]
+async fn delete_keeps_a_role_another_node_group_uses() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("other-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(
+            &json!({"clusterName": CLUSTER, "reconcile": "all"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    w.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    let writes = w.store.writes();
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::KeptInUse));
+    assert!(
+        report.nodegroups[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("other-ng")
+    );
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+    assert_eq!(w.store.writes(), writes);
+}
+
+#[tokio::test]
+async fn delete_of_the_last_user_removes_the_mapping() {
+    let w = world(AuthenticationMode::ConfigMap);
+    let other =
+        "- rolearn: arn:aws:iam::111111111111:role/other\n  username: other\n  groups: [team]\n";
+    w.store.put(aws_auth(other));
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    // The node group is still deleting when the event arrives; it goes away a bit later.
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let eks = w.eks.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        eks.remove_nodegroup(CLUSTER, "demo-ng");
+    });
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::Unmapped));
+    assert!(map_roles(&w.store).effective(ROLE).is_none());
+    assert_eq!(
+        w.store.map_roles().unwrap(),
+        other,
+        "the other entry, as it was"
+    );
+    assert_eq!(w.store.events().last().unwrap().reason, "NodeRoleUnmapped");
+}
+
+#[tokio::test]
+async fn delete_waits_but_not_forever() {
+    let w = world_with(
+        AuthenticationMode::ConfigMap,
+        NodegroupAuthSettings {
+            delete_wait: Duration::from_millis(50),
+            ..settings()
+        },
+    );
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let err = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, NodegroupAuthError::StillDeleting { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_delete_event_for_a_live_node_group_changes_nothing() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, None);
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+}
+
+#[tokio::test]
+async fn api_mode_delete_removes_the_node_access_entry_only() {
+    let w = world(AuthenticationMode::Api);
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(w.eks.access_entries(CLUSTER).len(), 1);
+    w.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Unmapped));
+    assert!(w.eks.access_entries(CLUSTER).is_empty());
+    assert_eq!(w.store.gets(), 0);
+}
+
+#[tokio::test]
+async fn retries_exhausted_fails_the_invocation() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.store.put(aws_auth(""));
+    w.store.fail_replace(
+        node_manager::nodegroup_auth::aws_auth::StoreError::Conflict,
+        100,
+    );
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    let err = w
+        .function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap_err();
+    assert_eq!(err.metric_label(), "RetriesExhausted");
+    assert_eq!(w.store.map_roles().unwrap(), "");
+}

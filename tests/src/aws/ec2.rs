@@ -1,0 +1,287 @@
+//! Fake EC2: `DescribeInstances` over the instances a test adds.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use super::protocol::{self, ApiError, QueryParams, Reply, element};
+use super::{Shared, lock};
+
+/// An instance's state, as EC2 reports it (`instanceState`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+    Stopping,
+    Stopped,
+}
+
+impl InstanceState {
+    fn code_and_name(self) -> (u16, &'static str) {
+        match self {
+            Self::Pending => (0, "pending"),
+            Self::Running => (16, "running"),
+            Self::ShuttingDown => (32, "shutting-down"),
+            Self::Terminated => (48, "terminated"),
+            Self::Stopping => (64, "stopping"),
+            Self::Stopped => (80, "stopped"),
+        }
+    }
+}
+
+/// An EC2 instance as a test declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeInstance {
+    pub instance_id: String,
+    /// The node name on EKS. Empty once terminated, as EC2 reports it.
+    pub private_dns_name: String,
+    pub private_ip_address: String,
+    pub availability_zone: String,
+    pub instance_type: String,
+    pub image_id: String,
+    pub state: InstanceState,
+    pub tags: BTreeMap<String, String>,
+}
+
+impl FakeInstance {
+    /// A running instance in `region`'s zone `a`, with a private IP and DNS name derived from
+    /// the id (stable across runs) in EC2's naming (`ip-10-0-1-2.eu-west-1.compute.internal`,
+    /// `....ec2.internal` in us-east-1).
+    pub fn new(instance_id: &str, region: &str) -> Self {
+        let digest = Sha256::digest(instance_id.as_bytes());
+        let ip = format!("10.0.{}.{}", digest[0], digest[1].max(4));
+        let host = format!("ip-{}", ip.replace('.', "-"));
+        let private_dns_name = if region == "us-east-1" {
+            format!("{host}.ec2.internal")
+        } else {
+            format!("{host}.{region}.compute.internal")
+        };
+        Self {
+            instance_id: instance_id.to_owned(),
+            private_dns_name,
+            private_ip_address: ip,
+            availability_zone: format!("{region}a"),
+            instance_type: "m5.large".to_owned(),
+            image_id: "ami-0123456789abcdef0".to_owned(),
+            state: InstanceState::Running,
+            tags: BTreeMap::new(),
+        }
+    }
+
+    pub fn private_dns_name(mut self, name: &str) -> Self {
+        self.private_dns_name = name.to_owned();
+        self
+    }
+
+    pub fn availability_zone(mut self, zone: &str) -> Self {
+        self.availability_zone = zone.to_owned();
+        self
+    }
+
+    pub fn state(mut self, state: InstanceState) -> Self {
+        self.state = state;
+        self
+    }
+
+    pub fn tag(mut self, key: &str, value: &str) -> Self {
+        self.tags.insert(key.to_owned(), value.to_owned());
+        self
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Ec2State {
+    instances: BTreeMap<String, FakeInstance>,
+}
+
+/// Handle on the fake EC2.
+#[derive(Clone)]
+pub struct FakeEc2 {
+    shared: Arc<Shared>,
+}
+
+impl FakeEc2 {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Adds (or replaces) an instance.
+    pub fn add_instance(&self, instance: FakeInstance) {
+        lock(&self.shared.ec2)
+            .instances
+            .insert(instance.instance_id.clone(), instance);
+    }
+
+    /// A running instance with derived DNS name (see [`FakeInstance::new`]) in the account's
+    /// region; returns it.
+    pub fn add_running_instance(&self, instance_id: &str) -> FakeInstance {
+        let instance = FakeInstance::new(instance_id, &self.shared.account.region);
+        self.add_instance(instance.clone());
+        instance
+    }
+
+    pub fn instance(&self, instance_id: &str) -> Option<FakeInstance> {
+        lock(&self.shared.ec2).instances.get(instance_id).cloned()
+    }
+
+    pub fn set_state(&self, instance_id: &str, state: InstanceState) {
+        if let Some(instance) = lock(&self.shared.ec2).instances.get_mut(instance_id) {
+            instance.state = state;
+        }
+    }
+}
+
+/// Called when Auto Scaling lets an instance go: EC2 reports it terminated, without DNS name.
+pub(crate) fn mark_terminated(shared: &Shared, instance_id: &str) {
+    if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+        instance.state = InstanceState::Terminated;
+        instance.private_dns_name.clear();
+    }
+}
+
+pub(crate) fn dispatch(
+    shared: &Shared,
+    operation: &str,
+    params: &QueryParams,
+) -> Result<Reply, ApiError> {
+    match operation {
+        "DescribeInstances" => describe_instances(shared, params),
+        other => Err(ApiError::new(
+            400,
+            "InvalidAction",
+            format!("The action {other} is not valid for this web service."),
+        )),
+    }
+}
+
+fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|hex| {
+        (hex.len() == 8 || hex.len() == 17) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
+
+fn filter_matches(instance: &FakeInstance, name: &str, values: &[String]) -> bool {
+    let any = |value: &str| values.iter().any(|v| v == value);
+    match name {
+        "instance-id" => any(&instance.instance_id),
+        "private-dns-name" => any(&instance.private_dns_name),
+        "private-ip-address" => any(&instance.private_ip_address),
+        "availability-zone" => any(&instance.availability_zone),
+        "instance-state-name" => any(instance.state.code_and_name().1),
+        "tag-key" => instance.tags.keys().any(|k| any(k)),
+        _ => match name.strip_prefix("tag:") {
+            Some(key) => instance.tags.get(key).is_some_and(|v| any(v)),
+            None => false,
+        },
+    }
+}
+
+fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
+    let ids = protocol::query_list(params, "InstanceId");
+    if let Some(bad) = ids.iter().find(|id| !is_instance_id(id)) {
+        return Err(ApiError::new(
+            400,
+            "InvalidInstanceID.Malformed",
+            format!("Invalid id: \"{bad}\""),
+        ));
+    }
+    let mut filters = Vec::new();
+    for index in 1.. {
+        let Some(name) = params.get(&format!("Filter.{index}.Name")) else {
+            break;
+        };
+        let values = protocol::query_list(params, &format!("Filter.{index}.Value"));
+        filters.push((name.clone(), values));
+    }
+    let state = lock(&shared.ec2);
+    let missing: Vec<&String> = ids
+        .iter()
+        .filter(|id| !state.instances.contains_key(*id))
+        .collect();
+    match missing.as_slice() {
+        [] => {}
+        [one] => {
+            return Err(ApiError::new(
+                400,
+                "InvalidInstanceID.NotFound",
+                format!("The instance ID '{one}' does not exist"),
+            ));
+        }
+        many => {
+            let joined: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
+            return Err(ApiError::new(
+                400,
+                "InvalidInstanceID.NotFound",
+                format!("The instance IDs '{}' do not exist", joined.join(", ")),
+            ));
+        }
+    }
+    let account_id = &shared.account.account_id;
+    let mut reservations = String::new();
+    for instance in state.instances.values() {
+        if !ids.is_empty() && !ids.contains(&instance.instance_id) {
+            continue;
+        }
+        if !filters
+            .iter()
+            .all(|(name, values)| filter_matches(instance, name, values))
+        {
+            continue;
+        }
+        let (code, name) = instance.state.code_and_name();
+        let reservation_id = format!("r-{}", &instance.instance_id[2..]);
+        let mut tags = String::new();
+        for (key, value) in &instance.tags {
+            tags.push_str(&format!(
+                "<item>{}{}</item>",
+                element("key", key),
+                element("value", value)
+            ));
+        }
+        reservations.push_str(&format!(
+            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex><placement>{}<groupName/><tenancy>default</tenancy></placement>{}<tagSet>{tags}</tagSet></item></instancesSet></item>",
+            element("instanceId", &instance.instance_id),
+            element("imageId", &instance.image_id),
+            element("privateDnsName", &instance.private_dns_name),
+            element("instanceType", &instance.instance_type),
+            element("availabilityZone", &instance.availability_zone),
+            if instance.state == InstanceState::Terminated {
+                String::new()
+            } else {
+                element("privateIpAddress", &instance.private_ip_address)
+            },
+        ));
+    }
+    Ok(Reply::Xml(format!(
+        "<reservationSet>{reservations}</reservationSet>"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_ids_have_8_or_17_hex_digits() {
+        assert!(is_instance_id("i-07e9ea9eb19a67337"));
+        assert!(is_instance_id("i-1234abcd"));
+        assert!(!is_instance_id("i-xyz"));
+        assert!(!is_instance_id("07e9ea9eb19a67337"));
+    }
+
+    #[test]
+    fn derived_dns_names_follow_the_region_convention() {
+        let eu = FakeInstance::new("i-07e9ea9eb19a67337", "eu-west-1");
+        assert!(eu.private_dns_name.starts_with("ip-10-0-"));
+        assert!(eu.private_dns_name.ends_with(".eu-west-1.compute.internal"));
+        let us = FakeInstance::new("i-07e9ea9eb19a67337", "us-east-1");
+        assert!(us.private_dns_name.ends_with(".ec2.internal"));
+        assert_eq!(
+            eu.private_ip_address,
+            FakeInstance::new("i-07e9ea9eb19a67337", "eu-west-1").private_ip_address
+        );
+    }
+}

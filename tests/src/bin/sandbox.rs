@@ -1,0 +1,60 @@
+//! `sandbox`: the whole node lifecycle on a simulated EKS cluster and AWS, in one command.
+//!
+//! `cargo run -p node-manager-testkit --bin sandbox [-- --scenario FILE] [--serve]`
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use node_manager_testkit::sandbox::{self, Sandbox, Scenario};
+
+#[derive(Parser)]
+#[command(about = "Plays the node lifecycle (node group auth, launch, drain) on a simulated EKS cluster")]
+struct Args {
+    /// A scenario file (YAML); the reference scenario when absent. See tests/scenarios/.
+    #[arg(long)]
+    scenario: Option<PathBuf>,
+    /// After the scenario, keep the fakes running and print how to reach them.
+    #[arg(long)]
+    serve: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let scenario = match &args.scenario {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| sandbox::SandboxError::Scenario(format!("{}: {e}", path.display())))
+            .and_then(|text| Scenario::from_yaml(&text)),
+        None => Scenario::reference(),
+    };
+    let result = match scenario {
+        Ok(scenario) => play(scenario, args.serve).await,
+        Err(error) => Err(error),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("sandbox: some expectations did not hold (see ✗ above)");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("sandbox: {error}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn play(scenario: Scenario, serve: bool) -> Result<bool, sandbox::SandboxError> {
+    let sandbox = Sandbox::start(scenario, true).await?;
+    let report = sandbox.play().await;
+    sandbox.print_final_state();
+    if serve {
+        let kubeconfig = std::env::temp_dir().join("open-node-manager-sandbox.kubeconfig");
+        sandbox.write_kubeconfig(&kubeconfig)?;
+        println!("\n{}", sandbox.describe_for_serving(&kubeconfig));
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    sandbox.shutdown().await;
+    Ok(report.succeeded())
+}

@@ -1,0 +1,714 @@
+//! The cluster's moving parts, emulated on a tick: a kubelet (starts scheduled pods, removes
+//! pods whose grace period has passed, turns registered nodes Ready), a scheduler, the
+//! Deployment/ReplicaSet/StatefulSet/DaemonSet controllers (replacements for pods that go
+//! away, so a PDB-blocked drain makes progress as in a real cluster) and the disruption
+//! controller (PDB status, from `kube::disruption`).
+//!
+//! Each step runs under the store lock, so tests never observe half a step.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+
+use super::disruption::{self, ControllerScale};
+use super::resources::{self, ResourceType};
+use super::store::{Origin, State, Store, UpdateMode, meta_str, name_suffix, now_rfc3339};
+
+/// How fast the emulated cluster moves. Tests scale everything down.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimulationTimings {
+    /// How often the emulation runs.
+    pub tick: Duration,
+    /// Grace periods (seconds in the API) last this many real seconds per second: `0.01`
+    /// makes a 30 s grace period 300 ms.
+    pub grace_period_scale: f64,
+    /// From a pod bound to a Ready node to the pod Running and Ready.
+    pub pod_start_delay: Duration,
+    /// Default for nodes registered without an explicit delay.
+    pub node_ready_after: Duration,
+    /// How long the disruption controller keeps an evicted pod in `disruptedPods` before it
+    /// counts it again (120 s in Kubernetes).
+    pub disrupted_pod_timeout: Duration,
+    /// Turns the whole emulation off (a static cluster).
+    pub enabled: bool,
+}
+
+impl Default for SimulationTimings {
+    /// Scaled down for tests: pods start in 100 ms, a 30 s grace period lasts 300 ms.
+    fn default() -> Self {
+        Self {
+            tick: Duration::from_millis(10),
+            grace_period_scale: 0.01,
+            pod_start_delay: Duration::from_millis(100),
+            node_ready_after: Duration::from_millis(200),
+            disrupted_pod_timeout: Duration::from_secs(120),
+            enabled: true,
+        }
+    }
+}
+
+impl SimulationTimings {
+    /// Real-cluster speeds (for the interactive sandbox).
+    pub fn real_time() -> Self {
+        Self {
+            tick: Duration::from_millis(100),
+            grace_period_scale: 1.0,
+            pod_start_delay: Duration::from_secs(5),
+            node_ready_after: Duration::from_secs(30),
+            disrupted_pod_timeout: Duration::from_secs(120),
+            enabled: true,
+        }
+    }
+
+    /// No emulation at all.
+    pub fn disabled() -> Self {
+        Self {
+            enabled: false,
+            ..Self::default()
+        }
+    }
+}
+
+#[derive(Default)]
+struct Memory {
+    /// Nodes registered through [`Simulation::register_node`] and when they turn Ready.
+    node_ready_at: HashMap<String, Instant>,
+    /// When a bound pod was first seen Pending (by uid).
+    pod_bound_at: HashMap<String, Instant>,
+    /// Resource version the disruption controller last synced at, and when to resync anyway.
+    synced_rv: u64,
+    recheck_at: Option<jiff::Timestamp>,
+}
+
+/// The emulated kubelet and controllers of one fake cluster.
+#[derive(Clone)]
+pub struct Simulation {
+    store: Store,
+    timings: SimulationTimings,
+    memory: Arc<Mutex<Memory>>,
+}
+
+fn resource(group: &str, plural: &str) -> &'static ResourceType {
+    resources::RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural)
+        .unwrap_or(&resources::RESOURCES[0])
+}
+
+fn status_str<'a>(object: &'a Value, field: &str) -> &'a str {
+    object
+        .get("status")
+        .and_then(|s| s.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn spec_str<'a>(object: &'a Value, field: &str) -> &'a str {
+    object
+        .get("spec")
+        .and_then(|s| s.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+fn being_deleted(object: &Value) -> bool {
+    object
+        .get("metadata")
+        .and_then(|m| m.get("deletionTimestamp"))
+        .is_some()
+}
+
+fn condition_true(object: &Value, kind: &str) -> bool {
+    object
+        .get("status")
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c.get("type").and_then(Value::as_str) == Some(kind)
+                    && c.get("status").and_then(Value::as_str) == Some("True")
+            })
+        })
+}
+
+/// The uid of the object's controller (ownerReference with `controller: true`).
+fn controller_uid(object: &Value) -> Option<&str> {
+    object
+        .get("metadata")
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array)?
+        .iter()
+        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+        .and_then(|r| r.get("uid"))
+        .and_then(Value::as_str)
+}
+
+fn owner_reference(owner: &Value, kind: &str, api_version: &str) -> Value {
+    json!({
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": meta_str(owner, "name"),
+        "uid": meta_str(owner, "uid"),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}
+
+fn replicas(object: &Value) -> i64 {
+    object
+        .get("spec")
+        .and_then(|s| s.get("replicas"))
+        .and_then(Value::as_i64)
+        .unwrap_or(1)
+}
+
+/// Whether new pods may be placed on a node: Ready, not cordoned.
+fn schedulable(node: &Value) -> bool {
+    condition_true(node, "Ready")
+        && node
+            .get("spec")
+            .and_then(|s| s.get("unschedulable"))
+            .and_then(Value::as_bool)
+            != Some(true)
+        && !being_deleted(node)
+}
+
+fn update_full(state: &mut State, resource: &'static ResourceType, mut object: Value) {
+    let namespace = meta_str(&object, "namespace").to_owned();
+    let name = meta_str(&object, "name").to_owned();
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        metadata.remove("resourceVersion");
+    }
+    if let Err(error) = state.update(resource, &namespace, &name, object, UpdateMode::Full) {
+        tracing::debug!(%error, "simulation update failed");
+    }
+}
+
+impl Simulation {
+    pub(crate) fn new(store: Store, timings: SimulationTimings) -> Self {
+        store.set_grace_scale(timings.grace_period_scale);
+        Self {
+            store,
+            timings,
+            memory: Arc::default(),
+        }
+    }
+
+    pub fn timings(&self) -> &SimulationTimings {
+        &self.timings
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a node as a kubelet would after an instance launches: `NotReady` now,
+    /// `Ready` after `ready_after` (`None`: the scenario's default).
+    pub fn register_node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ready_after: Option<Duration>,
+    ) -> Result<Value, super::status::ApiError> {
+        let now = now_rfc3339();
+        let node = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                },
+            },
+            "spec": { "providerID": provider_id },
+            "status": {
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "KubeletNotReady",
+                    "message": "container runtime network not ready",
+                    "lastHeartbeatTime": now,
+                    "lastTransitionTime": now,
+                }],
+                "addresses": [
+                    { "type": "InternalIP", "address": "10.0.0.1" },
+                    { "type": "Hostname", "address": name },
+                ],
+                "nodeInfo": { "kubeletVersion": "v1.33.0-eks-fake", "osImage": "Amazon Linux 2023" },
+            },
+        });
+        let created = self
+            .store
+            .lock()
+            .create(resource("", "nodes"), "", node, Origin::Setup)?;
+        let ready_after = ready_after.unwrap_or(self.timings.node_ready_after);
+        self.memory()
+            .node_ready_at
+            .insert(name.to_owned(), Instant::now() + ready_after);
+        Ok(created)
+    }
+
+    /// Runs the emulation until `shutdown` flips.
+    pub(crate) async fn run(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
+        if !self.timings.enabled {
+            return;
+        }
+        let mut ticker = tokio::time::interval(self.timings.tick);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = ticker.tick() => self.step(),
+            }
+        }
+    }
+
+    /// One pass of every emulated component.
+    pub fn step(&self) {
+        let mut memory = self.memory();
+        let mut state = self.store.lock();
+        let now = Instant::now();
+        self.kubelet_removes_terminated_pods(&mut state, now);
+        self.kubelet_turns_nodes_ready(&mut state, &mut memory, now);
+        self.deployments(&mut state);
+        self.replica_sets(&mut state);
+        self.stateful_sets(&mut state);
+        self.daemon_sets(&mut state);
+        self.scheduler(&mut state);
+        self.kubelet_starts_pods(&mut state, &mut memory, now);
+        self.disruption_controller(&mut state, &mut memory);
+    }
+
+    fn kubelet_removes_terminated_pods(&self, state: &mut State, now: Instant) {
+        let pods = resource("", "pods");
+        let due: Vec<(String, String)> = state
+            .iter(pods, None)
+            .filter(|pod| being_deleted(pod))
+            .filter(|pod| {
+                let no_finalizers = pod
+                    .get("metadata")
+                    .and_then(|m| m.get("finalizers"))
+                    .and_then(Value::as_array)
+                    .is_none_or(Vec::is_empty);
+                let uid = meta_str(pod, "uid");
+                no_finalizers
+                    && state
+                        .deletion_deadlines
+                        .get(uid)
+                        .is_none_or(|deadline| *deadline <= now)
+            })
+            .map(|pod| {
+                (
+                    meta_str(pod, "namespace").to_owned(),
+                    meta_str(pod, "name").to_owned(),
+                )
+            })
+            .collect();
+        for (namespace, name) in due {
+            state.remove(pods, &namespace, &name);
+        }
+    }
+
+    fn kubelet_turns_nodes_ready(&self, state: &mut State, memory: &mut Memory, now: Instant) {
+        let nodes = resource("", "nodes");
+        let ready: Vec<String> = memory
+            .node_ready_at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in ready {
+            memory.node_ready_at.remove(&name);
+            let Ok(mut node) = state.get(nodes, "", &name) else {
+                continue;
+            };
+            let time = now_rfc3339();
+            node["status"]["conditions"] = json!([{
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+                "lastHeartbeatTime": time,
+                "lastTransitionTime": time,
+            }]);
+            update_full(state, nodes, node);
+        }
+    }
+
+    /// A Deployment gets one ReplicaSet with its template and replica count.
+    fn deployments(&self, state: &mut State) {
+        let deployments = resource("apps", "deployments");
+        let replica_sets = resource("apps", "replicasets");
+        let owned: HashSet<String> = state
+            .iter(replica_sets, None)
+            .filter_map(controller_uid)
+            .map(str::to_owned)
+            .collect();
+        let missing: Vec<Value> = state
+            .iter(deployments, None)
+            .filter(|d| !being_deleted(d) && !owned.contains(meta_str(d, "uid")))
+            .cloned()
+            .collect();
+        for deployment in missing {
+            let namespace = meta_str(&deployment, "namespace").to_owned();
+            let template = deployment["spec"]["template"].clone();
+            let replica_set = json!({
+                "metadata": {
+                    "name": format!("{}-{}", meta_str(&deployment, "name"), name_suffix()),
+                    "namespace": namespace,
+                    "labels": template.get("metadata").and_then(|m| m.get("labels")).cloned().unwrap_or(json!({})),
+                    "ownerReferences": [owner_reference(&deployment, "Deployment", "apps/v1")],
+                },
+                "spec": {
+                    "replicas": replicas(&deployment),
+                    "selector": deployment["spec"]["selector"].clone(),
+                    "template": template,
+                },
+            });
+            if let Err(error) = state.create(replica_sets, &namespace, replica_set, Origin::Setup) {
+                tracing::debug!(%error, "simulated deployment controller could not create a ReplicaSet");
+            }
+        }
+    }
+
+    /// Live pods (not terminal, not being deleted) per controller uid.
+    fn live_pods_by_owner(state: &State) -> HashMap<String, Vec<Value>> {
+        let mut by_owner: HashMap<String, Vec<Value>> = HashMap::new();
+        for pod in state.iter(resource("", "pods"), None) {
+            let phase = status_str(pod, "phase");
+            if being_deleted(pod) || phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            if let Some(uid) = controller_uid(pod) {
+                by_owner
+                    .entry(uid.to_owned())
+                    .or_default()
+                    .push(pod.clone());
+            }
+        }
+        by_owner
+    }
+
+    fn pod_from_template(owner: &Value, kind: &str, name: Option<String>) -> Value {
+        let template = owner
+            .get("spec")
+            .and_then(|s| s.get("template"))
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let mut metadata = template
+            .get("metadata")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        match name {
+            Some(name) => metadata["name"] = json!(name),
+            None => metadata["generateName"] = json!(format!("{}-", meta_str(owner, "name"))),
+        }
+        metadata["namespace"] = json!(meta_str(owner, "namespace"));
+        metadata["ownerReferences"] = json!([owner_reference(owner, kind, "apps/v1")]);
+        json!({
+            "metadata": metadata,
+            "spec": template.get("spec").cloned().unwrap_or_else(|| json!({ "containers": [] })),
+            "status": { "phase": "Pending" },
+        })
+    }
+
+    /// A ReplicaSet with fewer live pods than replicas gets new ones (left for the scheduler).
+    fn replica_sets(&self, state: &mut State) {
+        let replica_sets = resource("apps", "replicasets");
+        let pods = resource("", "pods");
+        let by_owner = Self::live_pods_by_owner(state);
+        let short: Vec<(Value, i64)> = state
+            .iter(replica_sets, None)
+            .filter(|rs| !being_deleted(rs))
+            .filter_map(|rs| {
+                let live = by_owner.get(meta_str(rs, "uid")).map_or(0, Vec::len) as i64;
+                let missing = replicas(rs) - live;
+                (missing > 0).then(|| (rs.clone(), missing))
+            })
+            .collect();
+        for (replica_set, missing) in short {
+            let namespace = meta_str(&replica_set, "namespace").to_owned();
+            for _ in 0..missing {
+                let pod = Self::pod_from_template(&replica_set, "ReplicaSet", None);
+                if let Err(error) = state.create(pods, &namespace, pod, Origin::Setup) {
+                    tracing::debug!(%error, "simulated ReplicaSet controller could not create a pod");
+                }
+            }
+        }
+    }
+
+    /// A StatefulSet's pod `<name>-<ordinal>` is recreated once the old one is fully gone.
+    fn stateful_sets(&self, state: &mut State) {
+        let stateful_sets = resource("apps", "statefulsets");
+        let pods = resource("", "pods");
+        let mut wanted = Vec::new();
+        for set in state
+            .iter(stateful_sets, None)
+            .filter(|s| !being_deleted(s))
+        {
+            let namespace = meta_str(set, "namespace");
+            for ordinal in 0..replicas(set) {
+                let name = format!("{}-{ordinal}", meta_str(set, "name"));
+                if state.get(pods, namespace, &name).is_err() {
+                    wanted.push((set.clone(), name));
+                }
+            }
+        }
+        for (set, name) in wanted {
+            let namespace = meta_str(&set, "namespace").to_owned();
+            let pod = Self::pod_from_template(&set, "StatefulSet", Some(name));
+            if let Err(error) = state.create(pods, &namespace, pod, Origin::Setup) {
+                tracing::debug!(%error, "simulated StatefulSet controller could not create a pod");
+            }
+        }
+    }
+
+    /// Every Ready node gets one pod of each DaemonSet (cordoned nodes too: DaemonSet pods
+    /// tolerate `unschedulable`). A drain leaves them alone.
+    fn daemon_sets(&self, state: &mut State) {
+        let daemon_sets = resource("apps", "daemonsets");
+        let pods = resource("", "pods");
+        let nodes = resource("", "nodes");
+        let ready_nodes: Vec<String> = state
+            .iter(nodes, None)
+            .filter(|n| condition_true(n, "Ready") && !being_deleted(n))
+            .map(|n| meta_str(n, "name").to_owned())
+            .collect();
+        if ready_nodes.is_empty() {
+            return;
+        }
+        let mut placed: HashSet<(String, String)> = HashSet::new();
+        for pod in state.iter(pods, None) {
+            if let Some(uid) = controller_uid(pod) {
+                placed.insert((uid.to_owned(), spec_str(pod, "nodeName").to_owned()));
+            }
+        }
+        let mut wanted = Vec::new();
+        for set in state.iter(daemon_sets, None).filter(|s| !being_deleted(s)) {
+            for node in &ready_nodes {
+                if !placed.contains(&(meta_str(set, "uid").to_owned(), node.clone())) {
+                    wanted.push((set.clone(), node.clone()));
+                }
+            }
+        }
+        for (set, node) in wanted {
+            let namespace = meta_str(&set, "namespace").to_owned();
+            let mut pod = Self::pod_from_template(&set, "DaemonSet", None);
+            pod["spec"]["nodeName"] = json!(node);
+            if let Err(error) = state.create(pods, &namespace, pod, Origin::Setup) {
+                tracing::debug!(%error, "simulated DaemonSet controller could not create a pod");
+            }
+        }
+    }
+
+    /// Binds unscheduled pods to the schedulable node with the fewest pods.
+    fn scheduler(&self, state: &mut State) {
+        let pods = resource("", "pods");
+        let nodes = resource("", "nodes");
+        let pending: Vec<Value> = state
+            .iter(pods, None)
+            .filter(|p| spec_str(p, "nodeName").is_empty() && !being_deleted(p))
+            .cloned()
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        let mut load: BTreeMap<String, usize> = state
+            .iter(nodes, None)
+            .filter(|n| schedulable(n))
+            .map(|n| (meta_str(n, "name").to_owned(), 0))
+            .collect();
+        if load.is_empty() {
+            return;
+        }
+        for pod in state.iter(pods, None) {
+            if let Some(count) = load.get_mut(spec_str(pod, "nodeName")) {
+                *count += 1;
+            }
+        }
+        for mut pod in pending {
+            let Some(node) = load
+                .iter()
+                .min_by_key(|(_, count)| **count)
+                .map(|(name, _)| name.clone())
+            else {
+                return;
+            };
+            if let Some(count) = load.get_mut(&node) {
+                *count += 1;
+            }
+            pod["spec"]["nodeName"] = json!(node);
+            update_full(state, pods, pod);
+        }
+    }
+
+    /// Bound Pending pods on Ready nodes become Running and Ready after the start delay.
+    fn kubelet_starts_pods(&self, state: &mut State, memory: &mut Memory, now: Instant) {
+        let pods = resource("", "pods");
+        let nodes = resource("", "nodes");
+        let ready_nodes: HashSet<String> = state
+            .iter(nodes, None)
+            .filter(|n| condition_true(n, "Ready"))
+            .map(|n| meta_str(n, "name").to_owned())
+            .collect();
+        let mut starting = Vec::new();
+        let mut seen = HashSet::new();
+        for pod in state.iter(pods, None) {
+            let phase = status_str(pod, "phase");
+            if !(phase.is_empty() || phase == "Pending") || being_deleted(pod) {
+                continue;
+            }
+            if !ready_nodes.contains(spec_str(pod, "nodeName")) {
+                continue;
+            }
+            let uid = meta_str(pod, "uid").to_owned();
+            seen.insert(uid.clone());
+            let bound_at = *memory.pod_bound_at.entry(uid).or_insert(now);
+            if now.duration_since(bound_at) >= self.timings.pod_start_delay {
+                starting.push(pod.clone());
+            }
+        }
+        memory.pod_bound_at.retain(|uid, _| seen.contains(uid));
+        for mut pod in starting {
+            memory.pod_bound_at.remove(meta_str(&pod, "uid"));
+            let time = now_rfc3339();
+            let condition = |kind: &str| json!({ "type": kind, "status": "True", "lastProbeTime": null, "lastTransitionTime": time });
+            let containers: Vec<Value> = pod
+                .get("spec")
+                .and_then(|s| s.get("containers"))
+                .and_then(Value::as_array)
+                .map(|containers| {
+                    containers
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "name": c.get("name").cloned().unwrap_or(json!("main")),
+                                "image": c.get("image").cloned().unwrap_or(json!("")),
+                                "imageID": "",
+                                "ready": true,
+                                "started": true,
+                                "restartCount": 0,
+                                "state": { "running": { "startedAt": time } },
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            pod["status"] = json!({
+                "phase": "Running",
+                "conditions": [
+                    condition("PodReadyToStartContainers"),
+                    condition("Initialized"),
+                    condition("Ready"),
+                    condition("ContainersReady"),
+                    condition("PodScheduled"),
+                ],
+                "hostIP": "10.0.0.1",
+                "podIP": "10.0.1.1",
+                "startTime": time,
+                "containerStatuses": containers,
+                "qosClass": "BestEffort",
+            });
+            update_full(state, pods, pod);
+        }
+    }
+
+    /// Recomputes every PDB's status when anything changed (or an evicted pod's
+    /// `disruptedPods` entry expires).
+    fn disruption_controller(&self, state: &mut State, memory: &mut Memory) {
+        let now = jiff::Timestamp::now();
+        let recheck_due = memory.recheck_at.is_some_and(|at| at <= now);
+        if state.resource_version() == memory.synced_rv && !recheck_due {
+            return;
+        }
+        let pdbs_resource = resource("policy", "poddisruptionbudgets");
+        let pods_resource = resource("", "pods");
+        let pdbs: Vec<Value> = state.iter(pdbs_resource, None).cloned().collect();
+        let mut recheck_at: Option<jiff::Timestamp> = None;
+        let timeout = jiff::SignedDuration::try_from(self.timings.disrupted_pod_timeout)
+            .unwrap_or(disruption::DELETION_TIMEOUT);
+        for pdb_value in pdbs {
+            let Ok(pdb) = serde_json::from_value::<PodDisruptionBudget>(pdb_value.clone()) else {
+                continue;
+            };
+            let namespace = meta_str(&pdb_value, "namespace").to_owned();
+            let pods: Vec<Pod> = state
+                .iter(pods_resource, Some(&namespace))
+                .filter_map(|p| serde_json::from_value(p.clone()).ok())
+                .collect();
+            let update = disruption::compute_pdb_status_with_timeout(
+                &pdb,
+                &pods,
+                |owner| controller_scale(state, &namespace, owner),
+                now,
+                timeout,
+            );
+            if let Some(at) = update.recheck_at {
+                recheck_at = Some(recheck_at.map_or(at, |current| current.min(at)));
+            }
+            if disruption::status_needs_write(&pdb, &update.status) {
+                let mut object = pdb_value;
+                match serde_json::to_value(&update.status) {
+                    Ok(status) => object["status"] = status,
+                    Err(_) => continue,
+                }
+                update_full(state, pdbs_resource, object);
+            }
+        }
+        memory.recheck_at = recheck_at;
+        memory.synced_rv = state.resource_version();
+    }
+}
+
+/// Resolves a pod's controller to the object whose replica count the PDB expects.
+fn controller_scale(
+    state: &State,
+    namespace: &str,
+    owner: &OwnerReference,
+) -> Option<ControllerScale> {
+    let find_by_uid = |plural: &str, uid: &str| {
+        state
+            .iter(resource("apps", plural), Some(namespace))
+            .find(|o| meta_str(o, "uid") == uid)
+            .cloned()
+    };
+    match owner.kind.as_str() {
+        "ReplicaSet" => {
+            let replica_set = find_by_uid("replicasets", &owner.uid)?;
+            if let Some(deployment_uid) = controller_uid(&replica_set) {
+                if let Some(deployment) = find_by_uid("deployments", deployment_uid) {
+                    return Some(ControllerScale {
+                        uid: deployment_uid.to_owned(),
+                        replicas: i32::try_from(replicas(&deployment)).unwrap_or(i32::MAX),
+                    });
+                }
+            }
+            Some(ControllerScale {
+                uid: owner.uid.clone(),
+                replicas: i32::try_from(replicas(&replica_set)).unwrap_or(i32::MAX),
+            })
+        }
+        "StatefulSet" => {
+            let set = find_by_uid("statefulsets", &owner.uid)?;
+            Some(ControllerScale {
+                uid: owner.uid.clone(),
+                replicas: i32::try_from(replicas(&set)).unwrap_or(i32::MAX),
+            })
+        }
+        "Deployment" => {
+            let deployment = find_by_uid("deployments", &owner.uid)?;
+            Some(ControllerScale {
+                uid: owner.uid.clone(),
+                replicas: i32::try_from(replicas(&deployment)).unwrap_or(i32::MAX),
+            })
+        }
+        _ => None,
+    }
+}

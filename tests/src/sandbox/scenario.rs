@@ -1,0 +1,290 @@
+//! The sandbox's scenario file: a cluster to seed and the lifecycle steps to play on it.
+//!
+//! YAML (field names camelCase). Every field but `name`, `nodegroups` and `steps` has a
+//! default, so a scenario says only what it changes; see `tests/scenarios/*.yaml`.
+
+use serde::Deserialize;
+
+use crate::sandbox::SandboxError;
+
+/// The scenario the sandbox plays when none is given: `tests/scenarios/reference.yaml`.
+pub const REFERENCE_SCENARIO: &str = include_str!("../../scenarios/reference.yaml");
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+    #[serde(default = "default_region")]
+    pub region: String,
+    #[serde(default = "default_account")]
+    pub account_id: String,
+    /// `CONFIG_MAP`, `API_AND_CONFIG_MAP` or `API`.
+    #[serde(default = "default_mode")]
+    pub authentication_mode: String,
+    #[serde(default)]
+    pub timings: Timings,
+    /// Extra environment for every function (settings such as `DRAIN_FORCE`).
+    #[serde(default)]
+    pub function_env: std::collections::BTreeMap<String, String>,
+    pub nodegroups: Vec<NodegroupSpec>,
+    #[serde(default)]
+    pub workloads: Vec<Workload>,
+    pub steps: Vec<Step>,
+}
+
+fn default_cluster() -> String {
+    "ironman-2022".to_owned()
+}
+fn default_region() -> String {
+    "eu-west-1".to_owned()
+}
+fn default_account() -> String {
+    "111111111111".to_owned()
+}
+fn default_mode() -> String {
+    "CONFIG_MAP".to_owned()
+}
+
+/// Timings, scaled down so a scenario runs in seconds.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Timings {
+    /// The drain's settle period (EKS: 60 s).
+    pub settle_seconds: f64,
+    /// The drain deadline (EKS: 15 min).
+    pub drain_timeout_seconds: f64,
+    /// How long the launch hook waits for Ready (default 10 min).
+    pub launch_timeout_seconds: f64,
+    /// A new node registers this long after its instance launched...
+    pub node_register_seconds: f64,
+    /// ...and turns Ready this long after registering.
+    pub node_ready_seconds: f64,
+    /// A scheduled pod is Running and Ready after this long.
+    pub pod_start_seconds: f64,
+    /// Grace periods last this fraction of their declared seconds.
+    pub grace_period_scale: f64,
+    /// The functions' Lambda timeout (deadline of each invocation).
+    pub function_timeout_seconds: f64,
+    /// The lifecycle hooks' heartbeat timeout, as declared (not scaled).
+    pub heartbeat_timeout_seconds: u64,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Self {
+            settle_seconds: 1.0,
+            drain_timeout_seconds: 20.0,
+            launch_timeout_seconds: 15.0,
+            node_register_seconds: 1.0,
+            node_ready_seconds: 1.0,
+            pod_start_seconds: 1.0,
+            grace_period_scale: 0.02,
+            function_timeout_seconds: 60.0,
+            heartbeat_timeout_seconds: 300,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodegroupSpec {
+    pub name: String,
+    /// The Auto Scaling group behind the node group.
+    pub auto_scaling_group: String,
+    /// The node role's name (the ARN is built from the account).
+    pub node_role: String,
+    #[serde(default = "default_ami")]
+    pub ami_type: String,
+    /// Nodes running when the scenario starts.
+    #[serde(default)]
+    pub nodes: usize,
+    /// Tag the group for the cluster (`eks:cluster-name`); false makes it a foreign group.
+    #[serde(default = "yes")]
+    pub tagged_for_cluster: bool,
+}
+
+fn default_ami() -> String {
+    "AL2_x86_64".to_owned()
+}
+fn yes() -> bool {
+    true
+}
+
+/// A workload placed on the seeded nodes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workload {
+    /// `Deployment` or `DaemonSet`.
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub replicas: usize,
+    /// For each replica, the index of the seeded node it runs on (round-robin if absent).
+    #[serde(default)]
+    pub placement: Vec<usize>,
+    #[serde(default)]
+    pub priority_class_name: Option<String>,
+    #[serde(default)]
+    pub pdb: Option<PdbSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PdbSpec {
+    #[serde(default)]
+    pub min_available: Option<i32>,
+    #[serde(default)]
+    pub max_unavailable: Option<i32>,
+}
+
+/// One step of the scenario, with what must be true after it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum Step {
+    /// CloudTrail `CreateNodegroup` through EventBridge to `nodegroup-auth`.
+    CreateNodegroup(NodegroupStep),
+    /// CloudTrail `DeleteNodegroup` through EventBridge to `nodegroup-auth`.
+    DeleteNodegroup(NodegroupStep),
+    /// A new instance launches; its launch hook notifies `launching-hook`.
+    ScaleOut(ScaleOutStep),
+    /// A seeded node's instance terminates; its hook notifies `terminating-hook`.
+    ScaleIn(ScaleInStep),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodegroupStep {
+    pub nodegroup: String,
+    /// Whether the node role must be mapped afterwards (aws-auth or access entry).
+    #[serde(default = "yes")]
+    pub expect_role_mapped: bool,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScaleOutStep {
+    pub nodegroup: String,
+    /// Whether the new node ever registers with the cluster.
+    #[serde(default = "yes")]
+    pub node_joins: bool,
+    /// `CONTINUE` or `ABANDON`.
+    #[serde(default = "continue_result")]
+    pub expect_result: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScaleInStep {
+    pub nodegroup: String,
+    /// Index of the seeded node whose instance terminates.
+    pub node: usize,
+    #[serde(default = "continue_result")]
+    pub expect_result: String,
+    /// Whether every pod but DaemonSet pods must be gone from the node afterwards.
+    #[serde(default = "yes")]
+    pub expect_drained: bool,
+    /// Kubernetes Event reasons that must appear on the node.
+    #[serde(default)]
+    pub expect_node_events: Vec<String>,
+}
+
+fn continue_result() -> String {
+    "CONTINUE".to_owned()
+}
+
+impl Scenario {
+    pub fn from_yaml(text: &str) -> Result<Self, SandboxError> {
+        let scenario: Self = serde_saphyr::from_str(text)
+            .map_err(|e| SandboxError::Scenario(format!("cannot read the scenario: {e}")))?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    pub fn reference() -> Result<Self, SandboxError> {
+        Self::from_yaml(REFERENCE_SCENARIO)
+    }
+
+    /// Checks the references between parts, so a typo fails before anything starts.
+    fn validate(&self) -> Result<(), SandboxError> {
+        let bad = |msg: String| Err(SandboxError::Scenario(msg));
+        let seeded: usize = self.nodegroups.iter().map(|n| n.nodes).sum();
+        for workload in &self.workloads {
+            if !matches!(workload.kind.as_str(), "Deployment" | "DaemonSet") {
+                return bad(format!(
+                    "workload {}/{}: kind must be Deployment or DaemonSet, not {:?}",
+                    workload.namespace, workload.name, workload.kind
+                ));
+            }
+            if let Some(&index) = workload.placement.iter().find(|&&i| i >= seeded) {
+                return bad(format!(
+                    "workload {}/{}: placement names node {index}, but only {seeded} nodes are seeded",
+                    workload.namespace, workload.name
+                ));
+            }
+        }
+        for step in &self.steps {
+            let group = match step {
+                Step::CreateNodegroup(s) | Step::DeleteNodegroup(s) => &s.nodegroup,
+                Step::ScaleOut(s) => &s.nodegroup,
+                Step::ScaleIn(s) => &s.nodegroup,
+            };
+            let Some(spec) = self.nodegroups.iter().find(|n| &n.name == group) else {
+                return bad(format!("a step names node group {group:?}, which the scenario does not define"));
+            };
+            if let Step::ScaleIn(s) = step
+                && s.node >= spec.nodes
+            {
+                return bad(format!(
+                    "scaleIn names node {} of {group}, which has {} seeded nodes",
+                    s.node, spec.nodes
+                ));
+            }
+        }
+        if !matches!(
+            self.authentication_mode.as_str(),
+            "CONFIG_MAP" | "API_AND_CONFIG_MAP" | "API"
+        ) {
+            return bad(format!(
+                "authenticationMode must be CONFIG_MAP, API_AND_CONFIG_MAP or API, not {:?}",
+                self.authentication_mode
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        for text in [
+            REFERENCE_SCENARIO,
+            include_str!("../../scenarios/pdb-blocked.yaml"),
+            include_str!("../../scenarios/access-entries.yaml"),
+        ] {
+            let scenario = Scenario::from_yaml(text).unwrap();
+            assert!(!scenario.steps.is_empty(), "{}", scenario.name);
+        }
+    }
+
+    #[test]
+    fn a_step_naming_an_unknown_group_is_refused() {
+        let text = "name: x\nnodegroups: []\nsteps:\n  - scaleOut: { nodegroup: ghost }\n";
+        let err = Scenario::from_yaml(text).unwrap_err();
+        assert!(err.to_string().contains("ghost"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let text = "name: x\nnodegroups: []\nsteps: []\nsurprise: 1\n";
+        assert!(Scenario::from_yaml(text).is_err());
+    }
+}

@@ -1,0 +1,989 @@
+//! The terminating hook's drain, end to end against the test kit's fake API server (real
+//! HTTPS, EKS token authentication, the shipped `infra/rbac.yaml`) with scaled-down timings.
+//! Auto Scaling, EC2 and SNS are the shared crate's in-memory fakes, which record every
+//! completion, heartbeat and publish.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime};
+
+use aws_credential_types::Credentials;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
+use node_manager::aws::{
+    CompletionOutcome, LifecycleActionRef, LifecycleActionResult, LifecycleHook,
+};
+use node_manager::cluster::token::sign_token;
+use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
+use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
+use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::settings::DrainSettings;
+use node_manager_testkit::kube::{AuditEvent, FakeApiServer};
+use serde_json::{Value, json};
+
+const CLUSTER: &str = "ironman-2022";
+const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
+const HOOK: &str = "Terminate-LC-Hook";
+const INSTANCE: &str = "i-07e9ea9eb19a67337";
+const TOKEN: &str = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
+const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
+const OTHER_NODE: &str = "ip-192-168-77-8.eu-west-1.compute.internal";
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/fixtures/sns-lifecycle-terminating.json"
+);
+const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
+
+type TestDrainer = Drainer<kube::Client, FakeAutoScaling, FakeInstances, FakeNotifications>;
+
+/// A fake cluster with the reference node, another node for replacements, and the
+/// terminating hook's identity (mapped to the RBAC groups through aws-auth).
+struct Scenario {
+    server: FakeApiServer,
+    autoscaling: FakeAutoScaling,
+    instances: FakeInstances,
+    notifications: FakeNotifications,
+    function_client: kube::Client,
+}
+
+impl Scenario {
+    async fn start(force_group: bool) -> Self {
+        let server = FakeApiServer::builder()
+            .cluster_name(CLUSTER)
+            .start()
+            .await
+            .unwrap();
+        server
+            .apply_manifest_file(std::path::Path::new(RBAC))
+            .unwrap();
+        let groups = if force_group {
+            "[open-node-manager:functions, open-node-manager:force-delete]"
+        } else {
+            "[open-node-manager:functions]"
+        };
+        let role = server.account().role_arn("terminating-hook");
+        server
+            .store()
+            .apply_yaml(&format!(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: aws-auth\n  namespace: kube-system\ndata:\n  mapRoles: |\n    - rolearn: {role}\n      username: terminating-hook\n      groups: {groups}\n"
+            ))
+            .unwrap();
+        let creds = server.account().add_role_credentials("terminating-hook");
+        let token = sign_token(
+            &Credentials::new(
+                &creds.access_key_id,
+                &creds.secret_access_key,
+                creds.session_token.clone(),
+                None,
+                "test",
+            ),
+            &server.account().region,
+            CLUSTER,
+            SystemTime::now(),
+        )
+        .unwrap();
+        let function_client = server.client_with_token(token.expose()).await.unwrap();
+
+        let autoscaling = FakeAutoScaling::new();
+        autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
+        autoscaling.add_hook(
+            GROUP,
+            LifecycleHook {
+                name: HOOK.into(),
+                transition: "autoscaling:EC2_INSTANCE_TERMINATING".into(),
+                heartbeat_timeout: Duration::from_millis(400),
+                global_timeout: Duration::from_secs(3600),
+                default_result: LifecycleActionResult::Continue,
+            },
+        );
+        autoscaling.start_action(&action());
+        let instances = FakeInstances::default();
+        instances.add(INSTANCE, NODE);
+        Self {
+            server,
+            autoscaling,
+            instances,
+            notifications: FakeNotifications::default(),
+            function_client,
+        }
+    }
+
+    /// Both nodes registered and Ready.
+    async fn with_nodes(self) -> Self {
+        self.server
+            .register_node(
+                NODE,
+                &format!("aws:///eu-west-1a/{INSTANCE}"),
+                Some(Duration::ZERO),
+            )
+            .unwrap();
+        self.wait_until("the node is Ready", || {
+            self.server
+                .store()
+                .find::<Node>("", NODE)
+                .is_some_and(|n| ready(&n))
+        })
+        .await;
+        self
+    }
+
+    fn register_other_node(&self) {
+        self.server
+            .register_node(
+                OTHER_NODE,
+                "aws:///eu-west-1b/i-0aaaabbbbccccdddd",
+                Some(Duration::ZERO),
+            )
+            .unwrap();
+    }
+
+    fn apply(&self, yaml: &str) {
+        self.server.store().apply_yaml(yaml).unwrap();
+    }
+
+    fn pods_on(&self, node: &str) -> Vec<Pod> {
+        self.server
+            .store()
+            .list::<Pod>()
+            .into_iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+            .collect()
+    }
+
+    fn running_pods_on(&self, node: &str, prefix: &str) -> usize {
+        self.pods_on(node)
+            .iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .unwrap_or_default()
+                    .starts_with(prefix)
+            })
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count()
+    }
+
+    async fn wait_until(&self, what: &str, done: impl Fn() -> bool) {
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "timed out waiting until {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn drainer(&self, extra: &[(&str, &str)]) -> TestDrainer {
+        let mut env: Vec<(&str, &str)> = vec![
+            ("CLUSTER_NAME", CLUSTER),
+            ("SETTLE_SECONDS", "0.05"),
+            ("DRAIN_TIMEOUT_SECONDS", "8"),
+            ("EVICTION_BACKOFF_SECONDS", "0.05"),
+            ("EVICTION_BACKOFF_MAX_SECONDS", "0.2"),
+            ("DRAIN_LEASE_SECONDS", "2"),
+            ("HAND_OVER_MARGIN_SECONDS", "0"),
+        ];
+        env.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+        env.extend_from_slice(extra);
+        let settings = DrainSettings::from_source(env.as_slice()).unwrap();
+        Drainer::new(
+            self.function_client.clone(),
+            self.autoscaling.clone(),
+            self.instances.clone(),
+            self.notifications.clone(),
+            settings,
+        )
+    }
+
+    fn node_events(&self) -> Vec<Event> {
+        self.server
+            .store()
+            .list::<Event>()
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("Node"))
+            .collect()
+    }
+
+    fn events_with_reason(&self, reason: &str) -> Vec<Event> {
+        self.server
+            .store()
+            .list::<Event>()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
+
+    fn checkpoint(&self) -> Option<DrainCheckpoint> {
+        let node = self.server.store().find::<Node>("", NODE)?;
+        let raw = node
+            .metadata
+            .annotations?
+            .get(CHECKPOINT_ANNOTATION)?
+            .clone();
+        Some(DrainCheckpoint::parse(&raw).unwrap())
+    }
+
+    /// The function's own requests, in order.
+    fn function_requests(&self) -> Vec<AuditEvent> {
+        self.server.audit().by_user("terminating-hook")
+    }
+}
+
+fn ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn action() -> LifecycleActionRef {
+    LifecycleActionRef {
+        auto_scaling_group_name: GROUP.into(),
+        lifecycle_hook_name: HOOK.into(),
+        instance_id: INSTANCE.into(),
+        token: TOKEN.into(),
+    }
+}
+
+/// The fixture's event, with the notification's `Time` set to now (so the hook's global
+/// timeout lies ahead, as for a real pending action).
+fn terminating_event() -> Value {
+    let mut event: Value =
+        serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    let raw = event["Records"][0]["Sns"]["Message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut message: Value = serde_json::from_str(&raw).unwrap();
+    message["Time"] = json!(jiff::Timestamp::now().to_string());
+    event["Records"][0]["Sns"]["Message"] = json!(message.to_string());
+    event
+}
+
+fn invocation(request_id: &str, budget: Duration) -> Invocation {
+    Invocation {
+        request_id: request_id.into(),
+        function_account: Some("111111111111".into()),
+        budget: InvocationBudget::new(budget, Duration::ZERO),
+    }
+}
+
+const DAEMON_SETS_AND_COREDNS: &str = r#"
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: aws-node, namespace: kube-system}
+spec:
+  selector: {matchLabels: {k8s-app: aws-node}}
+  template:
+    metadata: {labels: {k8s-app: aws-node}}
+    spec:
+      priorityClassName: system-node-critical
+      containers: [{name: aws-node, image: amazon-k8s-cni}]
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: kube-proxy, namespace: kube-system}
+spec:
+  selector: {matchLabels: {k8s-app: kube-proxy}}
+  template:
+    metadata: {labels: {k8s-app: kube-proxy}}
+    spec:
+      priorityClassName: system-node-critical
+      containers: [{name: kube-proxy, image: kube-proxy}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: coredns, namespace: kube-system}
+spec:
+  replicas: 1
+  selector: {matchLabels: {k8s-app: kube-dns}}
+  template:
+    metadata: {labels: {k8s-app: kube-dns}}
+    spec:
+      priorityClassName: system-cluster-critical
+      containers: [{name: coredns, image: coredns}]
+"#;
+
+fn nginx(replicas: u32, grace_seconds: u32) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: nginx, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: nginx}}}}
+  template:
+    metadata: {{labels: {{app: nginx}}}}
+    spec:
+      terminationGracePeriodSeconds: {grace_seconds}
+      containers: [{{name: nginx, image: nginx}}]
+"#
+    )
+}
+
+fn pdb(name: &str, min_available: u32) -> String {
+    format!(
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  minAvailable: {min_available}\n  selector: {{matchLabels: {{app: nginx}}}}\n"
+    )
+}
+
+/// The reference workload on the node: nginx (4 replicas), coredns, aws-node, kube-proxy,
+/// all Running; then a second node joins to take the replacements.
+async fn reference_cluster(force_group: bool, nginx_grace: u32) -> Scenario {
+    let s = Scenario::start(force_group).await.with_nodes().await;
+    s.apply(DAEMON_SETS_AND_COREDNS);
+    s.apply(&nginx(4, nginx_grace));
+    s.wait_until("the reference pods run on the node", || {
+        s.running_pods_on(NODE, "nginx-") == 4
+            && s.running_pods_on(NODE, "coredns-") == 1
+            && s.running_pods_on(NODE, "aws-node-") == 1
+            && s.running_pods_on(NODE, "kube-proxy-") == 1
+    })
+    .await;
+    s.register_other_node();
+    s.wait_until("the other node is Ready", || {
+        s.server
+            .store()
+            .find::<Node>("", OTHER_NODE)
+            .is_some_and(|n| ready(&n))
+    })
+    .await;
+    s
+}
+
+fn evicted_pod_names(s: &Scenario) -> Vec<String> {
+    s.server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .iter()
+        .filter(|e| e.user.username == "terminating-hook" && (200..300).contains(&e.code()))
+        .map(|e| e.name().to_owned())
+        .collect()
+}
+
+fn completed_once(s: &Scenario, result: LifecycleActionResult) {
+    let completions = s.autoscaling.completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    assert_eq!(completions[0].result, result);
+    assert_eq!(completions[0].action, action());
+}
+
+#[tokio::test]
+async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_completes_once() {
+    let s = reference_cluster(false, 30).await;
+    let ours: BTreeSet<String> = s
+        .pods_on(NODE)
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .filter(|n| n.starts_with("nginx-") || n.starts_with("coredns-"))
+        .collect();
+    let drainer = s.drainer(&[]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            report.outcomes.as_slice(),
+            [DeliveryOutcome::Completed {
+                result: LifecycleActionResult::Continue,
+                outcome: CompletionOutcome::Completed,
+                drain: DrainEnd::Drained,
+            }]
+        ),
+        "{:?}",
+        report.outcomes
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+
+    // The audit log: label patch, then cordon patch, then the evictions, of nginx and
+    // coredns only (coredns, the critical tier, last).
+    let writes: Vec<AuditEvent> = s
+        .function_requests()
+        .into_iter()
+        .filter(|e| matches!(e.verb.as_str(), "patch" | "create" | "delete" | "update"))
+        .filter(|e| e.resource() != "events")
+        .collect();
+    let label = writes
+        .iter()
+        .position(|e| {
+            e.resource() == "nodes"
+                && e.request_object.as_ref().is_some_and(|o| {
+                    o["metadata"]["labels"][EXCLUDE_FROM_LOAD_BALANCERS_LABEL] == "true"
+                })
+        })
+        .expect("a label patch");
+    let cordon = writes
+        .iter()
+        .position(|e| {
+            e.resource() == "nodes"
+                && e.request_object
+                    .as_ref()
+                    .is_some_and(|o| o["spec"]["unschedulable"] == true)
+        })
+        .expect("a cordon patch");
+    let first_eviction = writes
+        .iter()
+        .position(|e| e.subresource() == "eviction")
+        .expect("evictions");
+    assert!(label < cordon && cordon < first_eviction, "{writes:#?}");
+    let evicted = evicted_pod_names(&s);
+    let evicted_set: BTreeSet<String> = evicted.iter().cloned().collect();
+    assert_eq!(evicted_set, ours, "only nginx and coredns are evicted");
+    assert_eq!(evicted.len(), ours.len(), "each once: {evicted:?}");
+    assert!(
+        evicted.last().unwrap().starts_with("coredns-"),
+        "critical pods last: {evicted:?}"
+    );
+    assert!(
+        writes.iter().all(|e| e.verb != "delete"),
+        "no deletion without force"
+    );
+
+    // The node is excluded, cordoned, and its DaemonSet pods stay.
+    let node = s.server.store().find::<Node>("", NODE).unwrap();
+    assert_eq!(node.spec.as_ref().unwrap().unschedulable, Some(true));
+    assert_eq!(s.running_pods_on(NODE, "aws-node-"), 1);
+    assert_eq!(s.running_pods_on(NODE, "kube-proxy-"), 1);
+    let checkpoint = s.checkpoint().unwrap();
+    assert!(checkpoint.completed_at.is_some());
+    assert!(checkpoint.drained_at.is_some());
+
+    // What an operator sees.
+    let reasons: BTreeSet<String> = s
+        .node_events()
+        .iter()
+        .filter_map(|e| e.reason.clone())
+        .collect();
+    for expected in [
+        "DrainStarted",
+        "Cordoned",
+        "Drained",
+        "LifecycleActionCompleted",
+    ] {
+        assert!(
+            reasons.contains(expected),
+            "{expected} missing from {reasons:?}"
+        );
+    }
+    assert_eq!(s.events_with_reason("Evicted").len(), ours.len());
+
+    // A late duplicate finds the drain complete and writes nothing.
+    let before = s.function_requests().len();
+    let again = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-2", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.outcomes, [DeliveryOutcome::AlreadyCompleted]);
+    let after: Vec<AuditEvent> = s.function_requests().into_iter().skip(before).collect();
+    assert!(after.iter().all(|e| e.verb == "get"), "{after:#?}");
+    completed_once(&s, LifecycleActionResult::Continue);
+}
+
+/// The SNS event a hand-over's published message arrives as.
+fn event_with_message(message: &str) -> Value {
+    let mut event: Value =
+        serde_json::from_str(&std::fs::read_to_string(FIXTURE).unwrap()).unwrap();
+    event["Records"][0]["Sns"]["Message"] = json!(message);
+    event
+}
+
+fn event_with_changed_message(change: impl FnOnce(&mut Value)) -> Value {
+    let event = terminating_event();
+    let mut message: Value =
+        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    change(&mut message);
+    event_with_message(&message.to_string())
+}
+
+fn refused_evictions(s: &Scenario, code: u16) -> usize {
+    s.server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .iter()
+        .filter(|e| e.user.username == "terminating-hook" && e.code() == code)
+        .count()
+}
+
+#[tokio::test]
+async fn pdb_min_available_holds_the_drain_until_replacements_are_ready() {
+    let s = reference_cluster(false, 30).await;
+    s.apply(&pdb("nginx", 3));
+    let drainer = s.drainer(&[]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            report.outcomes.as_slice(),
+            [DeliveryOutcome::Completed {
+                drain: DrainEnd::Drained,
+                ..
+            }]
+        ),
+        "{:?}",
+        report.outcomes
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+    assert!(
+        refused_evictions(&s, 429) > 0,
+        "the budget refused evictions while replacements started"
+    );
+    let nginx_evicted = evicted_pod_names(&s)
+        .iter()
+        .filter(|n| n.starts_with("nginx-"))
+        .count();
+    assert_eq!(nginx_evicted, 4);
+    assert_eq!(
+        s.running_pods_on(OTHER_NODE, "nginx-"),
+        4,
+        "replacements run elsewhere"
+    );
+}
+
+#[tokio::test]
+async fn unsatisfiable_pdb_is_reported_at_the_deadline_and_the_action_completed() {
+    let s = reference_cluster(false, 30).await;
+    s.apply(&pdb("nginx-strict", 4));
+    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2")]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let [
+        DeliveryOutcome::Completed {
+            result,
+            drain: DrainEnd::EvictionFailure(stuck),
+            ..
+        },
+    ] = report.outcomes.as_slice()
+    else {
+        panic!("{:?}", report.outcomes)
+    };
+    assert_eq!(*result, LifecycleActionResult::Continue);
+    // The nginx pods, refused by the budget, and coredns, which waits for them (critical tier).
+    assert_eq!(stuck.len(), 5, "{stuck:?}");
+    let nginx: Vec<&String> = stuck
+        .iter()
+        .filter(|p| p.starts_with("default/nginx-"))
+        .collect();
+    assert_eq!(nginx.len(), 4, "{stuck:?}");
+    assert!(
+        nginx
+            .iter()
+            .all(|p| p.contains("(PodDisruptionBudget nginx-strict)")),
+        "{stuck:?}"
+    );
+    assert!(
+        stuck
+            .iter()
+            .any(|p| p.starts_with("kube-system/coredns-") && p.contains("not evicted yet"))
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+    let failure = s.events_with_reason("PodEvictionFailure");
+    assert_eq!(failure.len(), 1);
+    let note = failure[0].note.clone().unwrap();
+    assert!(
+        note.contains("nginx-strict") && note.contains("default/nginx-"),
+        "{note}"
+    );
+    assert_eq!(failure[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        s.running_pods_on(NODE, "nginx-"),
+        4,
+        "nothing deleted without force"
+    );
+    assert!(s.function_requests().iter().all(|e| e.verb != "delete"));
+}
+
+#[tokio::test]
+async fn unsatisfiable_pdb_with_force_deletes_the_pods_at_the_deadline() {
+    let s = reference_cluster(true, 30).await;
+    s.apply(&pdb("nginx-strict", 4));
+    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let [
+        DeliveryOutcome::Completed {
+            drain: DrainEnd::Forced(deleted),
+            ..
+        },
+    ] = report.outcomes.as_slice()
+    else {
+        panic!("{:?}", report.outcomes)
+    };
+    // The refused nginx pods and coredns, which never got its turn.
+    assert_eq!(deleted.len(), 5, "{deleted:?}");
+    completed_once(&s, LifecycleActionResult::Continue);
+    let deletes: Vec<AuditEvent> = s
+        .function_requests()
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.resource() == "pods")
+        .collect();
+    assert_eq!(deletes.len(), 5);
+    assert!(deletes.iter().all(|e| (200..300).contains(&e.code())));
+    assert_eq!(
+        deletes
+            .iter()
+            .filter(|e| e.name().starts_with("nginx-"))
+            .count(),
+        4
+    );
+    assert_eq!(s.events_with_reason("DrainForced").len(), 1);
+}
+
+#[tokio::test]
+async fn two_pdbs_on_one_pod_are_reported_not_a_crash() {
+    let s = reference_cluster(false, 30).await;
+    s.apply(&pdb("nginx-a", 1));
+    s.apply(&pdb("nginx-b", 1));
+    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2")]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let [
+        DeliveryOutcome::Completed {
+            drain: DrainEnd::EvictionFailure(stuck),
+            ..
+        },
+    ] = report.outcomes.as_slice()
+    else {
+        panic!("{:?}", report.outcomes)
+    };
+    let nginx: Vec<&String> = stuck
+        .iter()
+        .filter(|p| p.starts_with("default/nginx-"))
+        .collect();
+    assert_eq!(nginx.len(), 4, "{stuck:?}");
+    assert!(
+        nginx
+            .iter()
+            .all(|p| p.contains("PodDisruptionBudgets nginx-a, nginx-b")),
+        "{stuck:?}"
+    );
+    assert!(refused_evictions(&s, 500) > 0);
+    let blocked = s.events_with_reason("EvictionBlocked");
+    assert_eq!(blocked.len(), 4, "one report per pod, not per retry");
+    assert!(
+        blocked[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("nginx-a, nginx-b")
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+}
+
+#[tokio::test]
+async fn a_drain_longer_than_an_invocation_is_handed_over_and_completed_once() {
+    // 100 s grace periods last 1 s in the fake cluster; each invocation gets 0.4 s.
+    let s = reference_cluster(false, 100).await;
+    s.apply(&pdb("nginx", 3));
+    let drainer = s.drainer(&[("SETTLE_SECONDS", "0.5")]);
+    let mut event = terminating_event();
+    let mut deadline = None;
+    let mut handed_over = 0;
+    let mut completed = 0;
+    for i in 0..60 {
+        let report = drainer
+            .handle_invocation(
+                event.clone(),
+                &invocation(&format!("req-{i}"), Duration::from_millis(400)),
+            )
+            .await
+            .unwrap();
+        let checkpoint = s.checkpoint().unwrap();
+        match deadline {
+            None => deadline = Some((checkpoint.started_at, checkpoint.deadline)),
+            Some(kept) => assert_eq!(
+                kept,
+                (checkpoint.started_at, checkpoint.deadline),
+                "original deadline kept"
+            ),
+        }
+        match report.outcomes.as_slice() {
+            [DeliveryOutcome::HandedOver { continuation }] => {
+                handed_over += 1;
+                assert_eq!(*continuation, handed_over);
+                assert_eq!(checkpoint.continuations, handed_over);
+                let published = s.notifications.drain();
+                assert_eq!(published.len(), 1, "exactly one continuation published");
+                assert_eq!(
+                    published[0].topic_arn,
+                    "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic"
+                );
+                event = event_with_message(&published[0].message);
+            }
+            [
+                DeliveryOutcome::Completed {
+                    drain: DrainEnd::Drained,
+                    ..
+                },
+            ] => {
+                completed += 1;
+                break;
+            }
+            other => panic!("invocation {i}: {other:?}"),
+        }
+    }
+    assert_eq!(completed, 1);
+    assert!(
+        handed_over >= 2,
+        "the drain needed several invocations: {handed_over}"
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+    assert!(
+        s.autoscaling.heartbeats().len() >= handed_over as usize,
+        "heartbeats kept the action alive"
+    );
+    assert!(s.notifications.published().is_empty());
+    assert_eq!(
+        s.events_with_reason("DrainStarted").len(),
+        1,
+        "one drain, resumed"
+    );
+    let nginx_evicted = evicted_pod_names(&s)
+        .iter()
+        .filter(|n| n.starts_with("nginx-"))
+        .count();
+    assert_eq!(nginx_evicted, 4, "no pod evicted twice across invocations");
+}
+
+#[tokio::test]
+async fn three_concurrent_deliveries_make_one_drain_and_one_completion() {
+    let s = reference_cluster(false, 30).await;
+    let drainer = s.drainer(&[]);
+    let event = terminating_event();
+    let (ia, ib, ic) = (
+        invocation("req-a", Duration::from_secs(60)),
+        invocation("req-b", Duration::from_secs(60)),
+        invocation("req-c", Duration::from_secs(60)),
+    );
+    let (a, b, c) = tokio::join!(
+        drainer.handle_invocation(event.clone(), &ia),
+        drainer.handle_invocation(event.clone(), &ib),
+        drainer.handle_invocation(event.clone(), &ic),
+    );
+    let outcomes: Vec<DeliveryOutcome> = [a, b, c]
+        .into_iter()
+        .flat_map(|r| r.unwrap().outcomes)
+        .collect();
+    let completions = outcomes
+        .iter()
+        .filter(|o| matches!(o, DeliveryOutcome::Completed { .. }))
+        .count();
+    assert_eq!(completions, 1, "{outcomes:?}");
+    assert!(
+        outcomes.iter().all(|o| matches!(
+            o,
+            DeliveryOutcome::Completed { .. }
+                | DeliveryOutcome::Duplicate { .. }
+                | DeliveryOutcome::AlreadyCompleted
+        )),
+        "{outcomes:?}"
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+    assert_eq!(s.events_with_reason("DrainStarted").len(), 1);
+    let evicted = evicted_pod_names(&s);
+    let unique: BTreeSet<&String> = evicted.iter().collect();
+    assert_eq!(
+        unique.len(),
+        evicted.len(),
+        "no pod evicted twice: {evicted:?}"
+    );
+    let evictors: BTreeSet<String> = s
+        .server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .iter()
+        .map(|e| e.user_agent.clone())
+        .collect();
+    assert!(!evictors.is_empty());
+}
+
+#[tokio::test]
+async fn missing_node_completes_at_once_without_kubernetes_writes() {
+    let s = Scenario::start(false).await;
+    let report = s
+        .drainer(&[])
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        report.outcomes,
+        [DeliveryOutcome::NoNode(CompletionOutcome::Completed)]
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+    assert!(
+        s.function_requests()
+            .iter()
+            .all(|e| matches!(e.verb.as_str(), "get" | "list"))
+    );
+}
+
+#[tokio::test]
+async fn expired_lifecycle_action_is_not_an_error() {
+    // No node: the completion finds no active action, which means done.
+    let s = Scenario::start(false).await;
+    let expired = FakeAutoScaling::new();
+    expired.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
+    expired.add_hook(
+        GROUP,
+        LifecycleHook {
+            name: HOOK.into(),
+            transition: "autoscaling:EC2_INSTANCE_TERMINATING".into(),
+            heartbeat_timeout: Duration::from_millis(400),
+            global_timeout: Duration::from_secs(3600),
+            default_result: LifecycleActionResult::Continue,
+        },
+    );
+    let mut drainer = s.drainer(&[]);
+    drainer.autoscaling = expired.clone();
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        report.outcomes,
+        [DeliveryOutcome::NoNode(CompletionOutcome::NoActiveAction)]
+    );
+    assert!(expired.completions().is_empty());
+
+    // A node still draining: the heartbeat learns the action is gone and the drain stops
+    // without completing.
+    let s = reference_cluster(false, 100).await;
+    let mut drainer = s.drainer(&[]);
+    drainer.autoscaling = expired.clone();
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.outcomes, [DeliveryOutcome::ActionGone]);
+    assert!(expired.completions().is_empty());
+    let checkpoint = s.checkpoint().unwrap();
+    assert_eq!(checkpoint.lease.holder, None, "the lease is released");
+}
+
+#[tokio::test]
+async fn foreign_group_test_notification_unknown_transition_and_malformed_input() {
+    let s = Scenario::start(false).await.with_nodes().await;
+    let drainer = s.drainer(&[]);
+    let run = |event: Value| {
+        let drainer = &drainer;
+        async move {
+            drainer
+                .handle_invocation(event, &invocation("req-1", Duration::from_secs(60)))
+                .await
+        }
+    };
+
+    let foreign = run(event_with_changed_message(|m| {
+        m["AutoScalingGroupName"] = json!("other-cluster-ng")
+    }))
+    .await;
+    s.autoscaling
+        .add_group("other-cluster-ng", &[("eks:cluster-name", "someone-else")]);
+    let foreign_again = run(event_with_changed_message(|m| {
+        m["AutoScalingGroupName"] = json!("other-cluster-ng")
+    }))
+    .await;
+    assert!(matches!(
+        foreign.unwrap().outcomes.as_slice(),
+        [DeliveryOutcome::Foreign(_)]
+    ));
+    assert!(matches!(
+        foreign_again.unwrap().outcomes.as_slice(),
+        [DeliveryOutcome::Foreign(_)]
+    ));
+
+    let test_event: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/fixtures/sns-test-notification.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        run(test_event).await.unwrap().outcomes,
+        [DeliveryOutcome::TestNotification]
+    );
+
+    let launch = run(event_with_changed_message(|m| {
+        m["LifecycleTransition"] = json!("autoscaling:EC2_INSTANCE_LAUNCHING")
+    }))
+    .await
+    .unwrap();
+    assert!(
+        matches!(launch.outcomes.as_slice(), [DeliveryOutcome::OtherTransition(t)] if t.contains("LAUNCHING"))
+    );
+    let unknown = run(event_with_changed_message(|m| {
+        m["LifecycleTransition"] = json!("autoscaling:EC2_INSTANCE_HIBERNATING")
+    }))
+    .await
+    .unwrap();
+    assert!(matches!(
+        unknown.outcomes.as_slice(),
+        [DeliveryOutcome::OtherTransition(_)]
+    ));
+
+    let malformed = run(event_with_message("this is not JSON"))
+        .await
+        .unwrap_err();
+    assert!(malformed.to_string().contains("Sns.Message"), "{malformed}");
+    let missing_token = run(event_with_changed_message(|m| {
+        m.as_object_mut().unwrap().remove("LifecycleActionToken");
+    }))
+    .await
+    .unwrap_err();
+    assert!(
+        missing_token.to_string().contains("LifecycleActionToken"),
+        "{missing_token}"
+    );
+
+    // None of it touched the cluster or Auto Scaling.
+    assert!(
+        s.function_requests().is_empty(),
+        "{:?}",
+        s.function_requests()
+    );
+    assert!(s.autoscaling.completions().is_empty());
+    assert!(s.autoscaling.is_pending(&action()));
+}

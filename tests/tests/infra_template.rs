@@ -1,0 +1,847 @@
+//! The deployable templates (`infra/template.yaml`, `infra/lifecycle-hooks.yaml`) checked
+//! against the workspace and against the promises of the operator's guide: the binaries SAM
+//! builds are the workspace's functions, every setting is a parameter the code reads, the
+//! hooks reach the right function, failures land in queues, and IAM stays scoped.
+//!
+//! cfn-lint (`scripts/check-infra.sh`) checks the templates against CloudFormation's schema;
+//! these tests check what a schema cannot: that the pieces are wired to each other.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value, json};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the test kit sits in the repository root")
+        .to_path_buf()
+}
+
+// ------------------------------------------------------------------ template loading
+
+/// A template value with CloudFormation's short-form tags (`!Ref X`, `!GetAtt A.B`, `!Sub s`,
+/// `!If [...]`) turned into their long form (`{"Ref": "X"}`, `{"Fn::GetAtt": ["A", "B"]}`, ...),
+/// so that tests compare one spelling whatever the template uses.
+struct Cfn(Value);
+
+/// A YAML node without its tag; its children are [`Cfn`] values.
+struct Untagged(Value);
+
+impl<'de> Deserialize<'de> for Untagged {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NodeVisitor;
+        impl<'de> Visitor<'de> for NodeVisitor {
+            type Value = Untagged;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a YAML value")
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Untagged, E> {
+                Ok(Untagged(Value::Bool(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Untagged, E> {
+                Ok(Untagged(v.into()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Untagged, E> {
+                Ok(Untagged(v.into()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Untagged, E> {
+                Ok(Untagged(v.into()))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Untagged, E> {
+                Ok(Untagged(v.into()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Untagged, E> {
+                Ok(Untagged(v.into()))
+            }
+            fn visit_unit<E>(self) -> Result<Untagged, E> {
+                Ok(Untagged(Value::Null))
+            }
+            fn visit_none<E>(self) -> Result<Untagged, E> {
+                Ok(Untagged(Value::Null))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Untagged, A::Error> {
+                let mut items = Vec::new();
+                while let Some(Cfn(item)) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Untagged(Value::Array(items)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Untagged, A::Error> {
+                let mut entries = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    let Cfn(value) = map.next_value()?;
+                    entries.insert(key, value);
+                }
+                Ok(Untagged(Value::Object(entries)))
+            }
+        }
+        deserializer.deserialize_any(NodeVisitor)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cfn {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let serde_saphyr::Tagged(Untagged(value), tag) =
+            serde_saphyr::Tagged::<Untagged>::deserialize(deserializer)?;
+        let Some(tag) = tag else {
+            return Ok(Cfn(value));
+        };
+        let name = tag.trim_start_matches('!');
+        Ok(Cfn(match (name, value) {
+            ("Ref", value) => json!({ "Ref": value }),
+            ("GetAtt", Value::String(dotted)) => {
+                let (resource, attribute) = dotted.split_once('.').unwrap_or((&dotted, ""));
+                json!({ "Fn::GetAtt": [resource, attribute] })
+            }
+            (name, value) => json!({ format!("Fn::{name}"): value }),
+        }))
+    }
+}
+
+fn load_template(relative: &str) -> Value {
+    let path = repo_root().join(relative);
+    let text = std::fs::read_to_string(&path).expect("template is readable");
+    let Cfn(template) = serde_saphyr::from_str(&text).expect("template is YAML");
+    template
+}
+
+fn main_template() -> Value {
+    load_template("infra/template.yaml")
+}
+
+fn resources_of_type<'a>(template: &'a Value, kind: &str) -> BTreeMap<&'a str, &'a Value> {
+    template["Resources"]
+        .as_object()
+        .expect("Resources")
+        .iter()
+        .filter(|(_, r)| r["Type"] == kind)
+        .map(|(id, r)| (id.as_str(), r))
+        .collect()
+}
+
+fn reference(id: &str) -> Value {
+    json!({ "Ref": id })
+}
+
+fn attribute(id: &str, name: &str) -> Value {
+    json!({ "Fn::GetAtt": [id, name] })
+}
+
+/// The resource a `Ref`/`GetAtt` points at.
+fn target<'a>(template: &'a Value, value: &Value) -> Option<&'a Value> {
+    let id = value
+        .get("Ref")
+        .and_then(Value::as_str)
+        .or_else(|| value.get("Fn::GetAtt").and_then(|a| a[0].as_str()))?;
+    template["Resources"].get(id)
+}
+
+// ------------------------------------------------------------------ workspace reading
+
+/// `key = "value"` entries of each `[section]` / `[[section]]` of a Cargo manifest; enough for
+/// the package and binary names this test needs, without a TOML parser dependency.
+fn manifest_sections(text: &str) -> Vec<(String, BTreeMap<String, String>)> {
+    let mut sections: Vec<(String, BTreeMap<String, String>)> =
+        vec![(String::new(), BTreeMap::new())];
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            let name = line
+                .trim_matches(|c| c == '[' || c == ']')
+                .trim()
+                .to_owned();
+            sections.push((name, BTreeMap::new()));
+        } else if let Some((key, value)) = line.split_once('=') {
+            let value = value.trim();
+            if let Some(string) = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+                let section = sections.last_mut().expect("at least one section");
+                section.1.insert(key.trim().to_owned(), string.to_owned());
+            }
+        }
+    }
+    sections
+}
+
+/// The binaries of the function crates under `functions/`: a `[[bin]]` name, else the
+/// package name (Cargo's default for `src/main.rs`).
+fn workspace_function_binaries() -> BTreeSet<String> {
+    let mut binaries = BTreeSet::new();
+    for entry in std::fs::read_dir(repo_root().join("functions")).expect("functions/") {
+        let manifest = entry.expect("dir entry").path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let sections = manifest_sections(&text);
+        let bins: Vec<String> = sections
+            .iter()
+            .filter(|(name, _)| name == "bin")
+            .filter_map(|(_, keys)| keys.get("name").cloned())
+            .collect();
+        if bins.is_empty() {
+            let package = sections
+                .iter()
+                .find(|(name, _)| name == "package")
+                .and_then(|(_, keys)| keys.get("name").cloned())
+                .expect("function crate has a package name");
+            binaries.insert(package);
+        } else {
+            binaries.extend(bins);
+        }
+    }
+    binaries
+}
+
+/// The quoted entries of the root manifest's `default-members = [...]`.
+fn default_members() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo_root().join("Cargo.toml")).expect("root Cargo.toml");
+    let start = text
+        .find("default-members")
+        .expect("default-members is set");
+    let list = &text[start..];
+    let list = &list[list.find('[').expect("[")..=list.find(']').expect("]")];
+    list.split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every Rust source file of the given directories.
+fn rust_sources(dirs: &[PathBuf]) -> String {
+    let mut text = String::new();
+    let mut pending: Vec<PathBuf> = dirs.to_vec();
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    text
+}
+
+// ------------------------------------------------------------------ tests: build
+
+#[test]
+fn template_builds_exactly_the_workspace_functions_with_cargo_lambda() {
+    let template = main_template();
+    assert_eq!(template["Transform"], "AWS::Serverless-2016-10-31");
+    let functions = resources_of_type(&template, "AWS::Serverless::Function");
+    let mut built = BTreeSet::new();
+    for (id, function) in &functions {
+        assert_eq!(
+            function["Metadata"]["BuildMethod"], "rust-cargolambda",
+            "{id}"
+        );
+        let binary = function["Metadata"]["BuildProperties"]["Binary"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id} names its binary"));
+        assert!(built.insert(binary.to_owned()), "{binary} built twice");
+        let properties = &function["Properties"];
+        assert_eq!(properties["Runtime"], "provided.al2023", "{id}");
+        assert_eq!(properties["Architectures"], json!(["arm64"]), "{id}");
+        assert_eq!(properties["Handler"], "bootstrap", "{id}");
+        // CodeUri is the workspace root, relative to the template.
+        let code_uri = properties["CodeUri"].as_str().expect("CodeUri");
+        let workspace = repo_root().join("infra").join(code_uri);
+        assert!(
+            workspace.join("Cargo.toml").is_file() && workspace.join("functions").is_dir(),
+            "{id}: CodeUri {code_uri} is not the workspace root"
+        );
+    }
+    assert_eq!(built, workspace_function_binaries());
+    let members: BTreeSet<String> = default_members()
+        .into_iter()
+        .map(|m| m.trim_start_matches("functions/").to_owned())
+        .collect();
+    assert_eq!(built, members, "default-members are exactly the functions");
+}
+
+#[test]
+fn cargo_manifest_reader_finds_bin_names() {
+    let text = "[package]\nname = \"pkg\"\n\n[[bin]]\nname = \"one\"\npath = \"src/a.rs\"\n\
+                [[bin]]\nname = \"two\"\n[dependencies]\nname = \"not-a-bin\"\n";
+    let sections = manifest_sections(text);
+    let bins: Vec<&str> = sections
+        .iter()
+        .filter(|(n, _)| n == "bin")
+        .filter_map(|(_, k)| k.get("name").map(String::as_str))
+        .collect();
+    assert_eq!(bins, ["one", "two"]);
+}
+
+#[test]
+fn short_form_tags_read_as_long_form_intrinsics() {
+    let yaml = "a: !Ref X\nb: !GetAtt Y.Arn\nc: !If [C, {d: !Sub 'x-${X}'}, !Ref AWS::NoValue]\n";
+    let Cfn(value) = serde_saphyr::from_str(yaml).unwrap();
+    assert_eq!(
+        value,
+        json!({
+            "a": {"Ref": "X"},
+            "b": {"Fn::GetAtt": ["Y", "Arn"]},
+            "c": {"Fn::If": ["C", {"d": {"Fn::Sub": "x-${X}"}}, {"Ref": "AWS::NoValue"}]},
+        })
+    );
+}
+
+// ------------------------------------------------------------------ tests: functions
+
+#[test]
+fn functions_log_json_to_their_own_group_with_the_retention_parameter() {
+    let template = main_template();
+    let mut groups = BTreeSet::new();
+    for (id, function) in resources_of_type(&template, "AWS::Serverless::Function") {
+        let logging = &function["Properties"]["LoggingConfig"];
+        assert_eq!(logging["LogFormat"], "JSON", "{id}");
+        assert_eq!(
+            logging["ApplicationLogLevel"],
+            reference("ApplicationLogLevel")
+        );
+        let group = target(&template, &logging["LogGroup"]).expect("log group resource");
+        assert_eq!(group["Type"], "AWS::Logs::LogGroup", "{id}");
+        assert_eq!(
+            group["Properties"]["RetentionInDays"],
+            reference("LogRetentionInDays")
+        );
+        assert!(
+            groups.insert(logging["LogGroup"].to_string()),
+            "{id} shares a group"
+        );
+    }
+}
+
+#[test]
+fn timeouts_suit_each_function() {
+    let template = main_template();
+    let timeout = |id: &str| {
+        template["Resources"][id]["Properties"]["Timeout"]
+            .as_u64()
+            .expect("Timeout")
+    };
+    // The drain runs as long as Lambda allows and hands over before the end.
+    assert_eq!(timeout("TerminatingHookFunction"), 900);
+    assert!((300..=900).contains(&timeout("LaunchingHookFunction")));
+    // A DeleteNodegroup waits (DELETE_WAIT_SECONDS) for the node group to be gone.
+    let delete_wait = &template["Parameters"]["DeleteWaitSeconds"];
+    let longest_wait = delete_wait["MaxValue"].as_u64().expect("bounded wait");
+    assert!(delete_wait["Default"].as_u64().expect("default") <= longest_wait);
+    assert!(longest_wait + 30 <= timeout("NodegroupAuthFunction"));
+    assert!(timeout("NodegroupAuthFunction") <= 900);
+    let margin = template["Parameters"]["HandOverMarginSeconds"]["Default"]
+        .as_u64()
+        .expect("margin default");
+    assert!(margin > 0 && margin * 10 < timeout("LaunchingHookFunction"));
+}
+
+#[test]
+fn every_function_setting_is_a_parameter_the_code_reads() {
+    let template = main_template();
+    let parameters = template["Parameters"].as_object().expect("Parameters");
+    let code = rust_sources(&[
+        repo_root().join("shared/src"),
+        repo_root().join("functions"),
+    ]);
+    let mut unread = Vec::new();
+    for (id, function) in resources_of_type(&template, "AWS::Serverless::Function") {
+        let variables = function["Properties"]["Environment"]["Variables"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{id} has settings"));
+        assert_eq!(variables["CLUSTER_NAME"], reference("ClusterName"), "{id}");
+        for (name, value) in variables {
+            let source = value["Ref"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{id} {name}"));
+            assert!(
+                parameters.contains_key(source) || template["Resources"].get(source).is_some(),
+                "{id} {name} = Ref {source}, which is neither a parameter nor a resource"
+            );
+            if !code.contains(&format!("\"{name}\"")) {
+                unread.push(format!("{id}: {name}"));
+            }
+        }
+    }
+    assert!(unread.is_empty(), "settings no code reads: {unread:?}");
+}
+
+#[test]
+fn every_parameter_is_used() {
+    let template = main_template();
+    let text = std::fs::read_to_string(repo_root().join("infra/template.yaml")).unwrap();
+    for name in template["Parameters"]
+        .as_object()
+        .expect("Parameters")
+        .keys()
+    {
+        let used = text.contains(&format!("!Ref {name}"))
+            || text.contains(&format!("${{{name}}}"))
+            || text.contains(&format!("Ref: {name}"));
+        assert!(used, "parameter {name} is never used");
+    }
+}
+
+#[test]
+fn asynchronous_failures_land_in_sqs() {
+    let template = main_template();
+    for (id, function) in resources_of_type(&template, "AWS::Serverless::Function") {
+        let config = &function["Properties"]["EventInvokeConfig"];
+        assert!(config["MaximumRetryAttempts"].as_u64().is_some(), "{id}");
+        let on_failure = &config["DestinationConfig"]["OnFailure"];
+        assert_eq!(on_failure["Type"], "SQS", "{id}");
+        let queue = target(&template, &on_failure["Destination"]).expect("queue resource");
+        assert_eq!(queue["Type"], "AWS::SQS::Queue", "{id}");
+    }
+    // The functions may send to that queue.
+    let access = template["Resources"]["ClusterAccessPolicy"].to_string();
+    assert!(access.contains("sqs:SendMessage") && access.contains("FailedInvocationsQueue"));
+}
+
+#[test]
+fn vpc_settings_are_optional_and_the_same_for_every_function() {
+    let template = main_template();
+    let condition = &template["Conditions"]["HasVpcConfig"];
+    assert!(condition.to_string().contains("SubnetIds"), "{condition}");
+    for (id, function) in resources_of_type(&template, "AWS::Serverless::Function") {
+        assert_eq!(
+            function["Properties"]["VpcConfig"],
+            json!({"Fn::If": [
+                "HasVpcConfig",
+                {"SubnetIds": {"Ref": "SubnetIds"}, "SecurityGroupIds": {"Ref": "SecurityGroupIds"}},
+                {"Ref": "AWS::NoValue"},
+            ]}),
+            "{id}"
+        );
+        let role = target(&template, &function["Properties"]["Role"]).expect("role");
+        let policies = role["Properties"]["ManagedPolicyArns"]["Fn::If"].to_string();
+        assert!(
+            policies.starts_with("[\"HasVpcConfig\"")
+                && policies.contains("AWSLambdaVPCAccessExecutionRole"),
+            "{id}: VPC access only with VPC settings: {policies}"
+        );
+    }
+}
+
+// ------------------------------------------------------------------ tests: wiring
+
+#[test]
+fn each_hook_function_receives_only_its_transition_from_the_topic() {
+    let template = main_template();
+    let subscriptions = resources_of_type(&template, "AWS::SNS::Subscription");
+    let mut routed = BTreeMap::new();
+    for (id, subscription) in subscriptions {
+        let properties = &subscription["Properties"];
+        assert_eq!(properties["TopicArn"], reference("LifecycleTopic"), "{id}");
+        assert_eq!(properties["Protocol"], "lambda", "{id}");
+        assert_eq!(properties["FilterPolicyScope"], "MessageBody", "{id}");
+        let transitions = properties["FilterPolicy"]["LifecycleTransition"]
+            .as_array()
+            .expect("filter on LifecycleTransition");
+        assert_eq!(transitions.len(), 1, "{id}");
+        let function = properties["Endpoint"]["Fn::GetAtt"][0]
+            .as_str()
+            .expect("endpoint");
+        routed.insert(
+            transitions[0].as_str().expect("string").to_owned(),
+            function.to_owned(),
+        );
+    }
+    assert_eq!(
+        routed,
+        BTreeMap::from([
+            (
+                "autoscaling:EC2_INSTANCE_LAUNCHING".to_owned(),
+                "LaunchingHookFunction".to_owned()
+            ),
+            (
+                "autoscaling:EC2_INSTANCE_TERMINATING".to_owned(),
+                "TerminatingHookFunction".to_owned()
+            ),
+        ])
+    );
+    // SNS may invoke each of them, from this topic only.
+    let permissions = resources_of_type(&template, "AWS::Lambda::Permission");
+    for function in routed.values() {
+        assert!(
+            permissions.values().any(|p| {
+                p["Properties"]["FunctionName"] == reference(function)
+                    && p["Properties"]["Principal"] == "sns.amazonaws.com"
+                    && p["Properties"]["SourceArn"] == reference("LifecycleTopic")
+            }),
+            "no SNS permission for {function}"
+        );
+    }
+}
+
+#[test]
+fn auto_scaling_publishes_with_a_role_limited_to_the_topic() {
+    let template = main_template();
+    let role = &template["Resources"]["LifecycleHookRole"]["Properties"];
+    assert_eq!(
+        role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Service"],
+        "autoscaling.amazonaws.com"
+    );
+    let statements = &role["Policies"][0]["PolicyDocument"]["Statement"];
+    assert_eq!(
+        statements,
+        &json!([{"Effect": "Allow", "Action": "sns:Publish", "Resource": {"Ref": "LifecycleTopic"}}])
+    );
+}
+
+#[test]
+fn node_group_calls_reach_the_auth_function_with_retries_and_a_dead_letter_queue() {
+    let template = main_template();
+    let rule = &template["Resources"]["NodegroupEventsRule"]["Properties"];
+    let pattern = &rule["EventPattern"];
+    assert_eq!(pattern["source"], json!(["aws.eks"]));
+    assert_eq!(
+        pattern["detail-type"],
+        json!(["AWS API Call via CloudTrail"])
+    );
+    assert_eq!(
+        pattern["detail"]["eventName"],
+        json!(["CreateNodegroup", "DeleteNodegroup"])
+    );
+    let targets = rule["Targets"].as_array().expect("Targets");
+    assert_eq!(targets.len(), 1);
+    let target_def = &targets[0];
+    assert_eq!(target_def["Arn"], attribute("NodegroupAuthFunction", "Arn"));
+    assert!(
+        target_def["RetryPolicy"]["MaximumRetryAttempts"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    );
+    let dlq = target(&template, &target_def["DeadLetterConfig"]["Arn"]).expect("DLQ");
+    assert_eq!(dlq["Type"], "AWS::SQS::Queue");
+    // EventBridge may write to it, for this rule only.
+    let queue_policies = resources_of_type(&template, "AWS::SQS::QueuePolicy");
+    assert!(queue_policies.values().any(|p| {
+        let statement = &p["Properties"]["PolicyDocument"]["Statement"][0];
+        statement["Principal"]["Service"] == "events.amazonaws.com"
+            && statement["Condition"]["ArnEquals"]["aws:SourceArn"]
+                == attribute("NodegroupEventsRule", "Arn")
+    }));
+    // And invoke the function, from this rule only.
+    let permissions = resources_of_type(&template, "AWS::Lambda::Permission");
+    assert!(permissions.values().any(|p| {
+        p["Properties"]["FunctionName"] == reference("NodegroupAuthFunction")
+            && p["Properties"]["SourceArn"] == attribute("NodegroupEventsRule", "Arn")
+    }));
+}
+
+#[test]
+fn the_fixture_events_match_the_rule_pattern() {
+    let template = main_template();
+    let pattern = &template["Resources"]["NodegroupEventsRule"]["Properties"]["EventPattern"];
+    for fixture in [
+        "eventbridge-create-nodegroup.json",
+        "eventbridge-delete-nodegroup.json",
+    ] {
+        let path = repo_root().join("../shared/fixtures").join(fixture);
+        let text = std::fs::read_to_string(&path).expect("fixture is readable");
+        let event: Value = serde_json::from_str(&text).expect("fixture is JSON");
+        assert!(
+            pattern_matches(pattern, &event),
+            "{fixture} does not match {pattern}"
+        );
+        let mut failed = event.clone();
+        failed["detail"]["errorCode"] = json!("AccessDenied");
+        assert!(
+            !pattern_matches(pattern, &failed),
+            "failed calls are filtered out"
+        );
+    }
+}
+
+/// EventBridge matching for the pattern features the template uses: lists of exact values
+/// and `{"exists": bool}`.
+fn pattern_matches(pattern: &Value, event: &Value) -> bool {
+    let Some(fields) = pattern.as_object() else {
+        return false;
+    };
+    fields.iter().all(|(key, expected)| {
+        let actual = event.get(key);
+        match expected {
+            Value::Object(_) => actual.is_some_and(|a| pattern_matches(expected, a)),
+            Value::Array(options) => options.iter().any(|option| match option {
+                Value::Object(test) if test.contains_key("exists") => {
+                    test["exists"].as_bool() == Some(actual.is_some_and(|a| !a.is_null()))
+                }
+                value => actual == Some(value),
+            }),
+            _ => false,
+        }
+    })
+}
+
+#[test]
+fn outputs_give_the_operator_everything_the_next_steps_need() {
+    let template = main_template();
+    let outputs = &template["Outputs"];
+    assert_eq!(
+        outputs["LifecycleTopicArn"]["Value"],
+        reference("LifecycleTopic")
+    );
+    assert_eq!(
+        outputs["LifecycleHookRoleArn"]["Value"],
+        attribute("LifecycleHookRole", "Arn")
+    );
+    for (output, role) in [
+        ("TerminatingHookRoleArn", "TerminatingHookRole"),
+        ("LaunchingHookRoleArn", "LaunchingHookRole"),
+        ("NodegroupAuthRoleArn", "NodegroupAuthRole"),
+    ] {
+        assert_eq!(outputs[output]["Value"], attribute(role, "Arn"), "{output}");
+    }
+    assert_eq!(
+        outputs["NodegroupAuthFunctionName"]["Value"],
+        reference("NodegroupAuthFunction")
+    );
+}
+
+// ------------------------------------------------------------------ tests: IAM
+
+/// Every statement of every IAM policy in the template, with the resource that holds it.
+fn policy_statements(template: &Value) -> Vec<(String, Value)> {
+    let mut statements = Vec::new();
+    let mut push = |owner: &str, document: &Value| {
+        for statement in document["Statement"].as_array().into_iter().flatten() {
+            statements.push((owner.to_owned(), statement.clone()));
+        }
+    };
+    for (id, resource) in template["Resources"].as_object().expect("Resources") {
+        let properties = &resource["Properties"];
+        match resource["Type"].as_str() {
+            Some("AWS::IAM::ManagedPolicy" | "AWS::IAM::Policy") => {
+                push(id, &properties["PolicyDocument"]);
+            }
+            Some("AWS::IAM::Role") => {
+                for policy in properties["Policies"].as_array().into_iter().flatten() {
+                    push(id, &policy["PolicyDocument"]);
+                }
+            }
+            _ => {}
+        }
+    }
+    statements
+}
+
+fn as_list(value: &Value) -> Vec<Value> {
+    match value {
+        Value::Array(items) => items.clone(),
+        Value::Null => Vec::new(),
+        other => vec![other.clone()],
+    }
+}
+
+#[test]
+fn iam_grants_no_wildcard_action_and_resource_star_only_for_reads_without_resource_scope() {
+    // Calls that support no resource-level permission (AWS service authorization reference).
+    let unscoped_reads = [
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:DescribeLifecycleHooks",
+        "ec2:DescribeInstances",
+    ];
+    for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
+        for (owner, statement) in policy_statements(&template) {
+            assert_eq!(statement["Effect"], "Allow", "{owner}");
+            let actions = as_list(&statement["Action"]);
+            for action in &actions {
+                let action = action.as_str().expect("action");
+                assert!(!action.contains('*'), "{owner}: {action}");
+            }
+            if as_list(&statement["Resource"]).contains(&json!("*")) {
+                for action in &actions {
+                    assert!(
+                        unscoped_reads.contains(&action.as_str().unwrap_or_default()),
+                        "{owner}: {action} on *"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lifecycle_actions_only_on_groups_of_this_cluster() {
+    for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
+        let mut seen = 0;
+        for (owner, statement) in policy_statements(&template) {
+            let actions = as_list(&statement["Action"]);
+            if !actions.contains(&json!("autoscaling:CompleteLifecycleAction")) {
+                continue;
+            }
+            seen += 1;
+            assert!(actions.contains(&json!("autoscaling:RecordLifecycleActionHeartbeat")));
+            let resource = statement["Resource"]["Fn::Sub"].as_str().expect("ASG ARN");
+            assert!(
+                resource
+                    .contains(":autoscaling:${AWS::Region}:${AWS::AccountId}:autoScalingGroup:")
+            );
+            // Either by cluster tag, or exactly one named group.
+            let tag_condition = statement["Condition"]["StringEquals"]
+                .as_object()
+                .map(|c| {
+                    c.iter().all(|(k, v)| {
+                        k.starts_with("aws:ResourceTag/") && *v == reference("ClusterName")
+                    })
+                })
+                .unwrap_or(false);
+            let named_group = resource.ends_with("autoScalingGroupName/${AutoScalingGroupName}");
+            assert!(tag_condition || named_group, "{owner}: {statement}");
+        }
+        assert!(seen > 0);
+    }
+}
+
+#[test]
+fn eks_calls_are_limited_to_this_cluster() {
+    let template = main_template();
+    let mut seen = BTreeSet::new();
+    for (owner, statement) in policy_statements(&template) {
+        for action in as_list(&statement["Action"]) {
+            let action = action.as_str().expect("action").to_owned();
+            if !action.starts_with("eks:") {
+                continue;
+            }
+            for resource in as_list(&statement["Resource"]) {
+                let arn = resource["Fn::Sub"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{owner} {action}"));
+                assert!(
+                    arn.contains(":cluster/${ClusterName}")
+                        || arn.contains(":nodegroup/${ClusterName}/")
+                        || arn.contains(":access-entry/${ClusterName}/"),
+                    "{owner}: {action} on {arn}"
+                );
+            }
+            seen.insert(action);
+        }
+    }
+    for needed in [
+        "eks:DescribeCluster",
+        "eks:DescribeNodegroup",
+        "eks:ListNodegroups",
+        "eks:CreateAccessEntry",
+        "eks:DeleteAccessEntry",
+    ] {
+        assert!(seen.contains(needed), "{needed} is not granted");
+    }
+}
+
+#[test]
+fn publishing_and_passing_roles_are_scoped() {
+    let template = main_template();
+    for (owner, statement) in policy_statements(&template) {
+        let actions = as_list(&statement["Action"]);
+        if actions.contains(&json!("sns:Publish")) {
+            assert_eq!(
+                statement["Resource"],
+                reference("LifecycleTopic"),
+                "{owner}"
+            );
+        }
+        if actions.contains(&json!("iam:PassRole")) {
+            assert_eq!(
+                statement["Condition"]["StringEquals"]["iam:PassedToService"], "eks.amazonaws.com",
+                "{owner}"
+            );
+        }
+    }
+}
+
+// ------------------------------------------------------------------ tests: hooks template
+
+#[test]
+fn hooks_template_attaches_both_hooks_to_the_topic_with_parameters() {
+    let template = load_template("infra/lifecycle-hooks.yaml");
+    let hooks = resources_of_type(&template, "AWS::AutoScaling::LifecycleHook");
+    let by_name: BTreeMap<&str, &Value> = hooks
+        .values()
+        .map(|h| {
+            (
+                h["Properties"]["LifecycleHookName"].as_str().expect("name"),
+                &h["Properties"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_name.keys().copied().collect::<Vec<_>>(),
+        ["Launch-LC-Hook", "Terminate-LC-Hook"]
+    );
+    for (name, transition, heartbeat, result) in [
+        (
+            "Launch-LC-Hook",
+            "autoscaling:EC2_INSTANCE_LAUNCHING",
+            "LaunchHeartbeatTimeout",
+            "LaunchDefaultResult",
+        ),
+        (
+            "Terminate-LC-Hook",
+            "autoscaling:EC2_INSTANCE_TERMINATING",
+            "TerminateHeartbeatTimeout",
+            "TerminateDefaultResult",
+        ),
+    ] {
+        let hook = by_name[name];
+        assert_eq!(hook["LifecycleTransition"], transition);
+        assert_eq!(hook["HeartbeatTimeout"], reference(heartbeat));
+        assert_eq!(hook["DefaultResult"], reference(result));
+        assert_eq!(
+            hook["AutoScalingGroupName"],
+            reference("AutoScalingGroupName")
+        );
+        assert_eq!(
+            hook["NotificationTargetARN"],
+            reference("LifecycleTopicArn")
+        );
+        assert_eq!(hook["RoleARN"], reference("LifecycleHookRoleArn"));
+        let parameters = &template["Parameters"];
+        assert!(parameters[heartbeat]["Default"].as_u64().is_some());
+        assert_eq!(
+            parameters[result]["AllowedValues"],
+            json!(["CONTINUE", "ABANDON"])
+        );
+    }
+}
+
+// ------------------------------------------------------------------ tests: documentation
+
+#[test]
+fn the_operators_guide_documents_every_setting_and_parameter() {
+    let template = main_template();
+    let guide = std::fs::read_to_string(repo_root().join("infra/README.md")).expect("guide");
+    let mut undocumented = Vec::new();
+    for name in template["Parameters"]
+        .as_object()
+        .expect("Parameters")
+        .keys()
+    {
+        if !guide.contains(&format!("`{name}`")) {
+            undocumented.push(format!("parameter {name}"));
+        }
+    }
+    for (_, function) in resources_of_type(&template, "AWS::Serverless::Function") {
+        let variables = function["Properties"]["Environment"]["Variables"]
+            .as_object()
+            .expect("Variables");
+        for name in variables.keys() {
+            if !guide.contains(&format!("`{name}`")) {
+                undocumented.push(format!("environment variable {name}"));
+            }
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "missing from infra/README.md: {undocumented:?}"
+    );
+}
