@@ -9,7 +9,9 @@ use clap::Parser;
 use node_manager_testkit::sandbox::{self, Sandbox, Scenario};
 
 #[derive(Parser)]
-#[command(about = "Plays the node lifecycle (node group auth, launch, drain) on a simulated EKS cluster")]
+#[command(
+    about = "Plays the node lifecycle (node group auth, launch, drain) on a simulated EKS cluster"
+)]
 struct Args {
     /// A scenario file (YAML); the reference scenario when absent. See tests/scenarios/.
     #[arg(long)]

@@ -234,7 +234,9 @@ impl Scenario {
                 Step::ScaleIn(s) => &s.nodegroup,
             };
             let Some(spec) = self.nodegroups.iter().find(|n| &n.name == group) else {
-                return bad(format!("a step names node group {group:?}, which the scenario does not define"));
+                return bad(format!(
+                    "a step names node group {group:?}, which the scenario does not define"
+                ));
             };
             if let Step::ScaleIn(s) = step
                 && s.node >= spec.nodes

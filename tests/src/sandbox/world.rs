@@ -128,12 +128,14 @@ impl Sandbox {
             next_instance: AtomicU32::new(0),
             background: Vec::new(),
         };
-        let credentials = sandbox.grant_function_identities()?;
         sandbox.seed_aws()?;
+        let credentials = sandbox.grant_function_identities()?;
         sandbox.seed_cluster()?;
         sandbox.start_functions(&credentials).await?;
         sandbox.deliver_lifecycle_notifications()?;
-        let follower = sandbox.timeline.follow(&sandbox.server, sandbox.aws.clone());
+        let follower = sandbox
+            .timeline
+            .follow(&sandbox.server, sandbox.aws.clone());
         sandbox.background.push(follower);
         sandbox.wait_for_seeded_pods().await;
         sandbox.timeline.record(
@@ -163,7 +165,9 @@ impl Sandbox {
 
     /// Each function has its own IAM role, mapped to the functions' Kubernetes group the way
     /// the operator's guide says: an `aws-auth` entry and/or a STANDARD access entry.
-    fn grant_function_identities(&self) -> Result<BTreeMap<&'static str, FakeCredentials>, SandboxError> {
+    fn grant_function_identities(
+        &self,
+    ) -> Result<BTreeMap<&'static str, FakeCredentials>, SandboxError> {
         let mut credentials = BTreeMap::new();
         let mut map_roles = String::new();
         for function in FUNCTIONS {
@@ -272,7 +276,10 @@ impl Sandbox {
             }
             let mut nodes = Vec::new();
             for _ in 0..spec.nodes {
-                let node = self.new_node(group_index, self.next_instance.fetch_add(1, Ordering::Relaxed));
+                let node = self.new_node(
+                    group_index,
+                    self.next_instance.fetch_add(1, Ordering::Relaxed),
+                );
                 self.add_instance(spec, &node)?;
                 nodes.push(node);
             }
@@ -291,7 +298,11 @@ impl Sandbox {
         );
         self.aws
             .autoscaling()
-            .add_instance(&spec.auto_scaling_group, &node.instance_id, &node.availability_zone)
+            .add_instance(
+                &spec.auto_scaling_group,
+                &node.instance_id,
+                &node.availability_zone,
+            )
             .map_err(setup("Auto Scaling instance"))
     }
 
@@ -339,7 +350,9 @@ impl Sandbox {
             let ns = workload.namespace.as_str();
             if store.get_value("v1", "Namespace", "", ns).is_err() {
                 store
-                    .apply_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+                    .apply_value(
+                        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+                    )
                     .map_err(setup("namespace"))?;
             }
             let labels = json!({ "app": workload.name });
@@ -432,7 +445,8 @@ impl Sandbox {
     ) -> Result<(), SandboxError> {
         let timings = self.scenario.timings.clone();
         for function in FUNCTIONS {
-            let binary = binaries::try_function_binary(function).map_err(setup("function binary"))?;
+            let binary =
+                binaries::try_function_binary(function).map_err(setup("function binary"))?;
             let creds = &credentials[function];
             let mut spec = FunctionSpec::new(function, binary)
                 .region(&self.scenario.region)
@@ -441,8 +455,14 @@ impl Sandbox {
                 .env("CLUSTER_NAME", &self.scenario.cluster)
                 .env("CONTINUATION_TOPIC_ARN", &self.topic_arn())
                 .env("SETTLE_SECONDS", &seconds(timings.settle_seconds))
-                .env("DRAIN_TIMEOUT_SECONDS", &seconds(timings.drain_timeout_seconds))
-                .env("LAUNCH_TIMEOUT_SECONDS", &seconds(timings.launch_timeout_seconds))
+                .env(
+                    "DRAIN_TIMEOUT_SECONDS",
+                    &seconds(timings.drain_timeout_seconds),
+                )
+                .env(
+                    "LAUNCH_TIMEOUT_SECONDS",
+                    &seconds(timings.launch_timeout_seconds),
+                )
                 .env("EVICTION_BACKOFF_MAX_SECONDS", "2")
                 .env("RUST_LOG", "warn")
                 .envs(self.scenario.function_env.clone());
@@ -462,7 +482,10 @@ impl Sandbox {
     /// Each hook function is subscribed to the lifecycle topic with the filter the SAM
     /// template uses; every delivery (from Auto Scaling or a hand-over) becomes an invocation.
     fn deliver_lifecycle_notifications(&mut self) -> Result<(), SandboxError> {
-        for (function, transition) in [("launching-hook", LAUNCHING), ("terminating-hook", TERMINATING)] {
+        for (function, transition) in [
+            ("launching-hook", LAUNCHING),
+            ("terminating-hook", TERMINATING),
+        ] {
             let mut subscription = self
                 .aws
                 .sns()
@@ -476,10 +499,19 @@ impl Sandbox {
             let timeout = self.function_timeout();
             self.background.push(tokio::spawn(async move {
                 loop {
-                    let Some(event) = subscription.next_event(Duration::from_secs(3600)).await else {
+                    let Some(event) = subscription.next_event(Duration::from_secs(3600)).await
+                    else {
                         continue;
                     };
-                    invoke(&timeline, function, &runtime, &event, timeout, &summarize_sns(&event)).await;
+                    invoke(
+                        &timeline,
+                        function,
+                        &runtime,
+                        &event,
+                        timeout,
+                        &summarize_sns(&event),
+                    )
+                    .await;
                 }
             }));
         }
@@ -507,8 +539,10 @@ impl Sandbox {
                 Step::ScaleIn(s) => self.scale_in(index, s).await,
             };
             for (ok, text) in checks {
-                self.timeline
-                    .record(Source::Check, format!("{} {text}", if ok { "✓" } else { "✗" }));
+                self.timeline.record(
+                    Source::Check,
+                    format!("{} {text}", if ok { "✓" } else { "✗" }),
+                );
                 if ok {
                     report.passed.push(text);
                 } else {
@@ -536,7 +570,11 @@ impl Sandbox {
     async fn create_nodegroup(&self, index: usize, step: &NodegroupStep) -> Vec<(bool, String)> {
         self.timeline.record(
             Source::Step,
-            format!("{}. CreateNodegroup {} (CloudTrail via EventBridge)", index + 1, step.nodegroup),
+            format!(
+                "{}. CreateNodegroup {} (CloudTrail via EventBridge)",
+                index + 1,
+                step.nodegroup
+            ),
         );
         self.nodegroup_event("CreateNodegroup", step).await
     }
@@ -544,9 +582,15 @@ impl Sandbox {
     async fn delete_nodegroup(&self, index: usize, step: &NodegroupStep) -> Vec<(bool, String)> {
         self.timeline.record(
             Source::Step,
-            format!("{}. DeleteNodegroup {} (CloudTrail via EventBridge)", index + 1, step.nodegroup),
+            format!(
+                "{}. DeleteNodegroup {} (CloudTrail via EventBridge)",
+                index + 1,
+                step.nodegroup
+            ),
         );
-        self.aws.eks().remove_nodegroup(&self.scenario.cluster, &step.nodegroup);
+        self.aws
+            .eks()
+            .remove_nodegroup(&self.scenario.cluster, &step.nodegroup);
         self.nodegroup_event("DeleteNodegroup", step).await
     }
 
@@ -569,7 +613,11 @@ impl Sandbox {
             matches!(outcome, Some(InvocationOutcome::Response(_))),
             format!("nodegroup-auth handled {event_name} without error"),
         )];
-        let verb = if step.expect_role_mapped { "maps" } else { "no longer maps" };
+        let verb = if step.expect_role_mapped {
+            "maps"
+        } else {
+            "no longer maps"
+        };
         if self.uses_config_map() && self.mode() == "CONFIG_MAP" {
             let mapped = self.aws_auth_maps_node_role(&role_arn);
             checks.push((
@@ -578,7 +626,10 @@ impl Sandbox {
             ));
         }
         if self.uses_access_entries() {
-            let entry = self.aws.eks().access_entry(&self.scenario.cluster, &role_arn);
+            let entry = self
+                .aws
+                .eks()
+                .access_entry(&self.scenario.cluster, &role_arn);
             checks.push((
                 entry.is_some() == step.expect_role_mapped,
                 format!("access entry (EC2_LINUX) {verb} {role_arn}"),
@@ -589,7 +640,11 @@ impl Sandbox {
 
     /// Whether `aws-auth` maps `role_arn` with the node username and both node groups.
     fn aws_auth_maps_node_role(&self, role_arn: &str) -> bool {
-        let Some(config_map) = self.server.store().find::<ConfigMap>("kube-system", "aws-auth") else {
+        let Some(config_map) = self
+            .server
+            .store()
+            .find::<ConfigMap>("kube-system", "aws-auth")
+        else {
             return false;
         };
         let map_roles = config_map
@@ -602,11 +657,17 @@ impl Sandbox {
             return false;
         };
         entries.iter().any(|entry| {
-            let field = |name: &str| entry.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v);
+            let field = |name: &str| {
+                entry
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v)
+            };
             let arn_matches = field("rolearn")
                 .and_then(Value::as_str)
                 .is_some_and(|a| a.eq_ignore_ascii_case(role_arn));
-            let username = field("username").and_then(Value::as_str) == Some("system:node:{{EC2PrivateDNSName}}");
+            let username = field("username").and_then(Value::as_str)
+                == Some("system:node:{{EC2PrivateDNSName}}");
             let groups: Vec<&str> = field("groups")
                 .and_then(Value::as_array)
                 .map(|g| g.iter().filter_map(Value::as_str).collect())
@@ -628,7 +689,10 @@ impl Sandbox {
             .iter()
             .position(|n| n.name == spec.name)
             .unwrap_or_default();
-        let node = self.new_node(group_index, self.next_instance.fetch_add(1, Ordering::Relaxed));
+        let node = self.new_node(
+            group_index,
+            self.next_instance.fetch_add(1, Ordering::Relaxed),
+        );
         self.timeline.record(
             Source::Step,
             format!(
@@ -636,31 +700,50 @@ impl Sandbox {
                 index + 1,
                 spec.auto_scaling_group,
                 node.instance_id,
-                if step.node_joins { "its node will register" } else { "its node never registers" }
+                if step.node_joins {
+                    "its node will register"
+                } else {
+                    "its node never registers"
+                }
             ),
         );
         let mut checks = Vec::new();
         if let Err(error) = self.add_instance(spec, &node) {
             return vec![(false, error.to_string())];
         }
-        if let Err(error) = self.aws.autoscaling().launch_instance(&spec.auto_scaling_group, &node.instance_id) {
+        if let Err(error) = self
+            .aws
+            .autoscaling()
+            .launch_instance(&spec.auto_scaling_group, &node.instance_id)
+        {
             return vec![(false, format!("launch lifecycle action started: {error}"))];
         }
         if step.node_joins {
-            let register_after = Duration::from_secs_f64(self.scenario.timings.node_register_seconds);
+            let register_after =
+                Duration::from_secs_f64(self.scenario.timings.node_register_seconds);
             let ready_after = Duration::from_secs_f64(self.scenario.timings.node_ready_seconds);
             tokio::time::sleep(register_after).await;
-            let registered = self.server.register_node(&node.name, &node.provider_id(), Some(ready_after));
+            let registered =
+                self.server
+                    .register_node(&node.name, &node.provider_id(), Some(ready_after));
             self.timeline.record(
                 Source::Note,
-                format!("kubelet on {} registers the node (Ready in {ready_after:?})", node.name),
+                format!(
+                    "kubelet on {} registers the node (Ready in {ready_after:?})",
+                    node.name
+                ),
             );
             if let Err(error) = registered {
                 return vec![(false, format!("node registered: {error}"))];
             }
         }
-        let wait = Duration::from_secs_f64(self.scenario.timings.launch_timeout_seconds) + Duration::from_secs(15);
-        let completion = self.aws.autoscaling().wait_for_completion(&node.instance_id, wait).await;
+        let wait = Duration::from_secs_f64(self.scenario.timings.launch_timeout_seconds)
+            + Duration::from_secs(15);
+        let completion = self
+            .aws
+            .autoscaling()
+            .wait_for_completion(&node.instance_id, wait)
+            .await;
         let node_ready = self
             .server
             .store()
@@ -670,17 +753,31 @@ impl Sandbox {
             Some(c) => {
                 self.timeline.record(
                     Source::Note,
-                    format!("Auto Scaling: launch action of {} ended {} by {:?}", node.instance_id, c.result.as_str(), c.by),
+                    format!(
+                        "Auto Scaling: launch action of {} ended {} by {:?}",
+                        node.instance_id,
+                        c.result.as_str(),
+                        c.by
+                    ),
                 );
                 checks.push((
                     c.result.as_str() == step.expect_result && c.by == CompletedBy::Call,
-                    format!("launch hook completed {} by the function", step.expect_result),
+                    format!(
+                        "launch hook completed {} by the function",
+                        step.expect_result
+                    ),
                 ));
                 if step.node_joins {
-                    checks.push((node_ready, format!("node {} was Ready when the hook completed", node.name)));
+                    checks.push((
+                        node_ready,
+                        format!("node {} was Ready when the hook completed", node.name),
+                    ));
                 }
             }
-            None => checks.push((false, format!("launch hook of {} completed", node.instance_id))),
+            None => checks.push((
+                false,
+                format!("launch hook of {} completed", node.instance_id),
+            )),
         }
         if step.node_joins {
             let cordoned = self
@@ -690,7 +787,10 @@ impl Sandbox {
                 .and_then(|n| n.spec)
                 .and_then(|s| s.unschedulable)
                 .unwrap_or(false);
-            checks.push((!cordoned, format!("launching node {} was not cordoned", node.name)));
+            checks.push((
+                !cordoned,
+                format!("launching node {} was not cordoned", node.name),
+            ));
         }
         checks
     }
@@ -698,9 +798,14 @@ impl Sandbox {
     async fn scale_in(&self, index: usize, step: &ScaleInStep) -> Vec<(bool, String)> {
         let (Some(spec), Some(node)) = (
             self.nodegroup(&step.nodegroup),
-            self.nodes.get(&step.nodegroup).and_then(|nodes| nodes.get(step.node)),
+            self.nodes
+                .get(&step.nodegroup)
+                .and_then(|nodes| nodes.get(step.node)),
         ) else {
-            return vec![(false, format!("node {} of {} exists", step.node, step.nodegroup))];
+            return vec![(
+                false,
+                format!("node {} of {} exists", step.node, step.nodegroup),
+            )];
         };
         let store = self.server.store();
         let before: Vec<String> = pods_on(&store.list::<Pod>(), &node.name)
@@ -717,15 +822,30 @@ impl Sandbox {
                 before.join(", ")
             ),
         );
-        if let Err(error) = self.aws.autoscaling().terminate_instance(&spec.auto_scaling_group, &node.instance_id) {
-            return vec![(false, format!("terminate lifecycle action started: {error}"))];
+        if let Err(error) = self
+            .aws
+            .autoscaling()
+            .terminate_instance(&spec.auto_scaling_group, &node.instance_id)
+        {
+            return vec![(
+                false,
+                format!("terminate lifecycle action started: {error}"),
+            )];
         }
         let timings = &self.scenario.timings;
-        let wait = Duration::from_secs_f64(timings.drain_timeout_seconds + timings.settle_seconds + 30.0);
-        let completion = self.aws.autoscaling().wait_for_completion(&node.instance_id, wait).await;
+        let wait =
+            Duration::from_secs_f64(timings.drain_timeout_seconds + timings.settle_seconds + 30.0);
+        let completion = self
+            .aws
+            .autoscaling()
+            .wait_for_completion(&node.instance_id, wait)
+            .await;
         let mut checks = Vec::new();
         let Some(completion) = completion else {
-            return vec![(false, format!("terminate hook of {} completed", node.instance_id))];
+            return vec![(
+                false,
+                format!("terminate hook of {} completed", node.instance_id),
+            )];
         };
         self.timeline.record(
             Source::Note,
@@ -739,7 +859,10 @@ impl Sandbox {
         );
         checks.push((
             completion.result.as_str() == step.expect_result && completion.by == CompletedBy::Call,
-            format!("terminate hook completed {} by the function", step.expect_result),
+            format!(
+                "terminate hook completed {} by the function",
+                step.expect_result
+            ),
         ));
         let completions = self
             .aws
@@ -748,7 +871,10 @@ impl Sandbox {
             .into_iter()
             .filter(|c| c.instance_id == node.instance_id)
             .count();
-        checks.push((completions == 1, format!("exactly one completion for {}", node.instance_id)));
+        checks.push((
+            completions == 1,
+            format!("exactly one completion for {}", node.instance_id),
+        ));
         let node_object = store.find::<Node>("", &node.name);
         let labelled = node_object
             .as_ref()
@@ -767,19 +893,32 @@ impl Sandbox {
             .filter(|p| !is_daemon_set_pod(p))
             .map(|p| pod_key(p))
             .collect();
-        let daemons = pods_on(&pods, &node.name).filter(|p| is_daemon_set_pod(p)).count();
+        let daemons = pods_on(&pods, &node.name)
+            .filter(|p| is_daemon_set_pod(p))
+            .count();
         if step.expect_drained {
             checks.push((
                 remaining.is_empty(),
-                format!("node drained of every non-DaemonSet pod{}", listing(&remaining)),
+                format!(
+                    "node drained of every non-DaemonSet pod{}",
+                    listing(&remaining)
+                ),
             ));
         } else {
             checks.push((
                 !remaining.is_empty(),
-                format!("pods the PDB protects stayed on the node{}", listing(&remaining)),
+                format!(
+                    "pods the PDB protects stayed on the node{}",
+                    listing(&remaining)
+                ),
             ));
         }
-        let daemon_sets = self.scenario.workloads.iter().filter(|w| w.kind == "DaemonSet").count();
+        let daemon_sets = self
+            .scenario
+            .workloads
+            .iter()
+            .filter(|w| w.kind == "DaemonSet")
+            .count();
         checks.push((
             daemons == daemon_sets,
             format!("DaemonSet pods left in place ({daemons} of {daemon_sets})"),
@@ -796,7 +935,9 @@ impl Sandbox {
         let reasons: Vec<String> = store
             .list::<Event>()
             .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.name.as_str()))
+            .filter(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.name.as_str())
+            })
             .filter_map(|e| e.reason)
             .collect();
         for expected in &step.expect_node_events {
@@ -832,8 +973,18 @@ impl Sandbox {
         println!("\n--- nodes ---");
         println!("{:<45} {:<28} {}", "NAME", "STATUS", "LABELS");
         for node in store.list::<Node>() {
-            let mut status = if node_ready(&node) { "Ready" } else { "NotReady" }.to_owned();
-            if node.spec.as_ref().and_then(|s| s.unschedulable).unwrap_or(false) {
+            let mut status = if node_ready(&node) {
+                "Ready"
+            } else {
+                "NotReady"
+            }
+            .to_owned();
+            if node
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false)
+            {
                 status.push_str(",SchedulingDisabled");
             }
             let excluded = node
@@ -843,17 +994,27 @@ impl Sandbox {
                 .and_then(|l| l.get(EXCLUDE_FROM_LB))
                 .map(|v| format!("{EXCLUDE_FROM_LB}={v}"))
                 .unwrap_or_default();
-            println!("{:<45} {:<28} {excluded}", node.metadata.name.unwrap_or_default(), status);
+            println!(
+                "{:<45} {:<28} {excluded}",
+                node.metadata.name.unwrap_or_default(),
+                status
+            );
         }
         println!("\n--- pods ---");
-        println!("{:<12} {:<34} {:<6} {:<12} {}", "NAMESPACE", "NAME", "READY", "STATUS", "NODE");
+        println!(
+            "{:<12} {:<34} {:<6} {:<12} {}",
+            "NAMESPACE", "NAME", "READY", "STATUS", "NODE"
+        );
         let mut pods = store.list::<Pod>();
         pods.sort_by_key(|p| (p.metadata.namespace.clone(), p.metadata.name.clone()));
         for pod in pods {
             let status = if pod.metadata.deletion_timestamp.is_some() {
                 "Terminating".to_owned()
             } else {
-                pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default()
+                pod.status
+                    .as_ref()
+                    .and_then(|s| s.phase.clone())
+                    .unwrap_or_default()
             };
             println!(
                 "{:<12} {:<34} {:<6} {:<12} {}",
@@ -861,7 +1022,10 @@ impl Sandbox {
                 pod.metadata.name.clone().unwrap_or_default(),
                 if pod_ready(&pod) { "1/1" } else { "0/1" },
                 status,
-                pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+                pod.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.clone())
+                    .unwrap_or_default()
             );
         }
     }
@@ -872,13 +1036,25 @@ impl Sandbox {
             "The sandbox keeps running (Ctrl-C stops it).\n\nkubectl:\n  export KUBECONFIG={}\n  kubectl get nodes,pods -A -o wide\n\nAWS (for a function run by hand, e.g. with its binary or cargo lambda):\n",
             kubeconfig.display()
         );
-        text.push_str(&format!("  export AWS_ENDPOINT_URL={}\n", self.aws.endpoint_url()));
+        text.push_str(&format!(
+            "  export AWS_ENDPOINT_URL={}\n",
+            self.aws.endpoint_url()
+        ));
         text.push_str(&format!("  export AWS_REGION={}\n", self.scenario.region));
-        text.push_str(&format!("  export CLUSTER_NAME={}\n", self.scenario.cluster));
-        text.push_str(&format!("  export CONTINUATION_TOPIC_ARN={}\n", self.topic_arn()));
+        text.push_str(&format!(
+            "  export CLUSTER_NAME={}\n",
+            self.scenario.cluster
+        ));
+        text.push_str(&format!(
+            "  export CONTINUATION_TOPIC_ARN={}\n",
+            self.topic_arn()
+        ));
         text.push_str("  (credentials: the fake account accepts only keys it issued; see the function environments below)\n");
         for (name, function) in &self.functions {
-            text.push_str(&format!("  {name}: Lambda Runtime API at {}\n", function.runtime_api()));
+            text.push_str(&format!(
+                "  {name}: Lambda Runtime API at {}\n",
+                function.runtime_api()
+            ));
         }
         text
     }
@@ -888,14 +1064,17 @@ impl Sandbox {
     pub fn write_kubeconfig(&self, path: &Path) -> Result<(), SandboxError> {
         let admin = self.account.add_role_credentials("sandbox-admin");
         if self.uses_config_map() {
-            let _ = self.server.store().modify::<ConfigMap>("kube-system", "aws-auth", |cm| {
-                let data = cm.data.get_or_insert_with(Default::default);
-                let roles = data.entry("mapRoles".to_owned()).or_default();
-                roles.push_str(&format!(
+            let _ = self
+                .server
+                .store()
+                .modify::<ConfigMap>("kube-system", "aws-auth", |cm| {
+                    let data = cm.data.get_or_insert_with(Default::default);
+                    let roles = data.entry("mapRoles".to_owned()).or_default();
+                    roles.push_str(&format!(
                     "- rolearn: {}\n  username: sandbox-admin\n  groups:\n    - system:masters\n",
                     admin.principal_arn
                 ));
-            });
+                });
         }
         if self.uses_access_entries() {
             let _ = self.aws.eks().add_access_entry(
@@ -906,7 +1085,8 @@ impl Sandbox {
                 &["system:masters"],
             );
         }
-        let eks_token = binaries::try_function_binary("eks-token").map_err(setup("eks-token binary"))?;
+        let eks_token =
+            binaries::try_function_binary("eks-token").map_err(setup("eks-token binary"))?;
         let mut user = format!(
             "    exec:\n      apiVersion: client.authentication.k8s.io/v1beta1\n      command: {}\n      args: [\"--cluster-name\", \"{}\", \"--region\", \"{}\"]\n      interactiveMode: Never\n      env:\n",
             eks_token.display(),
@@ -914,9 +1094,12 @@ impl Sandbox {
             self.scenario.region
         );
         for (key, value) in self.aws.environment(&admin) {
-            user.push_str(&format!("      - name: {key}\n        value: \"{value}\"\n"));
+            user.push_str(&format!(
+                "      - name: {key}\n        value: \"{value}\"\n"
+            ));
         }
-        std::fs::write(path, self.server.kubeconfig_yaml_with_user(&user)).map_err(setup("kubeconfig"))
+        std::fs::write(path, self.server.kubeconfig_yaml_with_user(&user))
+            .map_err(setup("kubeconfig"))
     }
 
     /// Stops the functions, the deliveries and the fakes.
@@ -949,9 +1132,17 @@ async fn invoke(
     match runtime.invoke(event, timeout).await {
         Ok(outcome) => {
             let text = match &outcome {
-                InvocationOutcome::Response(value) => format!("{function} → {}", shorten(&value.to_string(), 240)),
-                InvocationOutcome::Error { error_type, error_message } => {
-                    format!("{function} → ERROR {error_type}: {}", shorten(error_message, 240))
+                InvocationOutcome::Response(value) => {
+                    format!("{function} → {}", shorten(&value.to_string(), 240))
+                }
+                InvocationOutcome::Error {
+                    error_type,
+                    error_message,
+                } => {
+                    format!(
+                        "{function} → ERROR {error_type}: {}",
+                        shorten(error_message, 240)
+                    )
                 }
                 InvocationOutcome::Timeout => format!("{function} → timed out after {timeout:?}"),
             };
@@ -959,7 +1150,10 @@ async fn invoke(
             Some(outcome)
         }
         Err(error) => {
-            timeline.record(Source::Lambda, format!("{function} could not be invoked: {error}"));
+            timeline.record(
+                Source::Lambda,
+                format!("{function} could not be invoked: {error}"),
+            );
             None
         }
     }
@@ -995,8 +1189,15 @@ fn summarize_sns(event: &Value) -> String {
 }
 
 /// The EventBridge "AWS API Call via CloudTrail" event EKS emits for a node group call.
-fn cloudtrail_event(scenario: &Scenario, spec: &NodegroupSpec, role_arn: &str, event_name: &str) -> Value {
-    let now = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+fn cloudtrail_event(
+    scenario: &Scenario,
+    spec: &NodegroupSpec,
+    role_arn: &str,
+    event_name: &str,
+) -> Value {
+    let now = jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string();
     json!({
         "version": "0",
         "id": format!("sandbox-{event_name}-{}", spec.name),
@@ -1046,7 +1247,8 @@ fn owner_reference(owner: &Value, kind: &str) -> Value {
 
 fn running_status() -> Value {
     let now = jiff::Timestamp::now().to_string();
-    let condition = |kind: &str| json!({ "type": kind, "status": "True", "lastTransitionTime": now });
+    let condition =
+        |kind: &str| json!({ "type": kind, "status": "True", "lastTransitionTime": now });
     json!({
         "phase": "Running",
         "conditions": [condition("Initialized"), condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
@@ -1057,9 +1259,9 @@ fn running_status() -> Value {
 /// A stable, pod-name-like suffix for replica `index` of `workload`.
 fn pod_suffix(workload: &str, index: usize) -> String {
     const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let seed = workload
-        .bytes()
-        .fold(index.wrapping_mul(31), |acc, b| acc.wrapping_mul(131).wrapping_add(b as usize));
+    let seed = workload.bytes().fold(index.wrapping_mul(31), |acc, b| {
+        acc.wrapping_mul(131).wrapping_add(b as usize)
+    });
     (0..5)
         .map(|i| ALPHABET[(seed >> (i * 5)) % ALPHABET.len()] as char)
         .collect()
@@ -1085,10 +1287,10 @@ fn pods_on<'a>(pods: &'a [Pod], node: &'a str) -> impl Iterator<Item = &'a Pod> 
 }
 
 fn is_daemon_set_pod(pod: &Pod) -> bool {
-    pod.metadata
-        .owner_references
-        .as_ref()
-        .is_some_and(|refs| refs.iter().any(|r| r.kind == "DaemonSet" && r.controller == Some(true)))
+    pod.metadata.owner_references.as_ref().is_some_and(|refs| {
+        refs.iter()
+            .any(|r| r.kind == "DaemonSet" && r.controller == Some(true))
+    })
 }
 
 fn pod_key(pod: &Pod) -> String {

@@ -1,0 +1,86 @@
+//! The sandbox's shipped scenarios, run as a user runs them: the `sandbox` binary, which
+//! starts the fakes and the built function binaries, must exit 0; and a scenario whose
+//! expectation cannot hold must make it exit non-zero.
+
+use std::path::Path;
+use std::process::Command;
+
+fn run_sandbox(args: &[&str]) -> (i32, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_sandbox"))
+        .args(args)
+        .output()
+        .expect("the sandbox binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
+fn scenario(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("scenarios")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+#[test]
+fn default_scenario_passes() {
+    let (code, output) = run_sandbox(&[]);
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("0 failed"), "{output}");
+    assert!(
+        output.contains("pods/eviction"),
+        "the timeline shows the evictions: {output}"
+    );
+}
+
+#[test]
+fn pdb_blocked_scenario_passes() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("pdb-blocked.yaml")]);
+    assert_eq!(code, 0, "{output}");
+}
+
+#[test]
+fn access_entries_scenario_passes() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("access-entries.yaml")]);
+    assert_eq!(code, 0, "{output}");
+}
+
+#[test]
+fn an_expectation_that_cannot_hold_fails_the_run() {
+    let dir = std::env::temp_dir().join(format!("sandbox-negative-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("wrong.yaml");
+    // The drain completes CONTINUE; expecting ABANDON must fail the run.
+    let text = std::fs::read_to_string(scenario("pdb-blocked.yaml"))
+        .expect("scenario")
+        .replace(
+            "expectDrained: false",
+            "expectDrained: false, expectResult: ABANDON",
+        );
+    std::fs::write(&path, text).expect("write scenario");
+    let (code, output) = run_sandbox(&["--scenario", &path.display().to_string()]);
+    assert_eq!(code, 1, "{output}");
+    assert!(
+        output.contains("✗ terminate hook completed ABANDON"),
+        "{output}"
+    );
+}
+
+#[test]
+fn a_malformed_scenario_is_refused_before_anything_starts() {
+    let dir = std::env::temp_dir().join(format!("sandbox-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("bad.yaml");
+    std::fs::write(
+        &path,
+        "name: bad\nnodegroups: []\nsteps:\n  - scaleIn: { nodegroup: ghost, node: 0 }\n",
+    )
+    .expect("write scenario");
+    let (code, output) = run_sandbox(&["--scenario", &path.display().to_string()]);
+    assert_eq!(code, 2, "{output}");
+    assert!(output.contains("ghost"), "{output}");
+}
