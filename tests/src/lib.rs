@@ -9,8 +9,10 @@
 
 pub mod account;
 pub mod aws;
+pub mod bench;
 pub mod binaries;
 pub mod kube;
 pub mod lambda_api;
 pub mod sandbox;
+pub mod soak;
 pub mod token_verifier;

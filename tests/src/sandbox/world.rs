@@ -57,6 +57,8 @@ pub struct Sandbox {
     aws: Arc<FakeAws>,
     server: FakeApiServer,
     functions: BTreeMap<&'static str, Arc<LambdaRuntimeApi>>,
+    /// How each function process is started (binary, environment).
+    specs: BTreeMap<&'static str, FunctionSpec>,
     /// Seeded nodes per node group, in scenario order.
     nodes: BTreeMap<String, Vec<SimulatedNode>>,
     next_instance: AtomicU32,
@@ -124,6 +126,7 @@ impl Sandbox {
             aws,
             server,
             functions: BTreeMap::new(),
+            specs: BTreeMap::new(),
             nodes: BTreeMap::new(),
             next_instance: AtomicU32::new(0),
             background: Vec::new(),
@@ -228,7 +231,6 @@ impl Sandbox {
                 0x7e9e_a9eb_19a6_7337_u64
                     .wrapping_add((group_index as u64) << 40)
                     .wrapping_add((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
-                    >> 4
             ),
             availability_zone: format!("{}{zone}", self.scenario.region),
         }
@@ -467,6 +469,7 @@ impl Sandbox {
                 .env("RUST_LOG", "warn")
                 .envs(self.scenario.function_env.clone());
             spec.account_id = self.scenario.account_id.clone();
+            self.specs.insert(function, spec.clone());
             let runtime = LambdaRuntimeApi::start_function(spec)
                 .await
                 .map_err(setup("Lambda Runtime API"))?;
@@ -528,16 +531,61 @@ impl Sandbox {
         }
     }
 
+    /// The fake API server (for benchmarks and tests that look inside).
+    pub fn server(&self) -> &FakeApiServer {
+        &self.server
+    }
+
+    /// The fake AWS endpoints.
+    pub fn aws(&self) -> &FakeAws {
+        &self.aws
+    }
+
+    /// The function processes, by name.
+    pub fn function(&self, name: &str) -> Option<&LambdaRuntimeApi> {
+        self.functions.get(name).map(|f| f.as_ref())
+    }
+
+    /// How the sandbox starts `name` (binary and environment), to start more processes of it.
+    pub fn function_spec(&self, name: &str) -> Option<FunctionSpec> {
+        self.specs.get(name).cloned()
+    }
+
+    /// The EventBridge CloudTrail event (`CreateNodegroup`/`DeleteNodegroup`) for a node
+    /// group of the scenario, as the sandbox sends it to `nodegroup-auth`.
+    pub fn nodegroup_event_payload(&self, event_name: &str, nodegroup: &str) -> Value {
+        match self.nodegroup(nodegroup) {
+            Some(spec) => cloudtrail_event(&self.scenario, spec, &self.role_arn(spec), event_name),
+            None => Value::Null,
+        }
+    }
+
+    /// The seeded node `index` of `nodegroup`: (node name, instance id).
+    pub fn seeded_node(&self, nodegroup: &str, index: usize) -> Option<(String, String)> {
+        self.nodes
+            .get(nodegroup)
+            .and_then(|nodes| nodes.get(index))
+            .map(|n| (n.name.clone(), n.instance_id.clone()))
+    }
+
+    /// Plays step `index` of the scenario; returns its checks (held, description).
+    pub async fn play_step(&self, index: usize) -> Vec<(bool, String)> {
+        let Some(step) = self.scenario.steps.get(index) else {
+            return vec![(false, format!("the scenario has a step {}", index + 1))];
+        };
+        match step {
+            Step::CreateNodegroup(s) => self.create_nodegroup(index, s).await,
+            Step::DeleteNodegroup(s) => self.delete_nodegroup(index, s).await,
+            Step::ScaleOut(s) => self.scale_out(index, s).await,
+            Step::ScaleIn(s) => self.scale_in(index, s).await,
+        }
+    }
+
     /// Plays every step and checks its effects.
     pub async fn play(&self) -> SandboxReport {
         let mut report = SandboxReport::default();
-        for (index, step) in self.scenario.steps.iter().enumerate() {
-            let checks = match step {
-                Step::CreateNodegroup(s) => self.create_nodegroup(index, s).await,
-                Step::DeleteNodegroup(s) => self.delete_nodegroup(index, s).await,
-                Step::ScaleOut(s) => self.scale_out(index, s).await,
-                Step::ScaleIn(s) => self.scale_in(index, s).await,
-            };
+        for index in 0..self.scenario.steps.len() {
+            let checks = self.play_step(index).await;
             for (ok, text) in checks {
                 self.timeline.record(
                     Source::Check,

@@ -1,0 +1,176 @@
+//! Cold start of each function binary through the local Lambda Runtime API, beside a bare
+//! `lambda_runtime` binary (`echo-lambda`) measured in the same run; and token signing.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{Value, json};
+
+use super::{Mode, median};
+use crate::binaries;
+use crate::lambda_api::{FunctionSpec, LambdaRuntimeApi};
+use crate::sandbox::{Sandbox, Scenario};
+
+/// Cold-start figures of one binary (medians over `runs` fresh processes).
+#[derive(Debug, Clone)]
+pub struct ColdStartRow {
+    pub binary: String,
+    /// Process start → first `/invocation/next` (Lambda's init phase).
+    pub init: Duration,
+    /// Process start → the first response (init + the first invocation).
+    pub first_response: Duration,
+    pub peak_rss_kib: u64,
+    /// Size of the binary measured (the profile in use: debug, or release with
+    /// `NODE_MANAGER_BIN_DIR`).
+    pub size_bytes: u64,
+    /// Size of the arm64 Lambda artifact (`bootstrap`), when `cargo lambda build` made one.
+    pub arm64_size_bytes: Option<u64>,
+    pub runs: usize,
+}
+
+/// The `autoscaling:TEST_NOTIFICATION` Auto Scaling sends when a hook is created, as SNS
+/// delivers it (shape of `shared/fixtures/sns-test-notification.json`).
+fn test_notification(group: &str) -> Value {
+    let message = json!({
+        "AccountId": "111111111111",
+        "RequestId": "5b2e9a0c-3f4d-4e6b-8a7c-1d2e3f4a5b6c",
+        "AutoScalingGroupARN": format!("arn:aws:autoscaling:eu-west-1:111111111111:autoScalingGroup:3f2a1b0c:autoScalingGroupName/{group}"),
+        "AutoScalingGroupName": group,
+        "Service": "AWS Auto Scaling",
+        "Event": "autoscaling:TEST_NOTIFICATION",
+        "Time": "2022-09-25T12:59:13.402Z",
+    });
+    json!({"Records": [{
+        "EventSource": "aws:sns",
+        "EventVersion": "1.0",
+        "EventSubscriptionArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic:2bcfbf39",
+        "Sns": {
+            "Type": "Notification",
+            "MessageId": "a1b2c3d4-e5f6-5789-8abc-def012345678",
+            "TopicArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic",
+            "Subject": format!("Auto Scaling: test notification for group \"{group}\""),
+            "Message": message.to_string(),
+            "Timestamp": "2022-09-25T12:59:13.402Z",
+            "SignatureVersion": "1",
+            "Signature": "EXAMPLE",
+            "SigningCertUrl": "https://sns.eu-west-1.amazonaws.com/SimpleNotificationService-0000.pem",
+            "UnsubscribeUrl": "https://sns.eu-west-1.amazonaws.com/?Action=Unsubscribe",
+            "MessageAttributes": {},
+        },
+    }]})
+}
+
+fn arm64_artifact(function: &str) -> Option<u64> {
+    let dir = std::env::var_os("LAMBDA_TARGET_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|home| PathBuf::from(home).join(".cache/node-manager-lambda-target"))
+        })?;
+    std::fs::metadata(dir.join("lambda").join(function).join("bootstrap"))
+        .ok()
+        .map(|m| m.len())
+}
+
+/// Starts `spec` `runs` times as a fresh process and invokes `event` once each.
+async fn measure(spec: &FunctionSpec, event: &Value, runs: usize) -> Result<ColdStartRow, String> {
+    let mut init = Vec::new();
+    let mut first = Vec::new();
+    let mut rss = Vec::new();
+    for _ in 0..runs {
+        let runtime = LambdaRuntimeApi::start_function(spec.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        runtime
+            .invoke(event, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())?;
+        let timings = runtime.timings();
+        init.push(
+            timings
+                .to_first_next
+                .ok_or("the function never asked for an event")?,
+        );
+        first.push(
+            timings
+                .to_first_response
+                .ok_or("the function never answered")?,
+        );
+        rss.push(runtime.peak_rss_kib().unwrap_or_default());
+        runtime.kill().await;
+    }
+    rss.sort_unstable();
+    Ok(ColdStartRow {
+        binary: spec.name.clone(),
+        init: median(&mut init),
+        first_response: median(&mut first),
+        peak_rss_kib: rss
+            .get((rss.len().max(1) - 1) / 2)
+            .copied()
+            .unwrap_or_default(),
+        size_bytes: std::fs::metadata(&spec.binary)
+            .map(|m| m.len())
+            .unwrap_or_default(),
+        arm64_size_bytes: arm64_artifact(&spec.name),
+        runs,
+    })
+}
+
+/// Cold start of the bare baseline and each function, interleaved per run so machine noise
+/// hits all of them alike. The hooks get a test notification (what Auto Scaling sends when
+/// a hook is attached); `nodegroup-auth` a `CreateNodegroup` event it must act on (discovery,
+/// token, TLS to the API server, one `aws-auth` read).
+pub async fn cold_start(mode: Mode) -> Result<Vec<ColdStartRow>, String> {
+    let runs = match mode {
+        Mode::Quick => 2,
+        Mode::Full => 15,
+    };
+    let sandbox = Sandbox::start(Scenario::reference().map_err(|e| e.to_string())?, false)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Map the node role first, so every measured nodegroup-auth run is the same no-op check.
+    sandbox.play_step(0).await;
+    let group = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
+    let baseline = FunctionSpec::new(
+        "echo-lambda",
+        binaries::try_function_binary("echo-lambda").map_err(|e| e.to_string())?,
+    );
+    let mut rows = vec![measure(&baseline, &json!({"ping": 1}), runs).await?];
+    for function in ["terminating-hook", "launching-hook", "nodegroup-auth"] {
+        let spec = sandbox
+            .function_spec(function)
+            .ok_or_else(|| format!("no spec for {function}"))?;
+        let event = if function == "nodegroup-auth" {
+            sandbox.nodegroup_event_payload("CreateNodegroup", "demo-ng")
+        } else {
+            test_notification(group)
+        };
+        rows.push(measure(&spec, &event, runs).await?);
+    }
+    sandbox.shutdown().await;
+    Ok(rows)
+}
+
+/// Median time to sign one EKS token, over `count` signings.
+pub fn token_signing(count: usize) -> Duration {
+    let credentials = aws_credential_types::Credentials::new(
+        "ASIAEXAMPLEEXAMPLE00",
+        "fake-secret-key-for-the-benchmark-000000",
+        Some("fake-session-token".to_owned()),
+        None,
+        "bench",
+    );
+    let mut samples = Vec::with_capacity(count);
+    for _ in 0..count {
+        let started = Instant::now();
+        let token = node_manager::cluster::token::sign_token(
+            &credentials,
+            "eu-west-1",
+            "ironman-2022",
+            SystemTime::now(),
+        );
+        samples.push(started.elapsed());
+        std::hint::black_box(token.is_ok());
+    }
+    median(&mut samples)
+}

@@ -1,0 +1,183 @@
+//! `bench`: the benchmark suite behind BENCHMARKS.md.
+//!
+//! `cargo run --release -p node-manager-testkit --bin bench -- --full` for the figures
+//! (with `NODE_MANAGER_BIN_DIR=<target>/release` so the release function binaries are the
+//! ones measured); `--quick` is what CI runs so the suite cannot rot.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use node_manager_testkit::bench::{self, Mode, ms};
+
+#[derive(Parser)]
+#[command(
+    about = "Measures cold start, drains at scale, PDB-paced drains, aws-auth concurrency and token signing"
+)]
+struct Args {
+    /// Small sizes and few runs: checks the suite works (CI).
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// Every size and enough runs for the published figures.
+    #[arg(long)]
+    full: bool,
+    /// Only these parts (comma-separated): cold-start, drain, pdb, aws-auth, token.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let mode = if args.full { Mode::Full } else { Mode::Quick };
+    let wanted = |part: &str| args.only.is_empty() || args.only.iter().any(|p| p == part);
+    let mut failed = false;
+    let mut report = |result: Result<(), String>| {
+        if let Err(error) = result {
+            eprintln!("bench: {error}");
+            failed = true;
+        }
+    };
+    println!("# open-node-manager benchmarks ({mode:?} mode)\n");
+    println!(
+        "machine: {} cores, binaries from {}\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        std::env::var("NODE_MANAGER_BIN_DIR").unwrap_or_else(|_| "the current profile".to_owned())
+    );
+    if wanted("token") {
+        let count = if mode == Mode::Full { 10_000 } else { 200 };
+        let median = bench::token_signing(count);
+        println!(
+            "## Token signing\n\nmedian of {count} signings: {} µs\n",
+            median.as_micros()
+        );
+    }
+    if wanted("cold-start") {
+        report(cold_start(mode).await);
+    }
+    if wanted("drain") {
+        report(drain(mode).await);
+    }
+    if wanted("pdb") {
+        report(pdb(mode).await);
+    }
+    if wanted("aws-auth") {
+        report(aws_auth(mode).await);
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+async fn cold_start(mode: Mode) -> Result<(), String> {
+    let rows = bench::cold_start(mode).await?;
+    let baseline = rows.first().map(|r| r.init).unwrap_or_default();
+    println!(
+        "## Cold start (medians over {} fresh processes each)\n",
+        rows.first().map_or(0, |r| r.runs)
+    );
+    println!(
+        "| binary | init (ms) | init vs bare | first response (ms) | peak RSS (MiB) | size (MiB) | arm64 bootstrap (MiB) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for row in &rows {
+        let ratio = if baseline.is_zero() {
+            0.0
+        } else {
+            row.init.as_secs_f64() / baseline.as_secs_f64()
+        };
+        println!(
+            "| {} | {} | {ratio:.2}x | {} | {:.1} | {:.1} | {} |",
+            row.binary,
+            ms(row.init),
+            ms(row.first_response),
+            row.peak_rss_kib as f64 / 1024.0,
+            row.size_bytes as f64 / 1_048_576.0,
+            row.arm64_size_bytes
+                .map(|b| format!("{:.1}", b as f64 / 1_048_576.0))
+                .unwrap_or_else(|| "not built".to_owned())
+        );
+    }
+    println!();
+    Ok(())
+}
+
+async fn drain(mode: Mode) -> Result<(), String> {
+    let sizes: &[usize] = match mode {
+        Mode::Quick => &[30],
+        Mode::Full => &[30, 110, 250, 737],
+    };
+    let latency = Duration::from_millis(5);
+    println!(
+        "## Drain at scale (API latency {latency:?} per request, grace 0, settle 0, eviction concurrency {})\n",
+        bench::drain::EVICTION_CONCURRENCY
+    );
+    println!(
+        "| pods | wall (ms) | lower bound (ms) | vs bound | requests | peak RSS (MiB) | kubectl drain (ms) | kubectl / ours |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for &pods in sizes {
+        let figures = bench::drain_at_scale(pods, latency, mode == Mode::Full).await?;
+        let kubectl = figures.kubectl.map(ms).unwrap_or_else(|| "-".to_owned());
+        let speedup = figures
+            .kubectl
+            .map(|k| format!("{:.1}x", k.as_secs_f64() / figures.wall.as_secs_f64()))
+            .unwrap_or_else(|| "-".to_owned());
+        println!(
+            "| {pods} | {} | {} | {:.2}x | {} | {:.1} | {kubectl} | {speedup} |",
+            ms(figures.wall),
+            ms(figures.lower_bound),
+            figures.wall.as_secs_f64() / figures.lower_bound.as_secs_f64(),
+            figures.requests,
+            figures.peak_rss_kib as f64 / 1024.0,
+        );
+    }
+    println!();
+    Ok(())
+}
+
+async fn pdb(mode: Mode) -> Result<(), String> {
+    let (per, ready) = match mode {
+        Mode::Quick => (2, Duration::from_millis(500)),
+        Mode::Full => (3, Duration::from_secs(2)),
+    };
+    let figures = bench::pdb_constrained_drain(per, ready).await?;
+    println!("## PDB-constrained drain\n");
+    println!(
+        "{} Deployments with maxUnavailable 1, {} pods each on the node, replacements Ready after {:?}: wall {} ms, ideal {} waves with {} waits for a replacement = {} ms ({:.2}x)\n",
+        figures.deployments,
+        figures.pods_per_deployment,
+        figures.replacement_ready,
+        ms(figures.wall),
+        figures.pods_per_deployment,
+        figures.pods_per_deployment.saturating_sub(1),
+        ms(figures.ideal),
+        figures.wall.as_secs_f64() / figures.ideal.as_secs_f64()
+    );
+    Ok(())
+}
+
+async fn aws_auth(mode: Mode) -> Result<(), String> {
+    let (existing, concurrent) = match mode {
+        Mode::Quick => (100, 5),
+        Mode::Full => (1000, 50),
+    };
+    let figures = bench::aws_auth_concurrency(existing, concurrent).await?;
+    println!("## aws-auth under concurrency\n");
+    println!(
+        "{} concurrent CreateNodegroup events (one function process each, cold) against a mapRoles of {} entries: wall {} ms, {} writes, {} conflicts retried, every role present once: {}; a redelivered event made {:?}\n",
+        figures.concurrent_events,
+        figures.existing_entries,
+        ms(figures.wall),
+        figures.writes,
+        figures.conflicts,
+        figures.all_present_once,
+        figures.redelivery_requests
+    );
+    if !figures.all_present_once {
+        return Err("aws-auth lost or duplicated an entry".to_owned());
+    }
+    Ok(())
+}

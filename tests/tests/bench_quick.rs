@@ -1,0 +1,47 @@
+//! The benchmark suite's quick mode, so it cannot rot: every part runs against the fakes and
+//! the built binaries, and reports measured (non-zero) figures.
+
+use std::process::Command;
+
+#[test]
+fn quick_benchmarks_run_and_report_every_part() {
+    let output = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .arg("--quick")
+        .output()
+        .expect("the bench binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for section in [
+        "## Token signing",
+        "## Cold start",
+        "## Drain at scale",
+        "## PDB-constrained drain",
+        "## aws-auth under concurrency",
+    ] {
+        assert!(stdout.contains(section), "missing {section}:\n{stdout}");
+    }
+    // Each function's cold-start row has a measured init time.
+    for binary in [
+        "echo-lambda",
+        "terminating-hook",
+        "launching-hook",
+        "nodegroup-auth",
+    ] {
+        let row = stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("| {binary} |")))
+            .unwrap_or_else(|| panic!("no cold-start row for {binary}:\n{stdout}"));
+        let init: f64 = row
+            .split('|')
+            .nth(2)
+            .and_then(|c| c.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(init > 0.0, "{row}");
+    }
+    assert!(stdout.contains("every role present once: true"), "{stdout}");
+    assert!(
+        stdout.contains("a redelivered event made {\"get\": 1}"),
+        "a no-op redelivery only reads: {stdout}"
+    );
+}
