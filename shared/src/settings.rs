@@ -136,6 +136,7 @@ impl ClusterScope {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

@@ -380,6 +380,7 @@ impl Eks for FakeEks {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn action(token: &str) -> LifecycleActionRef {

@@ -28,6 +28,11 @@ pub fn user_agent(function_name: &str) -> String {
     )
 }
 
+/// `POST .../pods/<name>/eviction`: the one request whose 429 carries meaning.
+fn is_eviction(uri: &http::Uri) -> bool {
+    uri.path().ends_with("/eviction")
+}
+
 /// Builds a client for `cluster` that authenticates with tokens from `tokens`.
 ///
 /// Needs a Tokio runtime (the client's request queue runs on it).
@@ -57,9 +62,20 @@ pub fn build_client(
 
     // The unauthenticated stack (TLS, base URI, user agent, kube's retry of 429/503/504) is a
     // client of its own: its request queue makes it cheap to clone, which the 401 retry needs.
+    //
+    // Evictions go through a twin without kube's retry: their 429 is a PodDisruptionBudget
+    // refusal the drain must see, count, back off from with jitter and name in its report,
+    // not a throttle to be hidden inside one call for up to 15 attempts.
+    let mut no_retry = config.clone();
+    no_retry.default_retry = false;
     let transport = kube::Client::try_from(config).map_err(ClusterAccessError::Client)?;
-    let send = tower::service_fn(move |request| {
-        let transport = transport.clone();
+    let eviction_transport = kube::Client::try_from(no_retry).map_err(ClusterAccessError::Client)?;
+    let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let transport = if is_eviction(request.uri()) {
+            eviction_transport.clone()
+        } else {
+            transport.clone()
+        };
         async move { transport.send(request).await }
     });
     Ok(kube::Client::new(BearerAuth::new(send, tokens), "default"))

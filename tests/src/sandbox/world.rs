@@ -857,7 +857,7 @@ impl Sandbox {
         };
         let store = self.server.store();
         let before: Vec<String> = pods_on(&store.list::<Pod>(), &node.name)
-            .map(|p| pod_key(p))
+            .map(pod_key)
             .collect();
         self.timeline.record(
             Source::Step,
@@ -939,7 +939,7 @@ impl Sandbox {
         let pods = store.list::<Pod>();
         let remaining: Vec<String> = pods_on(&pods, &node.name)
             .filter(|p| !is_daemon_set_pod(p))
-            .map(|p| pod_key(p))
+            .map(pod_key)
             .collect();
         let daemons = pods_on(&pods, &node.name)
             .filter(|p| is_daemon_set_pod(p))
@@ -1019,7 +1019,7 @@ impl Sandbox {
             }
         }
         println!("\n--- nodes ---");
-        println!("{:<45} {:<28} {}", "NAME", "STATUS", "LABELS");
+        println!("{:<45} {:<28} LABELS", "NAME", "STATUS");
         for node in store.list::<Node>() {
             let mut status = if node_ready(&node) {
                 "Ready"
@@ -1050,8 +1050,8 @@ impl Sandbox {
         }
         println!("\n--- pods ---");
         println!(
-            "{:<12} {:<34} {:<6} {:<12} {}",
-            "NAMESPACE", "NAME", "READY", "STATUS", "NODE"
+            "{:<12} {:<34} {:<6} {:<12} NODE",
+            "NAMESPACE", "NAME", "READY", "STATUS"
         );
         let mut pods = store.list::<Pod>();
         pods.sort_by_key(|p| (p.metadata.namespace.clone(), p.metadata.name.clone()));
