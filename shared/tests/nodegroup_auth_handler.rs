@@ -571,3 +571,29 @@ async fn retries_exhausted_fails_the_invocation() {
     assert_eq!(err.metric_label(), "RetriesExhausted");
     assert_eq!(w.store.map_roles().unwrap(), "");
 }
+
+#[tokio::test]
+async fn a_zero_delete_wait_unmaps_at_once() {
+    let w = world_with(
+        AuthenticationMode::ConfigMap,
+        NodegroupAuthSettings {
+            delete_wait: Duration::ZERO,
+            ..settings()
+        },
+    );
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let report = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::Unmapped));
+    assert!(map_roles(&w.store).effective(ROLE).is_none());
+}

@@ -300,3 +300,72 @@ fn os_from_ami_type() {
             .all(|g| ALLOWED_NODE_GROUPS.contains(g))
     );
 }
+
+#[test]
+fn existing_duplicates_are_kept_and_ours_are_removed_together() {
+    let source = "- rolearn: arn:aws:iam::111111111111:role/a\n  username: a\n  groups: [team-a]\n- rolearn: arn:aws:iam::111111111111:role/node\n  username: system:node:{{EC2PrivateDNSName}}\n  groups: [system:bootstrappers, system:nodes]\n- rolearn: arn:aws:iam::111111111111:role/a\n  username: a2\n  groups: [team-b]\n- rolearn: ARN:AWS:IAM::111111111111:ROLE/NODE\n  username: system:node:{{EC2PrivateDNSName}}\n  groups: [system:nodes]\n";
+    let map = MapRoles::parse(Some(source)).unwrap();
+    // Granting a third role keeps both duplicates of `a`, in order.
+    let GrantDecision::Change(change) = map.grant("arn:aws:iam::111111111111:role/third", LINUX)
+    else {
+        panic!("expected a change");
+    };
+    let text = map.render(&change).unwrap();
+    assert!(text.starts_with(source));
+    let after = MapRoles::parse(Some(&text)).unwrap();
+    assert_eq!(&after.mappings()[..4], map.mappings());
+    // Our role's effective (last) entry lacks bootstrappers: it is completed in place.
+    assert_eq!(
+        map.grant(ROLE, LINUX),
+        GrantDecision::Change(MappingChange::AddGroups {
+            index: 3,
+            groups: vec!["system:bootstrappers".into()]
+        })
+    );
+    // Revoking removes both node-shaped entries of the role and nothing else.
+    let RevokeDecision::Change(change) = map.revoke(ROLE) else {
+        panic!("expected a removal");
+    };
+    assert_eq!(
+        change,
+        MappingChange::Remove {
+            indices: vec![1, 3]
+        }
+    );
+    let after = MapRoles::parse(Some(&map.render(&change).unwrap())).unwrap();
+    let users: Vec<_> = after
+        .mappings()
+        .iter()
+        .map(|m| m.username.as_str())
+        .collect();
+    assert_eq!(users, ["a", "a2"]);
+}
+
+#[test]
+fn removal_keeps_the_other_entries_text_and_comments() {
+    let source = "# platform roles\n- rolearn: arn:aws:iam::111111111111:role/a   # team a\n  username: a\n  groups: [team-a]\n- rolearn: arn:aws:iam::111111111111:role/node\n  username: system:node:{{EC2PrivateDNSName}}\n  groups:\n    - system:bootstrappers\n    - system:nodes\n- rolearn: \"arn:aws:iam::111111111111:role/b\"\n  groups: [team-b]\n  username: b\n";
+    let map = MapRoles::parse(Some(source)).unwrap();
+    let RevokeDecision::Change(change) = map.revoke(ROLE) else {
+        panic!("expected a removal");
+    };
+    assert_eq!(
+        map.render(&change).unwrap(),
+        "# platform roles\n- rolearn: arn:aws:iam::111111111111:role/a   # team a\n  username: a\n  groups: [team-a]\n- rolearn: \"arn:aws:iam::111111111111:role/b\"\n  groups: [team-b]\n  username: b\n"
+    );
+}
+
+#[test]
+fn adding_the_windows_group_keeps_extra_user_groups() {
+    let source = "- rolearn: arn:aws:iam::111111111111:role/node\n  username: system:node:{{EC2PrivateDNSName}}\n  groups: [system:bootstrappers, system:nodes, team-observability]\n";
+    let (_, text) = grant_and_render(Some(source), ROLE, WINDOWS);
+    let m = effective(&text.unwrap(), ROLE);
+    assert_eq!(
+        m.groups,
+        [
+            "system:bootstrappers",
+            "system:nodes",
+            "team-observability",
+            "eks:kube-proxy-windows"
+        ]
+    );
+}

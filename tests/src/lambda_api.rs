@@ -243,6 +243,8 @@ impl LambdaRuntimeApi {
             .route("/2018-06-01/runtime/init/error", post(init_error))
             .route("/2020-01-01/extension/register", post(extension_register))
             .route("/2020-01-01/extension/event/next", get(extension_next))
+            // Above Lambda's 6 MB response limit, so an oversized response is judged here.
+            .layer(axum::extract::DefaultBodyLimit::max(4 * MAX_RESPONSE_BYTES))
             .with_state(Arc::clone(&shared));
         let server = tokio::spawn(async move {
             if let Err(error) = axum::serve(listener, router).await {
@@ -671,11 +673,35 @@ fn finish(shared: &RuntimeShared, request_id: &str, outcome: InvocationOutcome) 
     accepted()
 }
 
+/// Lambda's limit on a synchronous response payload.
+const MAX_RESPONSE_BYTES: usize = 6 * 1024 * 1024;
+
 async fn invocation_response(
     State(shared): State<Arc<RuntimeShared>>,
     Path(request_id): Path<String>,
     body: Bytes,
 ) -> Response {
+    if body.len() > MAX_RESPONSE_BYTES {
+        let outcome = InvocationOutcome::Error {
+            error_type: "Function.ResponseSizeTooLarge".to_owned(),
+            error_message: format!(
+                "Response payload size ({} bytes) exceeded maximum allowed payload size ({MAX_RESPONSE_BYTES} bytes).",
+                body.len()
+            ),
+        };
+        let accepted = finish(&shared, &request_id, outcome);
+        if accepted.status() != StatusCode::ACCEPTED {
+            return accepted;
+        }
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            axum::Json(json!({
+                "errorMessage": "Exceeded maximum allowed payload size (6291556 bytes).",
+                "errorType": "RequestEntityTooLarge"
+            })),
+        )
+            .into_response();
+    }
     let value = serde_json::from_slice(&body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()));
     finish(&shared, &request_id, InvocationOutcome::Response(value))

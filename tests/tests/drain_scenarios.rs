@@ -84,7 +84,11 @@ impl Scenario {
             SystemTime::now(),
         )
         .unwrap();
-        let function_client = server.client_with_token(token.expose()).await.unwrap();
+        // Like the function's own client: kube's built-in retry of 429s is off, so the drain
+        // sees PodDisruptionBudget refusals itself (and reports them).
+        let mut config = server.config_with_token(token.expose()).await.unwrap();
+        config.default_retry = false;
+        let function_client = kube::Client::try_from(config).unwrap();
 
         let autoscaling = FakeAutoScaling::new();
         autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);

@@ -361,3 +361,31 @@ mod eks_tokens {
         );
     }
 }
+
+#[tokio::test]
+async fn access_reviews_answer_what_the_shipped_rbac_allows() {
+    use k8s_openapi::api::authorization::v1::SelfSubjectAccessReview;
+    let server = server().await;
+    let rbac = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml"));
+    assert!(server.apply_manifest_file(rbac).unwrap() > 0);
+    let token = server.add_static_token("terminating-hook", &["open-node-manager:functions"]);
+    let client = server.client_with_token(&token).await.unwrap();
+    let reviews: Api<SelfSubjectAccessReview> = Api::all(client);
+    let can = |verb: &str, resource: &str, subresource: Option<&str>| {
+        let review: SelfSubjectAccessReview = serde_json::from_value(json!({
+            "spec": { "resourceAttributes": {
+                "verb": verb, "resource": resource, "subresource": subresource, "namespace": "default",
+            } },
+        }))
+        .unwrap();
+        let reviews = reviews.clone();
+        async move {
+            let answered = reviews.create(&Default::default(), &review).await.unwrap();
+            answered.status.unwrap().allowed
+        }
+    };
+    assert!(can("create", "pods", Some("eviction")).await);
+    assert!(can("patch", "nodes", None).await);
+    assert!(!can("update", "nodes", None).await);
+    assert!(!can("delete", "pods", None).await);
+}

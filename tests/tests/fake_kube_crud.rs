@@ -302,3 +302,35 @@ async fn discovery_serves_the_groups_clients_need() {
         );
     }
 }
+
+#[tokio::test]
+async fn events_k8s_io_events_are_core_events_seen_differently() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let server = server().await;
+    let client = server.admin_client().await.unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": { "name": "n1.drain" },
+        "regarding": { "kind": "Node", "name": "n1", "apiVersion": "v1" },
+        "note": "Draining node n1", "reason": "Drain", "type": "Normal", "action": "Drain",
+        "reportingController": "open-node-manager/terminating-hook", "reportingInstance": "i-1",
+        "eventTime": "2025-01-01T00:00:00.000000Z",
+    }))
+    .unwrap();
+    events.create(&PostParams::default(), &event).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(client, "default");
+    let listed = core
+        .list(&ListParams::default().fields("involvedObject.name=n1,reason=Drain"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].message.as_deref(), Some("Draining node n1"));
+    let same = events
+        .list(&ListParams::default().fields("involvedObject.kind=Node"))
+        .await
+        .unwrap();
+    assert_eq!(same.items[0].note.as_deref(), Some("Draining node n1"));
+    assert_eq!(server.store().list::<Event>().len(), 1);
+    assert_eq!(server.store().list::<CoreEvent>().len(), 1);
+}

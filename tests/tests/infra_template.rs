@@ -432,44 +432,73 @@ fn vpc_settings_are_optional_and_the_same_for_every_function() {
 
 // ------------------------------------------------------------------ tests: wiring
 
+/// SNS message-body filtering for the policy features the template uses: top-level keys
+/// with lists of exact strings (all keys must match) and `$or` of such policies.
+fn filter_matches(policy: &Value, message: &Value) -> bool {
+    let Some(keys) = policy.as_object() else {
+        return false;
+    };
+    keys.iter().all(|(key, expected)| match key.as_str() {
+        "$or" => expected
+            .as_array()
+            .is_some_and(|alternatives| alternatives.iter().any(|p| filter_matches(p, message))),
+        _ => expected
+            .as_array()
+            .is_some_and(|values| message.get(key).is_some_and(|v| values.contains(v))),
+    })
+}
+
+/// The Auto Scaling message inside an SNS fixture.
+fn fixture_message(name: &str) -> Value {
+    let path = repo_root().join("../shared/fixtures").join(name);
+    let event: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("JSON");
+    let message = event["Records"][0]["Sns"]["Message"]
+        .as_str()
+        .expect("SNS message");
+    serde_json::from_str(message).expect("message is JSON")
+}
+
 #[test]
 fn each_hook_function_receives_only_its_transition_from_the_topic() {
     let template = main_template();
     let subscriptions = resources_of_type(&template, "AWS::SNS::Subscription");
-    let mut routed = BTreeMap::new();
-    for (id, subscription) in subscriptions {
+    assert_eq!(subscriptions.len(), 2);
+    let mut endpoints = Vec::new();
+    for (id, subscription) in &subscriptions {
         let properties = &subscription["Properties"];
         assert_eq!(properties["TopicArn"], reference("LifecycleTopic"), "{id}");
         assert_eq!(properties["Protocol"], "lambda", "{id}");
         assert_eq!(properties["FilterPolicyScope"], "MessageBody", "{id}");
-        let transitions = properties["FilterPolicy"]["LifecycleTransition"]
-            .as_array()
-            .expect("filter on LifecycleTransition");
-        assert_eq!(transitions.len(), 1, "{id}");
         let function = properties["Endpoint"]["Fn::GetAtt"][0]
             .as_str()
             .expect("endpoint");
-        routed.insert(
-            transitions[0].as_str().expect("string").to_owned(),
-            function.to_owned(),
-        );
+        endpoints.push((function.to_owned(), properties["FilterPolicy"].clone()));
     }
+    let receivers = |fixture: &str| -> Vec<String> {
+        let message = fixture_message(fixture);
+        endpoints
+            .iter()
+            .filter(|(_, policy)| filter_matches(policy, &message))
+            .map(|(function, _)| function.clone())
+            .collect()
+    };
     assert_eq!(
-        routed,
-        BTreeMap::from([
-            (
-                "autoscaling:EC2_INSTANCE_LAUNCHING".to_owned(),
-                "LaunchingHookFunction".to_owned()
-            ),
-            (
-                "autoscaling:EC2_INSTANCE_TERMINATING".to_owned(),
-                "TerminatingHookFunction".to_owned()
-            ),
-        ])
+        receivers("sns-lifecycle-terminating.json"),
+        ["TerminatingHookFunction"]
+    );
+    assert_eq!(
+        receivers("sns-lifecycle-launching.json"),
+        ["LaunchingHookFunction"]
+    );
+    // Exactly one function logs the test notification of a new hook.
+    assert_eq!(
+        receivers("sns-test-notification.json"),
+        ["TerminatingHookFunction"]
     );
     // SNS may invoke each of them, from this topic only.
     let permissions = resources_of_type(&template, "AWS::Lambda::Permission");
-    for function in routed.values() {
+    for (function, _) in &endpoints {
         assert!(
             permissions.values().any(|p| {
                 p["Properties"]["FunctionName"] == reference(function)
@@ -479,6 +508,14 @@ fn each_hook_function_receives_only_its_transition_from_the_topic() {
             "no SNS permission for {function}"
         );
     }
+}
+
+#[test]
+fn the_filter_matcher_requires_every_key() {
+    let policy = json!({"a": ["x"], "$or": [{"b": ["y"]}, {"c": ["z"]}]});
+    assert!(filter_matches(&policy, &json!({"a": "x", "c": "z"})));
+    assert!(!filter_matches(&policy, &json!({"a": "x"})));
+    assert!(!filter_matches(&policy, &json!({"a": "w", "b": "y"})));
 }
 
 #[test]

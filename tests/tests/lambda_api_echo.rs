@@ -201,6 +201,26 @@ async fn a_process_that_dies_mid_invocation_fails_it_with_runtime_exit_error() {
 }
 
 #[tokio::test]
+async fn a_response_over_6_mb_is_refused_like_lambda() {
+    let lambda = echo().await;
+    let outcome = lambda
+        .invoke(&json!({"response_mb": 7}), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, InvocationOutcome::Error { error_type, .. } if error_type == "Function.ResponseSizeTooLarge"),
+        "{outcome:?}"
+    );
+    let small = response(
+        lambda
+            .invoke(&json!({"response_mb": 1}), Duration::from_secs(10))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(small.as_str().map(str::len), Some(1024 * 1024));
+}
+
+#[tokio::test]
 async fn peak_rss_follows_the_memory_the_function_touches() {
     let lambda = echo().await;
     response(
@@ -263,4 +283,20 @@ fn built_binaries_are_found_next_to_the_test() {
         function_binary("echo-lambda").canonicalize().unwrap(),
         echo_binary().canonicalize().unwrap()
     );
+}
+
+/// Runs `cargo build --workspace --bins` from inside a test, as a missing binary does: slow
+/// (it may compile every function), so only on demand (`--ignored`).
+#[test]
+#[ignore = "runs a full cargo build of the workspace binaries"]
+fn a_missing_binary_is_built_by_cargo_from_inside_a_test() {
+    node_manager_testkit::binaries::build_workspace_binaries().unwrap();
+    for name in [
+        "terminating-hook",
+        "launching-hook",
+        "nodegroup-auth",
+        "eks-token",
+    ] {
+        assert!(function_binary(name).is_file(), "{name}");
+    }
 }

@@ -446,3 +446,119 @@ async fn other_clusters_group_and_test_notification_touch_nothing() {
         .filter(|e| e.user.groups.iter().any(|g| g == FUNCTION_GROUP));
     assert!(function_requests.is_empty(), "{function_requests:?}");
 }
+
+#[tokio::test]
+async fn unknown_transition_and_malformed_message_touch_nothing() {
+    let mut s = scenario(&[], Duration::from_secs(300)).await;
+    let event = s.launch().await;
+    let message: Value =
+        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+
+    let mut unknown = event.clone();
+    let mut edited = message.clone();
+    edited["LifecycleTransition"] = "autoscaling:EC2_INSTANCE_WARMED".into();
+    unknown["Records"][0]["Sns"]["Message"] = edited.to_string().into();
+    let report = launch::handle(&s.ctx, unknown, &lambda_context(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(
+        report.records[0].outcome,
+        LaunchOutcome::UnknownTransition {
+            transition: "autoscaling:EC2_INSTANCE_WARMED".into()
+        }
+    );
+
+    let mut malformed = event;
+    let mut edited = message;
+    edited["Time"] = "yesterday".into();
+    malformed["Records"][0]["Sns"]["Message"] = edited.to_string().into();
+    let error = launch::handle(&s.ctx, malformed, &lambda_context(Duration::from_secs(60)))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("record 0") && error.contains("Time=\"yesterday\""),
+        "{error}"
+    );
+
+    assert!(s.aws.autoscaling().completions().is_empty());
+    assert!(s.aws.autoscaling().heartbeats().is_empty());
+    assert!(s.aws.autoscaling().has_active_action(INSTANCE));
+    let function_requests = s
+        .server
+        .audit()
+        .filter(|e| e.user.groups.iter().any(|g| g == FUNCTION_GROUP));
+    assert!(function_requests.is_empty(), "{function_requests:?}");
+}
+
+#[tokio::test]
+async fn heartbeats_keep_a_short_hook_alive_while_waiting() {
+    // A 1 s heartbeat timeout: without heartbeats Auto Scaling would give up after 1 s.
+    let mut s = scenario(&[("LAUNCH_TIMEOUT_SECONDS", "20")], Duration::from_secs(1)).await;
+    let event = s.launch().await;
+    s.server
+        .register_node(
+            &s.dns_name,
+            &s.provider_id(),
+            Some(Duration::from_millis(2500)),
+        )
+        .unwrap();
+    let report = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(
+        matches!(report.records[0].outcome, LaunchOutcome::Completed { .. }),
+        "{report:?}"
+    );
+    let completions = s.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    assert_eq!(completions[0].result, LifecycleActionResult::Continue);
+    assert_eq!(
+        completions[0].by,
+        node_manager_testkit::aws::CompletedBy::Call,
+        "{completions:?}"
+    );
+    assert!(
+        s.aws.autoscaling().heartbeats().len() >= 3,
+        "{:?}",
+        s.aws.autoscaling().heartbeats()
+    );
+}
+
+#[tokio::test]
+async fn concurrent_duplicate_deliveries_complete_once() {
+    let mut s = scenario(
+        &[("LAUNCH_TIMEOUT_SECONDS", "20")],
+        Duration::from_secs(300),
+    )
+    .await;
+    let event = s.launch().await;
+    s.server
+        .register_node(
+            &s.dns_name,
+            &s.provider_id(),
+            Some(Duration::from_millis(500)),
+        )
+        .unwrap();
+    let context = lambda_context(Duration::from_secs(60));
+    let (a, b, c) = tokio::join!(
+        launch::handle(&s.ctx, event.clone(), &context),
+        launch::handle(&s.ctx, event.clone(), &context),
+        launch::handle(&s.ctx, event, &context),
+    );
+    let outcomes: Vec<LaunchOutcome> = [a, b, c]
+        .into_iter()
+        .map(|report| report.unwrap().records[0].outcome.clone())
+        .collect();
+    let completed = outcomes
+        .iter()
+        .filter(|o| matches!(o, LaunchOutcome::Completed { .. }))
+        .count();
+    let already = outcomes
+        .iter()
+        .filter(|o| matches!(o, LaunchOutcome::AlreadyCompleted { .. }))
+        .count();
+    assert_eq!((completed, already), (1, 2), "{outcomes:?}");
+    assert_eq!(s.aws.autoscaling().completions().len(), 1);
+    assert!(s.node_writes().is_empty());
+}

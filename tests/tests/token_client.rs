@@ -371,3 +371,23 @@ async fn reaches_the_fake_api_server_over_tls_with_only_the_cluster_ca() {
         "{problem}"
     );
 }
+
+#[tokio::test]
+async fn an_unreachable_api_server_is_named_with_what_to_check() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let account = FakeAccount::reference();
+    let role = account.add_role_credentials("node-manager");
+    let access = ClusterAccess::new(&sdk_config(&role, "eu-west-1"), CLUSTER, FUNCTION)
+        .with_settings(&[("CLUSTER_ENDPOINT", closed.as_str())][..]);
+    let client = access.client(&FakeEks::default()).await.unwrap();
+    let error = client.apiserver_version().await.unwrap_err();
+    let problem = access.access_problem(&error).unwrap();
+    assert!(
+        matches!(problem, ClusterAccessError::Unreachable { .. }),
+        "{problem}"
+    );
+    assert!(problem.to_string().contains("security groups"), "{problem}");
+    assert!(problem.is_retryable());
+}

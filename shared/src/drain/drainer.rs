@@ -86,10 +86,18 @@ impl<K, A, I, N> Drainer<K, A, I, N> {
 /// What an invocation did, record by record: the Lambda response.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DrainReport {
-    /// One line per record, e.g. `Completed CONTINUE (Drained)`.
-    pub records: Vec<String>,
+    pub records: Vec<RecordReport>,
     #[serde(skip)]
     pub outcomes: Vec<DeliveryOutcome>,
+}
+
+/// One record's outcome in the Lambda response.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RecordReport {
+    /// The [`DeliveryOutcome`] variant: `Completed`, `Duplicate`, `HandedOver`, ...
+    pub outcome: &'static str,
+    /// The same in words, e.g. `completed CONTINUE (Drained, Completed)`.
+    pub summary: String,
 }
 
 /// What the handler did with one record.
@@ -122,6 +130,22 @@ pub enum DeliveryOutcome {
 }
 
 impl DeliveryOutcome {
+    /// The variant's name, for the Lambda response and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::TestNotification => "TestNotification",
+            Self::OtherTransition(_) => "OtherTransition",
+            Self::Foreign(_) => "Foreign",
+            Self::NoNode(_) => "NoNode",
+            Self::Duplicate { .. } => "Duplicate",
+            Self::AlreadyCompleted => "AlreadyCompleted",
+            Self::Completed { .. } => "Completed",
+            Self::HandedOver { .. } => "HandedOver",
+            Self::ActionGone => "ActionGone",
+            Self::LeaseLost => "LeaseLost",
+        }
+    }
+
     /// One line for the Lambda response.
     pub fn summary(&self) -> String {
         match self {
@@ -305,7 +329,13 @@ where
         }
         match errors.len() {
             0 => Ok(DrainReport {
-                records: outcomes.iter().map(DeliveryOutcome::summary).collect(),
+                records: outcomes
+                    .iter()
+                    .map(|o| RecordReport {
+                        outcome: o.name(),
+                        summary: o.summary(),
+                    })
+                    .collect(),
                 outcomes,
             }),
             1 => Err(errors.remove(0)),

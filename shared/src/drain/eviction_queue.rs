@@ -150,6 +150,11 @@ impl EvictionQueue {
             .filter_map(|(k, e)| e.last_refusal.as_ref().map(|r| (k, r)))
     }
 
+    /// Whether an eviction of the pod awaits its answer.
+    pub fn is_in_flight(&self, pod: &PodKey) -> bool {
+        self.entries.get(pod).is_some_and(|e| e.in_flight)
+    }
+
     /// Whether the pod's eviction was accepted or it is otherwise on its way out.
     pub fn is_leaving(&self, pod: &PodKey) -> bool {
         self.entries.get(pod).is_some_and(|e| e.leaving)

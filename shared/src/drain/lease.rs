@@ -198,3 +198,41 @@ fn too_many_conflicts(name: &str) -> kube::Error {
         .boxed(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn node(annotation: Option<&str>) -> Node {
+        let mut node = Node::default();
+        if let Some(value) = annotation {
+            node.metadata.annotations =
+                Some([(CHECKPOINT_ANNOTATION.to_owned(), value.to_owned())].into());
+        }
+        node
+    }
+
+    #[test]
+    fn reads_the_checkpoint_and_ignores_an_unreadable_one() {
+        let action = LifecycleActionRef {
+            auto_scaling_group_name: "g".into(),
+            lifecycle_hook_name: "h".into(),
+            instance_id: "i-1".into(),
+            token: "t".into(),
+        };
+        let checkpoint = DrainCheckpoint::start(
+            &action,
+            Timestamp::UNIX_EPOCH,
+            Duration::from_secs(900),
+            "req-1",
+            Duration::from_secs(60),
+        );
+        assert_eq!(
+            checkpoint_of(&node(Some(&checkpoint.to_json()))),
+            Some(checkpoint)
+        );
+        assert_eq!(checkpoint_of(&node(Some("{not json"))), None);
+        assert_eq!(checkpoint_of(&node(None)), None);
+    }
+}

@@ -39,6 +39,7 @@ pub mod session;
 
 pub use drainer::{
     DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, FUNCTION_NAME, Invocation,
+    RecordReport,
 };
 
 /// Handles one Lambda event with `drainer`: the terminating hook's whole invocation.

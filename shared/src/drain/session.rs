@@ -57,6 +57,9 @@ pub enum StuckReason {
     Refused(EvictionOutcome),
     /// It was being deleted and did not finish.
     Terminating,
+    /// Its eviction request was still unanswered (a client that retries 429s itself hides
+    /// the refusals until it gives up).
+    InFlight,
     /// Not tried: it waited for an earlier tier (critical pods wait for the ordinary ones).
     NotReached,
 }
@@ -69,6 +72,12 @@ impl std::fmt::Display for StuckPod {
             (StuckReason::NotReached, _) => {
                 write!(f, " (not evicted yet: waits for the pods before it)")
             }
+            (StuckReason::InFlight, []) => write!(f, " (eviction unanswered)"),
+            (StuckReason::InFlight, budgets) => write!(
+                f,
+                " (eviction unanswered; PodDisruptionBudget {})",
+                budgets.join(", ")
+            ),
             (StuckReason::Refused(_), [one]) => write!(f, " (PodDisruptionBudget {one})"),
             (StuckReason::Refused(_), [_, _, ..]) => write!(
                 f,
@@ -182,7 +191,7 @@ impl DrainSession<'_> {
             let wake = settled_at.min(hand_over_at).min(renew_at);
             sleep_until(wake).await;
             if wake == renew_at
-                && let Some(end) = self.renew().await?
+                && let Some(end) = self.renew().await
             {
                 return Ok(end);
             }
@@ -232,7 +241,7 @@ impl DrainSession<'_> {
                 }
                 _ = sleep_until(hand_over_at) => return Ok(Some(SessionEnd::HandOver)),
                 _ = sleep_until(renew_at) => {
-                    if let Some(end) = self.renew().await? {
+                    if let Some(end) = self.renew().await {
                         return Ok(Some(end));
                     }
                     renew_at = Instant::now() + self.renew_interval();
@@ -371,6 +380,7 @@ impl DrainSession<'_> {
             let why = match refusal {
                 _ if terminating => StuckReason::Terminating,
                 Some(refusal) => StuckReason::Refused(refusal),
+                None if queue.is_in_flight(key) => StuckReason::InFlight,
                 None => StuckReason::NotReached,
             };
             stuck.push(StuckPod {
@@ -386,10 +396,21 @@ impl DrainSession<'_> {
         (self.holder.lease_duration / 3).max(Duration::from_millis(10))
     }
 
-    async fn renew(&mut self) -> Result<Option<SessionEnd>, kube::Error> {
+    /// Renews the lease. A failed renewal (API hiccup) is logged and tried again at the next
+    /// interval: renewing every third of the lease leaves two more chances before it lapses,
+    /// and a lapsed lease is detected by the next successful renewal.
+    async fn renew(&mut self) -> Option<SessionEnd> {
         let holder = self.holder.clone();
-        self.update(move |c, now| c.renewed(&holder.id, now, holder.lease_duration))
+        match self
+            .update(move |c, now| c.renewed(&holder.id, now, holder.lease_duration))
             .await
+        {
+            Ok(end) => end,
+            Err(error) => {
+                tracing::warn!(node = %self.node_name, %error, "could not renew the drain lease; trying again");
+                None
+            }
+        }
     }
 
     /// Writes a checkpoint change; `Some(end)` when the session has to stop.

@@ -404,99 +404,6 @@ where
     }
 
     let client = ctx.kube.client().await?;
-    let dns_name = private_dns_name(&ctx.instances, &action.instance_id).await;
-    let launch_deadline = notification
-        .time
-        .checked_add(
-            jiff::SignedDuration::try_from(ctx.settings.launch_timeout)
-                .unwrap_or(jiff::SignedDuration::MAX),
-        )
-        .unwrap_or(Timestamp::MAX);
-    let launch_deadline_at = instant_at(launch_deadline);
-
-    let sighting = NodeSighting::default();
-    let deadline_passed = Timestamp::now() >= launch_deadline;
-    // Handing over at once would republish the notification in a tight loop until the launch
-    // timeout: with no time to wait, look once and report the configuration error.
-    let no_time_to_wait = !deadline_passed
-        && invocation.budget.remaining() < MIN_WAIT_SLICE
-        && invocation.budget.hand_over_at() < launch_deadline_at;
-    let waited = if deadline_passed || no_time_to_wait {
-        // A late continuation or delivery, or no time: one look, no wait.
-        let node = find_node(&client, &ctx.instances, &action.instance_id)
-            .await
-            .unwrap_or_else(|error| {
-                tracing::warn!(instance_id = %action.instance_id, error = %error, "cannot look up the node");
-                None
-            });
-        match node {
-            Some(node) if is_ready(&node) => WaitEnd::Ready(Box::new(node)),
-            _ if no_time_to_wait => {
-                return Err(LaunchError::NoTimeToWait {
-                    remaining: invocation.budget.remaining(),
-                    margin: ctx.settings.lifecycle.hand_over_margin,
-                });
-            }
-            node => {
-                sighting.record(node);
-                WaitEnd::LaunchTimeout
-            }
-        }
-    } else {
-        let hook = ctx
-            .hooks
-            .get_or_default(
-                &ctx.autoscaling,
-                &action.auto_scaling_group_name,
-                &action.lifecycle_hook_name,
-            )
-            .await;
-        let mut keeper =
-            HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
-        let stop_at = launch_deadline_at.min(invocation.budget.hand_over_at());
-        log_step(
-            notification,
-            dns_name.as_deref(),
-            "waiting for the node to register and turn Ready",
-        );
-        let wait = tokio::time::timeout_at(
-            stop_at,
-            wait_until_ready(&client, &action.instance_id, dns_name.as_deref(), &sighting),
-        );
-        match keeper.keep_alive(&ctx.autoscaling, wait).await {
-            Err(_gone) => WaitEnd::ActionGone,
-            Ok(Ok(node)) => WaitEnd::Ready(Box::new(node)),
-            Ok(Err(_elapsed)) if tokio::time::Instant::now() >= launch_deadline_at => {
-                WaitEnd::LaunchTimeout
-            }
-            Ok(Err(_elapsed)) => {
-                log_step(
-                    notification,
-                    dns_name.as_deref(),
-                    "invocation time running out; handing the wait over",
-                );
-                return match hand_over(
-                    &ctx.autoscaling,
-                    &ctx.notifications,
-                    &mut keeper,
-                    delivery,
-                    ctx.settings.lifecycle.continuation_topic_arn.as_deref(),
-                )
-                .await?
-                {
-                    HandOver::Published { continuation, .. } => {
-                        emit_metrics("HandedOver", notification, None, continuation);
-                        Ok(LaunchOutcome::HandedOver { continuation })
-                    }
-                    HandOver::ActionGone => {
-                        log_step(notification, None, "the lifecycle action is gone; stopping");
-                        Ok(LaunchOutcome::ActionGone)
-                    }
-                };
-            }
-        }
-    };
-
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -508,126 +415,258 @@ where
             ),
         },
     );
-    match waited {
-        WaitEnd::ActionGone => {
-            log_step(
-                notification,
-                None,
-                "the lifecycle action is gone (completed elsewhere or expired); stopping",
-            );
-            emit_metrics("ActionGone", notification, None, notification.continuation);
-            Ok(LaunchOutcome::ActionGone)
+    match wait_for_node(ctx, invocation, delivery, notification, &client).await? {
+        WaitEnd::Ready(node) => complete_ready(ctx, &recorder, notification, &node).await,
+        WaitEnd::LaunchTimeout(node) => {
+            complete_timed_out(ctx, &recorder, notification, node.as_deref()).await
         }
-        WaitEnd::Ready(node) => {
-            let node_name = node.metadata.name.clone().unwrap_or_default();
-            log_step(
-                notification,
-                Some(&node_name),
-                "node is Ready; completing with CONTINUE",
-            );
-            let outcome =
-                complete_action(&ctx.autoscaling, action, LifecycleActionResult::Continue)
-                    .await
-                    .map_err(LaunchError::Complete)?;
-            let waited_seconds = seconds_since(notification.time);
-            match outcome {
-                CompletionOutcome::Completed => {
-                    log_step(
-                        notification,
-                        Some(&node_name),
-                        "launch completed with CONTINUE",
-                    );
-                    publish_event(
-                        &recorder,
-                        &node,
-                        EventType::Normal,
-                        "LaunchCompleted",
-                        format!(
-                            "Node is Ready: lifecycle action {} of instance {} completed with CONTINUE after {waited_seconds:.0} s",
-                            action.lifecycle_hook_name, action.instance_id
-                        ),
-                    )
-                    .await;
-                    emit_metrics(
-                        "Completed",
-                        notification,
-                        Some(&node_name),
-                        notification.continuation,
-                    );
-                    Ok(LaunchOutcome::Completed {
-                        node: node_name,
-                        waited_seconds,
-                    })
-                }
-                CompletionOutcome::NoActiveAction => {
-                    log_step(
-                        notification,
-                        Some(&node_name),
-                        "node is Ready; the lifecycle action was already completed",
-                    );
-                    emit_metrics(
-                        "AlreadyCompleted",
-                        notification,
-                        Some(&node_name),
-                        notification.continuation,
-                    );
-                    Ok(LaunchOutcome::AlreadyCompleted { node: node_name })
-                }
-            }
-        }
-        WaitEnd::LaunchTimeout => {
-            let result = ctx.settings.timeout_result;
-            let node = sighting.node();
-            let node_name = node.as_ref().and_then(|n| n.metadata.name.clone());
-            tracing::warn!(
-                instance_id = %action.instance_id,
-                node = node_name.as_deref().unwrap_or_default(),
-                hook = %action.lifecycle_hook_name,
-                asg = %action.auto_scaling_group_name,
-                request_id = %notification.request_id,
-                registered = node.is_some(),
-                result = result.as_str(),
-                timeout_seconds = ctx.settings.launch_timeout.as_secs_f64(),
-                "the node did not become Ready within the launch timeout; completing with the timeout result"
-            );
-            complete_action(&ctx.autoscaling, action, result)
-                .await
-                .map_err(LaunchError::Complete)?;
-            if let Some(node) = &node {
-                publish_event(
-                    &recorder,
-                    node,
-                    EventType::Warning,
-                    "LaunchTimedOut",
-                    format!(
-                        "Node not Ready {:.0} s after instance {} launched: lifecycle action {} completed with {}",
-                        ctx.settings.launch_timeout.as_secs_f64(),
-                        action.instance_id,
-                        action.lifecycle_hook_name,
-                        result.as_str()
-                    ),
-                )
-                .await;
-            }
-            emit_metrics(
-                "TimedOut",
-                notification,
-                node_name.as_deref(),
-                notification.continuation,
-            );
-            Ok(LaunchOutcome::TimedOut {
-                result: result.as_str().to_owned(),
-                node: node_name,
-            })
-        }
+        WaitEnd::Stopped(outcome) => Ok(outcome),
     }
 }
 
 /// How a wait ended.
 enum WaitEnd {
     Ready(Box<Node>),
-    LaunchTimeout,
-    ActionGone,
+    /// The launch timeout passed; the instance's node as last seen, if it registered.
+    LaunchTimeout(Option<Box<Node>>),
+    /// Nothing left to do in this invocation (handed over, or the action is gone).
+    Stopped(LaunchOutcome),
+}
+
+/// Waits, within the launch timeout and this invocation's budget, for the instance's node to
+/// be Ready; hands over when the budget runs out first.
+async fn wait_for_node<K, A, I, N>(
+    ctx: &LaunchContext<K, A, I, N>,
+    invocation: &Invocation,
+    delivery: &Delivery,
+    notification: &LifecycleNotification,
+    client: &kube::Client,
+) -> Result<WaitEnd, LaunchError>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
+    let action = &notification.action;
+    let dns_name = private_dns_name(&ctx.instances, &action.instance_id).await;
+    let launch_deadline = notification
+        .time
+        .checked_add(
+            jiff::SignedDuration::try_from(ctx.settings.launch_timeout)
+                .unwrap_or(jiff::SignedDuration::MAX),
+        )
+        .unwrap_or(Timestamp::MAX);
+    let launch_deadline_at = instant_at(launch_deadline);
+    let deadline_passed = Timestamp::now() >= launch_deadline;
+    // Handing over at once would republish the notification in a tight loop until the launch
+    // timeout: with no time to wait, look once and report the configuration error.
+    let no_time_to_wait = !deadline_passed
+        && invocation.budget.remaining() < MIN_WAIT_SLICE
+        && invocation.budget.hand_over_at() < launch_deadline_at;
+    if deadline_passed || no_time_to_wait {
+        // A late continuation or delivery, or no time: one look, no wait.
+        let node = find_node(client, &ctx.instances, &action.instance_id)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::warn!(instance_id = %action.instance_id, error = %error, "cannot look up the node");
+                None
+            });
+        return match node {
+            Some(node) if is_ready(&node) => Ok(WaitEnd::Ready(Box::new(node))),
+            _ if no_time_to_wait => Err(LaunchError::NoTimeToWait {
+                remaining: invocation.budget.remaining(),
+                margin: ctx.settings.lifecycle.hand_over_margin,
+            }),
+            node => Ok(WaitEnd::LaunchTimeout(node.map(Box::new))),
+        };
+    }
+
+    let hook = ctx
+        .hooks
+        .get_or_default(
+            &ctx.autoscaling,
+            &action.auto_scaling_group_name,
+            &action.lifecycle_hook_name,
+        )
+        .await;
+    let mut keeper =
+        HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
+    let stop_at = launch_deadline_at.min(invocation.budget.hand_over_at());
+    log_step(
+        notification,
+        dns_name.as_deref(),
+        "waiting for the node to register and turn Ready",
+    );
+    let sighting = NodeSighting::default();
+    let wait = tokio::time::timeout_at(
+        stop_at,
+        wait_until_ready(client, &action.instance_id, dns_name.as_deref(), &sighting),
+    );
+    let waited = keeper.keep_alive(&ctx.autoscaling, wait).await;
+    let outcome = match waited {
+        Ok(Ok(node)) => return Ok(WaitEnd::Ready(Box::new(node))),
+        Ok(Err(_elapsed)) if tokio::time::Instant::now() >= launch_deadline_at => {
+            return Ok(WaitEnd::LaunchTimeout(sighting.node().map(Box::new)));
+        }
+        Err(_gone) => {
+            log_step(
+                notification,
+                None,
+                "the lifecycle action is gone (completed elsewhere or expired); stopping",
+            );
+            LaunchOutcome::ActionGone
+        }
+        Ok(Err(_elapsed)) => {
+            log_step(
+                notification,
+                dns_name.as_deref(),
+                "invocation time running out; handing the wait over",
+            );
+            match hand_over(
+                &ctx.autoscaling,
+                &ctx.notifications,
+                &mut keeper,
+                delivery,
+                ctx.settings.lifecycle.continuation_topic_arn.as_deref(),
+            )
+            .await?
+            {
+                HandOver::Published { continuation, .. } => {
+                    LaunchOutcome::HandedOver { continuation }
+                }
+                HandOver::ActionGone => {
+                    log_step(notification, None, "the lifecycle action is gone; stopping");
+                    LaunchOutcome::ActionGone
+                }
+            }
+        }
+    };
+    let continuations = match &outcome {
+        LaunchOutcome::HandedOver { continuation } => *continuation,
+        _ => notification.continuation,
+    };
+    emit_metrics(outcome.name(), notification, None, continuations);
+    Ok(WaitEnd::Stopped(outcome))
+}
+
+/// The node is Ready: complete with CONTINUE, and say so on the node.
+async fn complete_ready<K, A, I, N>(
+    ctx: &LaunchContext<K, A, I, N>,
+    recorder: &Recorder,
+    notification: &LifecycleNotification,
+    node: &Node,
+) -> Result<LaunchOutcome, LaunchError>
+where
+    A: AutoScaling,
+{
+    let action = &notification.action;
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    log_step(
+        notification,
+        Some(&node_name),
+        "node is Ready; completing with CONTINUE",
+    );
+    let outcome = complete_action(&ctx.autoscaling, action, LifecycleActionResult::Continue)
+        .await
+        .map_err(LaunchError::Complete)?;
+    let waited_seconds = seconds_since(notification.time);
+    let outcome = match outcome {
+        CompletionOutcome::Completed => {
+            log_step(
+                notification,
+                Some(&node_name),
+                "launch completed with CONTINUE",
+            );
+            publish_event(
+                recorder,
+                node,
+                EventType::Normal,
+                "LaunchCompleted",
+                format!(
+                    "Node is Ready: lifecycle action {} of instance {} completed with CONTINUE after {waited_seconds:.0} s",
+                    action.lifecycle_hook_name, action.instance_id
+                ),
+            )
+            .await;
+            LaunchOutcome::Completed {
+                node: node_name.clone(),
+                waited_seconds,
+            }
+        }
+        CompletionOutcome::NoActiveAction => {
+            log_step(
+                notification,
+                Some(&node_name),
+                "node is Ready; the lifecycle action was already completed",
+            );
+            LaunchOutcome::AlreadyCompleted {
+                node: node_name.clone(),
+            }
+        }
+    };
+    emit_metrics(
+        outcome.name(),
+        notification,
+        Some(&node_name),
+        notification.continuation,
+    );
+    Ok(outcome)
+}
+
+/// The launch timeout passed: complete with the configured result and report it.
+async fn complete_timed_out<K, A, I, N>(
+    ctx: &LaunchContext<K, A, I, N>,
+    recorder: &Recorder,
+    notification: &LifecycleNotification,
+    node: Option<&Node>,
+) -> Result<LaunchOutcome, LaunchError>
+where
+    A: AutoScaling,
+{
+    let action = &notification.action;
+    let result = ctx.settings.timeout_result;
+    let node_name = node.and_then(|n| n.metadata.name.clone());
+    tracing::warn!(
+        instance_id = %action.instance_id,
+        node = node_name.as_deref().unwrap_or_default(),
+        hook = %action.lifecycle_hook_name,
+        asg = %action.auto_scaling_group_name,
+        request_id = %notification.request_id,
+        registered = node.is_some(),
+        result = result.as_str(),
+        timeout_seconds = ctx.settings.launch_timeout.as_secs_f64(),
+        "the node did not become Ready within the launch timeout; completing with the timeout result"
+    );
+    complete_action(&ctx.autoscaling, action, result)
+        .await
+        .map_err(LaunchError::Complete)?;
+    if let Some(node) = node {
+        publish_event(
+            recorder,
+            node,
+            EventType::Warning,
+            "LaunchTimedOut",
+            format!(
+                "Node not Ready {:.0} s after instance {} launched: lifecycle action {} completed with {}",
+                ctx.settings.launch_timeout.as_secs_f64(),
+                action.instance_id,
+                action.lifecycle_hook_name,
+                result.as_str()
+            ),
+        )
+        .await;
+    }
+    emit_metrics(
+        "TimedOut",
+        notification,
+        node_name.as_deref(),
+        notification.continuation,
+    );
+    Ok(LaunchOutcome::TimedOut {
+        result: result.as_str().to_owned(),
+        node: node_name,
+    })
 }
 
 fn seconds_since(time: Timestamp) -> f64 {

@@ -704,6 +704,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn eventbridge_deliveries_continue_through_the_configured_topic() {
+        let event: serde_json::Value = serde_json::json!({
+            "id": "e-1",
+            "detail-type": "EC2 Instance-launch Lifecycle Action",
+            "account": "111111111111",
+            "time": "2022-09-25T12:59:58Z",
+            "detail": {
+                "LifecycleActionToken": "tok",
+                "AutoScalingGroupName": "asg",
+                "LifecycleHookName": "Launch-LC-Hook",
+                "EC2InstanceId": "i-0a1b2c3d4e5f60718",
+                "LifecycleTransition": "autoscaling:EC2_INSTANCE_LAUNCHING"
+            }
+        });
+        let delivery = parse_event(&event).remove(0).unwrap();
+        let asg = FakeAutoScaling::new();
+        asg.start_action(&action());
+        let sns = FakeNotifications::default();
+        let mut keeper = HeartbeatKeeper::new(
+            action(),
+            &hook(60, 6000),
+            Timestamp::now(),
+            Timestamp::now(),
+        );
+        let err = hand_over(&asg, &sns, &mut keeper, &delivery, None)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("CONTINUATION_TOPIC_ARN"), "{err}");
+        let outcome = hand_over(
+            &asg,
+            &sns,
+            &mut keeper,
+            &delivery,
+            Some("arn:aws:sns:eu-west-1:111111111111:continue"),
+        )
+        .await
+        .unwrap();
+        assert!(matches!(
+            outcome,
+            HandOver::Published {
+                continuation: 1,
+                ..
+            }
+        ));
+        let published = sns.published();
+        assert_eq!(
+            published[0].topic_arn,
+            "arn:aws:sns:eu-west-1:111111111111:continue"
+        );
+        // What was published is an Auto Scaling SNS message for the same action.
+        let again = serde_json::json!({"Records": [{"Sns": {
+            "TopicArn": published[0].topic_arn,
+            "Message": published[0].message,
+        }}]});
+        let resumed = parse_event(&again).remove(0).unwrap();
+        assert_eq!(resumed.lifecycle().unwrap().action, action());
+        assert_eq!(resumed.lifecycle().unwrap().continuation, 1);
+    }
+
+    #[tokio::test]
     async fn hook_timings_are_read_once() {
         let asg = FakeAutoScaling::new();
         asg.add_hook("asg", hook(120, 12000));

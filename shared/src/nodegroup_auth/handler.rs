@@ -6,6 +6,7 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -13,9 +14,7 @@ use crate::aws::{AuthenticationMode, AwsError, ClusterDescription, Eks};
 use crate::telemetry::{MetricSet, Unit};
 
 use super::access_entry::{self, AccessEntryOutcome};
-use super::aws_auth::{
-    AwsAuthEditor, AwsAuthError, AwsAuthEvent, AwsAuthStore, EditOutcome, StoreError,
-};
+use super::aws_auth::{AwsAuthEditor, AwsAuthError, AwsAuthEvent, AwsAuthStore, EditOutcome};
 use super::event::{Invocation, InvocationError, Origin};
 use super::fake::InMemoryAwsAuth;
 use super::role_arn::{NodeRoleArn, RoleArnError};
@@ -353,8 +352,11 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
                 )));
             }
             Some(description) => {
-                // Its nodes are still draining and need the mapping until they are gone.
-                if let Some(status) = self.wait_until_gone(&cluster.name, nodegroup).await? {
+                // Its nodes are still draining and need the mapping until they are gone
+                // (unless DELETE_WAIT_SECONDS=0 asks to unmap at once).
+                if self.settings.delete_wait.is_zero() {
+                    tracing::info!(%nodegroup, "DELETE_WAIT_SECONDS=0: unmapping while it is deleting");
+                } else if let Some(status) = self.wait_until_gone(&cluster.name, nodegroup).await? {
                     return Ok(report.noted(format!(
                         "the node group exists again with status {status}; its role stays mapped"
                     )));
@@ -599,14 +601,9 @@ fn aws_auth_failed(role: &NodeRoleArn, err: &AwsAuthError) {
     metric("AwsAuth", label, "Failed");
 }
 
-async fn publish<S: AwsAuthStore>(
-    store: &S,
-    object: &k8s_openapi::api::core::v1::ConfigMap,
-    event: &AwsAuthEvent,
-) {
+async fn publish<S: AwsAuthStore>(store: &S, object: &ConfigMap, event: &AwsAuthEvent) {
     if let Err(err) = store.publish_event(object, event).await {
         // The mapping is what matters; a lost Event is only logged.
-        let err: StoreError = err;
         tracing::warn!(error = %err, reason = event.reason, "could not record the Kubernetes Event");
     }
 }

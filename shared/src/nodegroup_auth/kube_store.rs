@@ -106,3 +106,13 @@ impl<E: crate::aws::Eks> super::handler::AwsAuthAccess for ClusterAwsAuth<E> {
         Ok(KubeAwsAuthStore::new(self.access.client(&self.eks).await?))
     }
 }
+
+/// A store built from an existing client is its own access (tests, local runs).
+impl super::handler::AwsAuthAccess for KubeAwsAuthStore {
+    type Store = KubeAwsAuthStore;
+    type Error = std::convert::Infallible;
+
+    async fn aws_auth(&self) -> Result<KubeAwsAuthStore, Self::Error> {
+        Ok(self.clone())
+    }
+}

@@ -22,6 +22,7 @@ pub struct NodegroupAuthSettings {
     pub retry: RetryPolicy,
     /// `DELETE_WAIT_SECONDS`: how long a `DeleteNodegroup` waits for the node group to be
     /// gone before unmapping its role (its nodes still drain meanwhile and need the mapping).
+    /// Zero unmaps at once.
     pub delete_wait: Duration,
     /// `DELETE_POLL_SECONDS`: how often it checks.
     pub delete_poll_interval: Duration,

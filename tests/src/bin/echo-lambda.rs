@@ -3,7 +3,8 @@
 //!
 //! Event fields (all optional): `"sleep_ms"`: wait before answering; `"fail"`: return a
 //! handler error with this message; `"exit"`: exit the process with this code mid-invocation;
-//! `"allocate_mb"`: touch this much memory (to move the peak RSS). The response is
+//! `"allocate_mb"`: touch this much memory (to move the peak RSS); `"response_mb"`: answer
+//! with a string this large (Lambda's 6 MB response limit). The response is
 //! `{"echo": <event>, "function_name", "memory_mb", "request_id", "deadline_in_future", "env": {...}}`
 //! where `env` holds the variables named in the event's `"env"` list.
 
@@ -28,6 +29,10 @@ async fn handle(event: LambdaEvent<Value>) -> Result<Value, Error> {
         // Read it back so the allocation is not optimised away.
         let sum: u64 = buffer.iter().step_by(4096).map(|b| u64::from(*b)).sum();
         println!("echo-lambda: touched {sum} pages");
+    }
+    if let Some(mb) = payload.get("response_mb").and_then(Value::as_u64) {
+        let size = usize::try_from(mb).unwrap_or(0) * 1024 * 1024;
+        return Ok(Value::String("x".repeat(size)));
     }
     if let Some(message) = payload.get("fail").and_then(Value::as_str) {
         return Err(message.to_owned().into());

@@ -21,6 +21,7 @@ use super::faults::{FaultAction, FaultTarget, Faults};
 use super::fields::FieldQuery;
 use super::patch::{self, PatchType};
 use super::resources::{self, ResourceType};
+use super::reviews;
 use super::selectors::LabelQuery;
 use super::status::ApiError;
 use super::store::{DeleteOptions, Origin, Store, UpdateMode, new_uid};
@@ -201,10 +202,10 @@ pub(crate) fn json_response(code: u16, value: &Value) -> Response<ResponseBody> 
 
 fn error_response(error: &ApiError) -> Response<ResponseBody> {
     let mut response = json_response(error.code, &error.to_status());
-    if let Some(seconds) = error.retry_after {
-        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
-            response.headers_mut().insert(header::RETRY_AFTER, value);
-        }
+    if let Some(seconds) = error.retry_after
+        && let Ok(value) = HeaderValue::from_str(&seconds.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     response
 }
@@ -215,7 +216,7 @@ enum Outcome {
     Stream(Response<ResponseBody>),
 }
 
-fn header_str<'a, B>(request: &'a Request<B>, name: header::HeaderName) -> Option<&'a str> {
+fn header_str<B>(request: &Request<B>, name: header::HeaderName) -> Option<&str> {
     request.headers().get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -272,15 +273,14 @@ pub(crate) async fn serve(
         _ => None,
     };
     if let (Some(object_ref), "create", Some(object)) = (object_ref.as_mut(), verb, &request_object)
+        && object_ref.name.is_empty()
     {
-        if object_ref.name.is_empty() {
-            object_ref.name = object
-                .get("metadata")
-                .and_then(|m| m.get("name"))
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-        }
+        object_ref.name = object
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
     }
     let mut audit = AuditEvent {
         kind: "Event".into(),
@@ -311,7 +311,7 @@ pub(crate) async fn serve(
                 &state.audit,
                 audit,
                 error_response(&ApiError::unauthorized()),
-                None,
+                Some(ApiError::unauthorized().to_status()),
             ));
         }
     };
@@ -378,7 +378,12 @@ pub(crate) async fn serve(
             }
         };
         if let Some(error) = error {
-            return Ok(finish(&state.audit, audit, error_response(&error), None));
+            return Ok(finish(
+                &state.audit,
+                audit,
+                error_response(&error),
+                Some(error.to_status()),
+            ));
         }
     }
 
@@ -416,8 +421,14 @@ pub(crate) async fn serve(
             ..RequestAttributes::default()
         },
     };
-    if let Err(error) = authorize(&state.store, &user, &attributes) {
-        return Ok(finish(&state.audit, audit, error_response(&error), None));
+    let self_review = matches!(&target, Target::Resource { resource, .. } if reviews::is_self_review(resource, verb));
+    if let (false, Err(error)) = (self_review, authorize(&state.store, &user, &attributes)) {
+        return Ok(finish(
+            &state.audit,
+            audit,
+            error_response(&error),
+            Some(error.to_status()),
+        ));
     }
 
     let outcome = handle(
@@ -439,7 +450,12 @@ pub(crate) async fn serve(
             audit.stage = "ResponseStarted".into();
             Ok(finish(&state.audit, audit, response, None))
         }
-        Err(error) => Ok(finish(&state.audit, audit, error_response(&error), None)),
+        Err(error) => Ok(finish(
+            &state.audit,
+            audit,
+            error_response(&error),
+            Some(error.to_status()),
+        )),
     }
 }
 
@@ -456,19 +472,19 @@ fn finish(
     response_object: Option<Value>,
 ) -> Response<ResponseBody> {
     audit.response_status.code = response.status().as_u16();
-    if let Some(object) = &response_object {
-        if object.get("kind").and_then(Value::as_str) == Some("Status") {
-            audit.response_status.reason = object
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-            audit.response_status.message = object
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned();
-        }
+    if let Some(object) = &response_object
+        && object.get("kind").and_then(Value::as_str) == Some("Status")
+    {
+        audit.response_status.reason = object
+            .get("reason")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        audit.response_status.message = object
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
     }
     if audit.response_status.code >= 400 && audit.response_status.reason.is_empty() {
         // Error bodies were built by error_response; keep their code only.
@@ -511,7 +527,6 @@ fn handle(
     accept: &str,
     user: &UserInfo,
 ) -> Result<Outcome, ApiError> {
-    let _ = user;
     let (resource, namespace, name, subresource) = match target {
         Target::Version => return Ok(Outcome::Json(200, discovery::version())),
         Target::Health => {
@@ -633,6 +648,10 @@ fn handle(
             let eviction = parse_body(body)?;
             let status = eviction_api::evict(store, namespace, name, &eviction)?;
             Ok(Outcome::Json(201, status))
+        }
+        "create" if resource.storage == resources::REVIEW => {
+            let review = reviews::answer(store, resource, user, parse_body(body)?)?;
+            Ok(Outcome::Json(201, review))
         }
         "create" if subresource.is_empty() && name.is_empty() => {
             let object = parse_body(body)?;

@@ -156,7 +156,9 @@ impl Default for AuditLog {
 
 impl AuditLog {
     pub(crate) fn record(&self, event: AuditEvent) {
-        let _ = self.live.send(event.clone());
+        if self.live.receiver_count() > 0 {
+            let _ = self.live.send(event.clone());
+        }
         self.events
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -52,6 +52,9 @@ pub struct Authenticator {
     /// Static bearer tokens (like kube-apiserver's `--token-auth-file`), for tests that need
     /// a non-admin identity without an EKS token.
     pub static_tokens: Arc<RwLock<HashMap<String, UserInfo>>>,
+    /// The principal that created the cluster: EKS maps it to `system:masters` without any
+    /// visible access entry or aws-auth entry (`bootstrapClusterCreatorAdminPermissions`).
+    pub cluster_creator_arn: Option<String>,
 }
 
 /// The username and groups for the admin token.
@@ -84,6 +87,17 @@ impl Authenticator {
         }
         let caller = verify_token(token, &self.cluster_name, &self.account, SystemTime::now())
             .map_err(|e| AuthnError::Token(e.to_string()))?;
+        if self
+            .cluster_creator_arn
+            .as_ref()
+            .is_some_and(|arn| arn.eq_ignore_ascii_case(&caller.principal_arn))
+        {
+            return Ok(UserInfo {
+                username: ADMIN_USER.to_owned(),
+                groups: vec!["system:masters".into(), "system:authenticated".into()],
+                principal_arn: Some(caller.principal_arn),
+            });
+        }
         let identity = self
             .access_entries
             .as_ref()

@@ -38,10 +38,11 @@ pub fn authorize(
     if rbac::is_superuser(&user) {
         return Ok(());
     }
-    if let Some(path) = &attributes.path {
-        if is_discovery_path(path) && attributes.verb == "get" {
-            return Ok(());
-        }
+    if let Some(path) = &attributes.path
+        && is_discovery_path(path)
+        && attributes.verb == "get"
+    {
+        return Ok(());
     }
     // A fresh snapshot per request: RBAC objects are few, and a scenario may change them
     // between two requests.

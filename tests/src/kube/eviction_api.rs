@@ -30,7 +30,7 @@ fn refusal(refusal: &eviction::EvictionRefusal) -> ApiError {
         refusal.reason.unwrap_or_default(),
         refusal.message.clone(),
     );
-    error.details = status.get("details").cloned();
+    error.details = status.get("details").cloned().map(Box::new);
     error.retry_after = refusal.retry_after_seconds.map(u64::from);
     error
 }

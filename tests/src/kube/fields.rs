@@ -108,9 +108,11 @@ fn field_value(resource: &ResourceType, object: &Value, field: &str) -> String {
     // one storage and accepts the core field names on both.
     let mapped;
     let field = if resource.group == "events.k8s.io" {
-        mapped = field
-            .replace("involvedObject.", "regarding.")
-            .replace("source", "deprecatedSource");
+        mapped = match field {
+            "source" => "deprecatedSource".to_owned(),
+            "reportingComponent" => "reportingController".to_owned(),
+            other => other.replacen("involvedObject.", "regarding.", 1),
+        };
         mapped.as_str()
     } else {
         field
@@ -127,7 +129,7 @@ fn field_value(resource: &ResourceType, object: &Value, field: &str) -> String {
         Value::Bool(b) => b.to_string(),
         Value::Number(n) => n.to_string(),
         Value::Null => String::new(),
-        Value::Object(map) if field.ends_with("source") => map
+        Value::Object(map) if matches!(field, "source" | "deprecatedSource") => map
             .get("component")
             .and_then(Value::as_str)
             .unwrap_or_default()

@@ -27,12 +27,14 @@ pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod discovery;
+mod event_views;
 mod eviction_api;
 pub mod faults;
 pub mod fields;
 pub mod fixtures;
 pub mod patch;
 pub mod resources;
+mod reviews;
 pub mod simulation;
 pub mod status;
 pub mod store;
@@ -101,6 +103,7 @@ pub struct FakeApiServerBuilder {
     bookmark_interval: Duration,
     fault_seed: u64,
     store: Option<Store>,
+    cluster_creator_arn: Option<String>,
 }
 
 impl FakeApiServerBuilder {
@@ -143,6 +146,13 @@ impl FakeApiServerBuilder {
         self
     }
 
+    /// The IAM principal that created the cluster: like EKS, its tokens authenticate as
+    /// `kubernetes-admin` in `system:masters` with no access entry or aws-auth mapping.
+    pub fn cluster_creator(mut self, principal_arn: &str) -> Self {
+        self.cluster_creator_arn = Some(principal_arn.to_owned());
+        self
+    }
+
     /// Serve an existing store (e.g. prepared before the server starts).
     pub fn store(mut self, store: Store) -> Self {
         self.store = Some(store);
@@ -178,6 +188,7 @@ impl FakeApiServerBuilder {
                 admin_token: admin_token.clone(),
                 store: store.clone(),
                 static_tokens: static_tokens.clone(),
+                cluster_creator_arn: self.cluster_creator_arn,
             },
             bookmark_interval: self.bookmark_interval,
             server_address: address.to_string(),
@@ -230,7 +241,9 @@ async fn accept_loop(
             match tls {
                 Some(acceptor) => match acceptor.accept(stream).await {
                     Ok(stream) => serve_connection(stream, peer, state, shutdown).await,
-                    Err(error) => tracing::debug!(%error, "TLS handshake with the fake API server failed"),
+                    Err(error) => {
+                        tracing::debug!(%error, "TLS handshake with the fake API server failed")
+                    }
                 },
                 None => serve_connection(stream, peer, state, shutdown).await,
             }
@@ -287,6 +300,7 @@ impl FakeApiServer {
             bookmark_interval: Duration::from_secs(1),
             fault_seed: 0,
             store: None,
+            cluster_creator_arn: None,
         }
     }
 
@@ -355,7 +369,10 @@ impl FakeApiServer {
     /// Registers a static bearer token for a user (like `--token-auth-file`); the user also
     /// gets `system:authenticated`. Returns the token.
     pub fn add_static_token(&self, username: &str, groups: &[&str]) -> String {
-        let token = format!("fake-static-{}", hex::encode(rand::rng().random::<[u8; 16]>()));
+        let token = format!(
+            "fake-static-{}",
+            hex::encode(rand::rng().random::<[u8; 16]>())
+        );
         let mut groups: Vec<String> = groups.iter().map(|g| (*g).to_owned()).collect();
         groups.push("system:authenticated".to_owned());
         self.static_tokens
@@ -427,17 +444,21 @@ impl FakeApiServer {
         let yaml = self.kubeconfig_yaml_with_user(&format!("    token: {token}\n"));
         let kubeconfig = kube::config::Kubeconfig::from_yaml(&yaml)
             .map_err(|e| FakeApiServerError::Client(e.to_string()))?;
-        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
-            .await
-            .map_err(|e| FakeApiServerError::Client(e.to_string()))
+        kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| FakeApiServerError::Client(e.to_string()))
     }
 
     /// Loads a multi-document manifest (e.g. the shipped `infra/rbac.yaml`) into the store.
     pub fn apply_manifest_file(&self, path: &Path) -> Result<usize, FakeApiServerError> {
-        let yaml = std::fs::read_to_string(path).map_err(|source| FakeApiServerError::Manifest {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let yaml =
+            std::fs::read_to_string(path).map_err(|source| FakeApiServerError::Manifest {
+                path: path.display().to_string(),
+                source,
+            })?;
         Ok(self.store.apply_yaml(&yaml)?)
     }
 

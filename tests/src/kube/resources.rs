@@ -66,7 +66,7 @@ impl ResourceType {
             "singularName": self.singular,
             "namespaced": self.namespaced,
             "kind": self.kind,
-            "verbs": VERBS,
+            "verbs": if self.storage == REVIEW { &["create"][..] } else { VERBS },
             "shortNames": self.short_names,
             "storageVersionHash": "",
         })];
@@ -110,6 +110,9 @@ macro_rules! resource {
         }
     };
 }
+
+/// The storage key of create-only reviews, answered from the request and never stored.
+pub const REVIEW: &str = "";
 
 /// Every resource served, in discovery order.
 pub static RESOURCES: &[ResourceType] = &[
@@ -178,7 +181,7 @@ pub static RESOURCES: &[ResourceType] = &[
         true,
         &["ev"],
         false,
-        "events.events.k8s.io"
+        "events"
     ),
     resource!(
         "policy",
@@ -280,6 +283,28 @@ pub static RESOURCES: &[ResourceType] = &[
         "rolebindings.rbac.authorization.k8s.io"
     ),
     resource!(
+        "authentication.k8s.io",
+        "v1",
+        "selfsubjectreviews",
+        "selfsubjectreview",
+        "SelfSubjectReview",
+        false,
+        &[],
+        false,
+        REVIEW
+    ),
+    resource!(
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectaccessreviews",
+        "selfsubjectaccessreview",
+        "SelfSubjectAccessReview",
+        false,
+        &[],
+        false,
+        REVIEW
+    ),
+    resource!(
         "coordination.k8s.io",
         "v1",
         "leases",
@@ -300,6 +325,8 @@ pub static GROUP_VERSIONS: &[(&str, &[&str])] = &[
     ("policy", &["v1"]),
     ("rbac.authorization.k8s.io", &["v1"]),
     ("coordination.k8s.io", &["v1"]),
+    ("authentication.k8s.io", &["v1"]),
+    ("authorization.k8s.io", &["v1"]),
 ];
 
 /// The resource served at `group/version/plural`.

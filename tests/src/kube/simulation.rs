@@ -682,13 +682,13 @@ fn controller_scale(
     match owner.kind.as_str() {
         "ReplicaSet" => {
             let replica_set = find_by_uid("replicasets", &owner.uid)?;
-            if let Some(deployment_uid) = controller_uid(&replica_set) {
-                if let Some(deployment) = find_by_uid("deployments", deployment_uid) {
-                    return Some(ControllerScale {
-                        uid: deployment_uid.to_owned(),
-                        replicas: i32::try_from(replicas(&deployment)).unwrap_or(i32::MAX),
-                    });
-                }
+            if let Some(deployment_uid) = controller_uid(&replica_set)
+                && let Some(deployment) = find_by_uid("deployments", deployment_uid)
+            {
+                return Some(ControllerScale {
+                    uid: deployment_uid.to_owned(),
+                    replicas: i32::try_from(replicas(&deployment)).unwrap_or(i32::MAX),
+                });
             }
             Some(ControllerScale {
                 uid: owner.uid.clone(),

@@ -12,18 +12,19 @@ use super::resources::ResourceType;
 pub struct ApiError {
     pub code: u16,
     /// `NotFound`, `AlreadyExists`, `Conflict`, `BadRequest`, `Forbidden`, ...
-    pub reason: String,
+    pub reason: &'static str,
     pub message: String,
-    pub details: Option<Value>,
+    /// Boxed to keep `Result<_, ApiError>` small.
+    pub details: Option<Box<Value>>,
     /// Seconds for a `Retry-After` header (429 and some 5xx).
     pub retry_after: Option<u64>,
 }
 
 impl ApiError {
-    pub fn new(code: u16, reason: &str, message: impl Into<String>) -> Self {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
-            reason: reason.to_owned(),
+            reason,
             message: message.into(),
             details: None,
             retry_after: None,
@@ -31,7 +32,7 @@ impl ApiError {
     }
 
     pub fn with_details(mut self, details: Value) -> Self {
-        self.details = Some(details);
+        self.details = Some(Box::new(details));
         self
     }
 
@@ -158,12 +159,12 @@ impl ApiError {
             "code": self.code,
         });
         if let Some(details) = &self.details {
-            status["details"] = details.clone();
+            status["details"] = (**details).clone();
         }
-        if self.reason.is_empty() {
-            if let Some(map) = status.as_object_mut() {
-                map.remove("reason");
-            }
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            map.remove("reason");
         }
         status
     }

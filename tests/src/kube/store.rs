@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
+use super::event_views;
 use super::fields::FieldQuery;
 use super::resources::{self, ResourceType};
 use super::selectors::LabelQuery;
@@ -134,6 +135,9 @@ pub struct ListPage {
 
 type Key = (String, String);
 
+/// The backlog of a watch and the receiver of the changes after it.
+pub(crate) type WatchStart = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
+
 /// Everything the store holds, guarded by one lock.
 pub(crate) struct State {
     rv: u64,
@@ -176,6 +180,34 @@ pub(crate) fn name_suffix() -> String {
     (0..5)
         .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
         .collect()
+}
+
+/// The resource whose shape an object is stored in (`events.k8s.io` Events are stored as
+/// core/v1 Events).
+fn storage_resource(resource: &'static ResourceType) -> &'static ResourceType {
+    if resource.group == "events.k8s.io" {
+        resources::find("", "v1", "events").unwrap_or(resource)
+    } else {
+        resource
+    }
+}
+
+/// A stored object as `resource` shows it.
+pub(crate) fn view(resource: &ResourceType, object: Value) -> Value {
+    if resource.group == "events.k8s.io" {
+        event_views::core_to_v1(object)
+    } else {
+        object
+    }
+}
+
+/// An object sent for `resource`, in its stored shape.
+fn stored(resource: &ResourceType, object: Value) -> Value {
+    if resource.group == "events.k8s.io" {
+        event_views::v1_to_core(object)
+    } else {
+        object
+    }
 }
 
 pub(crate) fn meta_str<'a>(object: &'a Value, field: &str) -> &'a str {
@@ -312,7 +344,7 @@ impl State {
     ) -> Result<Value, ApiError> {
         self.bucket(resource)
             .and_then(|b| b.get(&Self::key(resource, namespace, name)))
-            .cloned()
+            .map(|object| view(resource, object.clone()))
             .ok_or_else(|| ApiError::not_found(resource, name))
     }
 
@@ -328,6 +360,13 @@ impl State {
             .flat_map(|b| b.iter())
             .filter(move |((ns, _), _)| namespace.as_ref().is_none_or(|wanted| wanted == ns))
             .map(|(_, v)| v)
+    }
+
+    /// Objects of a resource as it shows them (converted where two shapes share a storage).
+    pub(crate) fn iter_view(&self, resource: &ResourceType, namespace: Option<&str>) -> Vec<Value> {
+        self.iter(resource, namespace)
+            .map(|object| view(resource, object.clone()))
+            .collect()
     }
 
     pub(crate) fn list(
@@ -359,7 +398,8 @@ impl State {
             if start.as_ref().is_some_and(|s| key <= s) {
                 continue;
             }
-            if !labels.matches(&labels_of(object)) || !fields.matches(resource, object) {
+            let object = view(resource, object.clone());
+            if !labels.matches(&labels_of(&object)) || !fields.matches(resource, &object) {
                 continue;
             }
             if limit.is_some_and(|l| items.len() >= l) {
@@ -367,7 +407,7 @@ impl State {
                 continue;
             }
             last_key = Some(key.clone());
-            items.push(object.clone());
+            items.push(object);
         }
         let continue_token = if remaining > 0 {
             last_key.map(|k| continue_token(self.rv, &k))
@@ -390,11 +430,13 @@ impl State {
 
     pub(crate) fn create(
         &mut self,
-        resource: &'static ResourceType,
+        requested: &'static ResourceType,
         namespace: &str,
-        mut object: Value,
+        object: Value,
         origin: Origin,
     ) -> Result<Value, ApiError> {
+        let resource = storage_resource(requested);
+        let mut object = stored(requested, object);
         if !object.is_object() {
             return Err(ApiError::bad_request(
                 "the body of the request is not a JSON object",
@@ -468,16 +510,19 @@ impl State {
         } else if resource.plural == "namespaces" && object.get("status").is_none() {
             object["status"] = json!({ "phase": "Active" });
         }
-        Ok(self.commit(resource, key, object, ChangeType::Added))
+        Ok(view(
+            requested,
+            self.commit(resource, key, object, ChangeType::Added),
+        ))
     }
 
     /// Replaces an object; a non-empty `metadata.resourceVersion` must be the current one.
     pub(crate) fn update(
         &mut self,
-        resource: &'static ResourceType,
+        requested: &'static ResourceType,
         namespace: &str,
         name: &str,
-        mut object: Value,
+        object: Value,
         mode: UpdateMode,
     ) -> Result<Value, ApiError> {
         if !object.is_object() {
@@ -485,6 +530,8 @@ impl State {
                 "the body of the request is not a JSON object",
             ));
         }
+        let resource = storage_resource(requested);
+        let mut object = stored(requested, object);
         let current = self.get(resource, namespace, name)?;
         let body_name = meta_str(&object, "name");
         if !body_name.is_empty() && body_name != name {
@@ -516,10 +563,10 @@ impl State {
         match mode {
             UpdateMode::Main if resource.has_status => {
                 object["status"] = current.get("status").cloned().unwrap_or(Value::Null);
-                if object["status"].is_null() {
-                    if let Some(map) = object.as_object_mut() {
-                        map.remove("status");
-                    }
+                if object["status"].is_null()
+                    && let Some(map) = object.as_object_mut()
+                {
+                    map.remove("status");
                 }
             }
             UpdateMode::Status => {
@@ -589,14 +636,36 @@ impl State {
                 .is_none_or(Vec::is_empty);
         if finalized && resource.plural != "pods" {
             // The last finalizer is gone from an object being deleted: it goes now.
-            return Ok(self.commit(resource, key, object, ChangeType::Deleted));
+            return Ok(view(
+                requested,
+                self.commit(resource, key, object, ChangeType::Deleted),
+            ));
         }
-        Ok(self.commit(resource, key, object, ChangeType::Modified))
+        Ok(view(
+            requested,
+            self.commit(resource, key, object, ChangeType::Modified),
+        ))
     }
 
     /// Deletes like the API server: preconditions, graceful deletion for scheduled pods,
     /// finalizers keep an object until they are removed, namespaces take their content.
     pub(crate) fn delete(
+        &mut self,
+        requested: &'static ResourceType,
+        namespace: &str,
+        name: &str,
+        options: &DeleteOptions,
+    ) -> Result<Deleted, ApiError> {
+        let resource = storage_resource(requested);
+        let deleted = self.delete_stored(resource, namespace, name, options)?;
+        Ok(match deleted {
+            Deleted::Pending(object) => Deleted::Pending(view(requested, object)),
+            Deleted::GoneWithObject(object) => Deleted::GoneWithObject(view(requested, object)),
+            status @ Deleted::GoneWithStatus(_) => status,
+        })
+    }
+
+    fn delete_stored(
         &mut self,
         resource: &'static ResourceType,
         namespace: &str,
@@ -745,15 +814,14 @@ impl State {
         namespace: &str,
         name: &str,
     ) -> Option<Value> {
-        self.remove_key(resource, Self::key(resource, namespace, name))
+        let stored_as = storage_resource(resource);
+        self.remove_key(stored_as, Self::key(stored_as, namespace, name))
+            .map(|object| view(resource, object))
     }
 
     /// Changes since `resource_version` for a watch, and a receiver for the ones to come,
     /// taken under the same lock so that no change is missed or seen twice.
-    pub(crate) fn watch_from(
-        &self,
-        resource_version: u64,
-    ) -> Result<(Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>), ApiError> {
+    pub(crate) fn watch_from(&self, resource_version: u64) -> Result<WatchStart, ApiError> {
         let oldest = self.history.front().map_or(self.rv, |c| c.resource_version);
         if resource_version + 1 < oldest {
             return Err(ApiError::gone(format!(
@@ -900,7 +968,7 @@ impl Store {
         let Ok(resource) = resource_of::<K>() else {
             return Vec::new();
         };
-        let values: Vec<Value> = self.lock().iter(resource, None).cloned().collect();
+        let values = self.lock().iter_view(resource, None);
         values
             .into_iter()
             .filter_map(|v| from_value(v).ok())
@@ -912,11 +980,7 @@ impl Store {
         let Ok(resource) = resource_of::<K>() else {
             return Vec::new();
         };
-        let values: Vec<Value> = self
-            .lock()
-            .iter(resource, Some(namespace))
-            .cloned()
-            .collect();
+        let values = self.lock().iter_view(resource, Some(namespace));
         values
             .into_iter()
             .filter_map(|v| from_value(v).ok())

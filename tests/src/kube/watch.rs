@@ -21,7 +21,7 @@ use super::fields::FieldQuery;
 use super::resources::ResourceType;
 use super::selectors::LabelQuery;
 use super::status::ApiError;
-use super::store::{Change, ChangeType, labels_of, meta_str};
+use super::store::{Change, ChangeType, labels_of, meta_str, view};
 
 pub(crate) struct WatchRequest {
     pub resource: &'static ResourceType,
@@ -47,8 +47,10 @@ impl WatchRequest {
         if change.resource.storage != self.resource.storage {
             return None;
         }
-        let now = self.selects(&change.object);
-        let before = change.previous.as_ref().is_some_and(|p| self.selects(p));
+        let object = view(self.resource, change.object.clone());
+        let previous = change.previous.clone().map(|p| view(self.resource, p));
+        let now = self.selects(&object);
+        let before = previous.as_ref().is_some_and(|p| self.selects(p));
         let kind = match (change.change, before, now) {
             (ChangeType::Added, _, true) => "ADDED",
             (ChangeType::Deleted, true, _) => "DELETED",
@@ -57,7 +59,7 @@ impl WatchRequest {
             (ChangeType::Modified, true, false) => "DELETED",
             _ => return None,
         };
-        Some(json!({ "type": kind, "object": change.object }))
+        Some(json!({ "type": kind, "object": object }))
     }
 }
 
@@ -91,8 +93,8 @@ pub(crate) fn start(
         match requested {
             None => {
                 let current = store.resource_version();
-                for object in store.iter(request.resource, request.namespace.as_deref()) {
-                    if request.selects(object) {
+                for object in store.iter_view(request.resource, request.namespace.as_deref()) {
+                    if request.selects(&object) {
                         initial.push(line(&json!({ "type": "ADDED", "object": object })));
                     }
                 }
@@ -193,10 +195,10 @@ async fn stream_events(
                         continue;
                     }
                     last_rv = change.resource_version;
-                    if let Some(event) = request.event_for(&change) {
-                        if sender.send(line(&event)).await.is_err() {
-                            return;
-                        }
+                    if let Some(event) = request.event_for(&change)
+                        && sender.send(line(&event)).await.is_err()
+                    {
+                        return;
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {

@@ -1,0 +1,8 @@
+//! The reliability and security suite's machinery: the secrets scanner for captured logs
+//! ([`secrets`]), the bad-input corpus ([`corpus`]) and the seeded fault soak ([`scenario`]).
+//! The tests that use them are `tests/tests/reliability_*.rs` and `tests/tests/security_*.rs`;
+//! `RELIABILITY.md` at the repository root says what they promise and how to run them.
+
+pub mod corpus;
+pub mod secrets;
+pub mod scenario;
