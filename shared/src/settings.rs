@@ -11,7 +11,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SettingsError {
     #[error("environment variable {name} is required: {hint}")]
-    Missing { name: &'static str, hint: &'static str },
+    Missing {
+        name: &'static str,
+        hint: &'static str,
+    },
     #[error("environment variable {name}={value:?} is invalid: expected {expected}")]
     Invalid {
         name: &'static str,
@@ -32,7 +35,8 @@ pub trait SettingsSource {
     }
 
     fn required(&self, name: &'static str, hint: &'static str) -> Result<String, SettingsError> {
-        self.value(name).ok_or(SettingsError::Missing { name, hint })
+        self.value(name)
+            .ok_or(SettingsError::Missing { name, hint })
     }
 
     fn parsed<T: FromStr>(

@@ -157,7 +157,10 @@ async fn group_tags_of_a_missing_group_are_none() {
     let client = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, [&rule, &empty]);
     let asg = SdkAutoScaling::from_client(client);
     let tags = asg.group_tags("present").await.unwrap().expect("group");
-    assert_eq!(tags.get("eks:cluster-name").map(String::as_str), Some("ironman-2022"));
+    assert_eq!(
+        tags.get("eks:cluster-name").map(String::as_str),
+        Some("ironman-2022")
+    );
     assert_eq!(asg.group_tags("absent").await.unwrap(), None);
 }
 
@@ -241,7 +244,10 @@ async fn describe_cluster_reads_endpoint_ca_and_mode() {
         .await
         .unwrap()
         .expect("cluster");
-    assert_eq!(cluster.endpoint, "https://ABC.gr7.eu-west-1.eks.amazonaws.com");
+    assert_eq!(
+        cluster.endpoint,
+        "https://ABC.gr7.eu-west-1.eks.amazonaws.com"
+    );
     assert_eq!(cluster.certificate_authority_data, "LS0tLS1CRUdJTg==");
     assert_eq!(
         cluster.authentication_mode,
@@ -254,7 +260,8 @@ async fn describe_cluster_reads_endpoint_ca_and_mode() {
 
 #[tokio::test]
 async fn access_entries_already_there_and_absent() {
-    const IN_USE: &str = r#"{"message":"The specified access entry resource is already in use on this cluster."}"#;
+    const IN_USE: &str =
+        r#"{"message":"The specified access entry resource is already in use on this cluster."}"#;
     let create = mock!(aws_sdk_eks::Client::create_access_entry)
         .match_requests(|r| r.r#type() == Some("EC2_WINDOWS"))
         .then_http_response(|| {

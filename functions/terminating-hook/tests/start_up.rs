@@ -16,7 +16,10 @@ fn missing_cluster_name_fails_start_up_with_a_clear_error() {
         .expect("the function binary starts");
     let started = std::time::Instant::now();
     while child.try_wait().expect("process status").is_none() {
-        assert!(started.elapsed() < Duration::from_secs(20), "the binary hung");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the binary hung"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let output = child.wait_with_output().expect("output");

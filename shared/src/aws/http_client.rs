@@ -1,8 +1,8 @@
 //! The one HTTPS stack the AWS SDK clients use, and the `SdkConfig` every function loads.
 //!
 //! rustls with ring, the same TLS library and crypto provider kube uses, so a function binary
-//! carries one TLS stack and no aws-lc. The system roots are read lazily by the SDK when a
-//! client first needs them, not at start-up: cold start is paid on every scale event.
+//! carries one TLS stack and no aws-lc. The system roots are read when the first request
+//! needs a connection, not at start-up: cold start is paid on every scale event.
 //!
 //! Endpoints, region and credentials come from the standard `aws-config` chain, so
 //! `AWS_ENDPOINT_URL` (and `AWS_ENDPOINT_URL_<SERVICE>`) point the functions at a local
@@ -10,11 +10,73 @@
 
 use aws_config::BehaviorVersion;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
-use aws_smithy_runtime_api::client::http::SharedHttpClient;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
+use aws_smithy_runtime_api::client::http::{
+    HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector,
+};
+use aws_smithy_runtime_api::client::runtime_components::{
+    RuntimeComponents, RuntimeComponentsBuilder,
+};
+use aws_smithy_types::config_bag::ConfigBag;
 use aws_types::SdkConfig;
 
 /// An HTTP client for the AWS SDK that speaks HTTPS (rustls + ring) and plain HTTP.
+///
+/// Its connector (and with it the system root store) is built on the first request, not
+/// when an SDK client is constructed.
 pub fn https_client() -> SharedHttpClient {
+    SharedHttpClient::new(ConnectOnFirstUse(
+        aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+            .build_https(),
+    ))
+}
+
+/// Delegates to the SDK's HTTPS client but skips its eager start-up check.
+///
+/// The smithy client builds a whole TLS connector in `validate_base_client_config`, i.e. in
+/// every `Client::new`: it reads and parses every system root certificate and builds a root
+/// store, once per SDK client (four per function) before the function can take its first
+/// event. The check only moves a certificate-loading failure from the first request to
+/// start-up; the connector the first request builds is the same either way, so skipping it
+/// changes no behaviour except when that cost is paid (once, and only if a call is made).
+#[derive(Debug)]
+struct ConnectOnFirstUse(SharedHttpClient);
+
+impl HttpClient for ConnectOnFirstUse {
+    fn http_connector(
+        &self,
+        settings: &HttpConnectorSettings,
+        components: &RuntimeComponents,
+    ) -> SharedHttpConnector {
+        self.0.http_connector(settings, components)
+    }
+
+    fn validate_base_client_config(
+        &self,
+        _: &RuntimeComponentsBuilder,
+        _: &ConfigBag,
+    ) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    fn validate_final_config(
+        &self,
+        runtime_components: &RuntimeComponents,
+        cfg: &ConfigBag,
+    ) -> Result<(), BoxError> {
+        self.0.validate_final_config(runtime_components, cfg)
+    }
+
+    fn connector_metadata(&self) -> Option<ConnectorMetadata> {
+        self.0.connector_metadata()
+    }
+}
+
+/// The SDK's HTTPS client as it comes, with the eager check (for measurements only).
+#[doc(hidden)]
+pub fn eager_https_client() -> SharedHttpClient {
     aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
         .build_https()
@@ -22,8 +84,13 @@ pub fn https_client() -> SharedHttpClient {
 
 /// Loads the shared AWS configuration from the environment, with [`https_client`].
 pub async fn load_sdk_config() -> SdkConfig {
+    let client = if std::env::var_os("ONM_EXP_EAGER").is_some() {
+        eager_https_client()
+    } else {
+        https_client()
+    };
     aws_config::defaults(BehaviorVersion::latest())
-        .http_client(https_client())
+        .http_client(client)
         .load()
         .await
 }

@@ -502,7 +502,9 @@ impl Eks for SdkEks {
             .await
         {
             Ok(_) => Ok(true),
-            Err(e) => none_if_not_found(classify("DeleteAccessEntry", e)).map(|_: Option<()>| false),
+            Err(e) => {
+                none_if_not_found(classify("DeleteAccessEntry", e)).map(|_: Option<()>| false)
+            }
         }
     }
 }

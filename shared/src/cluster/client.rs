@@ -69,7 +69,8 @@ pub fn build_client(
     let mut no_retry = config.clone();
     no_retry.default_retry = false;
     let transport = kube::Client::try_from(config).map_err(ClusterAccessError::Client)?;
-    let eviction_transport = kube::Client::try_from(no_retry).map_err(ClusterAccessError::Client)?;
+    let eviction_transport =
+        kube::Client::try_from(no_retry).map_err(ClusterAccessError::Client)?;
     let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
         let transport = if is_eviction(request.uri()) {
             eviction_transport.clone()
