@@ -159,3 +159,102 @@ async fn eviction_errors_have_the_real_shapes() {
         "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."
     );
 }
+
+#[tokio::test]
+async fn deleting_a_workload_or_a_node_collects_its_pods_and_status_is_kept() {
+    let server = cluster().await;
+    let store = server.store();
+    server
+        .wait_for("ReplicaSet status", Duration::from_secs(2), |s| {
+            s.get::<ReplicaSet>("default", "web")
+                .ok()
+                .and_then(|rs| rs.status)
+                .is_some_and(|st| st.replicas == 2 && st.ready_replicas == Some(2))
+        })
+        .await
+        .unwrap();
+    store
+        .create(&fixtures::running_pod("default", "lonely", "n2", &[]))
+        .unwrap();
+    let client = server.admin_client_without_retries().await.unwrap();
+    let replica_sets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    replica_sets
+        .delete("web", &Default::default())
+        .await
+        .unwrap();
+    server
+        .wait_for(
+            "the ReplicaSet's pods to be collected",
+            Duration::from_secs(3),
+            |s| {
+                s.list_in::<Pod>("default")
+                    .iter()
+                    .all(|p| p.metadata.name.as_deref() == Some("lonely"))
+            },
+        )
+        .await
+        .unwrap();
+    let nodes: Api<Node> = Api::all(client);
+    nodes.delete("n2", &Default::default()).await.unwrap();
+    server
+        .wait_for(
+            "the pods of the deleted node to go",
+            Duration::from_secs(2),
+            |s| s.list_in::<Pod>("default").is_empty(),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn dry_run_evictions_and_patches_write_nothing() {
+    let server = cluster().await;
+    let client = server.admin_client_without_retries().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.evict(
+        "web-a",
+        &EvictParams {
+            delete_options: None,
+            post_options: kube::api::PostParams {
+                dry_run: true,
+                field_manager: None,
+            },
+        },
+    )
+    .await
+    .unwrap();
+    let nodes: Api<Node> = Api::all(client);
+    let patched = nodes
+        .patch(
+            "n1",
+            &PatchParams {
+                dry_run: true,
+                ..PatchParams::default()
+            },
+            &Patch::Merge(json!({ "spec": { "unschedulable": true } })),
+        )
+        .await
+        .unwrap();
+    assert_eq!(patched.spec.unwrap().unschedulable, Some(true));
+    let node: Node = server.store().get("", "n1").unwrap();
+    assert_eq!(
+        node.spec.unwrap().unschedulable,
+        None,
+        "a dry-run patch must not write"
+    );
+    let pdb: PodDisruptionBudget = server.store().get("default", "web").unwrap();
+    assert_eq!(
+        pdb.status.unwrap().disruptions_allowed,
+        1,
+        "a dry-run eviction spends nothing"
+    );
+    assert!(
+        server
+            .store()
+            .get::<Pod>("default", "web-a")
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+}

@@ -516,6 +516,21 @@ fn label_query(query: &Query) -> Result<LabelQuery, ApiError> {
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
+/// `dryRun=All` for update/patch: the conflict check, then the object as it would be
+/// written; nothing is stored.
+fn dry_run_write(
+    resource: &ResourceType,
+    name: &str,
+    current: &Value,
+    object: Value,
+) -> Result<Outcome, ApiError> {
+    let wanted = super::store::meta_str(&object, "resourceVersion");
+    if !wanted.is_empty() && wanted != super::store::meta_str(current, "resourceVersion") {
+        return Err(ApiError::conflict(resource, name));
+    }
+    Ok(Outcome::Json(200, object))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn handle(
     state: &ServerState,
@@ -646,7 +661,7 @@ fn handle(
         }
         "create" if subresource == "eviction" => {
             let eviction = parse_body(body)?;
-            let status = eviction_api::evict(store, namespace, name, &eviction)?;
+            let status = eviction_api::evict(store, namespace, name, &eviction, query.dry_run)?;
             Ok(Outcome::Json(201, status))
         }
         "create" if resource.storage == resources::REVIEW => {
@@ -670,6 +685,10 @@ fn handle(
             } else {
                 UpdateMode::Main
             };
+            if query.dry_run {
+                let current = store.lock().get(resource, namespace, name)?;
+                return dry_run_write(resource, name, &current, object);
+            }
             let updated = store
                 .lock()
                 .update(resource, namespace, name, object, mode)?;
@@ -693,6 +712,9 @@ fn handle(
                 Err(error) => return Err(error),
             };
             let patched = patch::apply(resource, patch_type, &current, body)?;
+            if query.dry_run {
+                return dry_run_write(resource, name, &current, patched);
+            }
             let updated = guard.update(resource, namespace, name, patched, mode)?;
             Ok(Outcome::Json(200, updated))
         }
@@ -704,6 +726,11 @@ fn handle(
             };
             if query.grace_period_seconds.is_some() {
                 options.grace_period_seconds = query.grace_period_seconds;
+            }
+            if query.dry_run {
+                // `dryRun=All`: what exists is answered, nothing is deleted.
+                let current = store.lock().get(resource, namespace, name)?;
+                return Ok(Outcome::Json(200, current));
             }
             let deleted = store.lock().delete(resource, namespace, name, &options)?;
             Ok(Outcome::Json(200, deleted.body().clone()))

@@ -41,6 +41,7 @@ pub(crate) fn evict(
     namespace: &str,
     name: &str,
     body: &Value,
+    dry_run: bool,
 ) -> Result<Value, ApiError> {
     eviction::check_eviction_name(name, meta_str(body, "name")).map_err(|r| refusal(&r))?;
     let mut options = body
@@ -62,6 +63,11 @@ pub(crate) fn evict(
         eviction::EvictionDecision::Refuse(r) => return Err(refusal(&r)),
         eviction::EvictionDecision::Allow(allowance) => allowance,
     };
+    if dry_run {
+        // `dryRun=All` (kubectl drain --dry-run=server): the decision, no writes.
+        return serde_json::to_value(eviction::eviction_success_status())
+            .map_err(|e| ApiError::internal(format!("Status does not encode: {e}")));
+    }
     // Everything below happens under the one store lock: the PDB and the pod cannot change
     // between the decision and the writes, so two racing evictions cannot both spend the
     // last unit of a budget.

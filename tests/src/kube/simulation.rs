@@ -17,7 +17,9 @@ use serde_json::{Value, json};
 
 use super::disruption::{self, ControllerScale};
 use super::resources::{self, ResourceType};
-use super::store::{Origin, State, Store, UpdateMode, meta_str, name_suffix, now_rfc3339};
+use super::store::{
+    DeleteOptions, Origin, State, Store, UpdateMode, meta_str, name_suffix, now_rfc3339,
+};
 
 /// How fast the emulated cluster moves. Tests scale everything down.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +85,8 @@ struct Memory {
     /// Resource version the disruption controller last synced at, and when to resync anyway.
     synced_rv: u64,
     recheck_at: Option<jiff::Timestamp>,
+    /// Resource version the garbage collector last looked at deletions from.
+    collected_rv: u64,
 }
 
 /// The emulated kubelet and controllers of one fake cluster.
@@ -275,6 +279,7 @@ impl Simulation {
         let mut memory = self.memory();
         let mut state = self.store.lock();
         let now = Instant::now();
+        self.garbage_collector(&mut state, &mut memory);
         self.kubelet_removes_terminated_pods(&mut state, now);
         self.kubelet_turns_nodes_ready(&mut state, &mut memory, now);
         self.deployments(&mut state);
@@ -283,7 +288,138 @@ impl Simulation {
         self.daemon_sets(&mut state);
         self.scheduler(&mut state);
         self.kubelet_starts_pods(&mut state, &mut memory, now);
+        self.workload_status(&mut state);
         self.disruption_controller(&mut state, &mut memory);
+    }
+
+    /// Cascading deletion (background propagation): objects whose controller was deleted go
+    /// too; pods bound to a deleted node are removed (the pod garbage collector). Only owners
+    /// and nodes deleted while the server runs count, so a scenario's hand-made owner
+    /// references to objects it never created are left alone.
+    fn garbage_collector(&self, state: &mut State, memory: &mut Memory) {
+        let deletions = state.deletions_since(memory.collected_rv);
+        memory.collected_rv = state.resource_version();
+        if deletions.is_empty() {
+            return;
+        }
+        let gone_owners: HashSet<String> = deletions
+            .iter()
+            .filter(|c| c.resource.group == "apps")
+            .map(|c| meta_str(&c.object, "uid").to_owned())
+            .collect();
+        let gone_nodes: HashSet<String> = deletions
+            .iter()
+            .filter(|c| c.resource.group.is_empty() && c.resource.plural == "nodes")
+            .map(|c| meta_str(&c.object, "name").to_owned())
+            .collect();
+        let pods = resource("", "pods");
+        for dependent_kind in [resource("apps", "replicasets"), pods] {
+            let orphans: Vec<(String, String, bool)> = state
+                .iter(dependent_kind, None)
+                .filter_map(|object| {
+                    let owner_gone =
+                        controller_uid(object).is_some_and(|uid| gone_owners.contains(uid));
+                    let node_gone = dependent_kind.plural == "pods"
+                        && gone_nodes.contains(spec_str(object, "nodeName"));
+                    (owner_gone || node_gone).then(|| {
+                        (
+                            meta_str(object, "namespace").to_owned(),
+                            meta_str(object, "name").to_owned(),
+                            node_gone,
+                        )
+                    })
+                })
+                .collect();
+            for (namespace, name, node_gone) in orphans {
+                if node_gone {
+                    state.remove(dependent_kind, &namespace, &name);
+                } else if let Err(error) =
+                    state.delete(dependent_kind, &namespace, &name, &DeleteOptions::default())
+                {
+                    tracing::debug!(%error, "simulated garbage collector could not delete a dependent");
+                }
+            }
+        }
+    }
+
+    /// `status` of ReplicaSets, Deployments, StatefulSets and DaemonSets from their pods.
+    fn workload_status(&self, state: &mut State) {
+        let pods = resource("", "pods");
+        let mut live: HashMap<String, (i64, i64)> = HashMap::new();
+        for pod in state.iter(pods, None) {
+            if being_deleted(pod) || matches!(status_str(pod, "phase"), "Succeeded" | "Failed") {
+                continue;
+            }
+            if let Some(uid) = controller_uid(pod) {
+                let entry = live.entry(uid.to_owned()).or_default();
+                entry.0 += 1;
+                if condition_true(pod, "Ready") {
+                    entry.1 += 1;
+                }
+            }
+        }
+        let replica_sets = resource("apps", "replicasets");
+        // A Deployment counts the pods of its ReplicaSets.
+        let mut by_deployment: HashMap<String, (i64, i64)> = HashMap::new();
+        for rs in state.iter(replica_sets, None) {
+            if let Some(deployment) = controller_uid(rs) {
+                let (total, ready) = live.get(meta_str(rs, "uid")).copied().unwrap_or_default();
+                let entry = by_deployment.entry(deployment.to_owned()).or_default();
+                entry.0 += total;
+                entry.1 += ready;
+            }
+        }
+        let ready_nodes = state
+            .iter(resource("", "nodes"), None)
+            .filter(|n| condition_true(n, "Ready"))
+            .count() as i64;
+        for plural in ["replicasets", "deployments", "statefulsets", "daemonsets"] {
+            let workloads = resource("apps", plural);
+            let updates: Vec<Value> = state
+                .iter(workloads, None)
+                .filter_map(|workload| {
+                    let uid = meta_str(workload, "uid");
+                    let counts = if plural == "deployments" {
+                        &by_deployment
+                    } else {
+                        &live
+                    };
+                    let (total, ready) = counts.get(uid).copied().unwrap_or_default();
+                    let generation = workload
+                        .get("metadata")
+                        .and_then(|m| m.get("generation"))
+                        .cloned()
+                        .unwrap_or(json!(1));
+                    let status = if plural == "daemonsets" {
+                        json!({
+                            "currentNumberScheduled": total,
+                            "desiredNumberScheduled": ready_nodes,
+                            "numberAvailable": ready,
+                            "numberMisscheduled": 0,
+                            "numberReady": ready,
+                            "updatedNumberScheduled": total,
+                            "observedGeneration": generation,
+                        })
+                    } else {
+                        json!({
+                            "replicas": total,
+                            "readyReplicas": ready,
+                            "availableReplicas": ready,
+                            "updatedReplicas": total,
+                            "observedGeneration": generation,
+                        })
+                    };
+                    (workload.get("status") != Some(&status)).then(|| {
+                        let mut updated = workload.clone();
+                        updated["status"] = status;
+                        updated
+                    })
+                })
+                .collect();
+            for updated in updates {
+                update_full(state, workloads, updated);
+            }
+        }
     }
 
     fn kubelet_removes_terminated_pods(&self, state: &mut State, now: Instant) {

@@ -819,6 +819,17 @@ impl State {
             .map(|object| view(resource, object))
     }
 
+    /// Deletions committed after `resource_version` (for the garbage collector).
+    pub(crate) fn deletions_since(&self, resource_version: u64) -> Vec<Arc<Change>> {
+        self.history
+            .iter()
+            .rev()
+            .take_while(|c| c.resource_version > resource_version)
+            .filter(|c| c.change == ChangeType::Deleted)
+            .cloned()
+            .collect()
+    }
+
     /// Changes since `resource_version` for a watch, and a receiver for the ones to come,
     /// taken under the same lock so that no change is missed or seen twice.
     pub(crate) fn watch_from(&self, resource_version: u64) -> Result<WatchStart, ApiError> {
