@@ -445,37 +445,82 @@ where
             source,
         };
 
+        // Ask Auto Scaling first: only a pending action (this token, this hook) may drain a
+        // node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
+        // not cordon and empty a live node. The heartbeat is the cheapest call that proves
+        // the action exists, and it also restarts the hook's heartbeat timer.
+        let hook = self
+            .hooks
+            .get_or_default(
+                &self.autoscaling,
+                &action.auto_scaling_group_name,
+                &action.lifecycle_hook_name,
+            )
+            .await;
+        let mut keeper =
+            HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
+        if keeper.beat(&self.autoscaling).await.is_err() {
+            tracing::info!(
+                step = "action_gone",
+                "Auto Scaling has no pending lifecycle action for this token: nothing drained"
+            );
+            return Ok(DeliveryOutcome::ActionGone);
+        }
+
         let holder = LeaseHolder {
             id: invocation.request_id.clone(),
             lease_duration: self.settings.lease_duration,
         };
         let nodes: Api<Node> = Api::all(client.clone());
-        let claim = lease::claim(&nodes, node, action, &holder, self.settings.drain_timeout)
-            .await
-            .map_err(kube_error)?;
-        let (node, checkpoint, resumed) = match claim {
-            Claim::Claimed {
-                node,
-                checkpoint,
-                resumed,
-            } => (*node, checkpoint, resumed),
-            Claim::HeldByOther { holder, until } => {
-                tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
-                return Ok(DeliveryOutcome::Duplicate { holder });
-            }
-            Claim::AlreadyCompleted => {
-                tracing::info!(
-                    step = "already_completed",
-                    "this lifecycle action's drain is complete already"
-                );
-                return Ok(DeliveryOutcome::AlreadyCompleted);
-            }
-            Claim::NodeGone => {
-                tracing::info!(step = "no_node", "the node was deleted: completing");
-                let outcome = self
-                    .complete(notification, LifecycleActionResult::Continue)
-                    .await?;
-                return Ok(DeliveryOutcome::NoNode(outcome));
+        let mut node = node;
+        let mut waited_for_lease = false;
+        let (node, checkpoint, resumed) = loop {
+            let claim = lease::claim(&nodes, node, action, &holder, self.settings.drain_timeout)
+                .await
+                .map_err(kube_error)?;
+            match claim {
+                Claim::Claimed {
+                    node,
+                    checkpoint,
+                    resumed,
+                } => break (*node, checkpoint, resumed),
+                Claim::HeldByOther { holder, until } => {
+                    // A live holder renews its lease; a dead one (killed mid-drain) does not.
+                    // Wait once for the lease to run out, within this invocation's budget,
+                    // then look again: a renewed lease means a duplicate, an expired one is
+                    // taken over, so a redelivery after a crash is never lost.
+                    let wait = lease_wait(until);
+                    if waited_for_lease || wait >= invocation.budget.remaining() {
+                        tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
+                        return Ok(DeliveryOutcome::Duplicate { holder });
+                    }
+                    tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
+                    waited_for_lease = true;
+                    tokio::time::sleep(wait).await;
+                    node = match nodes.get_opt(&node_name).await.map_err(kube_error)? {
+                        Some(node) => node,
+                        None => {
+                            let outcome = self
+                                .complete(notification, LifecycleActionResult::Continue)
+                                .await?;
+                            return Ok(DeliveryOutcome::NoNode(outcome));
+                        }
+                    };
+                }
+                Claim::AlreadyCompleted => {
+                    tracing::info!(
+                        step = "already_completed",
+                        "this lifecycle action's drain is complete already"
+                    );
+                    return Ok(DeliveryOutcome::AlreadyCompleted);
+                }
+                Claim::NodeGone => {
+                    tracing::info!(step = "no_node", "the node was deleted: completing");
+                    let outcome = self
+                        .complete(notification, LifecycleActionResult::Continue)
+                        .await?;
+                    return Ok(DeliveryOutcome::NoNode(outcome));
+                }
             }
         };
         let node_reference = DrainEvents::node_reference(&node_name, node.metadata.uid.as_deref());
@@ -516,16 +561,6 @@ where
                 .await;
         }
 
-        let hook = self
-            .hooks
-            .get_or_default(
-                &self.autoscaling,
-                &action.auto_scaling_group_name,
-                &action.lifecycle_hook_name,
-            )
-            .await;
-        let mut keeper =
-            HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
         let session_settings = SessionSettings {
             settle: self.settings.settle,
             eviction_concurrency: self.settings.eviction_concurrency,
@@ -797,4 +832,13 @@ enum Driven {
     Finished(DrainEnd),
     HandOver,
     LeaseLost,
+}
+
+/// How long until a lease that runs `until` has expired (plus a little slack for clock
+/// differences between invocations); zero when it has already.
+fn lease_wait(until: jiff::Timestamp) -> std::time::Duration {
+    let left = until.duration_since(jiff::Timestamp::now());
+    std::time::Duration::try_from(left)
+        .unwrap_or_default()
+        .saturating_add(std::time::Duration::from_millis(500))
 }
