@@ -44,10 +44,16 @@ async fn fault_soak_keeps_every_invariant() {
             report.violations.len(),
             report.elapsed.as_secs_f64()
         );
+        for violation in &report.violations {
+            println!("  VIOLATION seed {seed}: {violation}");
+        }
         totals.add(&report);
     }
     println!("SOAK TOTALS: {}", totals.summary());
-    assert!(totals.evictions > 0, "the soak evicted nothing: it tested nothing");
+    assert!(
+        totals.evictions > 0,
+        "the soak evicted nothing: it tested nothing"
+    );
     assert!(totals.duplicates > 0);
     assert!(
         totals.violations.is_empty(),

@@ -130,7 +130,13 @@ pub fn hostile_strings(real: &str) -> Vec<(String, String)> {
 
 /// `real` with one Latin letter swapped for its Cyrillic twin (always different from `real`).
 fn lookalike(real: &str) -> String {
-    for (latin, cyrillic) in [('e', '\u{0435}'), ('a', '\u{0430}'), ('o', '\u{043e}'), ('c', '\u{0441}'), ('i', '\u{0456}')] {
+    for (latin, cyrillic) in [
+        ('e', '\u{0435}'),
+        ('a', '\u{0430}'),
+        ('o', '\u{043e}'),
+        ('c', '\u{0441}'),
+        ('i', '\u{0456}'),
+    ] {
         if real.contains(latin) {
             return real.replacen(latin, &cyrillic.to_string(), 1);
         }
@@ -242,7 +248,10 @@ pub fn lifecycle_corpus(target: Target) -> Vec<BadPayload> {
             "nested-500",
             format!("{}{}", "[".repeat(500), "]".repeat(500)),
         ),
-        ("huge-garbage-prefix", format!("{}{raw}", "x".repeat(1 << 20))),
+        (
+            "huge-garbage-prefix",
+            format!("{}{raw}", "x".repeat(1 << 20)),
+        ),
         ("trailing-garbage", format!("{raw}}}")),
         ("two-documents", format!("{raw}{raw}")),
         ("utf16-bom", format!("\u{feff}{raw}")),
@@ -690,21 +699,16 @@ pub fn nodegroup_auth_corpus() -> Vec<BadPayload> {
 /// cluster name (in `responseElements`) is removed too, so the payload cannot be read
 /// as valid through the copy (the function may prefer either).
 fn strip_response_cluster(mut event: Value, field: &str) -> Value {
-    if field == "requestParameters" {
-        if let Some(Value::Object(detail)) = event.pointer_mut("/detail") {
-            detail.remove("responseElements");
-        }
+    if field == "requestParameters"
+        && let Some(Value::Object(detail)) = event.pointer_mut("/detail")
+    {
+        detail.remove("responseElements");
     }
-    if field == "clusterName" || field == "nodegroupName" {
-        if let Some(Value::Object(nodegroup)) =
+    if (field == "clusterName" || field == "nodegroupName")
+        && let Some(Value::Object(nodegroup)) =
             event.pointer_mut("/detail/responseElements/nodegroup")
-        {
-            nodegroup.remove(if field == "clusterName" {
-                "clusterName"
-            } else {
-                "nodegroupName"
-            });
-        }
+    {
+        nodegroup.remove(field);
     }
     event
 }

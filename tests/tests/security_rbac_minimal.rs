@@ -1,0 +1,494 @@
+//! RBAC is minimal: for each rule of each ClusterRole / Role in the shipped `infra/rbac.yaml`,
+//! a manifest without that rule is loaded into a fresh fake API server and the end-to-end
+//! flows run (drain, forced drain, launch, aws-auth update, aws-auth creation, in process with
+//! the real handlers). At least one flow must break: a 403 in the audit log AND the flow's
+//! effect missing (or the function reporting an error). With the full manifest every flow
+//! succeeds without a single 403, so the check has teeth in both directions.
+//!
+//! A rule the code does not need would survive its removal; the test then fails and names
+//! it, unless it is listed in [`TOLERATED`] with the reason it is kept anyway.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use node_manager::aws::fake::{FakeAutoScaling, FakeEks, FakeInstances, FakeNotifications};
+use node_manager::aws::{
+    AuthenticationMode, ClusterDescription, LifecycleActionRef, LifecycleActionResult,
+    LifecycleHook, NodegroupDescription,
+};
+use node_manager::drain::{Drainer, Invocation};
+use node_manager::launch::{self, LaunchContext};
+use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
+use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
+use node_manager::nodegroup_auth::handler::NodegroupAuth;
+use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
+use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::settings::ClusterScope;
+use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
+use node_manager_testkit::soak::corpus;
+use serde_json::{Value, json};
+
+const CLUSTER: &str = "ironman-2022";
+const GROUP: &str = "eks-rbac-ng";
+const INSTANCE: &str = "i-07e9ea9eb19a67337";
+const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
+const OTHER_NODE: &str = "ip-192-168-77-8.eu-west-1.compute.internal";
+const LAUNCH_INSTANCE: &str = "i-0a1b2c3d4e5f60718";
+const LAUNCH_NODE: &str = "ip-10-0-7-24.eu-west-1.compute.internal";
+const NODE_ROLE: &str = "arn:aws:iam::111111111111:role/demo-ng-node-role";
+
+/// Rules kept although no flow breaks without them, and why.
+const TOLERATED: &[(&str, &str)] = &[
+    (
+        "ClusterRole open-node-manager rule [\"\"] [\"events\"]",
+        "RBAC.md: core events are allowed next to events.k8s.io so the client's choice of API does not matter; the functions use events.k8s.io only",
+    ),
+    (
+        "ClusterRole open-node-manager rule [\"policy\"] [\"poddisruptionbudgets\"]",
+        "DRAIN_API.md: only names the blocking PDBs in a PodEvictionFailure report; the drain degrades gracefully without it (a 403 is still required)",
+    ),
+];
+
+/// The shipped manifest's documents.
+fn shipped() -> Vec<Value> {
+    let text = std::fs::read_to_string(corpus::repository_root().join("infra/rbac.yaml")).unwrap();
+    serde_saphyr::from_multiple(&text).unwrap()
+}
+
+/// Every (document index, rule index, label) of a role.
+fn rules(documents: &[Value]) -> Vec<(usize, usize, String)> {
+    let mut out = Vec::new();
+    for (d, doc) in documents.iter().enumerate() {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        if kind != "ClusterRole" && kind != "Role" {
+            continue;
+        }
+        for (r, rule) in doc["rules"].as_array().into_iter().flatten().enumerate() {
+            out.push((
+                d,
+                r,
+                format!(
+                    "{kind} {} rule {} {}",
+                    doc["metadata"]["name"].as_str().unwrap_or_default(),
+                    rule["apiGroups"],
+                    rule["resources"]
+                ),
+            ));
+        }
+    }
+    out
+}
+
+fn hook(name: &str, transition: &str) -> LifecycleHook {
+    LifecycleHook {
+        name: name.into(),
+        transition: transition.into(),
+        heartbeat_timeout: Duration::from_secs(300),
+        global_timeout: Duration::from_secs(3600),
+        default_result: LifecycleActionResult::Abandon,
+    }
+}
+
+fn event_for(target: corpus::Target, instance: &str, hook_name: &str, token: &str) -> Value {
+    let base = corpus::fresh_lifecycle_event(target);
+    let mut message = corpus::message_of(&base);
+    message["AutoScalingGroupName"] = json!(GROUP);
+    message["EC2InstanceId"] = json!(instance);
+    message["LifecycleHookName"] = json!(hook_name);
+    message["LifecycleActionToken"] = json!(token);
+    corpus::with_message(&base, &message.to_string())
+}
+
+/// A fresh cluster authorizing with `documents`; two Ready nodes.
+async fn cluster(documents: &[Value]) -> FakeApiServer {
+    let server = FakeApiServer::builder()
+        .cluster_name(CLUSTER)
+        .simulation(SimulationTimings {
+            grace_period_scale: 0.002,
+            pod_start_delay: Duration::from_millis(20),
+            node_ready_after: Duration::ZERO,
+            ..SimulationTimings::default()
+        })
+        .start()
+        .await
+        .unwrap();
+    for doc in documents {
+        server.store().apply_value(doc.clone()).unwrap();
+    }
+    for (node, instance) in [(NODE, INSTANCE), (OTHER_NODE, "i-0aaaabbbbccccdddd")] {
+        server
+            .register_node(
+                node,
+                &format!("aws:///eu-west-1a/{instance}"),
+                Some(Duration::ZERO),
+            )
+            .unwrap();
+    }
+    server
+        .wait_for("nodes Ready", Duration::from_secs(5), |s| {
+            s.list::<Node>().len() == 2
+                && s.list::<Node>().iter().all(|n| {
+                    n.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                })
+        })
+        .await
+        .unwrap();
+    server
+}
+
+async fn client(server: &FakeApiServer, user: &str, groups: &[&str]) -> kube::Client {
+    let token = server.add_static_token(user, groups);
+    let mut config = server.config_with_token(&token).await.unwrap();
+    config.default_retry = false;
+    kube::Client::try_from(config).unwrap()
+}
+
+fn forbidden(server: &FakeApiServer, user: &str) -> Vec<String> {
+    server
+        .audit()
+        .filter(|e| e.user.username == user && e.code() == 403)
+        .iter()
+        .map(|e| e.line())
+        .collect()
+}
+
+/// What a flow found: whether its effect happened, and the 403s it met.
+struct FlowResult {
+    name: &'static str,
+    effect: bool,
+    forbidden: Vec<String>,
+}
+
+/// Drain of a node with one ReplicaSet pod (with `force`: behind a PDB that allows nothing,
+/// so only the force DELETE at the deadline empties the node).
+async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
+    let server = cluster(documents).await;
+    // Two replicas over two nodes (the scheduler spreads them): one runs on NODE.
+    let mut yaml = String::from(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{name: web, image: nginx}]\n",
+    );
+    if force {
+        yaml.push_str("---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: web, namespace: default}\nspec:\n  minAvailable: 2\n  selector: {matchLabels: {app: web}}\n");
+    }
+    server.store().apply_yaml(&yaml).unwrap();
+    server
+        .wait_for("a pod runs on the node", Duration::from_secs(5), |s| {
+            s.list::<Pod>()
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count()
+                == 2
+                && s.list::<Pod>()
+                    .iter()
+                    .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
+        })
+        .await
+        .unwrap();
+    let before: Vec<String> = server
+        .store()
+        .list::<Pod>()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let groups: &[&str] = if force {
+        &[
+            "open-node-manager:functions",
+            "open-node-manager:force-delete",
+        ]
+    } else {
+        &["open-node-manager:functions"]
+    };
+    let client = client(&server, "terminating-hook", groups).await;
+    let autoscaling = FakeAutoScaling::new();
+    autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
+    autoscaling.add_hook(
+        GROUP,
+        hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
+    );
+    let token = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
+    let action = LifecycleActionRef {
+        auto_scaling_group_name: GROUP.into(),
+        lifecycle_hook_name: "Terminate-LC-Hook".into(),
+        instance_id: INSTANCE.into(),
+        token: token.into(),
+    };
+    autoscaling.start_action(&action);
+    let instances = FakeInstances::default();
+    instances.add(INSTANCE, NODE);
+    let force_setting = if force { "true" } else { "false" };
+    let settings = DrainSettings::from_source(
+        [
+            ("CLUSTER_NAME", CLUSTER),
+            ("SETTLE_SECONDS", "0"),
+            ("DRAIN_TIMEOUT_SECONDS", if force { "0.8" } else { "1.5" }),
+            ("EVICTION_BACKOFF_SECONDS", "0.05"),
+            ("EVICTION_BACKOFF_MAX_SECONDS", "0.1"),
+            ("DRAIN_LEASE_SECONDS", "2"),
+            ("HAND_OVER_MARGIN_SECONDS", "0"),
+            ("DRAIN_FORCE", force_setting),
+        ]
+        .as_slice(),
+    )
+    .unwrap();
+    let drainer = Drainer::new(
+        client,
+        autoscaling.clone(),
+        instances,
+        FakeNotifications::default(),
+        settings,
+    );
+    let invocation = Invocation {
+        request_id: "rbac".into(),
+        function_account: Some("111111111111".into()),
+        budget: InvocationBudget::new(Duration::from_secs(8), Duration::ZERO),
+    };
+    let result = drainer
+        .handle_invocation(
+            event_for(
+                corpus::Target::TerminatingHook,
+                INSTANCE,
+                "Terminate-LC-Hook",
+                token,
+            ),
+            &invocation,
+        )
+        .await;
+    let node = server.store().get::<Node>("", NODE).unwrap();
+    let cordoned = node.spec.and_then(|s| s.unschedulable) == Some(true);
+    let emptied = server
+        .wait_for("the node is empty", Duration::from_millis(1500), |s| {
+            !s.list::<Pod>().iter().any(|p| {
+                p.metadata.uid.as_ref().is_some_and(|u| before.contains(u))
+                    && p.metadata.deletion_timestamp.is_none()
+            })
+        })
+        .await
+        .is_ok();
+    let events = !server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .is_empty();
+    if std::env::var("RBAC_DEBUG").is_ok() {
+        println!(
+            "drain force={force}: {result:?} cordoned={cordoned} emptied={emptied} events={events} completions={:?}",
+            autoscaling.completions()
+        );
+    }
+    FlowResult {
+        name: if force { "forced drain" } else { "drain" },
+        effect: result.is_ok()
+            && cordoned
+            && emptied
+            && events
+            && autoscaling.completions().len() == 1,
+        forbidden: forbidden(&server, "terminating-hook"),
+    }
+}
+
+async fn launch_flow(documents: &[Value]) -> FlowResult {
+    let server = cluster(documents).await;
+    server
+        .register_node(
+            LAUNCH_NODE,
+            &format!("aws:///eu-west-1a/{LAUNCH_INSTANCE}"),
+            Some(Duration::from_millis(100)),
+        )
+        .unwrap();
+    let client = client(&server, "launching-hook", &["open-node-manager:functions"]).await;
+    let autoscaling = FakeAutoScaling::new();
+    autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
+    autoscaling.add_hook(
+        GROUP,
+        hook("Launch-LC-Hook", "autoscaling:EC2_INSTANCE_LAUNCHING"),
+    );
+    let token = "71514b9d-6a40-4b26-8523-05e7ee35fa40";
+    autoscaling.start_action(&LifecycleActionRef {
+        auto_scaling_group_name: GROUP.into(),
+        lifecycle_hook_name: "Launch-LC-Hook".into(),
+        instance_id: LAUNCH_INSTANCE.into(),
+        token: token.into(),
+    });
+    let instances = FakeInstances::default();
+    instances.add(LAUNCH_INSTANCE, LAUNCH_NODE);
+    let settings = LaunchSettings::from_source(
+        [
+            ("CLUSTER_NAME", CLUSTER),
+            ("LAUNCH_TIMEOUT_SECONDS", "1.5"),
+            ("LAUNCH_TIMEOUT_RESULT", "ABANDON"),
+            ("HAND_OVER_MARGIN_SECONDS", "0"),
+        ]
+        .as_slice(),
+    )
+    .unwrap();
+    let ctx = LaunchContext::new(
+        client,
+        autoscaling.clone(),
+        instances,
+        FakeNotifications::default(),
+        settings,
+    );
+    let mut lambda = lambda_runtime::Context::default();
+    lambda.request_id = "rbac".into();
+    lambda.invoked_function_arn =
+        "arn:aws:lambda:eu-west-1:111111111111:function:launching-hook".into();
+    lambda.deadline = u64::try_from(
+        (std::time::SystemTime::now() + Duration::from_secs(10))
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    let result = launch::handle(
+        &ctx,
+        event_for(
+            corpus::Target::LaunchingHook,
+            LAUNCH_INSTANCE,
+            "Launch-LC-Hook",
+            token,
+        ),
+        &lambda,
+    )
+    .await;
+    let completions = autoscaling.completions();
+    FlowResult {
+        name: "launch",
+        effect: result.is_ok()
+            && completions.len() == 1
+            && completions[0].result == LifecycleActionResult::Continue,
+        forbidden: forbidden(&server, "launching-hook"),
+    }
+}
+
+async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
+    let server = cluster(documents).await;
+    if exists {
+        server
+            .store()
+            .apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: aws-auth, namespace: kube-system}\ndata:\n  mapRoles: |\n    - rolearn: arn:aws:iam::111111111111:role/admin\n      username: admin\n      groups: [system:masters]\n")
+            .unwrap();
+    }
+    let client = client(&server, "nodegroup-auth", &["open-node-manager:functions"]).await;
+    let eks = FakeEks::default();
+    eks.add_cluster(ClusterDescription {
+        name: CLUSTER.into(),
+        arn: format!("arn:aws:eks:eu-west-1:111111111111:cluster/{CLUSTER}"),
+        endpoint: server.url().to_owned(),
+        certificate_authority_data: server.ca_data(),
+        authentication_mode: AuthenticationMode::ConfigMap,
+    });
+    eks.add_nodegroup(NodegroupDescription {
+        cluster_name: CLUSTER.into(),
+        nodegroup_name: "demo-ng".into(),
+        node_role: NODE_ROLE.into(),
+        ami_type: "AL2_x86_64".into(),
+        status: "ACTIVE".into(),
+    });
+    let function = NodegroupAuth::new(
+        eks,
+        KubeAwsAuthStore::new(client),
+        NodegroupAuthSettings {
+            scope: ClusterScope {
+                cluster_name: CLUSTER.into(),
+                additional_cluster_names: vec![],
+            },
+            region: "eu-west-1".into(),
+            account_id: None,
+            aws_auth_with_access_entries: false,
+            retry: RetryPolicy {
+                max_attempts: 3,
+                base_delay: Duration::from_millis(5),
+                max_delay: Duration::from_millis(20),
+            },
+            delete_wait: Duration::from_millis(100),
+            delete_poll_interval: Duration::from_millis(10),
+        },
+    );
+    let result = function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            "arn:aws:lambda:eu-west-1:111111111111:function:nodegroup-auth",
+        )
+        .await;
+    let mapped = server
+        .store()
+        .find::<ConfigMap>("kube-system", "aws-auth")
+        .and_then(|c| c.data)
+        .and_then(|d| d.get("mapRoles").cloned())
+        .is_some_and(|m| m.contains(NODE_ROLE));
+    FlowResult {
+        name: if exists {
+            "aws-auth update"
+        } else {
+            "aws-auth creation"
+        },
+        effect: result.is_ok() && mapped,
+        forbidden: forbidden(&server, "nodegroup-auth"),
+    }
+}
+
+/// The five flows, concurrently (each on its own fake API server).
+async fn all_flows(documents: &[Value]) -> Vec<FlowResult> {
+    let (a, b, c, d, e) = futures::join!(
+        drain_flow(documents, false),
+        drain_flow(documents, true),
+        launch_flow(documents),
+        aws_auth_flow(documents, true),
+        aws_auth_flow(documents, false),
+    );
+    vec![a, b, c, d, e]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rule_of_the_shipped_rbac_is_needed() {
+    let documents = shipped();
+    // The full manifest: every flow works, no 403 anywhere.
+    for flow in all_flows(&documents).await {
+        assert!(flow.effect, "{} fails with the shipped RBAC", flow.name);
+        assert!(
+            flow.forbidden.is_empty(),
+            "{} meets 403s with the shipped RBAC: {:?}",
+            flow.name,
+            flow.forbidden
+        );
+    }
+    let all_rules = rules(&documents);
+    assert!(all_rules.len() >= 8, "{all_rules:?}");
+    let mut not_needed = Vec::new();
+    let mut report = Vec::new();
+    for (d, r, label) in &all_rules {
+        let mut mutated = documents.clone();
+        mutated[*d]["rules"].as_array_mut().unwrap().remove(*r);
+        let flows = all_flows(&mutated).await;
+        let broken: Vec<&FlowResult> = flows
+            .iter()
+            .filter(|f| !f.effect && !f.forbidden.is_empty())
+            .collect();
+        let denied: Vec<&FlowResult> = flows.iter().filter(|f| !f.forbidden.is_empty()).collect();
+        let tolerated = TOLERATED.iter().any(|(rule, _)| rule == label);
+        report.push(format!(
+            "{label}: broken {:?}; 403 in {:?}",
+            broken.iter().map(|f| f.name).collect::<Vec<_>>(),
+            denied.iter().map(|f| f.name).collect::<Vec<_>>()
+        ));
+        if broken.is_empty() && !tolerated {
+            not_needed.push(label.clone());
+        }
+        // The PDB list is best effort, but it must still be asked for (else it is unused).
+        if label.contains("poddisruptionbudgets") && denied.is_empty() {
+            not_needed.push(format!("{label} (never even requested)"));
+        }
+    }
+    println!("{}", report.join("\n"));
+    assert!(
+        not_needed.is_empty(),
+        "no end-to-end flow breaks without these rules (remove them from infra/rbac.yaml, or list them in TOLERATED with the reason):\n{}\n\nall:\n{}",
+        not_needed.join("\n"),
+        report.join("\n")
+    );
+}
