@@ -14,35 +14,25 @@ use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
-    let t0 = std::time::Instant::now();
-    let mark = |what: &str| {
-        if std::env::var_os("ONM_EXP_TIME").is_some() {
-            eprintln!("TIMING {what} {:?}", t0.elapsed());
-        }
-    };
     node_manager::telemetry::init();
-    mark("telemetry");
     let settings = DrainSettings::from_source(&ProcessEnv)?;
-    mark("settings");
     let sdk_config = load_sdk_config().await;
-    mark("sdk_config");
     let access = ClusterAccess::new(
         &sdk_config,
         settings.lifecycle.cluster.cluster_name.clone(),
         drain::FUNCTION_NAME,
     );
-    mark("access");
-    let eks = SdkEks::new(&sdk_config);
-    mark("eks");
-    let connection = EksConnection { access, eks };
-    let asg = SdkAutoScaling::new(&sdk_config);
-    mark("asg");
-    let ec2 = SdkInstances::new(&sdk_config);
-    mark("ec2");
-    let sns = SdkNotifications::new(&sdk_config);
-    mark("sns");
-    let drainer = Drainer::new(connection, asg, ec2, sns, settings);
-    mark("drainer");
+    let connection = EksConnection {
+        access,
+        eks: SdkEks::new(&sdk_config),
+    };
+    let drainer = Drainer::new(
+        connection,
+        SdkAutoScaling::new(&sdk_config),
+        SdkInstances::new(&sdk_config),
+        SdkNotifications::new(&sdk_config),
+        settings,
+    );
     let drainer = &drainer;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         drain::handle(drainer, event.payload, &event.context).await

@@ -74,23 +74,10 @@ impl HttpClient for ConnectOnFirstUse {
     }
 }
 
-/// The SDK's HTTPS client as it comes, with the eager check (for measurements only).
-#[doc(hidden)]
-pub fn eager_https_client() -> SharedHttpClient {
-    aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-        .build_https()
-}
-
 /// Loads the shared AWS configuration from the environment, with [`https_client`].
 pub async fn load_sdk_config() -> SdkConfig {
-    let client = if std::env::var_os("ONM_EXP_EAGER").is_some() {
-        eager_https_client()
-    } else {
-        https_client()
-    };
     aws_config::defaults(BehaviorVersion::latest())
-        .http_client(client)
+        .http_client(https_client())
         .load()
         .await
 }
