@@ -65,11 +65,7 @@ impl<K, A, I, N> Drainer<K, A, I, N> {
         notifications: N,
         settings: DrainSettings,
     ) -> Self {
-        let scope = GroupScope::new(
-            settings.lifecycle.cluster.clone(),
-            settings.lifecycle.allowed_groups.clone(),
-            None,
-        );
+        let scope = GroupScope::from_settings(&settings.lifecycle);
         Self {
             kube,
             autoscaling,

@@ -64,11 +64,7 @@ impl<K, A, I, N> LaunchContext<K, A, I, N> {
         notifications: N,
         settings: LaunchSettings,
     ) -> Self {
-        let scope = GroupScope::new(
-            settings.lifecycle.cluster.clone(),
-            settings.lifecycle.allowed_groups.clone(),
-            None,
-        );
+        let scope = GroupScope::from_settings(&settings.lifecycle);
         Self {
             kube,
             autoscaling,

@@ -67,6 +67,16 @@ impl GroupScope {
         }
     }
 
+    /// The scope both hooks use: their cluster and group allow-list, the account checked
+    /// per invocation against the function's own ARN.
+    pub fn from_settings(settings: &crate::lifecycle::settings::LifecycleSettings) -> Self {
+        Self::new(
+            settings.cluster.clone(),
+            settings.allowed_groups.clone(),
+            None,
+        )
+    }
+
     /// Sets the function's account once it is known (the first invocation's context).
     pub fn with_account_id(mut self, account_id: Option<String>) -> Self {
         self.account_id = account_id;
