@@ -14,12 +14,26 @@
 //!   in-memory fakes.
 //!
 //! Not here: Lambda wiring (the `functions/` crates) and the fake cluster (the test kit).
+//!
+//! ## The `runtime` feature
+//!
+//! On by default, and every crate of the workspace builds with it. Without it
+//! (`default-features = false`) the crate is only the pure parsers of untrusted input: the
+//! lifecycle notification ([`lifecycle::notification`]), the nodegroup-auth invocation
+//! ([`nodegroup_auth::event`]), role ARNs and `mapRoles` ([`nodegroup_auth::role_mapping`]),
+//! with the settings and AWS types they name. That is what the fuzz targets in `fuzz/` use:
+//! their instrumented build then compiles serde and a YAML parser instead of the AWS SDKs,
+//! Kubernetes client and Lambda runtime (two minutes instead of most of an hour).
 
 pub mod aws;
+#[cfg(feature = "runtime")]
 pub mod cluster;
+#[cfg(feature = "runtime")]
 pub mod drain;
+#[cfg(feature = "runtime")]
 pub mod launch;
 pub mod lifecycle;
 pub mod nodegroup_auth;
 pub mod settings;
+#[cfg(feature = "runtime")]
 pub mod telemetry;

@@ -4,8 +4,11 @@
 //! tested without I/O and the binaries pick the real one. Errors are folded into [`AwsError`]
 //! whose [`AwsErrorKind`] is what a caller acts on (retry, treat as done, give up).
 
+#[cfg(feature = "runtime")]
 pub mod fake;
+#[cfg(feature = "runtime")]
 pub mod http_client;
+#[cfg(feature = "runtime")]
 pub mod sdk;
 
 use std::collections::BTreeMap;

@@ -4,9 +4,14 @@
 //!
 //! Shared by the terminating hook (`drain`) and the launching hook (`launch`).
 
+#[cfg(feature = "runtime")]
 pub mod connection;
+#[cfg(feature = "runtime")]
 pub mod continuation;
+#[cfg(feature = "runtime")]
 pub mod node;
 pub mod notification;
+#[cfg(feature = "runtime")]
 pub mod scope;
+#[cfg(feature = "runtime")]
 pub mod settings;

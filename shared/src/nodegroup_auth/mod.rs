@@ -12,12 +12,18 @@
 //! - [`access_entry`]: the `EC2_LINUX` / `EC2_WINDOWS` access entry.
 //! - [`handler`]: the function's logic ([`handler::NodegroupAuth`]), [`settings`] its settings.
 
+#[cfg(feature = "runtime")]
 pub mod access_entry;
+#[cfg(feature = "runtime")]
 pub mod aws_auth;
 pub mod event;
+#[cfg(feature = "runtime")]
 pub mod fake;
+#[cfg(feature = "runtime")]
 pub mod handler;
+#[cfg(feature = "runtime")]
 pub mod kube_store;
 pub mod role_arn;
 pub mod role_mapping;
+#[cfg(feature = "runtime")]
 pub mod settings;
