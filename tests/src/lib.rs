@@ -4,6 +4,8 @@
 //! served over real HTTP(S) with EKS-style authentication and RBAC, fake AWS endpoints
 //! ([`aws`]) that the real SDK clients reach through `AWS_ENDPOINT_URL`, and a local Lambda
 //! Runtime API ([`lambda_api`]) that runs the built function binaries as Lambda does.
+//! [`e2e`] puts them together into one deployment of the three functions for the end-to-end
+//! tests.
 //!
 //! Not for production: nothing here is compiled into a Lambda function.
 
@@ -11,6 +13,7 @@ pub mod account;
 pub mod aws;
 pub mod bench;
 pub mod binaries;
+pub mod e2e;
 pub mod kube;
 pub mod lambda_api;
 pub mod sandbox;

@@ -39,6 +39,20 @@ fn quick_benchmarks_run_and_report_every_part() {
             .unwrap_or(0.0);
         assert!(init > 0.0, "{row}");
     }
+    // The drain stays within its request budget (one eviction per pod + 20).
+    let drain_row = stdout
+        .lines()
+        .find(|l| l.starts_with("| 30 |"))
+        .unwrap_or_else(|| panic!("no drain row for 30 pods:\n{stdout}"));
+    let requests: usize = drain_row
+        .split('|')
+        .nth(7)
+        .and_then(|c| c.trim().parse().ok())
+        .unwrap_or(usize::MAX);
+    assert!(
+        (30..=50).contains(&requests),
+        "a drain of 30 pods made {requests} requests: {drain_row}"
+    );
     assert!(stdout.contains("every role present once: true"), "{stdout}");
     assert!(
         stdout.contains("a redelivered event made {\"get\": 1}"),

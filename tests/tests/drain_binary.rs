@@ -1,42 +1,25 @@
 //! The built `terminating-hook` binary, run through the local Lambda Runtime API as Lambda runs
 //! it, against the fake AWS endpoints (Auto Scaling, EC2, SNS, EKS over HTTP with SigV4
 //! credentials) and the fake API server (EKS token authentication, the shipped RBAC): the
-//! fixtures, then the reference drain of a live termination.
+//! fixtures, then the reference drain of a live termination, and the drain's optional settings
+//! (`NODE_TAINT`, `POD_GRACE_PERIOD_SECONDS`) as the process reads them from its environment.
 //!
 //! Uses the binary as built: run `cargo build --workspace --bins` after changing the function.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
-use node_manager_testkit::account::FakeAccount;
-use node_manager_testkit::aws::{FakeAutoScalingGroup, FakeAws, FakeCluster, FakeLifecycleHook};
-use node_manager_testkit::binaries::function_binary;
-use node_manager_testkit::kube::FakeApiServer;
-use node_manager_testkit::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
-use serde_json::Value;
+use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::kube::{AuditEvent, Store};
+use node_manager_testkit::soak::corpus::fixture;
+use serde_json::{Value, json};
 
-const CLUSTER: &str = "ironman-2022";
-const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
+/// Not the terminating fixture's instance, so that the fixture finds no node.
 const INSTANCE: &str = "i-0b1c2d3e4f5061728";
-
-fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/../../shared/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-}
-
-fn response(outcome: InvocationOutcome, output: &str) -> Value {
-    match outcome {
-        InvocationOutcome::Response(value) => value,
-        other => panic!("expected a response, got {other:?}\n--- function output ---\n{output}"),
-    }
-}
+const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
 const WORKLOAD: &str = r#"
 apiVersion: apps/v1
@@ -85,9 +68,8 @@ spec:
       containers: [{name: nginx, image: nginx}]
 "#;
 
-fn running_on(server: &FakeApiServer, node: &str, prefix: &str) -> usize {
-    server
-        .store()
+fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
+    store
         .list::<Pod>()
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
@@ -103,116 +85,145 @@ fn running_on(server: &FakeApiServer, node: &str, prefix: &str) -> usize {
         .count()
 }
 
-async fn wait_until(what: &str, done: impl Fn() -> bool) {
-    let until = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(
-            tokio::time::Instant::now() < until,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// The terminating hook (JSON logs, `settings` added to its environment) with the reference
+/// node running [`WORKLOAD`], and a second node for the evicted pods to move to.
+async fn drain_world(settings: &[(&str, &str)]) -> FunctionWorld {
+    let mut builder = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.05")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.2")
+        .env("DRAIN_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .json_logs();
+    for (key, value) in settings {
+        builder = builder.env(key, value);
     }
-}
-
-#[tokio::test]
-async fn terminating_hook_binary_handles_the_fixtures_and_drains_a_live_termination() {
-    let account = FakeAccount::reference();
-    let credentials = account.add_role_credentials("terminating-hook");
-    let aws = FakeAws::start(account.clone()).await.unwrap();
-    let server = FakeApiServer::builder()
-        .cluster_name(CLUSTER)
-        .account(account.clone())
-        .access_entries(Arc::new(aws.eks()))
-        .start()
+    let w = builder.start().await;
+    w.server.store().apply_yaml(WORKLOAD).unwrap();
+    let node = w.node.clone();
+    w.server
+        .wait_for("the reference pods run", Duration::from_secs(10), |store| {
+            running_on(store, &node, "nginx-") == 4
+                && running_on(store, &node, "coredns-") == 1
+                && running_on(store, &node, "aws-node-") == 1
+                && running_on(store, &node, "kube-proxy-") == 1
+        })
         .await
         .unwrap();
-    server
-        .apply_manifest_file(
-            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../infra/rbac.yaml"),
-        )
-        .unwrap();
-    aws.eks()
-        .add_cluster(FakeCluster::new(CLUSTER, server.url(), &server.ca_data()));
-    aws.eks()
-        .add_access_entry(
-            CLUSTER,
-            &credentials.principal_arn,
-            "STANDARD",
-            None,
-            &["open-node-manager:functions"],
-        )
-        .unwrap();
-    let topic = aws.sns().create_topic("eks-asg-lifecycle-hook-topic");
-    let mut subscription = aws.sns().subscribe(&topic).unwrap();
-    aws.autoscaling().add_group(
-        FakeAutoScalingGroup::new(GROUP)
-            .availability_zones(&["eu-west-1a"])
-            .tag("eks:cluster-name", CLUSTER),
-    );
-    aws.autoscaling()
-        .add_hook(
-            GROUP,
-            FakeLifecycleHook::terminating("Terminate-LC-Hook").notification_target(&topic),
-        )
-        .unwrap();
-    aws.autoscaling()
-        .add_instance(GROUP, INSTANCE, "eu-west-1a")
-        .unwrap();
-    let node = aws.ec2().add_running_instance(INSTANCE).private_dns_name;
-    server
-        .register_node(
-            &node,
-            &format!("aws:///eu-west-1a/{INSTANCE}"),
-            Some(Duration::ZERO),
-        )
-        .unwrap();
-    wait_until("the node is Ready", || {
-        server.store().find::<Node>("", &node).is_some_and(|n| {
-            n.status
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
-    })
-    .await;
-    server.store().apply_yaml(WORKLOAD).unwrap();
-    wait_until("the reference pods run", || {
-        running_on(&server, &node, "nginx-") == 4
-            && running_on(&server, &node, "coredns-") == 1
-            && running_on(&server, &node, "aws-node-") == 1
-            && running_on(&server, &node, "kube-proxy-") == 1
-    })
-    .await;
-    server
+    w.server
         .register_node(
             "ip-10-0-9-9.eu-west-1.compute.internal",
             "aws:///eu-west-1b/i-0fffeeeedddd11112",
             Some(Duration::ZERO),
         )
         .unwrap();
+    w
+}
 
-    let lambda = LambdaRuntimeApi::start_function(
-        FunctionSpec::new("terminating-hook", function_binary("terminating-hook"))
-            .envs(aws.environment(&credentials))
-            .env("CLUSTER_NAME", CLUSTER)
-            .env("SETTLE_SECONDS", "0.1")
-            .env("EVICTION_BACKOFF_SECONDS", "0.05")
-            .env("EVICTION_BACKOFF_MAX_SECONDS", "0.2")
-            .env("HAND_OVER_MARGIN_SECONDS", "5")
-            .env("RUST_LOG", "info")
-            .log_format("JSON"),
-    )
-    .await
-    .unwrap();
-    let timeout = Duration::from_secs(30);
+/// The pods the drain must evict: all but the DaemonSets' (kube-system's DNS included).
+fn evictable_pods(w: &FunctionWorld) -> BTreeSet<String> {
+    w.server
+        .store()
+        .list::<Pod>()
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(w.node.as_str()))
+        .filter_map(|p| p.metadata.name)
+        .filter(|n| n.starts_with("nginx-") || n.starts_with("coredns-"))
+        .collect()
+}
+
+/// Terminates the reference instance and delivers Auto Scaling's notification to the
+/// terminating hook, which must complete the action.
+async fn terminate(w: &FunctionWorld) {
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&event)
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+}
+
+/// The drain's writes as the API server logged them, in order: node patches and evictions.
+fn drain_writes(w: &FunctionWorld) -> Vec<AuditEvent> {
+    w.server
+        .audit()
+        .filter(|e| e.verb == "patch" || e.subresource() == "eviction")
+}
+
+/// The position of the first successful node patch whose body satisfies `sets`.
+fn node_patch(writes: &[AuditEvent], what: &str, sets: impl Fn(&Value) -> bool) -> usize {
+    writes
+        .iter()
+        .position(|e| {
+            e.resource() == "nodes"
+                && (200..300).contains(&e.code())
+                && e.request_object.as_ref().is_some_and(&sets)
+        })
+        .unwrap_or_else(|| panic!("no {what} patch"))
+}
+
+/// The writes with their bodies, one a line, for a failure message.
+fn trail(writes: &[AuditEvent]) -> String {
+    writes
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e.line(),
+                e.request_object.clone().unwrap_or_default()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn first_eviction(writes: &[AuditEvent]) -> usize {
+    writes
+        .iter()
+        .position(|e| e.subresource() == "eviction")
+        .expect("evictions")
+}
+
+fn evicted(writes: &[AuditEvent]) -> BTreeSet<String> {
+    writes
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && (200..300).contains(&e.code()))
+        .map(|e| e.name().to_owned())
+        .collect()
+}
+
+fn sets_label(patch: &Value) -> bool {
+    patch["metadata"]["labels"][EXCLUDE_FROM_LB] == "true"
+}
+
+fn sets_cordon(patch: &Value) -> bool {
+    patch["spec"]["unschedulable"] == true
+}
+
+fn sets_taints(patch: &Value) -> bool {
+    !patch["spec"]["taints"].is_null()
+}
+
+#[tokio::test]
+async fn terminating_hook_binary_handles_the_fixtures_and_drains_a_live_termination() {
+    let w = drain_world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
 
     // The test notification: acknowledged.
-    let answer = response(
-        lambda
-            .invoke(&fixture("sns-test-notification.json"), timeout)
-            .await
-            .unwrap(),
-        &lambda.output(),
-    );
+    let answer = lambda
+        .response_to(&fixture("sns-test-notification.json"))
+        .await;
     assert_eq!(
         answer["records"][0]["outcome"], "TestNotification",
         "{answer}"
@@ -221,78 +232,46 @@ async fn terminating_hook_binary_handles_the_fixtures_and_drains_a_live_terminat
     // The terminating fixture: its instance is unknown to EC2 and has no node, so the action
     // is completed at once; Auto Scaling does not know the fixture's token ("No active
     // Lifecycle Action"), which is success.
-    let answer = response(
-        lambda
-            .invoke(&fixture("sns-lifecycle-terminating.json"), timeout)
-            .await
-            .unwrap(),
-        &lambda.output(),
-    );
+    let answer = lambda
+        .response_to(&fixture("sns-lifecycle-terminating.json"))
+        .await;
     assert_eq!(answer["records"][0]["outcome"], "NoNode", "{answer}");
-    assert!(server.audit().filter(|e| e.verb == "patch").is_empty());
+    assert!(w.server.audit().filter(|e| e.verb == "patch").is_empty());
 
     // A live termination of the reference node.
-    let before: BTreeSet<String> = server
-        .store()
-        .list::<Pod>()
-        .into_iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()))
-        .filter_map(|p| p.metadata.name)
-        .filter(|n| n.starts_with("nginx-") || n.starts_with("coredns-"))
-        .collect();
-    aws.autoscaling()
-        .terminate_instance(GROUP, INSTANCE)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let answer = response(
-        lambda.invoke(&event, timeout).await.unwrap(),
-        &lambda.output(),
-    );
-    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
-    let completions = aws.autoscaling().completions();
+    let before = evictable_pods(&w);
+    terminate(&w).await;
+    let completions = w.aws.autoscaling().completions();
     assert_eq!(completions.len(), 1, "{completions:?}");
     assert_eq!(completions[0].result, LifecycleActionResult::Continue);
     assert_eq!(completions[0].instance_id, INSTANCE);
 
-    // The audit log: the label patch, the cordon patch, evictions of nginx and coredns only.
-    let writes: Vec<_> = server
-        .audit()
-        .filter(|e| e.verb == "patch" || e.subresource() == "eviction");
-    let label = writes
-        .iter()
-        .position(|e| {
-            e.resource() == "nodes" && e.request_object.as_ref().is_some_and(|o| {
-                o["metadata"]["labels"]["node.kubernetes.io/exclude-from-external-load-balancers"]
-                    == "true"
-            })
-        })
-        .expect("label patch");
-    let cordon = writes
-        .iter()
-        .position(|e| {
-            e.resource() == "nodes"
-                && e.request_object
-                    .as_ref()
-                    .is_some_and(|o| o["spec"]["unschedulable"] == true)
-        })
-        .expect("cordon patch");
-    let first_eviction = writes
-        .iter()
-        .position(|e| e.subresource() == "eviction")
-        .expect("evictions");
-    assert!(label < cordon && cordon < first_eviction);
-    let evicted: BTreeSet<String> = writes
-        .iter()
-        .filter(|e| e.subresource() == "eviction" && (200..300).contains(&e.code()))
-        .map(|e| e.name().to_owned())
-        .collect();
-    assert_eq!(evicted, before);
+    // The audit log: the label patch, the cordon patch, evictions of nginx and coredns only;
+    // no taint and no grace period, as none is configured.
+    let writes = drain_writes(&w);
+    let label = node_patch(&writes, "label", sets_label);
+    let cordon = node_patch(&writes, "cordon", sets_cordon);
+    let first_eviction = first_eviction(&writes);
+    // The label never after the cordon (the claim may carry both in one write), and both
+    // before any eviction.
+    assert!(
+        label <= cordon && cordon < first_eviction,
+        "{}",
+        trail(&writes)
+    );
+    assert_eq!(evicted(&writes), before);
+    for write in &writes {
+        let body = write.request_object.as_ref();
+        assert!(!body.is_some_and(sets_taints), "{}", write.line());
+        assert!(
+            body.is_none_or(|b| b["deleteOptions"].get("gracePeriodSeconds").is_none()),
+            "{}",
+            write.line()
+        );
+    }
 
     // One JSON log line per step with the fields an operator searches by, and EMF metrics.
-    let output = lambda.output();
+    let output = lambda.runtime.output();
     let cordoned = output
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
@@ -308,4 +287,75 @@ async fn terminating_hook_binary_handles_the_fixtures_and_drains_a_live_terminat
             && l.contains("PodsEvicted")),
         "{output}"
     );
+}
+
+#[tokio::test]
+async fn node_taint_setting_taints_the_drained_node_after_the_cordon() {
+    let w = drain_world(&[("NODE_TAINT", "node-manager/draining=true:NoSchedule")]).await;
+    let before = evictable_pods(&w);
+    terminate(&w).await;
+
+    let node = w.server.store().get::<Node>("", &w.node).unwrap();
+    assert_eq!(node.metadata.labels.unwrap()[EXCLUDE_FROM_LB], "true");
+    let spec = node.spec.unwrap();
+    assert_eq!(spec.unschedulable, Some(true));
+    let taints = spec.taints.unwrap_or_default();
+    assert!(
+        taints.iter().any(|t| t.key == "node-manager/draining"
+            && t.value.as_deref() == Some("true")
+            && t.effect == "NoSchedule"),
+        "{taints:?}"
+    );
+
+    // Written by the terminating hook: label, cordon, then the taint (the claim may carry
+    // them in one write), before any eviction.
+    let writes = drain_writes(&w);
+    let label = node_patch(&writes, "label", sets_label);
+    let cordon = node_patch(&writes, "cordon", sets_cordon);
+    let taint = node_patch(&writes, "taint", |patch| {
+        patch["spec"]["taints"].as_array().is_some_and(|taints| {
+            taints.contains(&json!({
+                "key": "node-manager/draining", "value": "true", "effect": "NoSchedule"
+            }))
+        })
+    });
+    for step in [label, cordon, taint] {
+        assert_eq!(
+            writes[step].user.username,
+            "terminating-hook",
+            "{}",
+            writes[step].line()
+        );
+    }
+    let first_eviction = first_eviction(&writes);
+    assert!(
+        label <= cordon && cordon <= taint && taint < first_eviction,
+        "{}",
+        trail(&writes)
+    );
+    assert_eq!(evicted(&writes), before);
+}
+
+#[tokio::test]
+async fn pod_grace_period_setting_reaches_every_eviction() {
+    let w = drain_world(&[("POD_GRACE_PERIOD_SECONDS", "7")]).await;
+    let before = evictable_pods(&w);
+    terminate(&w).await;
+
+    let writes = drain_writes(&w);
+    assert_eq!(evicted(&writes), before);
+    let evictions: Vec<_> = writes
+        .iter()
+        .filter(|e| e.subresource() == "eviction")
+        .collect();
+    for eviction in evictions {
+        assert_eq!(eviction.user.username, "terminating-hook");
+        let body = eviction.request_object.as_ref().expect("an eviction body");
+        assert_eq!(
+            body["deleteOptions"]["gracePeriodSeconds"],
+            7,
+            "{}: {body}",
+            eviction.line()
+        );
+    }
 }

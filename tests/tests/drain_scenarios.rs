@@ -17,10 +17,10 @@ use node_manager::aws::{
 use node_manager::cluster::token::sign_token;
 use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
-use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
+use node_manager::drain::{DeliveryOutcome, DrainEnd, DrainError, Drainer, Invocation};
 use node_manager::lifecycle::continuation::InvocationBudget;
 use node_manager::lifecycle::settings::DrainSettings;
-use node_manager_testkit::kube::{AuditEvent, FakeApiServer};
+use node_manager_testkit::kube::{AuditEvent, FakeApiServer, FaultAction, FaultRule};
 use serde_json::{Value, json};
 
 const CLUSTER: &str = "ironman-2022";
@@ -409,8 +409,8 @@ async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_complet
     );
     completed_once(&s, LifecycleActionResult::Continue);
 
-    // The audit log: label patch, then cordon patch, then the evictions, of nginx and
-    // coredns only (coredns, the critical tier, last).
+    // The audit log: label and cordon in the write that claims the drain, before the
+    // evictions, of nginx and coredns only (coredns, the critical tier, last).
     let writes: Vec<AuditEvent> = s
         .function_requests()
         .into_iter()
@@ -439,7 +439,15 @@ async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_complet
         .iter()
         .position(|e| e.subresource() == "eviction")
         .expect("evictions");
-    assert!(label < cordon && cordon < first_eviction, "{writes:#?}");
+    assert!(label == cordon && cordon < first_eviction, "{writes:#?}");
+    assert!(
+        writes[label].request_object.as_ref().is_some_and(|o| {
+            o["metadata"]["annotations"][CHECKPOINT_ANNOTATION].is_string()
+                && o["metadata"]["resourceVersion"].is_string()
+        }),
+        "the claim (checkpoint, conditional on the resourceVersion) carries the cordon: {:#?}",
+        writes[label]
+    );
     let evicted = evicted_pod_names(&s);
     let evicted_set: BTreeSet<String> = evicted.iter().cloned().collect();
     assert_eq!(evicted_set, ours, "only nginx and coredns are evicted");
@@ -479,7 +487,15 @@ async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_complet
             "{expected} missing from {reasons:?}"
         );
     }
-    assert_eq!(s.events_with_reason("Evicted").len(), ours.len());
+    // One summary on the node instead of an Event per evicted pod.
+    assert!(s.events_with_reason("Evicted").is_empty());
+    let drained = s.events_with_reason("Drained");
+    assert_eq!(drained.len(), 1, "{drained:#?}");
+    let note = drained[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&format!("({} evicted by this invocation)", ours.len())),
+        "{note}"
+    );
 
     // A late duplicate: Auto Scaling says the action is gone, so nothing is written.
     let before = s.function_requests().len();
@@ -658,6 +674,101 @@ async fn unsatisfiable_pdb_with_force_deletes_the_pods_at_the_deadline() {
         4
     );
     assert_eq!(s.events_with_reason("DrainForced").len(), 1);
+}
+
+#[tokio::test]
+async fn forced_deletions_are_retried_and_never_given_up_on_with_pods_running() {
+    let s = reference_cluster(true, 30).await;
+    s.apply(&pdb("nginx-strict", 4));
+    let settings = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
+
+    // Two dropped connections: retried within the invocation.
+    let flaky = s.server.faults().add(
+        FaultRule::new(FaultAction::DropConnection)
+            .verb("delete")
+            .resource("pods")
+            .times(2),
+    );
+    let drainer = s.drainer(&settings);
+    let first = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await;
+    let Ok(report) = first else {
+        panic!("{first:?}")
+    };
+    assert!(
+        matches!(
+            report.outcomes.as_slice(),
+            [DeliveryOutcome::Completed {
+                drain: DrainEnd::Forced(deleted),
+                ..
+            }] if deleted.len() == 5
+        ),
+        "{:?}",
+        report.outcomes
+    );
+    s.server.faults().remove(flaky);
+    completed_once(&s, LifecycleActionResult::Continue);
+    let dropped = s
+        .function_requests()
+        .into_iter()
+        .filter(|e| e.verb == "delete" && e.injected_fault.is_some())
+        .count();
+    assert_eq!(dropped, 2, "the faults were hit");
+}
+
+#[tokio::test]
+async fn a_forced_drain_whose_deletions_keep_failing_is_retried_not_completed() {
+    let s = reference_cluster(true, 30).await;
+    s.apply(&pdb("nginx-strict", 4));
+    let settings = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
+    let outage = s.server.faults().add(
+        FaultRule::new(FaultAction::ServiceUnavailable)
+            .verb("delete")
+            .resource("pods"),
+    );
+    let drainer = s.drainer(&settings);
+    let failed = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await;
+    assert!(
+        matches!(&failed, Err(DrainError::ForceIncomplete { pods, .. }) if pods.len() == 5),
+        "{failed:?}"
+    );
+    assert!(
+        s.autoscaling.completions().is_empty(),
+        "not completed while the pods still run"
+    );
+
+    // The redelivery (another invocation) arrives after the deadline, finds the pods on
+    // the node once its watch has listed them, and deletes them.
+    s.server.faults().remove(outage);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-2", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            report.outcomes.as_slice(),
+            [DeliveryOutcome::Completed {
+                drain: DrainEnd::Forced(deleted),
+                ..
+            }] if deleted.len() == 5
+        ),
+        "{:?}",
+        report.outcomes
+    );
+    completed_once(&s, LifecycleActionResult::Continue);
+    assert_eq!(s.running_pods_on(NODE, "nginx-"), 0);
 }
 
 #[tokio::test]

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use node_manager_testkit::e2e::{FunctionWorld, GROUP, INSTANCE, NODE, RunningFunction, Target};
 use node_manager_testkit::lambda_api::InvocationOutcome;
-use node_manager_testkit::soak::binaries::{GROUP, INSTANCE, NODE, function_world};
 use node_manager_testkit::soak::secrets::SecretScanner;
 use serde_json::{Value, json};
 
@@ -27,13 +27,13 @@ fn healthy(pod: &Pod) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_killed_mid_way_resumes_and_completes_once() {
-    let w = function_world(&[
-        ("DRAIN_TIMEOUT_SECONDS", "20"),
-        ("DRAIN_LEASE_SECONDS", "1"),
-        ("EVICTION_BACKOFF_SECONDS", "0.05"),
-        ("EVICTION_BACKOFF_MAX_SECONDS", "0.2"),
-    ])
-    .await;
+    let w = FunctionWorld::builder()
+        .env("DRAIN_TIMEOUT_SECONDS", "20")
+        .env("DRAIN_LEASE_SECONDS", "1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.05")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.2")
+        .start()
+        .await;
     w.server
         .register_node(
             OTHER_NODE,
@@ -86,7 +86,11 @@ async fn drain_killed_mid_way_resumes_and_completes_once() {
                 "TopicArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic",
                 "Subject": notice.subject, "Message": notice.message,
                 "Timestamp": "2026-01-01T00:00:00.000Z", "MessageAttributes": {}}}]});
-    let (_, terminating, creds) = &w.functions[0];
+    let RunningFunction {
+        runtime: terminating,
+        credentials: creds,
+        ..
+    } = w.function(Target::TerminatingHook);
 
     // First delivery: killed once the drain has evicted something.
     let killed = {

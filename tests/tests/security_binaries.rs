@@ -9,9 +9,9 @@
 
 use std::time::Duration;
 
+use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, GROUP, INSTANCE, RunningFunction, Target};
 use node_manager_testkit::lambda_api::InvocationOutcome;
-use node_manager_testkit::soak::binaries::{CLUSTER, GROUP, INSTANCE, function_world};
-use node_manager_testkit::soak::corpus::{self, BadPayload, Target};
+use node_manager_testkit::soak::corpus::{self, BadPayload};
 use node_manager_testkit::soak::secrets::SecretScanner;
 use serde_json::json;
 
@@ -32,10 +32,13 @@ fn sample(payloads: Vec<BadPayload>) -> Vec<BadPayload> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binaries_refuse_bad_input_without_effect_and_never_log_a_secret() {
-    let w = function_world(&[]).await;
+    let w = FunctionWorld::builder().start().await;
     let mut problems = Vec::new();
     let mut tried = 0;
-    for (target, runtime, _) in &w.functions {
+    for RunningFunction {
+        target, runtime, ..
+    } in &w.functions
+    {
         let payloads = match target {
             Target::NodegroupAuth => corpus::nodegroup_auth_corpus(),
             other => corpus::lifecycle_corpus(*other),
@@ -118,7 +121,7 @@ async fn binaries_refuse_bad_input_without_effect_and_never_log_a_secret() {
                 "TopicArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic",
                 "Subject": notice.subject, "Message": notice.message,
                 "Timestamp": "2026-01-01T00:00:00.000Z", "MessageAttributes": {}}}]});
-    let (_, terminating, _) = &w.functions[0];
+    let terminating = &w.function(Target::TerminatingHook).runtime;
     let outcome = terminating
         .invoke(&event, Duration::from_secs(30))
         .await
@@ -129,7 +132,7 @@ async fn binaries_refuse_bad_input_without_effect_and_never_log_a_secret() {
         terminating.output()
     );
     assert_eq!(w.aws.autoscaling().completions().len(), 1);
-    let (_, auth, _) = &w.functions[2];
+    let auth = &w.function(Target::NodegroupAuth).runtime;
     let outcome = auth
         .invoke(
             &corpus::fixture("eventbridge-create-nodegroup.json"),
@@ -149,7 +152,12 @@ async fn binaries_refuse_bad_input_without_effect_and_never_log_a_secret() {
         .len();
     assert!(function_requests > 0, "the drain reached the API server");
 
-    for (target, runtime, creds) in &w.functions {
+    for RunningFunction {
+        target,
+        runtime,
+        credentials: creds,
+    } in &w.functions
+    {
         let output = runtime.output();
         assert!(
             !output.is_empty(),

@@ -1,15 +1,14 @@
 //! Taking the node out of service before its pods leave: out of external load balancers,
-//! then unschedulable, then (optionally) tainted.
+//! unschedulable, and (optionally) tainted.
 //!
-//! Load balancers first, as EKS does: the service controller starts removing the node while
-//! its pods still serve, and the settle period after the drain gives it time to finish.
-//! Each step is its own patch, skipped when the node already has it, so a resumed or
-//! duplicate drain writes nothing twice.
+//! The label makes the service controller start removing the node from external load
+//! balancers while its pods still serve (as EKS does); the settle period after the drain
+//! gives it time to finish. All three go into the write that claims the drain
+//! ([`super::lease::claim`]), only where the node still lacks them, so a resumed or duplicate
+//! drain changes nothing twice.
 
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::Api;
-use kube::api::{Patch, PatchParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The well-known label that makes the service controller drop the node from external load
 /// balancers.
@@ -62,7 +61,7 @@ fn has_taint(node: &Node, wanted: &Taint) -> bool {
         })
 }
 
-/// What [`cordon`] changed.
+/// What taking the node out of service changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CordonReport {
     pub labelled: bool,
@@ -70,67 +69,42 @@ pub struct CordonReport {
     pub tainted: bool,
 }
 
-/// Brings `node` to labelled + cordoned (+ tainted), patching only what is missing. Returns
-/// the node as last written and what changed.
-pub async fn cordon(
-    nodes: &Api<Node>,
-    node: Node,
-    taint: Option<&Taint>,
-) -> Result<(Node, CordonReport), kube::Error> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let steps = CordonSteps::needed(&node, taint);
-    let mut report = CordonReport::default();
-    let mut node = node;
-    let params = PatchParams::default();
-    if steps.label {
-        let patch = json!({"metadata": {"labels": {EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true"}}});
-        node = nodes.patch(&name, &params, &Patch::Merge(&patch)).await?;
-        report.labelled = true;
+impl CordonReport {
+    pub fn changed_anything(&self) -> bool {
+        self.labelled || self.cordoned || self.tainted
     }
-    if steps.cordon {
-        let patch = json!({"spec": {"unschedulable": true}});
-        node = nodes.patch(&name, &params, &Patch::Merge(&patch)).await?;
-        report.cordoned = true;
-    }
-    if let Some(wanted) = steps.taint {
-        node = add_taint(nodes, node, &wanted).await?;
-        report.tainted = true;
-    }
-    Ok((node, report))
 }
 
-/// Appends a taint: `spec.taints` is a list a merge patch replaces whole, so the write
-/// carries the resourceVersion it was computed from and is redone on a conflict.
-async fn add_taint(nodes: &Api<Node>, node: Node, wanted: &Taint) -> Result<Node, kube::Error> {
-    const ATTEMPTS: u32 = 5;
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let mut node = node;
-    let mut attempt = 0;
-    loop {
-        if has_taint(&node, wanted) {
-            return Ok(node);
+impl CordonSteps {
+    /// What writing these steps changes.
+    pub fn report(&self) -> CordonReport {
+        CordonReport {
+            labelled: self.label,
+            cordoned: self.cordon,
+            tainted: self.taint.is_some(),
         }
-        let mut taints = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default();
-        taints.retain(|t| !(t.key == wanted.key && t.effect == wanted.effect));
-        taints.push(wanted.clone());
-        let patch = json!({
-            "metadata": {"resourceVersion": node.metadata.resource_version},
-            "spec": {"taints": taints},
-        });
-        match nodes
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(written) => return Ok(written),
-            Err(kube::Error::Api(status)) if status.is_conflict() && attempt + 1 < ATTEMPTS => {
-                attempt += 1;
-                node = nodes.get(&name).await?;
-            }
-            Err(error) => return Err(error),
+    }
+
+    /// Adds the missing steps to a merge `patch` of `node`. `spec.taints` is a list a merge
+    /// patch replaces whole, so the taints are `node`'s plus the wanted one: the patch must
+    /// carry `node`'s `resourceVersion` (the claim's does) so a concurrent change of the
+    /// taints is a conflict, not lost.
+    pub fn add_to_patch(&self, patch: &mut Value, node: &Node) {
+        if self.label {
+            patch["metadata"]["labels"] = json!({EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true"});
+        }
+        if self.cordon {
+            patch["spec"]["unschedulable"] = json!(true);
+        }
+        if let Some(wanted) = &self.taint {
+            let mut taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            taints.retain(|t| !(t.key == wanted.key && t.effect == wanted.effect));
+            taints.push(wanted.clone());
+            patch["spec"]["taints"] = json!(taints);
         }
     }
 }
@@ -183,5 +157,53 @@ mod tests {
         let steps = CordonSteps::needed(&n, None);
         assert!(steps.label);
         assert!(!steps.cordon);
+    }
+
+    #[test]
+    fn the_patch_adds_only_missing_steps_and_keeps_other_taints() {
+        let n = node(json!({
+            "metadata": {"name": "n1", "resourceVersion": "7"},
+            "spec": {"taints": [
+                {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+                {"key": "open-node-manager.io/draining", "value": "old", "effect": "NoSchedule"}
+            ]},
+        }));
+        let steps = CordonSteps::needed(&n, Some(&taint()));
+        let mut patch = json!({"metadata": {"resourceVersion": "7"}});
+        steps.add_to_patch(&mut patch, &n);
+        assert_eq!(
+            patch,
+            json!({
+                "metadata": {
+                    "resourceVersion": "7",
+                    "labels": {EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true"},
+                },
+                "spec": {
+                    "unschedulable": true,
+                    "taints": [
+                        {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+                        {"key": "open-node-manager.io/draining", "value": "true", "effect": "NoSchedule"}
+                    ],
+                },
+            })
+        );
+        assert_eq!(
+            steps.report(),
+            CordonReport {
+                labelled: true,
+                cordoned: true,
+                tainted: true
+            }
+        );
+
+        let done = node(json!({
+            "metadata": {"name": "n1", "labels": {EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true"}},
+            "spec": {"unschedulable": true},
+        }));
+        let steps = CordonSteps::needed(&done, None);
+        let mut patch = json!({"metadata": {"resourceVersion": "8"}});
+        steps.add_to_patch(&mut patch, &done);
+        assert_eq!(patch, json!({"metadata": {"resourceVersion": "8"}}));
+        assert!(!steps.report().changed_anything());
     }
 }

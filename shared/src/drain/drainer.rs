@@ -30,9 +30,8 @@ use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_functio
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
-use super::cordon::cordon;
 use super::events::{DrainEvents, reason};
-use super::force::{ForcedDeletion, delete_pod};
+use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::lease::{self, Claim, LeaseHolder, Update};
 use super::metrics::DrainMetrics;
 use super::session::{
@@ -229,6 +228,8 @@ pub enum DrainError {
         #[source]
         source: ContinuationError,
     },
+    #[error("the drain deadline of node {node} passed and force is configured, but these pods could not be deleted yet (the invocation fails so it is retried): {}", .pods.join(", "))]
+    ForceIncomplete { node: String, pods: Vec<String> },
     #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Records(Vec<DrainError>),
 }
@@ -244,6 +245,7 @@ impl DrainError {
             Self::Kubernetes { .. } => "KubernetesApiFailed",
             Self::Complete { .. } => "CompleteLifecycleActionFailed",
             Self::HandOver { .. } => "HandOverFailed",
+            Self::ForceIncomplete { .. } => "ForcedDeletionIncomplete",
             Self::Records(_) => "RecordsFailed",
         }
     }
@@ -417,7 +419,24 @@ where
         } else {
             DrainEvents::disabled()
         };
-        let node = find_node(&client, &self.instances, &action.instance_id)
+        let outcome =
+            Box::pin(self.drain_node(delivery, notification, invocation, &client, &events)).await;
+        events.flush().await;
+        outcome
+    }
+
+    /// From the instance's Node to the completion or hand-over; Events are queued on
+    /// `events` and written by [`Self::terminating`] before it returns.
+    async fn drain_node(
+        &self,
+        delivery: &Delivery,
+        notification: &LifecycleNotification,
+        invocation: &Invocation,
+        client: &kube::Client,
+        events: &DrainEvents,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let action = &notification.action;
+        let node = find_node(client, &self.instances, &action.instance_id)
             .await
             .map_err(|source| DrainError::NodeLookup {
                 instance_id: action.instance_id.clone(),
@@ -470,16 +489,25 @@ where
         let nodes: Api<Node> = Api::all(client.clone());
         let mut node = node;
         let mut waited_for_lease = false;
-        let (node, checkpoint, resumed) = loop {
-            let claim = lease::claim(&nodes, node, action, &holder, self.settings.drain_timeout)
-                .await
-                .map_err(kube_error)?;
+        let taint = self.settings.taint.as_ref().map(|t| t.to_taint());
+        let (node, checkpoint, resumed, cordon) = loop {
+            let claim = lease::claim(
+                &nodes,
+                node,
+                action,
+                &holder,
+                self.settings.drain_timeout,
+                taint.as_ref(),
+            )
+            .await
+            .map_err(kube_error)?;
             match claim {
                 Claim::Claimed {
                     node,
                     checkpoint,
                     resumed,
-                } => break (*node, checkpoint, resumed),
+                    cordon,
+                } => break (*node, checkpoint, resumed, cordon),
                 Claim::HeldByOther { holder, until } => {
                     // A live holder renews its lease; a dead one (killed mid-drain) does not.
                     // Wait once for the lease to run out, within this invocation's budget,
@@ -524,37 +552,28 @@ where
             tracing::info!(step = "resumed", started_at = %checkpoint.started_at, deadline = %checkpoint.deadline, continuations = checkpoint.continuations, "resuming the drain");
         } else {
             tracing::info!(step = "drain_started", deadline = %checkpoint.deadline, "drain started");
-            events
-                .normal(
-                    &node_reference,
-                    reason::DRAIN_STARTED,
-                    format!(
-                        "Draining node {node_name} for the termination of instance {} (Auto Scaling group {}, deadline {})",
-                        action.instance_id, action.auto_scaling_group_name, checkpoint.deadline
-                    ),
-                )
-                .await;
+            events.normal(
+                &node_reference,
+                reason::DRAIN_STARTED,
+                format!(
+                    "Draining node {node_name} for the termination of instance {} (Auto Scaling group {}, deadline {})",
+                    action.instance_id, action.auto_scaling_group_name, checkpoint.deadline
+                ),
+            );
         }
-
-        let taint = self.settings.taint.as_ref().map(|t| t.to_taint());
-        let (node, report) = cordon(&nodes, node, taint.as_ref())
-            .await
-            .map_err(kube_error)?;
-        if report.labelled || report.cordoned || report.tainted {
+        if cordon.changed_anything() {
             tracing::info!(
                 step = "cordoned",
-                labelled = report.labelled,
-                cordoned = report.cordoned,
-                tainted = report.tainted,
+                labelled = cordon.labelled,
+                cordoned = cordon.cordoned,
+                tainted = cordon.tainted,
                 "node excluded from load balancers and cordoned"
             );
-            events
-                .normal(
-                    &node_reference,
-                    reason::CORDONED,
-                    format!("Node {node_name} excluded from external load balancers and marked unschedulable"),
-                )
-                .await;
+            events.normal(
+                &node_reference,
+                reason::CORDONED,
+                format!("Node {node_name} excluded from external load balancers and marked unschedulable"),
+            );
         }
 
         let session_settings = SessionSettings {
@@ -573,30 +592,33 @@ where
                 .map(|g| i64::try_from(g.as_secs()).unwrap_or(i64::MAX)),
         };
         let mut session = DrainSession {
-            client: &client,
+            client,
             node_name: node_name.clone(),
             node_uid: node.metadata.uid.clone(),
             holder: &holder,
             settings: &session_settings,
-            events: &events,
+            events,
             checkpoint,
+            last_written: Some(node),
             stats: SessionStats::default(),
         };
         let hand_over_at = invocation.budget.hand_over_at();
         let driven = keeper
             .keep_alive(
                 &self.autoscaling,
-                Box::pin(self.drive(&mut session, &events, hand_over_at)),
+                Box::pin(self.drive(&mut session, events, hand_over_at)),
             )
             .await;
         let stats = session.stats;
+        let mut last_written = session.last_written.take();
         let end = match driven {
             Err(ActionGone) => {
                 tracing::warn!(
                     step = "action_gone",
                     "Auto Scaling no longer has this lifecycle action (completed elsewhere or timed out): stopping"
                 );
-                self.release(&nodes, &node_name, &holder).await;
+                self.release(&nodes, &node_name, &holder, &mut last_written)
+                    .await;
                 self.metrics(notification, Some(stats), "ActionGone").emit();
                 return Ok(DeliveryOutcome::ActionGone);
             }
@@ -605,9 +627,11 @@ where
         match end {
             Driven::HandOver => {
                 let handed =
-                    match lease::update(&nodes, &node_name, &holder, |c, now| c.handed_over(now))
-                        .await
-                        .map_err(kube_error)?
+                    match lease::update(&nodes, &node_name, &holder, &mut last_written, |c, now| {
+                        c.handed_over(now)
+                    })
+                    .await
+                    .map_err(kube_error)?
                     {
                         Update::Written(_) => true,
                         Update::LeaseLost => false,
@@ -649,6 +673,16 @@ where
                     HandOver::ActionGone => Ok(DeliveryOutcome::ActionGone),
                 }
             }
+            Driven::ForceIncomplete(pods) => {
+                self.release(&nodes, &node_name, &holder, &mut last_written)
+                    .await;
+                self.metrics(notification, Some(stats), "ForceIncomplete")
+                    .emit();
+                Err(DrainError::ForceIncomplete {
+                    node: node_name.clone(),
+                    pods,
+                })
+            }
             Driven::LeaseLost => {
                 tracing::info!(
                     step = "lease_lost",
@@ -663,30 +697,31 @@ where
                 };
                 let outcome = self.complete(notification, result).await?;
                 let started_at = session.checkpoint.started_at;
-                let completed = lease::update(&nodes, &node_name, &holder, |c, now| {
-                    let mut next = c.handed_over(now);
-                    next.continuations = c.continuations;
-                    next.completed_at = Some(now);
-                    next
-                })
-                .await;
+                let completed =
+                    lease::update(&nodes, &node_name, &holder, &mut last_written, |c, now| {
+                        let mut next = c.handed_over(now);
+                        next.continuations = c.continuations;
+                        // Without a settle period the drained time was not written yet.
+                        next.drained_at = c.drained_at.or(Some(now));
+                        next.completed_at = Some(now);
+                        next
+                    })
+                    .await;
                 if let Err(error) = completed {
                     tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
                 }
                 let duration = Timestamp::now().duration_since(started_at);
                 tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
-                events
-                    .normal(
-                        &node_reference,
-                        reason::LIFECYCLE_ACTION_COMPLETED,
-                        format!(
-                            "Lifecycle action of instance {} completed with {} ({})",
-                            action.instance_id,
-                            result.as_str(),
-                            drain.label()
-                        ),
-                    )
-                    .await;
+                events.normal(
+                    &node_reference,
+                    reason::LIFECYCLE_ACTION_COMPLETED,
+                    format!(
+                        "Lifecycle action of instance {} completed with {} ({})",
+                        action.instance_id,
+                        result.as_str(),
+                        drain.label()
+                    ),
+                );
                 self.metrics(notification, Some(stats), drain.label())
                     .metric(
                         "DrainDuration",
@@ -729,21 +764,29 @@ where
                 self.settings.timeout_result.as_str()
             );
             tracing::warn!(step = "pod_eviction_failure", pods = ?listed, "{note}");
-            events
-                .warning(&node_reference, reason::POD_EVICTION_FAILURE, note)
-                .await;
+            events.warning(&node_reference, reason::POD_EVICTION_FAILURE, note);
             return Ok(Driven::Finished(DrainEnd::EvictionFailure(listed)));
         }
-        let deleted = self.force_delete(session, &stuck).await;
-        let note = format!(
+        let (deleted, failed) = self.force_delete(session, &stuck).await;
+        let mut note = format!(
             "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE): {}",
             deleted.len(),
             deleted.join(", ")
         );
-        tracing::warn!(step = "forced", pods = ?deleted, "{note}");
-        events
-            .warning(&node_reference, reason::DRAIN_FORCED, note)
-            .await;
+        if !failed.is_empty() {
+            note.push_str(&format!(
+                "; could not delete {} (retried by the next invocation): {}",
+                failed.len(),
+                failed.join(", ")
+            ));
+        }
+        tracing::warn!(step = "forced", pods = ?deleted, failed = ?failed, "{note}");
+        events.warning(&node_reference, reason::DRAIN_FORCED, note);
+        if !failed.is_empty() {
+            // Completing now would let the instance go with the pods still running, which
+            // is what force is configured to prevent: fail the invocation so it is retried.
+            return Ok(Driven::ForceIncomplete(failed));
+        }
         if let Some(end) = session.mark_drained().await? {
             return Ok(match end {
                 SessionEnd::LeaseLost => Driven::LeaseLost,
@@ -757,20 +800,43 @@ where
         })
     }
 
-    async fn force_delete(&self, session: &DrainSession<'_>, stuck: &[StuckPod]) -> Vec<String> {
+    /// Deletes the pods eviction could not move, `EVICTION_CONCURRENCY` at a time (each
+    /// retrying on its own): (deleted, failed after retries).
+    async fn force_delete(
+        &self,
+        session: &DrainSession<'_>,
+        stuck: &[StuckPod],
+    ) -> (Vec<String>, Vec<String>) {
+        use futures::StreamExt;
         let grace = session.settings.grace_period_seconds;
-        let mut deleted = Vec::new();
         // Pods already terminating are on their way; a second DELETE would change nothing.
-        for pod in stuck.iter().filter(|p| p.why != StuckReason::Terminating) {
-            match delete_pod(session.client, &pod.pod, grace).await {
-                ForcedDeletion::Deleted => deleted.push(pod.pod.to_string()),
+        let outcomes: Vec<(String, ForcedDeletion)> =
+            futures::stream::iter(stuck.iter().filter(|p| p.why != StuckReason::Terminating))
+                .map(|pod| async move {
+                    let outcome = delete_pod_with_retries(session.client, &pod.pod, grace).await;
+                    (pod.pod.to_string(), outcome)
+                })
+                .buffer_unordered(session.settings.eviction_concurrency.max(1))
+                .collect()
+                .await;
+        let mut deleted = Vec::new();
+        let mut failed = Vec::new();
+        for (pod, outcome) in outcomes {
+            match outcome {
+                ForcedDeletion::Deleted => deleted.push(pod),
                 ForcedDeletion::AlreadyGone => {}
+                ForcedDeletion::Refused(error) => {
+                    tracing::warn!(pod, %error, "the API server refused to delete the pod (check the role's force-delete group)");
+                }
                 ForcedDeletion::Failed(error) => {
-                    tracing::warn!(pod = %pod.pod, %error, "could not delete the pod");
+                    tracing::warn!(pod, %error, "could not delete the pod");
+                    failed.push(pod);
                 }
             }
         }
-        deleted
+        deleted.sort();
+        failed.sort();
+        (deleted, failed)
     }
 
     async fn complete(
@@ -795,8 +861,14 @@ where
     }
 
     /// Lets go of the lease so another invocation need not wait for it to expire.
-    async fn release(&self, nodes: &Api<Node>, node_name: &str, holder: &LeaseHolder) {
-        let released = lease::update(nodes, node_name, holder, |c, now| {
+    async fn release(
+        &self,
+        nodes: &Api<Node>,
+        node_name: &str,
+        holder: &LeaseHolder,
+        last_written: &mut Option<Node>,
+    ) {
+        let released = lease::update(nodes, node_name, holder, last_written, |c, now| {
             let mut next = c.handed_over(now);
             next.continuations = c.continuations;
             next
@@ -828,6 +900,8 @@ enum Driven {
     Finished(DrainEnd),
     HandOver,
     LeaseLost,
+    /// Forced deletion of these pods kept failing: retry the invocation.
+    ForceIncomplete(Vec<String>),
 }
 
 /// How long until a lease that runs `until` has expired (plus a little slack for clock

@@ -1,11 +1,24 @@
-//! The Kubernetes Events a drain leaves on the Node and on each evicted Pod: what an operator
-//! sees in `kubectl describe node` / `kubectl get events` without reading Lambda logs.
+//! The Kubernetes Events a drain leaves on the Node (and on a Pod whose eviction is blocked):
+//! what an operator sees in `kubectl describe node` / `kubectl get events` without reading
+//! Lambda logs.
 //!
-//! An Event that cannot be written (RBAC, API hiccup) is logged and forgotten: the drain
-//! itself matters more than its report.
+//! Events are a report, not part of the drain: they are written in order by a background
+//! task so no round trip of theirs delays an eviction or the completion, and
+//! [`DrainEvents::flush`] waits (bounded) for the queue before the invocation returns, since
+//! Lambda freezes the process after that. An Event that cannot be written (RBAC, API hiccup)
+//! is logged and forgotten.
+//!
+//! Decision: no Event per evicted pod. It would double the drain's API requests (one create
+//! per pod, on top of its eviction) for what the kubelet's own `Killing` Event on the pod and
+//! the node's `Drained` Event (with the count) already say. Pods whose eviction is refused in
+//! a way an owner must fix get one `EvictionBlocked` Warning each.
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 use super::plan::PodKey;
 
@@ -15,6 +28,10 @@ const ACTION: &str = "Drain";
 /// An events.k8s.io `note` may hold at most 1 KiB.
 const MAX_NOTE_BYTES: usize = 1024;
 
+/// How long the end of an invocation waits for queued Events: long enough for a few round
+/// trips to a slow API server, short enough that a hung one cannot hold the invocation.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Reasons, as `kubectl get events` shows them.
 pub mod reason {
     pub const DRAIN_STARTED: &str = "DrainStarted";
@@ -22,26 +39,38 @@ pub mod reason {
     pub const DRAINED: &str = "Drained";
     pub const POD_EVICTION_FAILURE: &str = "PodEvictionFailure";
     pub const DRAIN_FORCED: &str = "DrainForced";
-    pub const EVICTED: &str = "Evicted";
     pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
     pub const LIFECYCLE_ACTION_COMPLETED: &str = "LifecycleActionCompleted";
 }
 
-/// Publishes the drain's Events; `None` recorder (unit tests) publishes nothing.
-#[derive(Clone)]
+/// An Event waiting to be written.
+struct Pending {
+    regarding: ObjectReference,
+    event: Event,
+}
+
+/// Queues the drain's Events for the background writer; [`DrainEvents::disabled`] (unit
+/// tests, call counting) writes nothing.
 pub struct DrainEvents {
-    recorder: Option<Recorder>,
+    queue: Option<mpsc::UnboundedSender<Pending>>,
+    writer: Option<JoinHandle<()>>,
 }
 
 impl DrainEvents {
+    /// Starts the writer. Must be called inside a Tokio runtime.
     pub fn new(recorder: Recorder) -> Self {
+        let (queue, pending) = mpsc::unbounded_channel();
         Self {
-            recorder: Some(recorder),
+            queue: Some(queue),
+            writer: Some(tokio::spawn(write_in_order(recorder, pending))),
         }
     }
 
     pub fn disabled() -> Self {
-        Self { recorder: None }
+        Self {
+            queue: None,
+            writer: None,
+        }
     }
 
     /// The reference Events about a Node carry.
@@ -66,36 +95,57 @@ impl DrainEvents {
         }
     }
 
-    pub async fn normal(&self, regarding: &ObjectReference, reason: &str, note: String) {
-        self.publish(regarding, EventType::Normal, reason, note)
-            .await;
+    pub fn normal(&self, regarding: &ObjectReference, reason: &str, note: String) {
+        self.queue(regarding, EventType::Normal, reason, note);
     }
 
-    pub async fn warning(&self, regarding: &ObjectReference, reason: &str, note: String) {
-        self.publish(regarding, EventType::Warning, reason, note)
-            .await;
+    pub fn warning(&self, regarding: &ObjectReference, reason: &str, note: String) {
+        self.queue(regarding, EventType::Warning, reason, note);
     }
 
-    async fn publish(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let Some(recorder) = &self.recorder else {
+    fn queue(&self, regarding: &ObjectReference, type_: EventType, reason: &str, note: String) {
+        let Some(queue) = &self.queue else {
             return;
         };
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(truncate_note(note)),
-            action: ACTION.to_owned(),
-            secondary: None,
+        let pending = Pending {
+            regarding: regarding.clone(),
+            event: Event {
+                type_,
+                reason: reason.to_owned(),
+                note: Some(truncate_note(note)),
+                action: ACTION.to_owned(),
+                secondary: None,
+            },
         };
-        if let Err(error) = recorder.publish(&event, regarding).await {
+        // Fails only when the writer is gone (its runtime is shutting down): nothing to do.
+        let _ = queue.send(pending);
+    }
+
+    /// Waits until every queued Event was written (or failed), at most [`FLUSH_TIMEOUT`].
+    pub async fn flush(mut self) {
+        drop(self.queue.take());
+        let Some(mut writer) = self.writer.take() else {
+            return;
+        };
+        if tokio::time::timeout(FLUSH_TIMEOUT, &mut writer)
+            .await
+            .is_err()
+        {
+            writer.abort();
             tracing::warn!(
-                reason,
+                timeout_seconds = FLUSH_TIMEOUT.as_secs(),
+                "gave up writing the drain's remaining Kubernetes Events"
+            );
+        }
+    }
+}
+
+/// The background writer: one Event at a time, in the order they were queued.
+async fn write_in_order(recorder: Recorder, mut pending: mpsc::UnboundedReceiver<Pending>) {
+    while let Some(Pending { regarding, event }) = pending.recv().await {
+        if let Err(error) = recorder.publish(&event, &regarding).await {
+            tracing::warn!(
+                reason = event.reason,
                 object = regarding.name.as_deref().unwrap_or_default(),
                 %error,
                 "could not record a Kubernetes Event (the drain goes on)"

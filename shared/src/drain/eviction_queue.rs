@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use super::backoff::Backoff;
@@ -76,12 +76,27 @@ impl EvictionQueue {
             if self.in_flight.len() >= self.concurrency {
                 break;
             }
-            let entry = self.entries.entry(pod.key.clone()).or_default();
-            let due = entry.not_before.is_none_or(|t| t <= now);
-            if entry.in_flight || entry.leaving || !due {
-                continue;
+            // Looked up before inserting: most offered pods are known already (in flight,
+            // leaving, or waiting for a retry), and a key clone per pod per offer adds up
+            // on a node with hundreds of pods.
+            match self.entries.get_mut(&pod.key) {
+                Some(entry) => {
+                    let due = entry.not_before.is_none_or(|t| t <= now);
+                    if entry.in_flight || entry.leaving || !due {
+                        continue;
+                    }
+                    entry.in_flight = true;
+                }
+                None => {
+                    self.entries.insert(
+                        pod.key.clone(),
+                        Entry {
+                            in_flight: true,
+                            ..Entry::default()
+                        },
+                    );
+                }
             }
-            entry.in_flight = true;
             let grace = self.grace_period_override.or(pod.grace_period_seconds);
             self.in_flight.push(evict(pod.key.clone(), grace));
             started += 1;
@@ -96,6 +111,11 @@ impl EvictionQueue {
             Some(answer) => answer,
             None => std::future::pending().await,
         }
+    }
+
+    /// An answer that has already arrived, without waiting.
+    pub fn ready_answer(&mut self) -> Option<(PodKey, EvictionOutcome)> {
+        self.in_flight.next().now_or_never().flatten()
     }
 
     pub fn has_in_flight(&self) -> bool {

@@ -5,8 +5,8 @@
 //! 1. finds the instance's Node (none: completes at once) — [`crate::lifecycle::node`];
 //! 2. takes the drain on the Node, or resumes it, or leaves it to the invocation already on
 //!    it — [`lease`] over the [`checkpoint`] annotation;
-//! 3. excludes the node from external load balancers, cordons it, optionally taints it —
-//!    [`cordon`];
+//! 3. in the same write, excludes the node from external load balancers, cordons it,
+//!    optionally taints it — [`cordon`];
 //! 4. decides which pods leave, in which tier, which stay — [`plan`];
 //! 5. evicts them within a concurrency bound, retrying refusals with [`backoff`] —
 //!    [`eviction`], [`eviction_queue`] — and watches them go with one watch — [`node_pods`];

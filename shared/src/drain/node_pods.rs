@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,6 +26,7 @@ pub struct NodePods {
     /// Pods of a re-list in progress; swapped in when the list is complete.
     listing: Option<BTreeMap<(String, String), Pod>>,
     synced: bool,
+    generation: u64,
 }
 
 impl NodePods {
@@ -40,59 +41,87 @@ impl NodePods {
             pods: BTreeMap::new(),
             listing: None,
             synced: false,
+            generation: 0,
         }
     }
 
     /// Waits until the view is complete and something changed. Watch errors are logged and
     /// retried by the watcher's own backoff; `Err` only when the stream ends (it does not,
     /// in practice). Cancel-safe: the state lives in `self`, so it can sit in a `select!`.
+    ///
+    /// Every event that has already arrived is applied before returning, so a burst of
+    /// deletions (a whole eviction wave) costs the caller one look, not one per pod.
     pub async fn changed(&mut self) -> Result<(), NodePodsError> {
         loop {
-            let event = match self.events.next().await {
-                Some(Ok(event)) => event,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "watch of the node's pods failed; retrying");
-                    continue;
-                }
+            let mut changed = match self.events.next().await {
+                Some(event) => self.apply(event),
                 None => return Err(NodePodsError::WatchEnded),
             };
-            match event {
-                watcher::Event::Init => self.listing = Some(BTreeMap::new()),
-                watcher::Event::InitApply(pod) => {
-                    if let Some(listing) = self.listing.as_mut()
-                        && let Some(key) = key(&pod)
-                    {
-                        listing.insert(key, pod);
-                    }
-                }
-                watcher::Event::InitDone => {
-                    if let Some(listing) = self.listing.take() {
-                        self.pods = listing;
-                    }
-                    self.synced = true;
-                    return Ok(());
-                }
-                watcher::Event::Apply(pod) => {
-                    if let Some(key) = key(&pod) {
-                        self.pods.insert(key, pod);
-                    }
-                    if self.synced {
-                        return Ok(());
-                    }
-                }
-                watcher::Event::Delete(pod) => {
-                    if let Some(key) = key(&pod) {
-                        // Only if it is the same pod: a replacement may already be there.
-                        if self.pods.get(&key).map(|p| &p.metadata.uid) == Some(&pod.metadata.uid) {
-                            self.pods.remove(&key);
-                        }
-                    }
-                    if self.synced {
-                        return Ok(());
-                    }
+            while let Some(next) = self.events.next().now_or_never() {
+                match next {
+                    Some(event) => changed |= self.apply(event),
+                    None => return Err(NodePodsError::WatchEnded),
                 }
             }
+            if changed {
+                return Ok(());
+            }
         }
+    }
+
+    /// Applies one watcher event; `true` when the complete view changed.
+    fn apply(&mut self, event: Result<watcher::Event<Pod>, watcher::Error>) -> bool {
+        let event = match event {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::warn!(%error, "watch of the node's pods failed; retrying");
+                return false;
+            }
+        };
+        match event {
+            watcher::Event::Init => {
+                self.listing = Some(BTreeMap::new());
+                false
+            }
+            watcher::Event::InitApply(pod) => {
+                if let Some(listing) = self.listing.as_mut()
+                    && let Some(key) = key(&pod)
+                {
+                    listing.insert(key, pod);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                if let Some(listing) = self.listing.take() {
+                    self.pods = listing;
+                }
+                self.synced = true;
+                self.generation += 1;
+                true
+            }
+            watcher::Event::Apply(pod) => {
+                if let Some(key) = key(&pod) {
+                    self.pods.insert(key, pod);
+                    self.generation += 1;
+                }
+                self.synced
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(key) = key(&pod) {
+                    // Only if it is the same pod: a replacement may already be there.
+                    if self.pods.get(&key).map(|p| &p.metadata.uid) == Some(&pod.metadata.uid) {
+                        self.pods.remove(&key);
+                        self.generation += 1;
+                    }
+                }
+                self.synced
+            }
+        }
+    }
+
+    /// Counts changes of the view: equal generations mean the same pods.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// Whether the first complete list has arrived.

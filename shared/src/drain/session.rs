@@ -114,6 +114,9 @@ pub struct DrainSession<'a> {
     pub settings: &'a SessionSettings,
     pub events: &'a DrainEvents,
     pub checkpoint: DrainCheckpoint,
+    /// The node as this invocation last wrote it: checkpoint writes go against its
+    /// `resourceVersion` without reading first (see [`lease::update`]).
+    pub last_written: Option<Node>,
     pub stats: SessionStats,
 }
 
@@ -125,34 +128,34 @@ impl DrainSession<'_> {
     /// Runs until the drain is done, its deadline passes or `hand_over_at` comes.
     pub async fn run(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
         if self.checkpoint.drained_at.is_none() {
-            match self.evict_all(hand_over_at).await? {
-                None => {}
-                Some(end) => return Ok(end),
+            if let Some(end) = self.evict_all(hand_over_at).await? {
+                return Ok(end);
             }
-            let now = Timestamp::now();
-            match self
-                .update(|c, _| {
-                    let mut next = c.clone();
-                    next.drained_at.get_or_insert(now);
-                    next
-                })
-                .await?
-            {
-                Some(end) => return Ok(end),
-                None => {
-                    tracing::info!(step = "drained", node = %self.node_name, pods_evicted = self.stats.pods_evicted, "node drained");
-                    self.events
-                        .normal(
-                            &self.node_reference(),
-                            reason::DRAINED,
-                            format!(
-                                "All pods that had to leave node {} are gone ({} evicted by this invocation)",
-                                self.node_name, self.stats.pods_evicted
-                            ),
-                        )
-                        .await;
+            // The drained time is what a resumed invocation counts the settle period from;
+            // without a settle period there is nothing to resume, so no write on the way to
+            // the completion (which records it).
+            if !self.settings.settle.is_zero() {
+                let now = Timestamp::now();
+                let marked = self
+                    .update(|c, _| {
+                        let mut next = c.clone();
+                        next.drained_at.get_or_insert(now);
+                        next
+                    })
+                    .await?;
+                if let Some(end) = marked {
+                    return Ok(end);
                 }
             }
+            tracing::info!(step = "drained", node = %self.node_name, pods_evicted = self.stats.pods_evicted, "node drained");
+            self.events.normal(
+                &self.node_reference(),
+                reason::DRAINED,
+                format!(
+                    "All pods that had to leave node {} are gone ({} evicted by this invocation)",
+                    self.node_name, self.stats.pods_evicted
+                ),
+            );
         }
         self.settle(hand_over_at).await
     }
@@ -220,14 +223,23 @@ impl DrainSession<'_> {
                 (key, outcome)
             })
         };
+        // The plan of the pods as of a generation of the watch: re-planned only when the
+        // pods changed, since an eviction answer alone only frees a slot.
+        let mut planned: Option<(u64, DrainPlan)> = None;
         loop {
             if pods.is_synced() {
-                let plan = DrainPlan::new(pods.pods());
-                if plan.is_drained() {
-                    return Ok(None);
+                let generation = pods.generation();
+                if planned.as_ref().is_none_or(|(seen, _)| *seen != generation) {
+                    let plan = DrainPlan::new(pods.pods());
+                    if plan.is_drained() {
+                        return Ok(None);
+                    }
+                    queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+                    planned = Some((generation, plan));
                 }
-                queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
-                queue.offer(plan.to_evict_now(), Instant::now(), evict);
+                if let Some((_, plan)) = &planned {
+                    queue.offer(plan.to_evict_now(), Instant::now(), evict);
+                }
             }
             let retry_at = queue.next_retry_at();
             // Biased, in this order: the deadline and the hand-over win over everything; an
@@ -235,7 +247,9 @@ impl DrainSession<'_> {
             // the answers, whose connections would sit unread).
             tokio::select! {
                 biased;
-                _ = sleep_until(deadline_at) => {
+                // Only once the pods are known: an invocation resuming after the deadline
+                // must report (or force) the pods that are there, not an empty view.
+                _ = sleep_until(deadline_at), if pods.is_synced() => {
                     let stuck = self.stuck_pods(&pods, &queue).await;
                     return Ok(Some(SessionEnd::DeadlinePassed(stuck)));
                 }
@@ -248,6 +262,11 @@ impl DrainSession<'_> {
                 }
                 (pod, outcome) = queue.next_answer() => {
                     self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                    // Answers come in waves: take every one already here before offering
+                    // the freed slots.
+                    while let Some((pod, outcome)) = queue.ready_answer() {
+                        self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                    }
                 }
                 _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
                 changed = pods.changed() => {
@@ -280,16 +299,6 @@ impl DrainSession<'_> {
             Recorded::Evicted => {
                 self.stats.pods_evicted += 1;
                 tracing::info!(step = "evicted", node = %self.node_name, pod = %pod, "pod evicted");
-                self.events
-                    .normal(
-                        &DrainEvents::pod_reference(pod),
-                        reason::EVICTED,
-                        format!(
-                            "Evicted: node {} is being drained for termination",
-                            self.node_name
-                        ),
-                    )
-                    .await;
             }
             Recorded::Leaving => {
                 tracing::info!(step = "evicted", node = %self.node_name, pod = %pod, outcome = label, "pod already leaving");
@@ -310,13 +319,11 @@ impl DrainSession<'_> {
                         }
                     );
                     tracing::warn!(step = "eviction_refused", node = %self.node_name, pod = %pod, budgets = ?names, "{note}");
-                    self.events
-                        .warning(
-                            &DrainEvents::pod_reference(pod),
-                            reason::EVICTION_BLOCKED,
-                            note,
-                        )
-                        .await;
+                    self.events.warning(
+                        &DrainEvents::pod_reference(pod),
+                        reason::EVICTION_BLOCKED,
+                        note,
+                    );
                 }
             }
         }
@@ -418,7 +425,16 @@ impl DrainSession<'_> {
         &mut self,
         change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
     ) -> Result<Option<SessionEnd>, kube::Error> {
-        match lease::update(&self.nodes(), &self.node_name, self.holder, change).await? {
+        let nodes = self.nodes();
+        match lease::update(
+            &nodes,
+            &self.node_name,
+            self.holder,
+            &mut self.last_written,
+            change,
+        )
+        .await?
+        {
             Update::Written(checkpoint) => {
                 self.checkpoint = checkpoint;
                 Ok(None)

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::kube::{FaultAction, FaultRule};
+use crate::kube::{AuditEvent, FaultAction, FaultRule};
 use crate::sandbox::{Sandbox, Scenario};
 
 /// Evictions in flight at once: the functions' default `EVICTION_CONCURRENCY`.
@@ -18,23 +18,58 @@ const LIST_PAGE: usize = 500;
 pub struct DrainFigures {
     pub pods: usize,
     pub latency: Duration,
+    /// Drains measured; every figure below is their median (RSS: the highest).
+    pub runs: usize,
     /// Lifecycle action start (the notification) → `CompleteLifecycleAction`, settle 0.
     pub wall: Duration,
     /// The fewest sequential round trips at this latency and concurrency (see [`lower_bound`]).
     pub lower_bound: Duration,
+    /// The same round trips at the median time the fake API server really took per request
+    /// in these runs (its own work under load added to the injected latency).
+    pub service_bound: Duration,
     /// Kubernetes API requests the function made (audit log).
     pub requests: usize,
     pub peak_rss_kib: u64,
-    /// `kubectl drain --ignore-daemonsets --delete-emptydir-data` of the same node, same latency.
+    /// `kubectl drain --ignore-daemonsets --delete-emptydir-data` of the same node, same
+    /// latency: the median of `kubectl_runs` drains.
     pub kubectl: Option<Duration>,
+    pub kubectl_runs: usize,
+}
+
+/// The most requests a drain of `pods` pods may make (the target): one eviction per
+/// pod plus a fixed allowance for finding, claiming and cordoning the node, listing and
+/// watching its pods, and the node's Events.
+pub fn request_budget(pods: usize) -> usize {
+    pods + 20
 }
 
 /// What the drain cannot go below: get the node, patch it (label + cordon), list its pods
 /// page by page, and evict them `EVICTION_CONCURRENCY` at a time — each a round trip of at
 /// least `latency`. Pod removal itself is instant here (grace periods scaled to 0).
 pub fn lower_bound(pods: usize, latency: Duration) -> Duration {
-    let round_trips = 2 + pods.div_ceil(LIST_PAGE).max(1) + pods.div_ceil(EVICTION_CONCURRENCY);
-    latency * round_trips as u32
+    latency * sequential_round_trips(pods)
+}
+
+/// The round trips of [`lower_bound`].
+pub fn sequential_round_trips(pods: usize) -> u32 {
+    let trips = 2 + pods.div_ceil(LIST_PAGE).max(1) + pods.div_ceil(EVICTION_CONCURRENCY);
+    u32::try_from(trips).unwrap_or(u32::MAX)
+}
+
+/// The median time the fake API server took to answer the function's requests (received →
+/// response complete, the injected latency included; watches excluded, their stage is the
+/// start of the stream): what one round trip really cost in this run.
+fn median_service_time(requests: &[AuditEvent]) -> Duration {
+    let mut times: Vec<Duration> = requests
+        .iter()
+        .filter(|e| e.verb != "watch")
+        .filter_map(|e| {
+            let received: jiff::Timestamp = e.request_received_timestamp.parse().ok()?;
+            let done: jiff::Timestamp = e.stage_timestamp.parse().ok()?;
+            Duration::try_from(done.duration_since(received)).ok()
+        })
+        .collect();
+    super::median(&mut times)
 }
 
 fn drain_scenario(pods: usize, podsets: &[(&str, usize, Option<i32>)], pod_start: f64) -> String {
@@ -66,25 +101,87 @@ async fn start(yaml: &str) -> Result<Sandbox, String> {
         .map_err(|e| e.to_string())
 }
 
-/// Drains one node with `pods` pods through the terminating hook, every API request delayed
-/// by `latency`; then, when kubectl is on PATH and `with_kubectl`, drains an identical
-/// node with kubectl.
+/// Drains one node with `pods` pods through the terminating hook `runs` times (a fresh
+/// world each), every API request delayed by `latency`; then, when kubectl is on PATH,
+/// drains an identical node with kubectl `kubectl_runs` times.
 pub async fn drain_at_scale(
     pods: usize,
     latency: Duration,
-    with_kubectl: bool,
+    runs: usize,
+    kubectl_runs: usize,
 ) -> Result<DrainFigures, String> {
     let yaml = drain_scenario(pods, &[("app", pods, None)], 0.05);
-    let sandbox = start(&yaml).await?;
+    let mut walls = Vec::new();
+    let mut requests = Vec::new();
+    let mut service_times = Vec::new();
+    let mut peak_rss_kib = 0;
+    for _ in 0..runs.max(1) {
+        let run = drain_once(&yaml, pods, latency).await?;
+        walls.push(run.wall);
+        requests.push(run.requests);
+        service_times.push(run.service_time);
+        peak_rss_kib = peak_rss_kib.max(run.peak_rss_kib);
+    }
+    requests.sort_unstable();
+    let mut kubectl = Vec::new();
+    if kubectl_available() {
+        for _ in 0..kubectl_runs {
+            kubectl.push(kubectl_drain(&yaml, latency).await?);
+        }
+    }
+    Ok(DrainFigures {
+        pods,
+        latency,
+        runs: walls.len(),
+        wall: super::median(&mut walls),
+        lower_bound: lower_bound(pods, latency),
+        service_bound: super::median(&mut service_times) * sequential_round_trips(pods),
+        requests: requests[(requests.len() - 1) / 2],
+        peak_rss_kib,
+        kubectl_runs: kubectl.len(),
+        kubectl: (!kubectl.is_empty()).then(|| super::median(&mut kubectl)),
+    })
+}
+
+struct DrainRun {
+    wall: Duration,
+    requests: usize,
+    service_time: Duration,
+    peak_rss_kib: u64,
+}
+
+async fn drain_once(yaml: &str, pods: usize, latency: Duration) -> Result<DrainRun, String> {
+    let sandbox = start(yaml).await?;
     sandbox
         .server()
         .faults()
         .add(FaultRule::new(FaultAction::Latency(latency)));
+    let hook = sandbox
+        .function("terminating-hook")
+        .ok_or("no terminating-hook")?;
+    let invocations_before = hook.invocations().len();
+    if std::env::var_os("BENCH_AUDIT").is_some() {
+        let (node, _) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
+        let on_node = sandbox
+            .server()
+            .store()
+            .list::<k8s_openapi::api::core::v1::Pod>()
+            .iter()
+            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()))
+            .count();
+        eprintln!("pods on {node} before the drain: {on_node}");
+    }
     let checks = sandbox.play_step(0).await;
     if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
         return Err(format!(
             "the drain of {pods} pods did not complete as expected: {failed}"
         ));
+    }
+    // The invocation goes on after the completion (its Events, the checkpoint's completed
+    // time): count its requests once it has returned.
+    let returned_by = Instant::now() + Duration::from_secs(30);
+    while hook.invocations().len() <= invocations_before && Instant::now() < returned_by {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (_, instance) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
     let wall = sandbox
@@ -95,30 +192,23 @@ pub async fn drain_at_scale(
         .find(|c| c.instance_id == instance)
         .map(|c| c.after)
         .ok_or("no completion")?;
-    let requests = sandbox
+    let hook_requests = sandbox
         .server()
         .audit()
-        .filter(|e| e.user_agent.contains("terminating-hook"))
-        .len();
-    let peak_rss_kib = sandbox
-        .function("terminating-hook")
-        .and_then(|f| f.peak_rss_kib())
-        .unwrap_or_default();
+        .filter(|e| e.user_agent.contains("terminating-hook"));
+    if std::env::var_os("BENCH_AUDIT").is_some() {
+        // Where the time goes: every request of the function, in arrival order.
+        for event in &hook_requests {
+            eprintln!("{} done {}", event.line(), event.stage_timestamp);
+        }
+    }
+    let peak_rss_kib = hook.peak_rss_kib().unwrap_or_default();
     sandbox.shutdown().await;
-
-    let kubectl = if with_kubectl && kubectl_available() {
-        Some(kubectl_drain(&yaml, latency).await?)
-    } else {
-        None
-    };
-    Ok(DrainFigures {
-        pods,
-        latency,
+    Ok(DrainRun {
         wall,
-        lower_bound: lower_bound(pods, latency),
-        requests,
+        requests: hook_requests.len(),
+        service_time: median_service_time(&hook_requests),
         peak_rss_kib,
-        kubectl,
     })
 }
 
@@ -173,6 +263,7 @@ pub struct PdbFigures {
     pub deployments: usize,
     pub pods_per_deployment: usize,
     pub replacement_ready: Duration,
+    pub runs: usize,
     pub wall: Duration,
     /// The first eviction of each Deployment is free; each later one must wait for the
     /// previous pod's replacement to be Ready: `pods_per_deployment - 1` waits.
@@ -182,10 +273,11 @@ pub struct PdbFigures {
 /// Three Deployments with `maxUnavailable: 1`, `per_deployment` pods each on the drained
 /// node, replacements Ready after `replacement_ready`: the drain can evict one pod per
 /// Deployment per wave, so the ideal is `per_deployment` waves, `per_deployment - 1` of which
-/// wait for a replacement.
+/// wait for a replacement. The wall time is the median of `runs` drains.
 pub async fn pdb_constrained_drain(
     per_deployment: usize,
     replacement_ready: Duration,
+    runs: usize,
 ) -> Result<PdbFigures, String> {
     let sets = [
         ("web", per_deployment, Some(1)),
@@ -193,28 +285,33 @@ pub async fn pdb_constrained_drain(
         ("worker", per_deployment, Some(1)),
     ];
     let yaml = drain_scenario(per_deployment * 3, &sets, replacement_ready.as_secs_f64());
-    let sandbox = start(&yaml).await?;
-    let checks = sandbox.play_step(0).await;
-    if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
-        return Err(format!(
-            "the PDB-constrained drain did not complete as expected: {failed}"
-        ));
+    let mut walls = Vec::new();
+    for _ in 0..runs.max(1) {
+        let sandbox = start(&yaml).await?;
+        let checks = sandbox.play_step(0).await;
+        if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
+            return Err(format!(
+                "the PDB-constrained drain did not complete as expected: {failed}"
+            ));
+        }
+        let (_, instance) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
+        let wall = sandbox
+            .aws()
+            .autoscaling()
+            .completions()
+            .iter()
+            .find(|c| c.instance_id == instance)
+            .map(|c| c.after)
+            .ok_or("no completion")?;
+        sandbox.shutdown().await;
+        walls.push(wall);
     }
-    let (_, instance) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
-    let wall = sandbox
-        .aws()
-        .autoscaling()
-        .completions()
-        .iter()
-        .find(|c| c.instance_id == instance)
-        .map(|c| c.after)
-        .ok_or("no completion")?;
-    sandbox.shutdown().await;
     Ok(PdbFigures {
         deployments: sets.len(),
         pods_per_deployment: per_deployment,
         replacement_ready,
-        wall,
+        runs: walls.len(),
+        wall: super::median(&mut walls),
         ideal: replacement_ready * per_deployment.saturating_sub(1) as u32,
     })
 }

@@ -24,6 +24,12 @@ struct Args {
     /// Only these parts (comma-separated): cold-start, drain, pdb, aws-auth, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pods: Vec<usize>,
+    /// kubectl drains per size (default: 3 in full mode, none in quick mode).
+    #[arg(long)]
+    kubectl_runs: Option<usize>,
 }
 
 #[tokio::main]
@@ -56,7 +62,7 @@ async fn main() -> ExitCode {
         report(cold_start(mode).await);
     }
     if wanted("drain") {
-        report(drain(mode).await);
+        report(drain(mode, &args.pods, args.kubectl_runs).await);
     }
     if wanted("pdb") {
         report(pdb(mode).await);
@@ -104,32 +110,44 @@ async fn cold_start(mode: Mode) -> Result<(), String> {
     Ok(())
 }
 
-async fn drain(mode: Mode) -> Result<(), String> {
-    let sizes: &[usize] = match mode {
-        Mode::Quick => &[30],
-        Mode::Full => &[30, 110, 250, 737],
+async fn drain(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> Result<(), String> {
+    let sizes: &[usize] = match (mode, sizes) {
+        (_, [_, ..]) => sizes,
+        (Mode::Quick, []) => &[30],
+        (Mode::Full, []) => &[30, 110, 250, 737],
+    };
+    let (runs, kubectl_runs) = match mode {
+        Mode::Quick => (3, kubectl_runs.unwrap_or(0)),
+        Mode::Full => (5, kubectl_runs.unwrap_or(3)),
     };
     let latency = Duration::from_millis(5);
     println!(
-        "## Drain at scale (API latency {latency:?} per request, grace 0, settle 0, eviction concurrency {})\n",
+        "## Drain at scale (API latency {latency:?} per request, grace 0, settle 0, eviction concurrency {}; medians of {runs} drains, kubectl of {kubectl_runs})\n",
         bench::drain::EVICTION_CONCURRENCY
     );
     println!(
-        "| pods | wall (ms) | lower bound (ms) | vs bound | requests | peak RSS (MiB) | kubectl drain (ms) | kubectl / ours |"
+        "| pods | wall (ms) | lower bound (ms) | vs bound | bound at measured service time (ms) | vs that | requests | within N + 20 | peak RSS (MiB) | kubectl drain (ms) | kubectl / ours |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for &pods in sizes {
-        let figures = bench::drain_at_scale(pods, latency, mode == Mode::Full).await?;
+        let figures = bench::drain_at_scale(pods, latency, runs, kubectl_runs).await?;
         let kubectl = figures.kubectl.map(ms).unwrap_or_else(|| "-".to_owned());
         let speedup = figures
             .kubectl
             .map(|k| format!("{:.1}x", k.as_secs_f64() / figures.wall.as_secs_f64()))
             .unwrap_or_else(|| "-".to_owned());
+        let within = if figures.requests <= bench::drain::request_budget(pods) {
+            "yes"
+        } else {
+            "NO"
+        };
         println!(
-            "| {pods} | {} | {} | {:.2}x | {} | {:.1} | {kubectl} | {speedup} |",
+            "| {pods} | {} | {} | {:.2}x | {} | {:.2}x | {} | {within} | {:.1} | {kubectl} | {speedup} |",
             ms(figures.wall),
             ms(figures.lower_bound),
             figures.wall.as_secs_f64() / figures.lower_bound.as_secs_f64(),
+            ms(figures.service_bound),
+            figures.wall.as_secs_f64() / figures.service_bound.as_secs_f64().max(1e-9),
             figures.requests,
             figures.peak_rss_kib as f64 / 1024.0,
         );
@@ -139,18 +157,19 @@ async fn drain(mode: Mode) -> Result<(), String> {
 }
 
 async fn pdb(mode: Mode) -> Result<(), String> {
-    let (per, ready) = match mode {
-        Mode::Quick => (2, Duration::from_millis(500)),
-        Mode::Full => (3, Duration::from_secs(2)),
+    let (per, ready, runs) = match mode {
+        Mode::Quick => (2, Duration::from_millis(500), 1),
+        Mode::Full => (3, Duration::from_secs(2), 3),
     };
-    let figures = bench::pdb_constrained_drain(per, ready).await?;
+    let figures = bench::pdb_constrained_drain(per, ready, runs).await?;
     println!("## PDB-constrained drain\n");
     println!(
-        "{} Deployments with maxUnavailable 1, {} pods each on the node, replacements Ready after {:?}: wall {} ms, ideal {} waves with {} waits for a replacement = {} ms ({:.2}x)\n",
+        "{} Deployments with maxUnavailable 1, {} pods each on the node, replacements Ready after {:?}: wall {} ms (median of {}), ideal {} waves with {} waits for a replacement = {} ms ({:.2}x)\n",
         figures.deployments,
         figures.pods_per_deployment,
         figures.replacement_ready,
         ms(figures.wall),
+        figures.runs,
         figures.pods_per_deployment,
         figures.pods_per_deployment.saturating_sub(1),
         ms(figures.ideal),

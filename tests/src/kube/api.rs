@@ -16,6 +16,7 @@ use super::audit::{AuditEvent, AuditLog, AuditUser, ObjectRef, ResponseStatus};
 use super::authn::{Authenticator, UserInfo};
 use super::authz::{RequestAttributes, authorize};
 use super::discovery;
+use super::disruption_log::{DisruptionLog, PendingDeletion, Requester};
 use super::eviction_api;
 use super::faults::{FaultAction, FaultTarget, Faults};
 use super::fields::FieldQuery;
@@ -46,6 +47,7 @@ impl std::error::Error for DropConnection {}
 pub(crate) struct ServerState {
     pub store: Store,
     pub audit: AuditLog,
+    pub disruptions: DisruptionLog,
     pub faults: Faults,
     pub authn: Authenticator,
     pub bookmark_interval: Duration,
@@ -431,6 +433,11 @@ pub(crate) async fn serve(
         ));
     }
 
+    let requester = Requester {
+        username: user.username.clone(),
+        groups: user.groups.clone(),
+        user_agent: user_agent.clone(),
+    };
     let outcome = handle(
         &state,
         &target,
@@ -440,6 +447,7 @@ pub(crate) async fn serve(
         &content_type,
         &accept,
         &user,
+        &requester,
     );
     match outcome {
         Ok(Outcome::Json(code, value)) => {
@@ -503,6 +511,11 @@ fn finish(
     response
 }
 
+/// Core `pods` (the only resource whose deletion the disruption log keeps).
+fn is_pods(resource: &ResourceType) -> bool {
+    resource.group.is_empty() && resource.plural == "pods"
+}
+
 fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request(format!(
@@ -541,6 +554,7 @@ fn handle(
     content_type: &str,
     accept: &str,
     user: &UserInfo,
+    requester: &Requester,
 ) -> Result<Outcome, ApiError> {
     let (resource, namespace, name, subresource) = match target {
         Target::Version => return Ok(Outcome::Json(200, discovery::version())),
@@ -661,7 +675,15 @@ fn handle(
         }
         "create" if subresource == "eviction" => {
             let eviction = parse_body(body)?;
-            let status = eviction_api::evict(store, namespace, name, &eviction, query.dry_run)?;
+            let status = eviction_api::evict(
+                store,
+                &state.disruptions,
+                requester,
+                namespace,
+                name,
+                &eviction,
+                query.dry_run,
+            )?;
             Ok(Outcome::Json(201, status))
         }
         "create" if resource.storage == resources::REVIEW => {
@@ -727,13 +749,33 @@ fn handle(
             if query.grace_period_seconds.is_some() {
                 options.grace_period_seconds = query.grace_period_seconds;
             }
-            if query.dry_run {
+            let mut guard = store.lock();
+            // A pod DELETE bypasses the eviction subresource and every PDB: the disruption
+            // log keeps it, with the budgets' counts, under the lock of the delete.
+            let pending = is_pods(resource).then(|| {
+                PendingDeletion::before(
+                    &guard,
+                    namespace,
+                    name,
+                    requester,
+                    false,
+                    query.dry_run,
+                    options.grace_period_seconds,
+                )
+            });
+            let result = if query.dry_run {
                 // `dryRun=All`: what exists is answered, nothing is deleted.
-                let current = store.lock().get(resource, namespace, name)?;
-                return Ok(Outcome::Json(200, current));
+                guard.get(resource, namespace, name)
+            } else {
+                guard
+                    .delete(resource, namespace, name, &options)
+                    .map(|deleted| deleted.body().clone())
+            };
+            if let Some(pending) = pending {
+                let code = result.as_ref().map_or_else(|error| error.code, |_| 200);
+                pending.finish(&guard, code, &state.disruptions);
             }
-            let deleted = store.lock().delete(resource, namespace, name, &options)?;
-            Ok(Outcome::Json(200, deleted.body().clone()))
+            Ok(Outcome::Json(200, result?))
         }
         "deletecollection" => {
             let labels = label_query(query)?;
@@ -756,7 +798,23 @@ fn handle(
             for item in page.items {
                 let item_namespace = super::store::meta_str(&item, "namespace").to_owned();
                 let item_name = super::store::meta_str(&item, "name").to_owned();
-                if let Ok(deleted) = guard.delete(resource, &item_namespace, &item_name, &options) {
+                let pending = is_pods(resource).then(|| {
+                    PendingDeletion::before(
+                        &guard,
+                        &item_namespace,
+                        &item_name,
+                        requester,
+                        true,
+                        false,
+                        options.grace_period_seconds,
+                    )
+                });
+                let result = guard.delete(resource, &item_namespace, &item_name, &options);
+                if let Some(pending) = pending {
+                    let code = result.as_ref().map_or_else(|error| error.code, |_| 200);
+                    pending.finish(&guard, code, &state.disruptions);
+                }
+                if let Ok(deleted) = result {
                     items.push(deleted.body().clone());
                 }
             }

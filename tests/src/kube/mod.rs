@@ -27,6 +27,7 @@ pub mod audit;
 pub mod authn;
 pub mod authz;
 pub mod discovery;
+pub mod disruption_log;
 mod event_views;
 mod eviction_api;
 pub mod faults;
@@ -57,6 +58,10 @@ use tokio::net::TcpListener;
 
 pub use self::audit::{AuditEvent, AuditLog};
 pub use self::authn::UserInfo;
+pub use self::disruption_log::{
+    BudgetCounts, DisruptionLog, EvictionOutcome, EvictionRecord, EvictionTally, PodDeletionRecord,
+    Requester,
+};
 pub use self::faults::{FaultAction, FaultId, FaultRule, Faults};
 pub use self::simulation::{Simulation, SimulationTimings};
 pub use self::status::ApiError;
@@ -174,12 +179,14 @@ impl FakeApiServerBuilder {
         );
         let store = self.store.unwrap_or_default();
         let audit = AuditLog::default();
+        let disruptions = DisruptionLog::default();
         let faults = Faults::with_seed(self.fault_seed);
         let (shutdown_sender, shutdown) = tokio::sync::watch::channel(false);
         let static_tokens: Arc<RwLock<HashMap<String, UserInfo>>> = Arc::default();
         let state = Arc::new(ServerState {
             store: store.clone(),
             audit: audit.clone(),
+            disruptions: disruptions.clone(),
             faults: faults.clone(),
             authn: Authenticator {
                 cluster_name: self.cluster_name.clone(),
@@ -208,6 +215,7 @@ impl FakeApiServerBuilder {
             account: self.account,
             store,
             audit,
+            disruptions,
             faults,
             simulation,
             static_tokens,
@@ -283,6 +291,7 @@ pub struct FakeApiServer {
     account: FakeAccount,
     store: Store,
     audit: AuditLog,
+    disruptions: DisruptionLog,
     faults: Faults,
     simulation: Simulation,
     static_tokens: Arc<RwLock<HashMap<String, UserInfo>>>,
@@ -343,6 +352,12 @@ impl FakeApiServer {
 
     pub fn audit(&self) -> &AuditLog {
         &self.audit
+    }
+
+    /// Every eviction decided and every pod DELETE carried out, with the PDB counts at that
+    /// instant (see [`disruption_log`]).
+    pub fn disruption_log(&self) -> &DisruptionLog {
+        &self.disruptions
     }
 
     pub fn faults(&self) -> &Faults {

@@ -182,12 +182,18 @@ impl Requirement {
     /// Whether a set of labels satisfies this requirement. Note that `!=` and `notin` hold
     /// for objects that do not carry the label at all, exactly as in Kubernetes.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
+        self.matches_value(labels.get(&self.key).map(String::as_str))
+    }
+
+    /// [`Requirement::matches`] given the object's value of the key (`None`: no such label).
+    pub fn matches_value(&self, value: Option<&str>) -> bool {
         match self.operator {
             Operator::In | Operator::Equals | Operator::DoubleEquals => {
-                value.is_some_and(|v| self.values.contains(v))
+                value.is_some_and(|v| self.values.iter().any(|wanted| wanted == v))
             }
-            Operator::NotIn | Operator::NotEquals => value.is_none_or(|v| !self.values.contains(v)),
+            Operator::NotIn | Operator::NotEquals => {
+                value.is_none_or(|v| !self.values.iter().any(|wanted| wanted == v))
+            }
             Operator::Exists => value.is_some(),
             Operator::DoesNotExist => value.is_none(),
             Operator::GreaterThan | Operator::LessThan => {
@@ -313,6 +319,22 @@ impl LabelQuery {
 
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         !self.selects_nothing && self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// [`LabelQuery::matches`] on a stored object's JSON `metadata.labels`, without copying
+    /// them (the fake server counts a budget's pods under its store lock).
+    pub fn matches_json_labels(
+        &self,
+        labels: Option<&serde_json::Map<String, serde_json::Value>>,
+    ) -> bool {
+        !self.selects_nothing
+            && self.requirements.iter().all(|r| {
+                r.matches_value(
+                    labels
+                        .and_then(|labels| labels.get(r.key()))
+                        .and_then(serde_json::Value::as_str),
+                )
+            })
     }
 
     /// Whether the object's labels (absent labels count as none) are selected.
@@ -1176,5 +1198,44 @@ mod tests {
                 .unwrap()
                 .matches_object(&ObjectMeta::default())
         );
+    }
+
+    #[test]
+    fn json_labels_match_like_the_label_map() {
+        let objects = [
+            vec![],
+            vec![("app", "web")],
+            vec![("app", "db"), ("tier", "3")],
+            vec![("app", "web"), ("tier", "1"), ("env", "prod")],
+        ];
+        let selectors = [
+            "",
+            "app=web",
+            "app!=web",
+            "app in (web,db)",
+            "app notin (web)",
+            "tier",
+            "!tier",
+            "tier>2",
+            "app=web,env=prod",
+        ];
+        for selector in selectors {
+            let query = LabelQuery::parse(selector).unwrap();
+            for pairs in &objects {
+                let map = labels(pairs);
+                let json = serde_json::to_value(&map).unwrap();
+                assert_eq!(
+                    query.matches_json_labels(json.as_object()),
+                    query.matches(&map),
+                    "{selector:?} on {pairs:?}"
+                );
+            }
+            assert_eq!(
+                query.matches_json_labels(None),
+                query.matches(&BTreeMap::new()),
+                "{selector:?} on an object without labels"
+            );
+        }
+        assert!(!LabelQuery::nothing().matches_json_labels(None));
     }
 }

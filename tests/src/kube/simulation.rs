@@ -514,19 +514,17 @@ impl Simulation {
         }
     }
 
-    /// Live pods (not terminal, not being deleted) per controller uid.
-    fn live_pods_by_owner(state: &State) -> HashMap<String, Vec<Value>> {
-        let mut by_owner: HashMap<String, Vec<Value>> = HashMap::new();
+    /// How many live pods (not terminal, not being deleted) each controller uid has. Counts,
+    /// not copies: this runs every tick over every pod.
+    fn live_pods_by_owner(state: &State) -> HashMap<&str, usize> {
+        let mut by_owner: HashMap<&str, usize> = HashMap::new();
         for pod in state.iter(resource("", "pods"), None) {
             let phase = status_str(pod, "phase");
             if being_deleted(pod) || phase == "Succeeded" || phase == "Failed" {
                 continue;
             }
             if let Some(uid) = controller_uid(pod) {
-                by_owner
-                    .entry(uid.to_owned())
-                    .or_default()
-                    .push(pod.clone());
+                *by_owner.entry(uid).or_default() += 1;
             }
         }
         by_owner
@@ -564,7 +562,7 @@ impl Simulation {
             .iter(replica_sets, None)
             .filter(|rs| !being_deleted(rs))
             .filter_map(|rs| {
-                let live = by_owner.get(meta_str(rs, "uid")).map_or(0, Vec::len) as i64;
+                let live = by_owner.get(meta_str(rs, "uid")).copied().unwrap_or(0) as i64;
                 let missing = replicas(rs) - live;
                 (missing > 0).then(|| (rs.clone(), missing))
             })

@@ -380,7 +380,10 @@ impl Sandbox {
                 .apply_value(json!({
                     "apiVersion": "apps/v1", "kind": "Deployment",
                     "metadata": { "name": workload.name, "namespace": ns, "labels": labels },
-                    "spec": { "replicas": workload.replicas, "selector": { "matchLabels": labels }, "template": template },
+                    // Zero until the pods are placed (below): the simulated controllers run
+                    // meanwhile, and would otherwise create pods of their own for the
+                    // replicas not seeded yet, wherever their scheduler likes.
+                    "spec": { "replicas": 0, "selector": { "matchLabels": labels }, "template": template },
                 }))
                 .map_err(setup("Deployment"))?;
             let rs_name = format!("{}-7c5ddbdf54", workload.name);
@@ -391,7 +394,7 @@ impl Sandbox {
                         "name": rs_name, "namespace": ns, "labels": labels,
                         "ownerReferences": [owner_reference(&deployment, "Deployment")],
                     },
-                    "spec": { "replicas": workload.replicas, "selector": { "matchLabels": labels }, "template": template },
+                    "spec": { "replicas": 0, "selector": { "matchLabels": labels }, "template": template },
                 }))
                 .map_err(setup("ReplicaSet"))?;
             for replica in 0..workload.replicas {
@@ -420,6 +423,11 @@ impl Sandbox {
                         "status": running_status(),
                     }))
                     .map_err(setup("pod"))?;
+            }
+            for (owner, what) in [(replica_set, "ReplicaSet"), (deployment, "Deployment")] {
+                let mut owner = owner;
+                owner["spec"]["replicas"] = json!(workload.replicas);
+                store.apply_value(owner).map_err(setup(what))?;
             }
             if let Some(pdb) = &workload.pdb {
                 let mut spec = json!({ "selector": { "matchLabels": labels } });

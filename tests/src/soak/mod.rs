@@ -3,7 +3,6 @@
 //! The tests that use them are `tests/tests/reliability_*.rs` and `tests/tests/security_*.rs`;
 //! `RELIABILITY.md` at the repository root says what they promise and how to run them.
 
-pub mod binaries;
 pub mod corpus;
 pub mod scenario;
 pub mod secrets;

@@ -10,12 +10,24 @@
 //! environment that dies) and redelivered, until every action is complete or the scenario's
 //! time is up. Hand-overs published by the functions are delivered as new invocations.
 //!
-//! Invariants ([`ScenarioReport::violations`]): no PDB ever had fewer healthy pods than it
-//! requires (sampled continuously and at every successful eviction); each lifecycle action
-//! completed exactly once, by the function, after its node was drained (or its drain timed
-//! out, which only happens where a PDB cannot be satisfied); no node of a LAUNCHING instance
-//! was ever cordoned or written by the terminating hook; no pod DELETE (force is off);
-//! `aws-auth` holds every node role once and keeps the entries it had.
+//! About one scenario in six configures force (`DRAIN_FORCE=true` and the force-delete group),
+//! drawn from its own generator so that the other draws of a seed do not change.
+//!
+//! Invariants ([`ScenarioReport::violations`]):
+//! - no PDB was violated: the fake API server's disruption log records every eviction it
+//!   decides with the budget's counts in the critical section of the decision; a grant that
+//!   evicted a healthy pod and left fewer healthy pods than the budget's `desiredHealthy` (or
+//!   the scenario's own minimum) is a violation, and so is any pod DELETE of a PDB-covered
+//!   pod unless it is the terminating hook's in a scenario with force configured;
+//! - a watchdog also samples every budget's healthy pods every few milliseconds, to catch a
+//!   disruption by any other path (a pod turned unready or removed without an eviction or a
+//!   DELETE, e.g. by garbage collection of a deleted node); dips on a budget a recorded pod
+//!   DELETE touched are left to the rule above;
+//! - each lifecycle action completed exactly once, by the function, after its node was
+//!   drained (or its drain timed out, which only happens where a PDB cannot be satisfied);
+//! - no node of a LAUNCHING instance was ever cordoned or written by the terminating hook;
+//! - no pod DELETE request by the terminating hook at all unless force is configured;
+//! - `aws-auth` holds every node role once and keeps the entries it had.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,7 +58,7 @@ use serde_json::{Value, json};
 
 use super::corpus::{self, Target};
 use super::secrets::SecretScanner;
-use crate::kube::{FakeApiServer, FaultAction, FaultRule, SimulationTimings, Store};
+use crate::kube::{DisruptionLog, FakeApiServer, FaultAction, FaultRule, SimulationTimings, Store};
 
 const CLUSTER: &str = "ironman-2022";
 const ACCOUNT: &str = "111111111111";
@@ -56,6 +68,12 @@ const LAUNCH_HOOK: &str = "Launch-LC-Hook";
 const TOPIC: &str = "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic";
 const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
 const ADMIN_ROLE: &str = "arn:aws:iam::111111111111:role/admin";
+/// The Kubernetes group `infra/rbac.yaml` grants pod deletion (force mode) to.
+const FORCE_GROUP: &str = "open-node-manager:force-delete";
+/// The terminating hook's Kubernetes user in the soak.
+const DRAIN_USER: &str = "terminating-hook";
+/// Mixed into a seed for the force draw, which must not shift the scenario's other draws.
+const FORCE_DRAW: u64 = 0xF0_0CE5;
 /// The wall-clock limit of one scenario's deliveries.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(40);
 
@@ -81,9 +99,24 @@ pub struct ScenarioReport {
     pub kube_faults: u64,
     /// AWS errors queued (each consumed by one call).
     pub aws_faults: u64,
-    /// Successful evictions seen.
+    /// Force configured (`DRAIN_FORCE=true`, the force-delete group mapped).
+    pub forced: bool,
+    /// Eviction requests the fake API server decided (its disruption log).
+    pub evictions_decided: u64,
+    /// Of those, granted and carried out.
     pub evictions: u64,
-    /// Healthy-count samples taken.
+    /// Of those, refused by a budget (429, 403).
+    pub evictions_refused: u64,
+    /// Budget counts checked at a granted eviction (one per covering PDB of each grant).
+    pub pdb_checks_at_eviction: u64,
+    /// Pod DELETEs carried out (bypassing eviction), and of those, of PDB-covered pods.
+    pub pod_deletions: u64,
+    pub covered_pod_deletions: u64,
+    /// Terminating actions completed, with force configured, while workload pods still ran
+    /// on the node (a forced deletion that failed and was not retried). Not a PDB matter, so
+    /// counted rather than failed; see RELIABILITY.md.
+    pub forced_completions_with_pods: u64,
+    /// Healthy-count samples the watchdog took.
     pub samples: u64,
     pub violations: Vec<String>,
     pub elapsed: Duration,
@@ -300,6 +333,8 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     }
     // The launching instance's node (registers now, as a kubelet would while the hook waits).
     let launching = rng.random_bool(0.5);
+    let force = StdRng::seed_from_u64(seed ^ FORCE_DRAW).random_bool(1.0 / 6.0);
+    report.forced = force;
     let launch_index = nodes;
     if launching {
         report.launching = 1;
@@ -457,7 +492,12 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
 
     // The functions' identities and clients.
     let client_for = |user: &str| {
-        let token = server.add_static_token(user, &[FUNCTIONS_GROUP]);
+        let groups: &[&str] = if user == DRAIN_USER && force {
+            &[FUNCTIONS_GROUP, FORCE_GROUP]
+        } else {
+            &[FUNCTIONS_GROUP]
+        };
+        let token = server.add_static_token(user, groups);
         let server = &server;
         async move {
             let mut config = server.config_with_token(&token).await.expect("config");
@@ -466,15 +506,16 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
             kube::Client::try_from(config).expect("client")
         }
     };
-    let drain_client = client_for("terminating-hook").await;
+    let drain_client = client_for(DRAIN_USER).await;
     let launch_client = client_for("launching-hook").await;
     let auth_client = client_for("nodegroup-auth").await;
 
-    // The PDB watchdog: samples healthy counts continuously, and at every successful eviction.
+    // The watchdog: samples every budget's healthy pods and the launching node's cordon
+    // every few milliseconds. Evictions and pod DELETEs are checked exactly, from the
+    // server's disruption log, after the scenario; the samples catch what neither records.
     let stop = Arc::new(AtomicBool::new(false));
     let violations = Arc::new(Mutex::new(Vec::<String>::new()));
     let samples = Arc::new(AtomicU64::new(0));
-    let evictions = Arc::new(AtomicU64::new(0));
     let launching_node = launching.then(|| node_name(launch_index));
     let watchdog = {
         let store = store.clone();
@@ -482,20 +523,22 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
         let stop = stop.clone();
         let violations = violations.clone();
         let samples = samples.clone();
-        let evictions = evictions.clone();
         let launching_node = launching_node.clone();
-        let mut audit = server.audit().subscribe();
+        let disruptions = server.disruption_log().clone();
         tokio::spawn(async move {
-            let check = |why: &str| {
+            while !stop.load(Ordering::Relaxed) {
                 samples.fetch_add(1, Ordering::Relaxed);
                 for budget in &budgets {
                     let healthy = healthy_count(&store, budget);
-                    if healthy < budget.min_healthy {
+                    // Read after the count: a DELETE that caused the dip is logged by now.
+                    if healthy < budget.min_healthy
+                        && !deleted_directly(&disruptions, &budget.namespace, &budget.name)
+                    {
                         violations
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .push(format!(
-                                "PDB {}/{} needs {} healthy pods, had {healthy} ({why})",
+                                "PDB {}/{} needs {} healthy pods, had {healthy} (sample)",
                                 budget.namespace, budget.name, budget.min_healthy
                             ));
                     }
@@ -512,37 +555,25 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
                         .unwrap_or_else(|e| e.into_inner())
                         .push(format!("node {node} of a LAUNCHING instance was cordoned"));
                 }
-            };
-            while !stop.load(Ordering::Relaxed) {
-                match tokio::time::timeout(Duration::from_millis(3), audit.recv()).await {
-                    Ok(Ok(event)) => {
-                        if event.subresource() == "eviction" && event.code() == 201 {
-                            evictions.fetch_add(1, Ordering::Relaxed);
-                            check(&format!("after evicting {}", event.name()));
-                        }
-                    }
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {
-                        check("sample");
-                    }
-                    Ok(Err(_)) => break,
-                    Err(_) => check("sample"),
-                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
             }
         })
     };
 
     // The functions.
     let drain_timeout = 4.0;
+    let drain_timeout_text = format!("{drain_timeout}");
     let drain_settings = DrainSettings::from_source(
         [
             ("CLUSTER_NAME", CLUSTER),
             ("SETTLE_SECONDS", "0"),
-            ("DRAIN_TIMEOUT_SECONDS", &format!("{drain_timeout}")),
+            ("DRAIN_TIMEOUT_SECONDS", drain_timeout_text.as_str()),
             ("EVICTION_BACKOFF_SECONDS", "0.02"),
             ("EVICTION_BACKOFF_MAX_SECONDS", "0.1"),
             ("DRAIN_LEASE_SECONDS", "0.5"),
             ("HAND_OVER_MARGIN_SECONDS", "0"),
             ("CONTINUATION_TOPIC_ARN", TOPIC),
+            ("DRAIN_FORCE", if force { "true" } else { "false" }),
         ]
         .as_slice(),
     )
@@ -776,6 +807,15 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
                 result.as_str()
             ));
         }
+        if force && *target == Target::TerminatingHook && *remaining > 0 {
+            // Force means the instance never goes with workload pods still running: each
+            // one left was neither evicted nor deleted (retries exhausted, or not tried).
+            report.forced_completions_with_pods += 1;
+            found.push(format!(
+                "forced drain of {} completed while {remaining} workload pods still ran (neither evicted nor deleted)",
+                action.instance_id
+            ));
+        }
         if *target == Target::TerminatingHook && *remaining > 0 && before_deadline {
             found.push(format!(
                 "action of {} completed before its drain deadline while {remaining} workload pods still ran on its node",
@@ -783,17 +823,24 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
             ));
         }
     }
-    // Force is off: the terminating hook never deletes a pod; it never writes a launching node.
+    // No PDB violated, from the server's own records of every eviction and pod DELETE.
+    found.extend(budget_violations(
+        server.disruption_log(),
+        &budgets,
+        force,
+        &mut report,
+    ));
+    // Without force the terminating hook sends no pod DELETE at all (not even one that fails);
+    // it never writes a launching node.
     let audit = server.audit();
-    let deletes = audit.filter(|e| {
-        e.user.username == "terminating-hook" && e.verb == "delete" && e.resource() == "pods"
-    });
-    if !deletes.is_empty() {
+    let deletes = audit
+        .filter(|e| e.user.username == DRAIN_USER && e.verb == "delete" && e.resource() == "pods");
+    if !force && !deletes.is_empty() {
         found.push(format!("{} pod DELETEs without force", deletes.len()));
     }
     if let Some(node) = &launching_node {
         let writes = audit.filter(|e| {
-            e.user.username == "terminating-hook"
+            e.user.username == DRAIN_USER
                 && e.resource() == "nodes"
                 && e.name() == node
                 && !matches!(e.verb.as_str(), "get" | "list" | "watch")
@@ -806,12 +853,81 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
         }
     }
     report.kube_faults = audit.filter(|e| e.injected_fault.is_some()).len() as u64;
-    report.evictions = evictions.load(Ordering::Relaxed);
     report.samples = samples.load(Ordering::Relaxed);
     report.violations = found;
     report.elapsed = started.elapsed();
     server.shutdown();
     report
+}
+
+/// Whether a pod DELETE the server carried out touched a pod of this budget.
+fn deleted_directly(log: &DisruptionLog, namespace: &str, budget: &str) -> bool {
+    log.pod_deletions().iter().any(|d| {
+        d.deleted()
+            && d.budgets
+                .iter()
+                .any(|b| b.namespace == namespace && b.name == budget)
+    })
+}
+
+/// The PDB invariant, from the fake API server's disruption log (recorded in the critical
+/// section of each decision, so exact): no granted eviction took a budget below its
+/// `desiredHealthy` (as its status said) or below the scenario's minimum by evicting a healthy
+/// pod, and no pod of a budget was deleted directly unless the terminating hook did it with
+/// force configured. Fills the report's eviction figures.
+fn budget_violations(
+    log: &DisruptionLog,
+    budgets: &[Budget],
+    force: bool,
+    report: &mut ScenarioReport,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    let tally = log.eviction_tally();
+    report.evictions_decided = tally.decided;
+    report.evictions = tally.granted;
+    report.evictions_refused = tally.refused_by_budget;
+    report.pdb_checks_at_eviction = tally.budget_checks;
+    for record in log.evictions().iter().filter(|r| r.granted()) {
+        if !record.broken_budgets().is_empty() {
+            found.push(format!(
+                "eviction left a PDB below desiredHealthy: {}",
+                record.line()
+            ));
+        }
+        for counts in &record.budgets {
+            let Some(after) = counts.healthy_after else {
+                continue;
+            };
+            let minimum = budgets
+                .iter()
+                .find(|b| b.namespace == counts.namespace && b.name == counts.name)
+                .map_or(0, |b| b.min_healthy);
+            if after < minimum && after < counts.healthy_before {
+                found.push(format!(
+                    "eviction left PDB {}/{} with {after} healthy pods, the scenario needs {minimum}: {}",
+                    counts.namespace,
+                    counts.name,
+                    record.line()
+                ));
+            }
+        }
+    }
+    for deletion in log.pod_deletions().iter().filter(|d| d.deleted()) {
+        report.pod_deletions += 1;
+        if !deletion.covered_by_budget() {
+            continue;
+        }
+        report.covered_pod_deletions += 1;
+        let allowed = force && deletion.requester.username == DRAIN_USER;
+        if !allowed {
+            found.push(format!(
+                "pod of a PDB deleted directly{}: {}",
+                if force { "" } else { " without force" },
+                deletion.line()
+            ));
+        }
+    }
+    found
 }
 
 /// Creates `count` node groups and delivers their CreateNodegroup events concurrently and
@@ -965,7 +1081,14 @@ pub struct SoakTotals {
     pub hand_overs: u64,
     pub kube_faults: u64,
     pub aws_faults: u64,
+    pub forced_scenarios: usize,
+    pub evictions_decided: u64,
     pub evictions: u64,
+    pub evictions_refused: u64,
+    pub pdb_checks_at_eviction: u64,
+    pub pod_deletions: u64,
+    pub covered_pod_deletions: u64,
+    pub forced_completions_with_pods: u64,
     pub samples: u64,
     pub violations: Vec<String>,
     pub elapsed: Duration,
@@ -985,7 +1108,14 @@ impl SoakTotals {
         self.hand_overs += report.hand_overs;
         self.kube_faults += report.kube_faults;
         self.aws_faults += report.aws_faults;
+        self.forced_scenarios += usize::from(report.forced);
+        self.evictions_decided += report.evictions_decided;
         self.evictions += report.evictions;
+        self.evictions_refused += report.evictions_refused;
+        self.pdb_checks_at_eviction += report.pdb_checks_at_eviction;
+        self.pod_deletions += report.pod_deletions;
+        self.covered_pod_deletions += report.covered_pod_deletions;
+        self.forced_completions_with_pods += report.forced_completions_with_pods;
         self.samples += report.samples;
         self.elapsed += report.elapsed;
         for v in &report.violations {
@@ -996,8 +1126,9 @@ impl SoakTotals {
     /// One line per figure, for RELIABILITY.md.
     pub fn summary(&self) -> String {
         format!(
-            "scenarios {}; nodes {}; pods {}; terminating actions {}; launching actions {}; node groups {}; invocations {}; duplicate deliveries {}; killed mid-flight and redelivered {}; hand-overs {}; API server faults injected {}; AWS faults injected {}; evictions {}; PDB samples {}; violations {}; scenario time {:.1}s",
+            "scenarios {} (force configured in {}); nodes {}; pods {}; terminating actions {}; launching actions {}; node groups {}; invocations {}; duplicate deliveries {}; killed mid-flight and redelivered {}; hand-overs {}; API server faults injected {}; AWS faults injected {}; evictions decided {}, granted {}, refused by a PDB {}; PDB checks at eviction {}; pod DELETEs {} (of PDB-covered pods {}); forced completions with pods left {}; watchdog samples {}; violations {}; scenario time {:.1}s",
             self.scenarios,
+            self.forced_scenarios,
             self.nodes,
             self.pods,
             self.terminating,
@@ -1009,7 +1140,13 @@ impl SoakTotals {
             self.hand_overs,
             self.kube_faults,
             self.aws_faults,
+            self.evictions_decided,
             self.evictions,
+            self.evictions_refused,
+            self.pdb_checks_at_eviction,
+            self.pod_deletions,
+            self.covered_pod_deletions,
+            self.forced_completions_with_pods,
             self.samples,
             self.violations.len(),
             self.elapsed.as_secs_f64()
