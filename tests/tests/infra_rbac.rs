@@ -223,7 +223,6 @@ fn the_functions_group_gets_exactly_the_access_the_functions_use() {
         grant("*", "", "pods", &["get", "list", "watch"], &[]),
         grant("*", "", "pods/eviction", &["create"], &[]),
         grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
-        grant("*", "", "events", &["create", "patch"], &[]),
         grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
         grant(
             "kube-system",
