@@ -134,18 +134,10 @@ impl DrainSession<'_> {
             // The drained time is what a resumed invocation counts the settle period from;
             // without a settle period there is nothing to resume, so no write on the way to
             // the completion (which records it).
-            if !self.settings.settle.is_zero() {
-                let now = Timestamp::now();
-                let marked = self
-                    .update(|c, _| {
-                        let mut next = c.clone();
-                        next.drained_at.get_or_insert(now);
-                        next
-                    })
-                    .await?;
-                if let Some(end) = marked {
-                    return Ok(end);
-                }
+            if !self.settings.settle.is_zero()
+                && let Some(end) = self.mark_drained().await?
+            {
+                return Ok(end);
             }
             tracing::info!(step = "drained", node = %self.node_name, pods_evicted = self.stats.pods_evicted, "node drained");
             self.events.normal(
@@ -160,7 +152,8 @@ impl DrainSession<'_> {
         self.settle(hand_over_at).await
     }
 
-    /// Marks the node drained (after forced deletion) so the settle period starts now.
+    /// Records that the node is drained (also after forced deletion), so the settle period
+    /// starts now and a resumed invocation counts it from here.
     pub async fn mark_drained(&mut self) -> Result<Option<SessionEnd>, kube::Error> {
         let now = Timestamp::now();
         self.update(|c, _| {

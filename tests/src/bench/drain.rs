@@ -94,6 +94,24 @@ fn drain_scenario(pods: usize, podsets: &[(&str, usize, Option<i32>)], pod_start
     )
 }
 
+/// Plays the scenario's scale-in of node 0 and returns the time from the lifecycle action's
+/// start to its completion; `what` names the drain in the error when it went wrong.
+async fn scale_in(sandbox: &Sandbox, what: &str) -> Result<Duration, String> {
+    let checks = sandbox.play_step(0).await;
+    if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
+        return Err(format!("{what} did not complete as expected: {failed}"));
+    }
+    let (_, instance) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
+    sandbox
+        .aws()
+        .autoscaling()
+        .completions()
+        .iter()
+        .find(|c| c.instance_id == instance)
+        .map(|c| c.after)
+        .ok_or_else(|| format!("{what}: no completion"))
+}
+
 async fn start(yaml: &str) -> Result<Sandbox, String> {
     let scenario = Scenario::from_yaml(yaml).map_err(|e| e.to_string())?;
     Sandbox::start(scenario, false)
@@ -171,27 +189,13 @@ async fn drain_once(yaml: &str, pods: usize, latency: Duration) -> Result<DrainR
             .count();
         eprintln!("pods on {node} before the drain: {on_node}");
     }
-    let checks = sandbox.play_step(0).await;
-    if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
-        return Err(format!(
-            "the drain of {pods} pods did not complete as expected: {failed}"
-        ));
-    }
+    let wall = scale_in(&sandbox, &format!("the drain of {pods} pods")).await?;
     // The invocation goes on after the completion (its Events, the checkpoint's completed
     // time): count its requests once it has returned.
     let returned_by = Instant::now() + Duration::from_secs(30);
     while hook.invocations().len() <= invocations_before && Instant::now() < returned_by {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (_, instance) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
-    let wall = sandbox
-        .aws()
-        .autoscaling()
-        .completions()
-        .iter()
-        .find(|c| c.instance_id == instance)
-        .map(|c| c.after)
-        .ok_or("no completion")?;
     let hook_requests = sandbox
         .server()
         .audit()
@@ -288,22 +292,9 @@ pub async fn pdb_constrained_drain(
     let mut walls = Vec::new();
     for _ in 0..runs.max(1) {
         let sandbox = start(&yaml).await?;
-        let checks = sandbox.play_step(0).await;
-        if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
-            return Err(format!(
-                "the PDB-constrained drain did not complete as expected: {failed}"
-            ));
-        }
-        let (_, instance) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
-        let wall = sandbox
-            .aws()
-            .autoscaling()
-            .completions()
-            .iter()
-            .find(|c| c.instance_id == instance)
-            .map(|c| c.after)
-            .ok_or("no completion")?;
+        let wall = scale_in(&sandbox, "the PDB-constrained drain").await;
         sandbox.shutdown().await;
+        let wall = wall?;
         walls.push(wall);
     }
     Ok(PdbFigures {
