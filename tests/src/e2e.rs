@@ -39,7 +39,7 @@ use crate::kube::{FakeApiServer, SimulationTimings};
 use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 use crate::soak::corpus;
 
-/// The cluster of the fixtures (`/work/shared/fixtures`).
+/// The cluster of the event fixtures (`tests/fixtures/`).
 pub const CLUSTER: &str = "ironman-2022";
 /// The Auto Scaling group of node group `demo-ng`, as in the fixtures.
 pub const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";

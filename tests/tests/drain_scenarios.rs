@@ -32,7 +32,7 @@ const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
 const OTHER_NODE: &str = "ip-192-168-77-8.eu-west-1.compute.internal";
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/fixtures/sns-lifecycle-terminating.json"
+    "/fixtures/sns-lifecycle-terminating.json"
 );
 const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 
@@ -1056,7 +1056,7 @@ async fn foreign_group_test_notification_unknown_transition_and_malformed_input(
     let test_event: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/sns-test-notification.json"
+            "/fixtures/sns-test-notification.json"
         ))
         .unwrap(),
     )

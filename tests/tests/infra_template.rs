@@ -450,7 +450,7 @@ fn filter_matches(policy: &Value, message: &Value) -> bool {
 
 /// The Auto Scaling message inside an SNS fixture.
 fn fixture_message(name: &str) -> Value {
-    let path = repo_root().join("../shared/fixtures").join(name);
+    let path = repo_root().join("tests/fixtures").join(name);
     let event: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("JSON");
     let message = event["Records"][0]["Sns"]["Message"]
@@ -583,7 +583,7 @@ fn the_fixture_events_match_the_rule_pattern() {
         "eventbridge-create-nodegroup.json",
         "eventbridge-delete-nodegroup.json",
     ] {
-        let path = repo_root().join("../shared/fixtures").join(fixture);
+        let path = repo_root().join("tests/fixtures").join(fixture);
         let text = std::fs::read_to_string(&path).expect("fixture is readable");
         let event: Value = serde_json::from_str(&text).expect("fixture is JSON");
         assert!(

@@ -643,10 +643,7 @@ mod tests {
     }
 
     fn delivery(path: &str) -> Delivery {
-        let path = format!(
-            "{}/../../shared/fixtures/{path}",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = format!("{}/../tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
         let event = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         parse_event(&event).remove(0).unwrap()
     }

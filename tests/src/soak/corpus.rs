@@ -1,5 +1,5 @@
 //! Malformed and hostile payloads for the three functions, generated from the real-shaped
-//! fixtures (`/work/shared/fixtures`, `../shared/fixtures` beside the repository) plus the
+//! fixtures of `tests/fixtures/` plus the
 //! hand-written files under `tests/corpus/<function>/`.
 //!
 //! Every payload here must be refused (an error) or acknowledged without effect: none may
@@ -54,9 +54,9 @@ pub fn repository_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The shared fixtures folder beside the repository (`../shared/fixtures`).
+/// The project's event fixtures (`tests/fixtures/`).
 pub fn fixtures_dir() -> PathBuf {
-    repository_root().join("../shared/fixtures")
+    repository_root().join("tests/fixtures")
 }
 
 /// A fixture, parsed. Panics with the path when missing: the corpus cannot be built without it.
