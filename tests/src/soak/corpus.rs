@@ -399,23 +399,51 @@ pub fn lifecycle_corpus(target: Target) -> Vec<BadPayload> {
     };
     for (name, origin, destination) in [
         ("unknown-origin", Some(json!("Moon")), Some(json!("EC2"))),
-        ("lowercase-destination", Some(json!("AutoScalingGroup")), Some(json!("warmpool"))),
-        ("spaced-destination", Some(json!("EC2")), Some(json!("Warm Pool"))),
-        ("padded-origin", Some(json!(" WarmPool")), Some(json!("EC2"))),
+        (
+            "lowercase-destination",
+            Some(json!("AutoScalingGroup")),
+            Some(json!("warmpool")),
+        ),
+        (
+            "spaced-destination",
+            Some(json!("EC2")),
+            Some(json!("Warm Pool")),
+        ),
+        (
+            "padded-origin",
+            Some(json!(" WarmPool")),
+            Some(json!("EC2")),
+        ),
         ("empty-origin", Some(json!("")), Some(json!("WarmPool"))),
         ("number-destination", Some(json!("EC2")), Some(json!(3))),
-        ("array-origin", Some(json!(["WarmPool"])), Some(json!("EC2"))),
+        (
+            "array-origin",
+            Some(json!(["WarmPool"])),
+            Some(json!("EC2")),
+        ),
         ("only-destination", None, Some(json!("WarmPool"))),
         ("only-origin", Some(json!("WarmPool")), None),
-        ("pool-to-pool", Some(json!("WarmPool")), Some(json!("WarmPool"))),
+        (
+            "pool-to-pool",
+            Some(json!("WarmPool")),
+            Some(json!("WarmPool")),
+        ),
         ("ec2-to-ec2", Some(json!("EC2")), Some(json!("EC2"))),
-        ("group-to-group", Some(json!("AutoScalingGroup")), Some(json!("AutoScalingGroup"))),
+        (
+            "group-to-group",
+            Some(json!("AutoScalingGroup")),
+            Some(json!("AutoScalingGroup")),
+        ),
         (
             "other-transition-route",
             Some(json!(other_route_origin)),
             Some(json!(other_route_destination)),
         ),
-        ("huge-origin", Some(json!("W".repeat(100_000))), Some(json!("EC2"))),
+        (
+            "huge-origin",
+            Some(json!("W".repeat(100_000))),
+            Some(json!("EC2")),
+        ),
     ] {
         let mut m = message.clone();
         if let Some(object) = m.as_object_mut() {
