@@ -165,6 +165,8 @@ pub struct DrainCheckpoint {
 }
 
 /// Whether an invocation may work on a node's drain.
+// Made once per claim attempt and consumed at once, never stored in bulk: size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseDecision {
     /// Take the drain with this checkpoint (new, resumed or replacing a stale one) and write it.
