@@ -1066,8 +1066,12 @@ async fn foreign_group_test_notification_unknown_transition_and_malformed_input(
         [DeliveryOutcome::TestNotification]
     );
 
+    // A launch notification (with a launch's route: a launch "from the group to EC2" is
+    // refused as malformed) reaches the terminating hook: acknowledged, nothing done.
     let launch = run(event_with_changed_message(|m| {
-        m["LifecycleTransition"] = json!("autoscaling:EC2_INSTANCE_LAUNCHING")
+        m["LifecycleTransition"] = json!("autoscaling:EC2_INSTANCE_LAUNCHING");
+        m["Origin"] = json!("EC2");
+        m["Destination"] = json!("AutoScalingGroup");
     }))
     .await
     .unwrap();

@@ -165,6 +165,13 @@ pub trait Instances: Send + Sync {
         &self,
         instance_id: &str,
     ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+
+    /// The instance's EC2 state name (`pending`, `running`, `stopping`, `stopped`,
+    /// `shutting-down`, `terminated`), `None` when EC2 does not know the instance.
+    fn instance_state(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
 }
 
 /// SNS: hand a notification to a fresh invocation by publishing it again.

@@ -23,8 +23,8 @@ use crate::lifecycle::continuation::{
 };
 use crate::lifecycle::node::{NodeLookupError, find_node};
 use crate::lifecycle::notification::{
-    Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition, NotificationError,
-    parse_event,
+    Delivery, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleTransition,
+    NotificationError, parse_event,
 };
 use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_function_arn};
 use crate::lifecycle::settings::DrainSettings;
@@ -697,6 +697,7 @@ where
                 };
                 let outcome = self.complete(notification, result).await?;
                 let started_at = session.checkpoint.started_at;
+                let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
                 let completed =
                     lease::update(&nodes, &node_name, &holder, &mut last_written, |c, now| {
                         let mut next = c.handed_over(now);
@@ -704,9 +705,21 @@ where
                         // Without a settle period the drained time was not written yet.
                         next.drained_at = c.drained_at.or(Some(now));
                         next.completed_at = Some(now);
+                        // Scale-in with reuse: the node returns under its name; the mark
+                        // lets the launching hook recognise the return (README "Warm pools").
+                        if to_warm_pool {
+                            next.to_warm_pool_at = Some(now);
+                        }
                         next
                     })
                     .await;
+                if to_warm_pool {
+                    tracing::info!(
+                        step = "to_warm_pool",
+                        recorded = completed.is_ok(),
+                        "the instance goes back to the warm pool: the node keeps its drain record so its return is recognised"
+                    );
+                }
                 if let Err(error) = completed {
                     tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
                 }

@@ -108,17 +108,25 @@ pub async fn claim(
             drain_timeout,
             holder.lease_duration,
         );
+        let steps = CordonSteps::needed(&node, taint);
         let (checkpoint, resumed) = match decision {
             LeaseDecision::Claim {
-                checkpoint,
+                mut checkpoint,
                 resumed,
-            } => (checkpoint, resumed),
+            } => {
+                // Record what this write changes on top of what any earlier drain of ours
+                // recorded (a resumed drain, or one replacing the checkpoint of an earlier
+                // scale-in whose changes are still on the node): a node back from a warm
+                // pool gets exactly that undone.
+                let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
+                checkpoint.out_of_service = Some(earlier.union(&steps.record()));
+                (checkpoint, resumed)
+            }
             LeaseDecision::HeldByOther { holder, until } => {
                 return Ok(Claim::HeldByOther { holder, until });
             }
             LeaseDecision::AlreadyCompleted => return Ok(Claim::AlreadyCompleted),
         };
-        let steps = CordonSteps::needed(&node, taint);
         match write(nodes, &name, &node, &checkpoint, Some(&steps)).await? {
             Written::Node(written) => {
                 return Ok(Claim::Claimed {

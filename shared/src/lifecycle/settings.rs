@@ -121,6 +121,11 @@ pub struct LaunchSettings {
     /// `LAUNCH_TIMEOUT_RESULT` (CONTINUE): the result after the timeout; ABANDON makes Auto
     /// Scaling replace instances that never join.
     pub timeout_result: LifecycleActionResult,
+    /// `WARM_POOL_WAIT_FOR_NODE` (false): a launch into a warm pool waits for the node to be
+    /// Ready like any launch, for pools whose instances join the cluster while pooled. By
+    /// default it completes as soon as the instance runs: a pooled instance is stopped (or
+    /// kept out of the cluster) and its node would never turn Ready.
+    pub warm_pool_wait_for_node: bool,
 }
 
 impl LaunchSettings {
@@ -129,6 +134,7 @@ impl LaunchSettings {
             lifecycle: LifecycleSettings::from_source(source)?,
             launch_timeout: seconds(source, "LAUNCH_TIMEOUT_SECONDS", Duration::from_secs(600))?,
             timeout_result: result(source, "LAUNCH_TIMEOUT_RESULT")?,
+            warm_pool_wait_for_node: source.flag("WARM_POOL_WAIT_FOR_NODE", false)?,
         })
     }
 }
@@ -238,6 +244,20 @@ mod tests {
         let launch = LaunchSettings::from_source(env).unwrap();
         assert_eq!(launch.launch_timeout, Duration::from_secs(600));
         assert_eq!(launch.timeout_result, LifecycleActionResult::Continue);
+        assert!(!launch.warm_pool_wait_for_node);
+    }
+
+    #[test]
+    fn warm_pool_wait_for_node_is_a_flag() {
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("WARM_POOL_WAIT_FOR_NODE", "true")];
+        assert!(
+            LaunchSettings::from_source(env)
+                .unwrap()
+                .warm_pool_wait_for_node
+        );
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("WARM_POOL_WAIT_FOR_NODE", "maybe")];
+        let err = LaunchSettings::from_source(env).unwrap_err().to_string();
+        assert!(err.contains("WARM_POOL_WAIT_FOR_NODE"), "{err}");
     }
 
     #[test]

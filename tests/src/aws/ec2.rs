@@ -134,6 +134,13 @@ impl FakeEc2 {
     }
 }
 
+/// Called when Auto Scaling stops or starts an instance of a warm pool.
+pub(crate) fn set_state_of(shared: &Shared, instance_id: &str, state: InstanceState) {
+    if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+        instance.state = state;
+    }
+}
+
 /// Called when Auto Scaling lets an instance go: EC2 reports it terminated, without DNS name.
 pub(crate) fn mark_terminated(shared: &Shared, instance_id: &str) {
     if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {

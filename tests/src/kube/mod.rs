@@ -381,6 +381,22 @@ impl FakeApiServer {
             .map(|_| ())
     }
 
+    /// The node's instance stopped (went to a warm pool): see [`Simulation::stop_node`].
+    pub fn stop_node(&self, name: &str) -> Result<(), ApiError> {
+        self.simulation.stop_node(name)
+    }
+
+    /// The node's instance started again (left a warm pool) and its kubelet re-registers
+    /// under the old name: see [`Simulation::restart_node`].
+    pub fn restart_node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ready_after: Option<Duration>,
+    ) -> Result<(), ApiError> {
+        self.simulation.restart_node(name, provider_id, ready_after)
+    }
+
     /// Registers a static bearer token for a user (like `--token-auth-file`); the user also
     /// gets `system:authenticated`. Returns the token.
     pub fn add_static_token(&self, username: &str, groups: &[&str]) -> String {

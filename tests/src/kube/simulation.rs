@@ -89,6 +89,9 @@ struct Memory {
     collected_rv: u64,
 }
 
+/// The taint the cloud node lifecycle controller puts on a node whose instance is stopped.
+pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
+
 /// The emulated kubelet and controllers of one fake cluster.
 #[derive(Clone)]
 pub struct Simulation {
@@ -257,6 +260,78 @@ impl Simulation {
             .node_ready_at
             .insert(name.to_owned(), Instant::now() + ready_after);
         Ok(created)
+    }
+
+    /// The node's instance was stopped (sent to a warm pool): the kubelet stops posting
+    /// status, so the node turns `Ready=Unknown`, and the cloud node lifecycle controller
+    /// taints it `node.cloudprovider.kubernetes.io/shutdown:NoSchedule`. The Node object
+    /// stays, with everything else on it (labels, cordon, annotations).
+    pub fn stop_node(&self, name: &str) -> Result<(), super::status::ApiError> {
+        let nodes = resource("", "nodes");
+        // The same lock order as `step`: memory, then the store.
+        let mut memory = self.memory();
+        let mut state = self.store.lock();
+        let mut node = state.get(nodes, "", name)?;
+        memory.node_ready_at.remove(name);
+        let time = now_rfc3339();
+        node["status"]["conditions"] = json!([{
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": time,
+            "lastTransitionTime": time,
+        }]);
+        let mut taints = node["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !taints.iter().any(|t| t["key"] == json!(SHUTDOWN_TAINT)) {
+            taints.push(json!({"key": SHUTDOWN_TAINT, "effect": "NoSchedule"}));
+        }
+        node["spec"]["taints"] = json!(taints);
+        update_full(&mut state, nodes, node);
+        Ok(())
+    }
+
+    /// The node's instance started again (out of a warm pool): its kubelet re-registers
+    /// under the node's old name. An existing Node object is kept as it is (the kubelet
+    /// does not touch `spec.unschedulable`, labels it did not set, or annotations); the
+    /// shutdown taint goes (the instance runs again) and the node turns Ready after
+    /// `ready_after`. A Node deleted meanwhile is registered afresh.
+    pub fn restart_node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ready_after: Option<Duration>,
+    ) -> Result<(), super::status::ApiError> {
+        let nodes = resource("", "nodes");
+        let ready_after = ready_after.unwrap_or(self.timings.node_ready_after);
+        {
+            let mut memory = self.memory();
+            let mut state = self.store.lock();
+            if let Ok(mut node) = state.get(nodes, "", name) {
+                let time = now_rfc3339();
+                node["status"]["conditions"] = json!([{
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "KubeletNotReady",
+                    "message": "container runtime network not ready",
+                    "lastHeartbeatTime": time,
+                    "lastTransitionTime": time,
+                }]);
+                if let Some(taints) = node["spec"]["taints"].as_array_mut() {
+                    taints.retain(|t| t["key"] != json!(SHUTDOWN_TAINT));
+                }
+                update_full(&mut state, nodes, node);
+                memory
+                    .node_ready_at
+                    .insert(name.to_owned(), Instant::now() + ready_after);
+                return Ok(());
+            }
+        }
+        self.register_node(name, provider_id, Some(ready_after))
+            .map(|_| ())
     }
 
     /// Runs the emulation until `shutdown` flips.

@@ -105,6 +105,10 @@ pub struct NodegroupSpec {
     /// Tag the group for the cluster (`eks:cluster-name`); false makes it a foreign group.
     #[serde(default = "yes")]
     pub tagged_for_cluster: bool,
+    /// The group's warm pool, by the state its instances wait in: `Stopped`, `Running` or
+    /// `Hibernated` (none by default).
+    #[serde(default)]
+    pub warm_pool: Option<String>,
 }
 
 fn default_ami() -> String {
@@ -154,6 +158,23 @@ pub enum Step {
     ScaleOut(ScaleOutStep),
     /// A seeded node's instance terminates; its hook notifies `terminating-hook`.
     ScaleIn(ScaleInStep),
+    /// A new instance launches into the group's warm pool (`EC2` -> `WarmPool`).
+    LaunchIntoWarmPool(WarmPoolStep),
+    /// The instance waiting longest in the warm pool goes in service (`WarmPool` ->
+    /// `AutoScalingGroup`); its kubelet registers (or re-registers) its node.
+    ScaleOutFromWarmPool(WarmPoolStep),
+    /// Scale-in with instance reuse: the instance that left the pool last goes back to it
+    /// (`AutoScalingGroup` -> `WarmPool`) and is stopped.
+    ScaleInToWarmPool(WarmPoolStep),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WarmPoolStep {
+    pub nodegroup: String,
+    /// Kubernetes Event reasons that must appear on the node.
+    #[serde(default)]
+    pub expect_node_events: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -232,18 +253,42 @@ impl Scenario {
                 Step::CreateNodegroup(s) | Step::DeleteNodegroup(s) => &s.nodegroup,
                 Step::ScaleOut(s) => &s.nodegroup,
                 Step::ScaleIn(s) => &s.nodegroup,
+                Step::LaunchIntoWarmPool(s)
+                | Step::ScaleOutFromWarmPool(s)
+                | Step::ScaleInToWarmPool(s) => &s.nodegroup,
             };
             let Some(spec) = self.nodegroups.iter().find(|n| &n.name == group) else {
                 return bad(format!(
                     "a step names node group {group:?}, which the scenario does not define"
                 ));
             };
+            let warm_pool_step = matches!(
+                step,
+                Step::LaunchIntoWarmPool(_)
+                    | Step::ScaleOutFromWarmPool(_)
+                    | Step::ScaleInToWarmPool(_)
+            );
+            if warm_pool_step && spec.warm_pool.is_none() {
+                return bad(format!(
+                    "a warm-pool step names node group {group}, which has no warmPool"
+                ));
+            }
             if let Step::ScaleIn(s) = step
                 && s.node >= spec.nodes
             {
                 return bad(format!(
                     "scaleIn names node {} of {group}, which has {} seeded nodes",
                     s.node, spec.nodes
+                ));
+            }
+        }
+        for spec in &self.nodegroups {
+            if let Some(state) = &spec.warm_pool
+                && !matches!(state.as_str(), "Stopped" | "Running" | "Hibernated")
+            {
+                return bad(format!(
+                    "node group {}: warmPool must be Stopped, Running or Hibernated, not {state:?}",
+                    spec.name
                 ));
             }
         }
@@ -271,10 +316,21 @@ mod tests {
             REFERENCE_SCENARIO,
             include_str!("../../scenarios/pdb-blocked.yaml"),
             include_str!("../../scenarios/access-entries.yaml"),
+            include_str!("../../scenarios/warm-pool.yaml"),
         ] {
             let scenario = Scenario::from_yaml(text).unwrap();
             assert!(!scenario.steps.is_empty(), "{}", scenario.name);
         }
+    }
+
+    #[test]
+    fn warm_pool_steps_need_a_group_with_a_warm_pool() {
+        let text = "name: x\nnodegroups:\n  - { name: ng, autoScalingGroup: asg, nodeRole: r }\nsteps:\n  - launchIntoWarmPool: { nodegroup: ng }\n";
+        let err = Scenario::from_yaml(text).unwrap_err();
+        assert!(err.to_string().contains("no warmPool"), "{err}");
+        let text = "name: x\nnodegroups:\n  - { name: ng, autoScalingGroup: asg, nodeRole: r, warmPool: Frozen }\nsteps: []\n";
+        let err = Scenario::from_yaml(text).unwrap_err();
+        assert!(err.to_string().contains("Frozen"), "{err}");
     }
 
     #[test]

@@ -389,6 +389,78 @@ pub fn lifecycle_corpus(target: Target) -> Vec<BadPayload> {
             with_message(&base, &m.to_string()),
         ));
     }
+    // Warm-pool routes Auto Scaling never sends: unknown places, odd spellings, one end
+    // missing, a route of the other transition, or none at all. Refused by name before any
+    // call: acting on a guessed route could drain a node or undo a drain.
+    let (other_route_origin, other_route_destination) = if own.ends_with("TERMINATING") {
+        ("WarmPool", "AutoScalingGroup")
+    } else {
+        ("AutoScalingGroup", "WarmPool")
+    };
+    for (name, origin, destination) in [
+        ("unknown-origin", Some(json!("Moon")), Some(json!("EC2"))),
+        (
+            "lowercase-destination",
+            Some(json!("AutoScalingGroup")),
+            Some(json!("warmpool")),
+        ),
+        (
+            "spaced-destination",
+            Some(json!("EC2")),
+            Some(json!("Warm Pool")),
+        ),
+        (
+            "padded-origin",
+            Some(json!(" WarmPool")),
+            Some(json!("EC2")),
+        ),
+        ("empty-origin", Some(json!("")), Some(json!("WarmPool"))),
+        ("number-destination", Some(json!("EC2")), Some(json!(3))),
+        (
+            "array-origin",
+            Some(json!(["WarmPool"])),
+            Some(json!("EC2")),
+        ),
+        ("only-destination", None, Some(json!("WarmPool"))),
+        ("only-origin", Some(json!("WarmPool")), None),
+        (
+            "pool-to-pool",
+            Some(json!("WarmPool")),
+            Some(json!("WarmPool")),
+        ),
+        ("ec2-to-ec2", Some(json!("EC2")), Some(json!("EC2"))),
+        (
+            "group-to-group",
+            Some(json!("AutoScalingGroup")),
+            Some(json!("AutoScalingGroup")),
+        ),
+        (
+            "other-transition-route",
+            Some(json!(other_route_origin)),
+            Some(json!(other_route_destination)),
+        ),
+        (
+            "huge-origin",
+            Some(json!("W".repeat(100_000))),
+            Some(json!("EC2")),
+        ),
+    ] {
+        let mut m = message.clone();
+        if let Some(object) = m.as_object_mut() {
+            object.remove("Origin");
+            object.remove("Destination");
+        }
+        if let Some(origin) = origin {
+            m["Origin"] = origin;
+        }
+        if let Some(destination) = destination {
+            m["Destination"] = destination;
+        }
+        out.push(BadPayload::new(
+            format!("warm-pool/{name}"),
+            with_message(&base, &m.to_string()),
+        ));
+    }
     // Continuation counters that are not a count.
     for (name, value) in [
         ("negative", json!(-1)),
