@@ -53,7 +53,7 @@ impl AccessEntryLookup for FunctionAccessEntry {
             .eq_ignore_ascii_case(&self.principal)
             .then(|| KubernetesIdentity {
                 username: "nodegroup-auth".into(),
-                groups: vec!["open-node-manager:functions".into()],
+                groups: vec!["open-node-manager:nodegroup-auth".into()],
             })
     }
 }

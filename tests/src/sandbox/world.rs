@@ -29,7 +29,6 @@ use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 pub const FUNCTIONS: [&str; 3] = ["nodegroup-auth", "launching-hook", "terminating-hook"];
 
 /// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
 const TOPIC_NAME: &str = "eks-asg-lifecycle-hook-topic";
 const LAUNCHING: &str = "autoscaling:EC2_INSTANCE_LAUNCHING";
 const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
@@ -177,7 +176,7 @@ impl Sandbox {
             let role = format!("open-node-manager-{function}");
             let creds = self.account.add_role_credentials(&role);
             map_roles.push_str(&format!(
-                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - {FUNCTIONS_GROUP}\n",
+                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - open-node-manager:{function}\n",
                 creds.principal_arn
             ));
             if self.uses_access_entries() {
@@ -188,7 +187,7 @@ impl Sandbox {
                         &creds.principal_arn,
                         "STANDARD",
                         Some(&format!("open-node-manager:{function}")),
-                        &[FUNCTIONS_GROUP],
+                        &[format!("open-node-manager:{function}").as_str()],
                     )
                     .map_err(setup("access entry for a function role"))?;
             }
