@@ -470,7 +470,10 @@ async fn delete_keeps_a_role_another_node_group_uses() {
     let writes = w.store.writes();
     let report = w
         .function
-        .handle(&cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::KeptInUse));
@@ -579,7 +582,10 @@ async fn api_mode_delete_removes_the_node_access_entry_only() {
     });
     let report = w
         .function
-        .handle(&cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Unmapped));
@@ -642,7 +648,10 @@ async fn another_clusters_events_are_ignored_not_failed() {
             .await
             .unwrap();
         let ignored = report.ignored.unwrap();
-        assert!(ignored.contains("prod") && ignored.contains(CLUSTER), "{ignored}");
+        assert!(
+            ignored.contains("prod") && ignored.contains(CLUSTER),
+            "{ignored}"
+        );
         assert!(report.nodegroups.is_empty());
     }
     assert!(w.eks.calls().is_empty(), "{:?}", w.eks.calls());
@@ -665,7 +674,10 @@ async fn a_late_genuine_delete_keeps_the_mapping_and_says_so() {
     w.eks
         .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
     w.function
-        .handle(&cloudtrail("CreateNodegroup", CLUSTER, "demo-ng", ROLE), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("CreateNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     // EKS finished deleting before this (redelivered) event arrived.
@@ -673,12 +685,18 @@ async fn a_late_genuine_delete_keeps_the_mapping_and_says_so() {
     let writes = w.store.writes();
     let report = w
         .function
-        .handle(&cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     let ng = &report.nodegroups[0];
     assert_eq!(ng.aws_auth, Some(Outcome::KeptUnverified));
-    assert!(ng.note.as_deref().unwrap().contains("cannot be checked"), "{ng:?}");
+    assert!(
+        ng.note.as_deref().unwrap().contains("cannot be checked"),
+        "{ng:?}"
+    );
     assert!(map_roles(&w.store).effective(ROLE).is_some());
     assert_eq!(w.store.writes(), writes);
 }
@@ -692,9 +710,13 @@ async fn a_forged_delete_removes_no_access() {
         w.store.put(aws_auth(&format!(
             "- rolearn: {karpenter}\n  username: system:node:{{{{EC2PrivateDNSName}}}}\n  groups: [system:bootstrappers, system:nodes]\n"
         )));
-        w.eks.add_nodegroup(nodegroup("real-ng", karpenter, "AL2_x86_64", "ACTIVE"));
+        w.eks
+            .add_nodegroup(nodegroup("real-ng", karpenter, "AL2_x86_64", "ACTIVE"));
         w.function
-            .handle(&json!({"clusterName": CLUSTER, "nodegroupName": "real-ng"}), FUNCTION_ARN)
+            .handle(
+                &json!({"clusterName": CLUSTER, "nodegroupName": "real-ng"}),
+                FUNCTION_ARN,
+            )
             .await
             .unwrap();
         w.eks.remove_nodegroup(CLUSTER, "real-ng");
@@ -715,7 +737,10 @@ async fn a_forged_delete_removes_no_access() {
             "{mode:?}: {ng:?}"
         );
         assert_eq!(w.store.writes(), writes, "{mode:?}");
-        assert!(map_roles(&w.store).effective(karpenter).is_some(), "{mode:?}");
+        assert!(
+            map_roles(&w.store).effective(karpenter).is_some(),
+            "{mode:?}"
+        );
         assert_eq!(w.eks.access_entries(CLUSTER).len(), entries, "{mode:?}");
     }
 }
@@ -738,12 +763,25 @@ async fn delete_answers_at_once_when_another_node_group_uses_the_role() {
     let started = std::time::Instant::now();
     let report = w
         .function
-        .handle(&cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
     assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::KeptInUse));
-    assert!(report.nodegroups[0].note.as_deref().unwrap().contains("other-ng"));
+    assert!(
+        report.nodegroups[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("other-ng")
+    );
 }
 
 #[tokio::test]
@@ -759,16 +797,24 @@ async fn api_and_config_map_does_not_create_an_entry_over_a_privileged_aws_auth_
             .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
         let report = w
             .function
-            .handle(&json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}), FUNCTION_ARN)
+            .handle(
+                &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+                FUNCTION_ARN,
+            )
             .await
             .unwrap();
         let ng = &report.nodegroups[0];
         assert_eq!(ng.access_entry, Some(Outcome::Conflict), "{what}");
-        assert!(ng.note.as_deref().unwrap().contains("aws-auth maps"), "{what}: {ng:?}");
+        assert!(
+            ng.note.as_deref().unwrap().contains("aws-auth maps"),
+            "{what}: {ng:?}"
+        );
         assert!(w.eks.access_entries(CLUSTER).is_empty(), "{what}");
         let events = w.store.events();
         assert!(
-            events.iter().any(|e| e.warning && e.reason == "NodeRoleMappingConflict"),
+            events
+                .iter()
+                .any(|e| e.warning && e.reason == "NodeRoleMappingConflict"),
             "{what}: {events:?}"
         );
     }
@@ -781,7 +827,10 @@ async fn api_and_config_map_does_not_create_an_entry_over_a_privileged_aws_auth_
         .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
     let report = w
         .function
-        .handle(&json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}), FUNCTION_ARN)
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Mapped));
@@ -799,7 +848,10 @@ async fn api_and_config_map_delete_reports_the_aws_auth_entry_that_remains() {
     w.eks
         .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
     w.function
-        .handle(&json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}), FUNCTION_ARN)
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     assert_eq!(w.eks.access_entries(CLUSTER).len(), 1);
@@ -810,7 +862,10 @@ async fn api_and_config_map_delete_reports_the_aws_auth_entry_that_remains() {
         .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
     let report = w
         .function
-        .handle(&cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     let ng = &report.nodegroups[0];

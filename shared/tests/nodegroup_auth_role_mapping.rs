@@ -460,7 +460,10 @@ fn values_the_authenticator_reads_do_not_block_writes() {
     ] {
         let (decision, rendered) = grant_and_render(Some(text), ROLE, LINUX);
         assert!(
-            matches!(decision, GrantDecision::Change(MappingChange::Append { .. })),
+            matches!(
+                decision,
+                GrantDecision::Change(MappingChange::Append { .. })
+            ),
             "{text}"
         );
         let rendered = rendered.unwrap();
@@ -472,7 +475,11 @@ fn values_the_authenticator_reads_do_not_block_writes() {
                 .unwrap()
                 .1
                 .username,
-            if text.contains("other2") { "other2" } else { "other" },
+            if text.contains("other2") {
+                "other2"
+            } else {
+                "other"
+            },
             "{rendered}"
         );
     }

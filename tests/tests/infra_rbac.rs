@@ -260,10 +260,22 @@ fn nodegroup_auth_gets_exactly_what_it_uses() {
     assert_exactly(
         NODEGROUP_AUTH_GROUP,
         &[
-            grant("kube-system", "", "configmaps", &["get", "update"], &["aws-auth"]),
+            grant(
+                "kube-system",
+                "",
+                "configmaps",
+                &["get", "update"],
+                &["aws-auth"],
+            ),
             // RBAC cannot limit create by name; the function only creates aws-auth.
             grant("kube-system", "", "configmaps", &["create"], &[]),
-            grant("kube-system", "events.k8s.io", "events", &["create", "patch"], &[]),
+            grant(
+                "kube-system",
+                "events.k8s.io",
+                "events",
+                &["create", "patch"],
+                &[],
+            ),
         ],
     );
 }
@@ -276,7 +288,10 @@ fn the_hooks_cannot_touch_aws_auth_and_nodegroup_auth_cannot_touch_nodes_or_pods
             .into_iter()
             .filter(|(_, _, resource, _, _)| resource == "configmaps")
             .collect();
-        assert!(configmaps.is_empty(), "{group} reaches ConfigMaps: {configmaps:?}");
+        assert!(
+            configmaps.is_empty(),
+            "{group} reaches ConfigMaps: {configmaps:?}"
+        );
     }
     let auth = grants_of(&manifest, NODEGROUP_AUTH_GROUP);
     let reach: Vec<_> = auth

@@ -603,7 +603,10 @@ fn the_fixture_events_match_the_rule_pattern() {
 fn rule_pattern_for(template: &Value, cluster: &str) -> Value {
     let text = template["Resources"]["NodegroupEventsRule"]["Properties"]["EventPattern"]
         .to_string()
-        .replace(&reference("ClusterName").to_string(), &json!(cluster).to_string());
+        .replace(
+            &reference("ClusterName").to_string(),
+            &json!(cluster).to_string(),
+        );
     serde_json::from_str(&text).expect("pattern")
 }
 
@@ -785,8 +788,14 @@ fn eks_calls_are_limited_to_this_cluster() {
 
 /// Actions granted that no Rust code of ours calls, each with who uses it instead.
 const GRANTED_FOR_AWS_SERVICES: &[(&str, &str)] = &[
-    ("logs:CreateLogStream", "the Lambda service writes the function's logs with its role"),
-    ("logs:PutLogEvents", "the Lambda service writes the function's logs with its role"),
+    (
+        "logs:CreateLogStream",
+        "the Lambda service writes the function's logs with its role",
+    ),
+    (
+        "logs:PutLogEvents",
+        "the Lambda service writes the function's logs with its role",
+    ),
     (
         "sqs:SendMessage",
         "the Lambda service sends failed asynchronous invocations to the failure queue with the function's role",
@@ -815,7 +824,10 @@ fn sdk_method(operation: &str) -> String {
 
 #[test]
 fn every_granted_action_is_called_by_the_code_or_named_with_its_user() {
-    let sources = rust_sources(&[repo_root().join("shared/src"), repo_root().join("functions")]);
+    let sources = rust_sources(&[
+        repo_root().join("shared/src"),
+        repo_root().join("functions"),
+    ]);
     let mut unused = Vec::new();
     let mut granted = BTreeSet::new();
     for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
@@ -829,7 +841,9 @@ fn every_granted_action_is_called_by_the_code_or_named_with_its_user() {
                 let operation = action.split_once(':').expect("service:Operation").1;
                 let call = format!(".{}()", sdk_method(operation));
                 if !sources.contains(&call) {
-                    unused.push(format!("{owner}: {action} (no {call} in shared/src or functions/)"));
+                    unused.push(format!(
+                        "{owner}: {action} (no {call} in shared/src or functions/)"
+                    ));
                 }
             }
         }
@@ -840,7 +854,10 @@ fn every_granted_action_is_called_by_the_code_or_named_with_its_user() {
         unused.join("\n")
     );
     for (action, _) in GRANTED_FOR_AWS_SERVICES {
-        assert!(granted.contains(*action), "{action} is listed but not granted any more");
+        assert!(
+            granted.contains(*action),
+            "{action} is listed but not granted any more"
+        );
     }
     assert_eq!(sdk_method("ListAccessEntries"), "list_access_entries");
 }
@@ -849,7 +866,10 @@ fn every_granted_action_is_called_by_the_code_or_named_with_its_user() {
 fn node_access_entries_are_ec2_only_and_limited_to_node_role_entries() {
     let template = main_template();
     let parameter = &template["Parameters"]["NodeRoleNamePattern"];
-    assert!(parameter.get("Default").is_none(), "NodeRoleNamePattern is required");
+    assert!(
+        parameter.get("Default").is_none(),
+        "NodeRoleNamePattern is required"
+    );
     let mut seen = BTreeSet::new();
     for (owner, statement) in policy_statements(&template) {
         for action in as_list(&statement["Action"]) {
@@ -876,16 +896,23 @@ fn node_access_entries_are_ec2_only_and_limited_to_node_role_entries() {
                         "{owner}: {action} on {arn}"
                     );
                 } else {
-                    assert_eq!(action, "eks:CreateAccessEntry", "{owner}: {action} on {arn}");
+                    assert_eq!(
+                        action, "eks:CreateAccessEntry",
+                        "{owner}: {action} on {arn}"
+                    );
                 }
             }
         }
     }
     assert_eq!(
         seen,
-        ["eks:CreateAccessEntry", "eks:DeleteAccessEntry", "eks:DescribeAccessEntry"]
-            .map(str::to_owned)
-            .into()
+        [
+            "eks:CreateAccessEntry",
+            "eks:DeleteAccessEntry",
+            "eks:DescribeAccessEntry"
+        ]
+        .map(str::to_owned)
+        .into()
     );
 }
 
@@ -909,8 +936,8 @@ fn the_rule_forwards_only_this_clusters_node_group_calls() {
         })
     };
     // The function serves exactly one cluster and refuses ADDITIONAL_CLUSTER_NAMES at start-up.
-    let variables = &template["Resources"]["NodegroupAuthFunction"]["Properties"]["Environment"]
-        ["Variables"];
+    let variables =
+        &template["Resources"]["NodegroupAuthFunction"]["Properties"]["Environment"]["Variables"];
     assert!(variables.get("CLUSTER_NAME").is_some());
     assert!(variables.get("ADDITIONAL_CLUSTER_NAMES").is_none());
     let deployed = rule_pattern_for(&template, "blue");

@@ -41,7 +41,7 @@ const NODE_ROLE: &str = "arn:aws:iam::111111111111:role/demo-ng-node-role";
 
 /// Rules kept although no flow breaks without them, and why.
 const TOLERATED: &[(&str, &str)] = &[(
-    "ClusterRole open-node-manager rule [\"policy\"] [\"poddisruptionbudgets\"]",
+    "ClusterRole open-node-manager-terminating-hook rule [\"policy\"] [\"poddisruptionbudgets\"]",
     "only names the blocking PDBs in reports (two budgets on one pod, PodEvictionFailure); without it the drain falls back to the names in the 429 answers (a 403 is still required, so it must be asked for)",
 )];
 
@@ -302,7 +302,12 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
             Some(Duration::from_millis(100)),
         )
         .unwrap();
-    let client = client(&server, "launching-hook", &["open-node-manager:launching-hook"]).await;
+    let client = client(
+        &server,
+        "launching-hook",
+        &["open-node-manager:launching-hook"],
+    )
+    .await;
     let autoscaling = FakeAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
@@ -360,9 +365,14 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
     let completions = autoscaling.completions();
     FlowResult {
         name: "launch",
+        // The launch outcome is also reported as an Event on the node.
         effect: result.is_ok()
             && completions.len() == 1
-            && completions[0].result == LifecycleActionResult::Continue,
+            && completions[0].result == LifecycleActionResult::Continue
+            && !server
+                .store()
+                .list::<k8s_openapi::api::events::v1::Event>()
+                .is_empty(),
         forbidden: forbidden(&server, "launching-hook"),
     }
 }
@@ -375,7 +385,12 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
             .apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: aws-auth, namespace: kube-system}\ndata:\n  mapRoles: |\n    - rolearn: arn:aws:iam::111111111111:role/admin\n      username: admin\n      groups: [system:masters]\n")
             .unwrap();
     }
-    let client = client(&server, "nodegroup-auth", &["open-node-manager:nodegroup-auth"]).await;
+    let client = client(
+        &server,
+        "nodegroup-auth",
+        &["open-node-manager:nodegroup-auth"],
+    )
+    .await;
     let eks = FakeEks::default();
     eks.add_cluster(ClusterDescription {
         name: CLUSTER.into(),
@@ -510,8 +525,7 @@ async fn no_function_identity_reaches_another_functions_access() {
         .store()
         .apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: aws-auth, namespace: kube-system}\ndata:\n  mapRoles: \"\"\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: victim, namespace: default}\nspec:\n  containers: [{name: c, image: nginx}]\n")
         .unwrap();
-    let is_forbidden =
-        |result: Result<(), kube::Error>| matches!(result, Err(kube::Error::Api(ref e)) if e.code == 403);
+    let is_forbidden = |result: Result<(), kube::Error>| matches!(result, Err(kube::Error::Api(ref e)) if e.code == 403);
     for (user, group) in [
         ("terminating-hook", "open-node-manager:terminating-hook"),
         ("launching-hook", "open-node-manager:launching-hook"),
@@ -556,10 +570,19 @@ async fn no_function_identity_reaches_another_functions_access() {
             "{user} patches aws-auth"
         );
     }
-    let auth = client(&server, "nodegroup-auth", &["open-node-manager:nodegroup-auth"]).await;
+    let auth = client(
+        &server,
+        "nodegroup-auth",
+        &["open-node-manager:nodegroup-auth"],
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(auth.clone(), "default");
     assert!(
-        is_forbidden(pods.evict("victim", &EvictParams::default()).await.map(|_| ())),
+        is_forbidden(
+            pods.evict("victim", &EvictParams::default())
+                .await
+                .map(|_| ())
+        ),
         "nodegroup-auth evicts"
     );
     assert!(

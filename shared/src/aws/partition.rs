@@ -103,13 +103,37 @@ mod tests {
             ("eu-west-1", "aws", "sts.eu-west-1.amazonaws.com"),
             ("ap-southeast-7", "aws", "sts.ap-southeast-7.amazonaws.com"),
             ("cn-north-1", "aws-cn", "sts.cn-north-1.amazonaws.com.cn"),
-            ("cn-northwest-1", "aws-cn", "sts.cn-northwest-1.amazonaws.com.cn"),
-            ("us-gov-west-1", "aws-us-gov", "sts.us-gov-west-1.amazonaws.com"),
+            (
+                "cn-northwest-1",
+                "aws-cn",
+                "sts.cn-northwest-1.amazonaws.com.cn",
+            ),
+            (
+                "us-gov-west-1",
+                "aws-us-gov",
+                "sts.us-gov-west-1.amazonaws.com",
+            ),
             ("us-iso-east-1", "aws-iso", "sts.us-iso-east-1.c2s.ic.gov"),
-            ("us-isob-east-1", "aws-iso-b", "sts.us-isob-east-1.sc2s.sgov.gov"),
-            ("eu-isoe-west-1", "aws-iso-e", "sts.eu-isoe-west-1.cloud.adc-e.uk"),
-            ("us-isof-south-1", "aws-iso-f", "sts.us-isof-south-1.csp.hci.ic.gov"),
-            ("eusc-de-east-1", "aws-eusc", "sts.eusc-de-east-1.amazonaws.eu"),
+            (
+                "us-isob-east-1",
+                "aws-iso-b",
+                "sts.us-isob-east-1.sc2s.sgov.gov",
+            ),
+            (
+                "eu-isoe-west-1",
+                "aws-iso-e",
+                "sts.eu-isoe-west-1.cloud.adc-e.uk",
+            ),
+            (
+                "us-isof-south-1",
+                "aws-iso-f",
+                "sts.us-isof-south-1.csp.hci.ic.gov",
+            ),
+            (
+                "eusc-de-east-1",
+                "aws-eusc",
+                "sts.eusc-de-east-1.amazonaws.eu",
+            ),
         ];
         for (region, partition, host) in table {
             assert_eq!(Partition::of_region(region).id(), partition, "{region}");

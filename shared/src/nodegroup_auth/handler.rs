@@ -501,8 +501,7 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
     async fn aws_auth_object_entry(
         &self,
         role: &NodeRoleArn,
-    ) -> Result<Option<(AwsAuthEditor<A::Store>, ConfigMap, RoleMapping)>, NodegroupAuthError>
-    {
+    ) -> Result<Option<(AwsAuthEditor<A::Store>, ConfigMap, RoleMapping)>, NodegroupAuthError> {
         let editor = self.editor().await?;
         let Some(object) = editor
             .store()

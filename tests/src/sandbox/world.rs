@@ -473,6 +473,8 @@ impl Sandbox {
                     &seconds(timings.launch_timeout_seconds),
                 )
                 .env("EVICTION_BACKOFF_MAX_SECONDS", "2")
+                // nodegroup-auth: poll a DELETING node group every second, not every 15.
+                .env("DELETE_POLL_SECONDS", "1")
                 .env("RUST_LOG", "warn")
                 .envs(self.scenario.function_env.clone());
             spec.account_id = self.scenario.account_id.clone();
@@ -643,9 +645,26 @@ impl Sandbox {
                 step.nodegroup
             ),
         );
-        self.aws
-            .eks()
-            .remove_nodegroup(&self.scenario.cluster, &step.nodegroup);
+        // As EKS does: the node group is DELETING when the event is sent, and gone a little
+        // later (nodegroup-auth waits for that; a node group already gone when the event
+        // arrives cannot be verified, and its role would stay mapped).
+        let eks = self.aws.eks();
+        if let Some(spec) = self.nodegroup(&step.nodegroup) {
+            // Re-adding with the same name replaces the node group, status aside.
+            let deleting = FakeNodegroup::new(&spec.name, &self.role_arn(spec))
+                .ami_type(&spec.ami_type)
+                .auto_scaling_group(&spec.auto_scaling_group)
+                .status("DELETING");
+            if eks.add_nodegroup(&self.scenario.cluster, deleting).is_err() {
+                return vec![(false, format!("node group {} is DELETING", step.nodegroup))];
+            }
+        }
+        let cluster = self.scenario.cluster.clone();
+        let name = step.nodegroup.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            eks.remove_nodegroup(&cluster, &name);
+        });
         self.nodegroup_event("DeleteNodegroup", step).await
     }
 
