@@ -50,7 +50,11 @@ pub const INSTANCE: &str = "i-07e9ea9eb19a67337";
 /// The default seeded instance's node.
 pub const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
 /// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
-pub const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
+/// The Kubernetes group a function's role is mapped to (`infra/rbac.yaml`: one per function,
+/// e.g. `open-node-manager:terminating-hook`).
+pub fn function_group(function: &str) -> String {
+    format!("open-node-manager:{function}")
+}
 const ZONE: &str = "eu-west-1a";
 
 /// One function process and the IAM role credentials it runs with.
@@ -334,13 +338,14 @@ impl FunctionWorldBuilder {
                         &credentials.principal_arn,
                         "STANDARD",
                         Some(name),
-                        &[FUNCTIONS_GROUP],
+                        &[function_group(name).as_str()],
                     )
                     .expect("function world set-up");
             } else {
                 map_roles.push_str(&format!(
-                    "- rolearn: {}\n  username: {name}\n  groups: [{FUNCTIONS_GROUP}]\n",
-                    credentials.principal_arn
+                    "- rolearn: {}\n  username: {name}\n  groups: [{}]\n",
+                    credentials.principal_arn,
+                    function_group(name)
                 ));
             }
             granted.push((target, credentials));

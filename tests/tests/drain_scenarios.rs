@@ -59,9 +59,9 @@ impl Scenario {
             .apply_manifest_file(std::path::Path::new(RBAC))
             .unwrap();
         let groups = if force_group {
-            "[open-node-manager:functions, open-node-manager:force-delete]"
+            "[open-node-manager:terminating-hook, open-node-manager:force-delete]"
         } else {
-            "[open-node-manager:functions]"
+            "[open-node-manager:terminating-hook]"
         };
         let role = server.account().role_arn("terminating-hook");
         server

@@ -41,7 +41,7 @@ const NODE_ROLE: &str = "arn:aws:iam::111111111111:role/demo-ng-node-role";
 
 /// Rules kept although no flow breaks without them, and why.
 const TOLERATED: &[(&str, &str)] = &[(
-    "ClusterRole open-node-manager rule [\"policy\"] [\"poddisruptionbudgets\"]",
+    "ClusterRole open-node-manager-terminating-hook rule [\"policy\"] [\"poddisruptionbudgets\"]",
     "only names the blocking PDBs in reports (two budgets on one pod, PodEvictionFailure); without it the drain falls back to the names in the 429 answers (a 403 is still required, so it must be asked for)",
 )];
 
@@ -151,6 +151,14 @@ fn forbidden(server: &FakeApiServer, user: &str) -> Vec<String> {
         .collect()
 }
 
+fn events_in(server: &FakeApiServer, namespace: &str) -> bool {
+    server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .any(|e| e.metadata.namespace.as_deref() == Some(namespace))
+}
+
 /// What a flow found: whether its effect happened, and the 403s it met.
 struct FlowResult {
     name: &'static str,
@@ -192,11 +200,11 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         .collect();
     let groups: &[&str] = if force {
         &[
-            "open-node-manager:functions",
+            "open-node-manager:terminating-hook",
             "open-node-manager:force-delete",
         ]
     } else {
-        &["open-node-manager:functions"]
+        &["open-node-manager:terminating-hook"]
     };
     let client = client(&server, "terminating-hook", groups).await;
     let autoscaling = FakeAutoScaling::new();
@@ -294,7 +302,12 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
             Some(Duration::from_millis(100)),
         )
         .unwrap();
-    let client = client(&server, "launching-hook", &["open-node-manager:functions"]).await;
+    let client = client(
+        &server,
+        "launching-hook",
+        &["open-node-manager:launching-hook"],
+    )
+    .await;
     let autoscaling = FakeAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
@@ -352,9 +365,14 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
     let completions = autoscaling.completions();
     FlowResult {
         name: "launch",
+        // The launch outcome is also reported as an Event on the node.
         effect: result.is_ok()
             && completions.len() == 1
-            && completions[0].result == LifecycleActionResult::Continue,
+            && completions[0].result == LifecycleActionResult::Continue
+            && !server
+                .store()
+                .list::<k8s_openapi::api::events::v1::Event>()
+                .is_empty(),
         forbidden: forbidden(&server, "launching-hook"),
     }
 }
@@ -367,7 +385,12 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
             .apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: aws-auth, namespace: kube-system}\ndata:\n  mapRoles: |\n    - rolearn: arn:aws:iam::111111111111:role/admin\n      username: admin\n      groups: [system:masters]\n")
             .unwrap();
     }
-    let client = client(&server, "nodegroup-auth", &["open-node-manager:functions"]).await;
+    let client = client(
+        &server,
+        "nodegroup-auth",
+        &["open-node-manager:nodegroup-auth"],
+    )
+    .await;
     let eks = FakeEks::default();
     eks.add_cluster(ClusterDescription {
         name: CLUSTER.into(),
@@ -421,7 +444,8 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
         } else {
             "aws-auth creation"
         },
-        effect: result.is_ok() && mapped,
+        // The change is also reported as an Event on aws-auth (kube-system).
+        effect: result.is_ok() && mapped && events_in(&server, "kube-system"),
         forbidden: forbidden(&server, "nodegroup-auth"),
     }
 }
@@ -485,4 +509,102 @@ async fn every_rule_of_the_shipped_rbac_is_needed() {
         not_needed.join("\n"),
         report.join("\n")
     );
+}
+
+/// Each function's identity, used as an attacker who runs code with that role would: the hooks
+/// cannot read or rewrite aws-auth (no way to cluster-admin), nodegroup-auth cannot evict
+/// pods, patch nodes or read pods. Live requests against the shipped RBAC, each must be a 403.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_function_identity_reaches_another_functions_access() {
+    use kube::Api;
+    use kube::api::{EvictParams, Patch, PatchParams, PostParams};
+
+    let documents = shipped();
+    let server = cluster(&documents).await;
+    server
+        .store()
+        .apply_yaml("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: aws-auth, namespace: kube-system}\ndata:\n  mapRoles: \"\"\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: victim, namespace: default}\nspec:\n  containers: [{name: c, image: nginx}]\n")
+        .unwrap();
+    let is_forbidden = |result: Result<(), kube::Error>| matches!(result, Err(kube::Error::Api(ref e)) if e.code == 403);
+    for (user, group) in [
+        ("terminating-hook", "open-node-manager:terminating-hook"),
+        ("launching-hook", "open-node-manager:launching-hook"),
+    ] {
+        let client = client(&server, user, &[group]).await;
+        let config_maps: Api<ConfigMap> = Api::namespaced(client, "kube-system");
+        assert!(
+            is_forbidden(config_maps.get("aws-auth").await.map(|_| ())),
+            "{user} reads aws-auth"
+        );
+        let mut forged = server
+            .store()
+            .find::<ConfigMap>("kube-system", "aws-auth")
+            .unwrap();
+        forged.data = Some(
+            [(
+                "mapRoles".to_owned(),
+                "- rolearn: arn:aws:iam::111111111111:role/attacker\n  username: a\n  groups: [system:masters]\n".to_owned(),
+            )]
+            .into(),
+        );
+        assert!(
+            is_forbidden(
+                config_maps
+                    .replace("aws-auth", &PostParams::default(), &forged)
+                    .await
+                    .map(|_| ())
+            ),
+            "{user} rewrites aws-auth"
+        );
+        assert!(
+            is_forbidden(
+                config_maps
+                    .patch(
+                        "aws-auth",
+                        &PatchParams::default(),
+                        &Patch::Merge(serde_json::json!({"data": {"mapRoles": ""}}))
+                    )
+                    .await
+                    .map(|_| ())
+            ),
+            "{user} patches aws-auth"
+        );
+    }
+    let auth = client(
+        &server,
+        "nodegroup-auth",
+        &["open-node-manager:nodegroup-auth"],
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(auth.clone(), "default");
+    assert!(
+        is_forbidden(
+            pods.evict("victim", &EvictParams::default())
+                .await
+                .map(|_| ())
+        ),
+        "nodegroup-auth evicts"
+    );
+    assert!(
+        is_forbidden(pods.list(&Default::default()).await.map(|_| ())),
+        "nodegroup-auth lists pods"
+    );
+    let nodes: Api<Node> = Api::all(auth);
+    assert!(
+        is_forbidden(
+            nodes
+                .patch(
+                    NODE,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}}))
+                )
+                .await
+                .map(|_| ())
+        ),
+        "nodegroup-auth patches nodes"
+    );
+    // What the attacker tried changed nothing.
+    let node = server.store().get::<Node>("", NODE).unwrap();
+    assert_ne!(node.spec.and_then(|s| s.unschedulable), Some(true));
+    assert!(server.store().find::<Pod>("default", "victim").is_some());
 }

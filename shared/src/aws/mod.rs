@@ -8,6 +8,7 @@
 pub mod fake;
 #[cfg(feature = "runtime")]
 pub mod http_client;
+pub mod partition;
 #[cfg(feature = "runtime")]
 pub mod sdk;
 

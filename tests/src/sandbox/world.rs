@@ -31,7 +31,6 @@ use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 pub const FUNCTIONS: [&str; 3] = ["nodegroup-auth", "launching-hook", "terminating-hook"];
 
 /// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
 const TOPIC_NAME: &str = "eks-asg-lifecycle-hook-topic";
 const LAUNCHING: &str = "autoscaling:EC2_INSTANCE_LAUNCHING";
 const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
@@ -190,7 +189,7 @@ impl Sandbox {
             let role = format!("open-node-manager-{function}");
             let creds = self.account.add_role_credentials(&role);
             map_roles.push_str(&format!(
-                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - {FUNCTIONS_GROUP}\n",
+                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - open-node-manager:{function}\n",
                 creds.principal_arn
             ));
             if self.uses_access_entries() {
@@ -201,7 +200,7 @@ impl Sandbox {
                         &creds.principal_arn,
                         "STANDARD",
                         Some(&format!("open-node-manager:{function}")),
-                        &[FUNCTIONS_GROUP],
+                        &[format!("open-node-manager:{function}").as_str()],
                     )
                     .map_err(setup("access entry for a function role"))?;
             }
@@ -490,6 +489,8 @@ impl Sandbox {
                     &seconds(timings.launch_timeout_seconds),
                 )
                 .env("EVICTION_BACKOFF_MAX_SECONDS", "2")
+                // nodegroup-auth: poll a DELETING node group every second, not every 15.
+                .env("DELETE_POLL_SECONDS", "1")
                 .env("RUST_LOG", "warn")
                 .envs(self.scenario.function_env.clone());
             spec.account_id = self.scenario.account_id.clone();
@@ -663,9 +664,26 @@ impl Sandbox {
                 step.nodegroup
             ),
         );
-        self.aws
-            .eks()
-            .remove_nodegroup(&self.scenario.cluster, &step.nodegroup);
+        // As EKS does: the node group is DELETING when the event is sent, and gone a little
+        // later (nodegroup-auth waits for that; a node group already gone when the event
+        // arrives cannot be verified, and its role would stay mapped).
+        let eks = self.aws.eks();
+        if let Some(spec) = self.nodegroup(&step.nodegroup) {
+            // Re-adding with the same name replaces the node group, status aside.
+            let deleting = FakeNodegroup::new(&spec.name, &self.role_arn(spec))
+                .ami_type(&spec.ami_type)
+                .auto_scaling_group(&spec.auto_scaling_group)
+                .status("DELETING");
+            if eks.add_nodegroup(&self.scenario.cluster, deleting).is_err() {
+                return vec![(false, format!("node group {} is DELETING", step.nodegroup))];
+            }
+        }
+        let cluster = self.scenario.cluster.clone();
+        let name = step.nodegroup.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            eks.remove_nodegroup(&cluster, &name);
+        });
         self.nodegroup_event("DeleteNodegroup", step).await
     }
 

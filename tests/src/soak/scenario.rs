@@ -66,7 +66,6 @@ const GROUP: &str = "eks-soak-ng";
 const TERMINATE_HOOK: &str = "Terminate-LC-Hook";
 const LAUNCH_HOOK: &str = "Launch-LC-Hook";
 const TOPIC: &str = "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic";
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
 const ADMIN_ROLE: &str = "arn:aws:iam::111111111111:role/admin";
 /// The Kubernetes group `infra/rbac.yaml` grants pod deletion (force mode) to.
 const FORCE_GROUP: &str = "open-node-manager:force-delete";
@@ -492,12 +491,14 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
 
     // The functions' identities and clients.
     let client_for = |user: &str| {
-        let groups: &[&str] = if user == DRAIN_USER && force {
-            &[FUNCTIONS_GROUP, FORCE_GROUP]
+        // Each function its own group (infra/rbac.yaml), named after it.
+        let own = format!("open-node-manager:{user}");
+        let groups: Vec<&str> = if user == DRAIN_USER && force {
+            vec![own.as_str(), FORCE_GROUP]
         } else {
-            &[FUNCTIONS_GROUP]
+            vec![own.as_str()]
         };
-        let token = server.add_static_token(user, groups);
+        let token = server.add_static_token(user, &groups);
         let server = &server;
         async move {
             let mut config = server.config_with_token(&token).await.expect("config");
