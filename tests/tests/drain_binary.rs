@@ -386,7 +386,10 @@ async fn terminate_and_answer(w: &FunctionWorld) -> Value {
 async fn poll(store: &Store, what: &str, condition: impl Fn(&Store) -> bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !condition(store) {
-        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -609,11 +612,7 @@ spec:
     late.await.unwrap();
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     let writes = drain_writes(&w);
-    assert!(
-        evicted(&writes).contains("latecomer"),
-        "{}",
-        trail(&writes)
-    );
+    assert!(evicted(&writes).contains("latecomer"), "{}", trail(&writes));
 }
 
 #[tokio::test]
@@ -627,7 +626,12 @@ async fn a_zero_grace_period_setting_is_sent_as_one_second() {
         .filter_map(|e| e.request_object.as_ref())
         .map(|body| body["deleteOptions"]["gracePeriodSeconds"].to_string())
         .collect();
-    assert_eq!(graces, BTreeSet::from(["1".to_owned()]), "{}", trail(&writes));
+    assert_eq!(
+        graces,
+        BTreeSet::from(["1".to_owned()]),
+        "{}",
+        trail(&writes)
+    );
 }
 
 #[tokio::test]
@@ -667,10 +671,7 @@ async fn a_hand_over_margin_leaving_no_working_slice_fails_the_invocation() {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let (error_type, message) = w
-        .function(Target::TerminatingHook)
-        .error_from(&event)
-        .await;
+    let (error_type, message) = w.function(Target::TerminatingHook).error_from(&event).await;
     assert_eq!(error_type, "HandOverMarginTooLarge", "{message}");
     assert!(message.contains("HAND_OVER_MARGIN_SECONDS"), "{message}");
     // Nothing republished, nothing written to the node.
@@ -719,8 +720,7 @@ spec:
             .invoke(&event, Duration::from_millis(1800))
             .await
             .unwrap();
-        let node_manager_testkit::lambda_api::InvocationOutcome::Response(answer) = outcome
-        else {
+        let node_manager_testkit::lambda_api::InvocationOutcome::Response(answer) = outcome else {
             panic!("{outcome:?}\n{}", lambda.runtime.output());
         };
         match answer["records"][0]["outcome"].as_str() {

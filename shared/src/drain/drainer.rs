@@ -229,7 +229,9 @@ pub enum DrainError {
         #[source]
         source: ContinuationError,
     },
-    #[error("the invocation has {remaining:?} left for draining after the hand-over margin of {margin:?} (HAND_OVER_MARGIN_SECONDS): raise the function's timeout or lower HAND_OVER_MARGIN_SECONDS; failing instead of handing over in a tight loop")]
+    #[error(
+        "the invocation has {remaining:?} left for draining after the hand-over margin of {margin:?} (HAND_OVER_MARGIN_SECONDS): raise the function's timeout or lower HAND_OVER_MARGIN_SECONDS; failing instead of handing over in a tight loop"
+    )]
     NoTimeToWork {
         remaining: std::time::Duration,
         margin: std::time::Duration,
@@ -542,7 +544,10 @@ where
                         .await
                         .is_err()
                     {
-                        tracing::info!(step = "action_gone", "Auto Scaling no longer has this lifecycle action: stopping");
+                        tracing::info!(
+                            step = "action_gone",
+                            "Auto Scaling no longer has this lifecycle action: stopping"
+                        );
                         return Ok(DeliveryOutcome::ActionGone);
                     }
                     node = match nodes.get_opt(&node_name).await.map_err(kube_error)? {

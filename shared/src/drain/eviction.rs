@@ -172,7 +172,9 @@ fn budget_name(message: &str) -> Option<String> {
 /// `kubectl drain --grace-period=0` sends, since 0 asks the API server for an immediate
 /// deletion that does not wait for the kubelet to stop the containers.
 pub fn grace_to_send(configured: Duration) -> i64 {
-    i64::try_from(configured.as_secs()).unwrap_or(i64::MAX).max(1)
+    i64::try_from(configured.as_secs())
+        .unwrap_or(i64::MAX)
+        .max(1)
 }
 
 /// The body of a policy/v1 Eviction for `pod`.
@@ -274,7 +276,10 @@ mod tests {
         );
         // A 409 does not prove the pod gone: retried, the watch decides.
         let outcome = classify(409, None, &conflict);
-        assert!(matches!(outcome, EvictionOutcome::Conflict { .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, EvictionOutcome::Conflict { .. }),
+            "{outcome:?}"
+        );
         assert!(!outcome.is_leaving());
         assert!(EvictionOutcome::Gone.is_leaving());
         assert!(!EvictionOutcome::NamespaceTerminating.is_leaving());

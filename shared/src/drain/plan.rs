@@ -58,8 +58,8 @@ pub struct PlanContext {
 impl PlanContext {
     /// When a pod being deleted since `deletion_timestamp` stops holding the drain.
     fn stuck_at(&self, deletion_timestamp: Timestamp) -> Timestamp {
-        let margin = jiff::SignedDuration::try_from(self.stuck_after)
-            .unwrap_or(jiff::SignedDuration::MAX);
+        let margin =
+            jiff::SignedDuration::try_from(self.stuck_after).unwrap_or(jiff::SignedDuration::MAX);
         let overdue = deletion_timestamp
             .checked_add(margin)
             .unwrap_or(Timestamp::MAX);
@@ -86,7 +86,10 @@ fn bound_at(pod: &Pod) -> Option<Timestamp> {
         .status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled" && c.status == "True"))
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| t.0);
     scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
@@ -104,7 +107,8 @@ pub fn tolerates_cordon(pod: &Pod) -> bool {
                     None | Some("") => t.operator.as_deref() == Some("Exists"),
                     Some(key) => key == UNSCHEDULABLE_TAINT,
                 };
-                let effect_matches = matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
+                let effect_matches =
+                    matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
                 let value_matches = t.operator.as_deref() == Some("Exists")
                     || t.value.as_deref().unwrap_or_default().is_empty();
                 key_matches && effect_matches && value_matches
@@ -560,7 +564,11 @@ mod tests {
     fn an_overdue_deletion_stops_holding_the_drain_and_the_next_tier() {
         let deleting = Time(at(30));
         let pods = vec![
-            pod("default", "stuck", json!({"metadata": {"deletionTimestamp": deleting}})),
+            pod(
+                "default",
+                "stuck",
+                json!({"metadata": {"deletionTimestamp": deleting}}),
+            ),
             pod(
                 "kube-system",
                 "critical",
@@ -574,7 +582,10 @@ mod tests {
         assert_eq!(plan.stuck().count(), 0);
         // After it: reported as stuck, and the critical tier goes on.
         let plan = DrainPlan::in_context(&pods, &context(90));
-        assert_eq!(plan.stuck().map(|k| k.name.as_str()).collect::<Vec<_>>(), ["stuck"]);
+        assert_eq!(
+            plan.stuck().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+            ["stuck"]
+        );
         assert_eq!(names(plan.to_evict_now()), ["critical"]);
         // Without a clock (the snapshot plan) it is waited for as before.
         assert!(DrainPlan::new(&pods).to_evict_now().is_empty());
@@ -605,9 +616,17 @@ mod tests {
         let created = |t: i64| json!({"metadata": {"creationTimestamp": Time(at(t))}});
         let pods = vec![
             // There before the cordon: evicted even though it tolerates it.
-            pod("default", "before", merge_all([tolerate_all.clone(), created(-5)])),
+            pod(
+                "default",
+                "before",
+                merge_all([tolerate_all.clone(), created(-5)]),
+            ),
             // Came back after the cordon and tolerates it: left.
-            pod("default", "after", merge_all([tolerate_all.clone(), created(5)])),
+            pod(
+                "default",
+                "after",
+                merge_all([tolerate_all.clone(), created(5)]),
+            ),
             // Tolerates only the cordon's key: left too.
             pod(
                 "default",
@@ -631,7 +650,10 @@ mod tests {
         ];
         let plan = DrainPlan::in_context(&pods, &context(10));
         assert_eq!(names(plan.to_evict_now()), ["before", "other", "stale"]);
-        let left: Vec<_> = plan.tolerating_latecomers().map(|k| k.name.as_str()).collect();
+        let left: Vec<_> = plan
+            .tolerating_latecomers()
+            .map(|k| k.name.as_str())
+            .collect();
         assert_eq!(left, ["after", "keyed"]);
         // Without the cordon time nothing is left.
         assert_eq!(DrainPlan::new(&pods).to_evict_now().len(), 5);

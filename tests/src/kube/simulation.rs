@@ -186,7 +186,12 @@ fn scheduling_taints(node: &Value) -> Vec<(String, String, String)> {
         .into_iter()
         .flatten()
         .map(|t| {
-            let field = |name: &str| t.get(name).and_then(Value::as_str).unwrap_or_default().to_owned();
+            let field = |name: &str| {
+                t.get(name)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
             (field("key"), field("value"), field("effect"))
         })
         .collect();
@@ -196,7 +201,11 @@ fn scheduling_taints(node: &Value) -> Vec<(String, String, String)> {
         .and_then(Value::as_bool)
         == Some(true);
     if cordoned {
-        taints.push((UNSCHEDULABLE_TAINT.to_owned(), String::new(), "NoSchedule".to_owned()));
+        taints.push((
+            UNSCHEDULABLE_TAINT.to_owned(),
+            String::new(),
+            "NoSchedule".to_owned(),
+        ));
     }
     taints
 }
@@ -212,7 +221,11 @@ fn tolerates(pod: &Value, (key, value, effect): &(String, String, String)) -> bo
         .any(|t| {
             let field = |name: &str| t.get(name).and_then(Value::as_str).unwrap_or_default();
             let exists = field("operator") == "Exists";
-            let key_matches = if field("key").is_empty() { exists } else { field("key") == key };
+            let key_matches = if field("key").is_empty() {
+                exists
+            } else {
+                field("key") == key
+            };
             let value_matches = exists || field("value") == value;
             let effect_matches = field("effect").is_empty() || field("effect") == effect;
             key_matches && value_matches && effect_matches
