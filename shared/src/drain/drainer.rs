@@ -631,6 +631,7 @@ where
             node_not_ready_since: None,
             reported_stuck: Default::default(),
             renew_failures: 0,
+            first_listed: None,
         };
         let hand_over_at = invocation.budget.hand_over_at();
         let driven = keeper

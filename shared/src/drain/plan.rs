@@ -43,13 +43,17 @@ pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
 /// What the plan needs to know besides the pods: the drain's start, the node's readiness,
 /// the clock. [`PlanContext::default`] knows nothing and so waits for every deletion and
 /// evicts every late pod (what a plan of one listed snapshot does).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PlanContext {
     pub now: Option<Timestamp>,
     /// When the drain cordoned the node: pods bound later that tolerate the cordon stay.
     pub cordoned_at: Option<Timestamp>,
     /// Since when the node's Ready condition is False or Unknown, when it is.
     pub not_ready_since: Option<Timestamp>,
+    /// The UIDs of the pods of this invocation's first complete list of the node (made after
+    /// the cordon): a pod missing from it was bound later. The API's timestamps have whole
+    /// seconds, so this is what tells a pod bound in the cordon's own second.
+    pub first_listed: Option<std::sync::Arc<std::collections::BTreeSet<String>>>,
     /// `STUCK_POD_SECONDS`: how long past its deletion deadline (or after the node stopped
     /// being Ready) a terminating pod is still waited for.
     pub stuck_after: Duration,
@@ -75,7 +79,14 @@ impl PlanContext {
         let Some(cordoned_at) = self.cordoned_at else {
             return false;
         };
-        bound_at(pod).is_some_and(|at| at > cordoned_at) && tolerates_cordon(pod)
+        let bound_later = bound_at(pod).is_some_and(|at| at > cordoned_at);
+        let listed_later = self.first_listed.as_ref().is_some_and(|listed| {
+            pod.metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| !listed.contains(uid))
+        });
+        (bound_later || listed_later) && tolerates_cordon(pod)
     }
 }
 
@@ -556,6 +567,7 @@ mod tests {
             now: Some(at(now)),
             cordoned_at: Some(at(0)),
             not_ready_since: None,
+            first_listed: None,
             stuck_after: Duration::from_secs(60),
         }
     }
@@ -657,5 +669,22 @@ mod tests {
         assert_eq!(left, ["after", "keyed"]);
         // Without the cordon time nothing is left.
         assert_eq!(DrainPlan::new(&pods).to_evict_now().len(), 5);
+        // Timestamps have whole seconds: a tolerating pod bound in the cordon's own second is
+        // told by its absence from the first list made after the cordon.
+        let same_second = vec![pod(
+            "default",
+            "same",
+            merge_all([tolerate_all, created(0)]),
+        )];
+        assert_eq!(
+            DrainPlan::in_context(&same_second, &context(10))
+                .to_evict_now()
+                .len(),
+            1
+        );
+        let mut listed = context(10);
+        listed.first_listed = Some(std::sync::Arc::new(["uid-before".to_owned()].into()));
+        let plan = DrainPlan::in_context(&same_second, &listed);
+        assert!(plan.is_drained(), "{plan:?}");
     }
 }

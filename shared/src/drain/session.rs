@@ -135,6 +135,9 @@ pub struct DrainSession<'a> {
     pub reported_stuck: BTreeSet<PodKey>,
     /// Lease renewals that failed in a row: the next is tried sooner, with jitter.
     pub renew_failures: u32,
+    /// The UIDs of this invocation's first complete list of the node's pods (see
+    /// [`PlanContext::first_listed`]).
+    pub first_listed: Option<std::sync::Arc<BTreeSet<String>>>,
 }
 
 impl DrainSession<'_> {
@@ -208,6 +211,7 @@ impl DrainSession<'_> {
             now: Some(Timestamp::now()),
             cordoned_at: Some(self.checkpoint.started_at),
             not_ready_since: self.node_not_ready_since,
+            first_listed: self.first_listed.clone(),
             stuck_after: self.settings.stuck_pod_after,
         }
     }
@@ -315,6 +319,10 @@ impl DrainSession<'_> {
             if pods.is_synced() {
                 let generation = pods.generation();
                 if planned.as_ref().is_none_or(|(seen, _)| *seen != generation) {
+                    if self.first_listed.is_none() {
+                        let uids = pods.pods().filter_map(|p| p.metadata.uid.clone()).collect();
+                        self.first_listed = Some(std::sync::Arc::new(uids));
+                    }
                     let context = self.plan_context();
                     let plan = DrainPlan::in_context(pods.pods(), &context);
                     self.report_stuck(&plan);
