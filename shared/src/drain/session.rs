@@ -154,10 +154,10 @@ impl DrainSession<'_> {
     pub async fn run(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
         let mut late_pods = false;
         loop {
-            if self.checkpoint.drained_at.is_none() || late_pods {
-                if let Some(end) = self.evict_all(hand_over_at).await? {
-                    return Ok(end);
-                }
+            if (self.checkpoint.drained_at.is_none() || late_pods)
+                && let Some(end) = self.evict_all(hand_over_at).await?
+            {
+                return Ok(end);
             }
             if self.checkpoint.drained_at.is_none() {
                 // The drained time is what a resumed invocation counts the settle period
