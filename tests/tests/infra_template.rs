@@ -344,6 +344,19 @@ fn timeouts_suit_each_function() {
 }
 
 #[test]
+fn the_functions_that_hand_over_through_their_own_topic_allow_the_loop() {
+    // A drain or launch wait longer than about 16 hand-overs would otherwise be stopped by
+    // Lambda's recursive loop detection (SNS -> Lambda -> SNS with the same trace header).
+    let template = main_template();
+    for id in ["TerminatingHookFunction", "LaunchingHookFunction"] {
+        assert_eq!(
+            template["Resources"][id]["Properties"]["RecursiveLoop"], "Allow",
+            "{id}"
+        );
+    }
+}
+
+#[test]
 fn every_function_setting_is_a_parameter_the_code_reads() {
     let template = main_template();
     let parameters = template["Parameters"].as_object().expect("Parameters");

@@ -269,7 +269,14 @@ impl DrainCheckpoint {
 
     /// Whether `holder` still holds the lease at `now` (it may have expired and been taken).
     pub fn is_held_by(&self, holder: &str, now: Timestamp) -> bool {
-        self.lease.holder.as_deref() == Some(holder) && now < self.lease.expires_at()
+        self.names_holder(holder) && now < self.lease.expires_at()
+    }
+
+    /// Whether the lease names `holder`, expired or not. For the holder itself this is what
+    /// counts: an expired lease that still names it was taken by nobody (a competitor's claim
+    /// would have replaced the name), so its next conditional write may renew it.
+    pub fn names_holder(&self, holder: &str) -> bool {
+        self.lease.holder.as_deref() == Some(holder)
     }
 }
 

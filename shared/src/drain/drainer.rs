@@ -31,6 +31,7 @@ use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
 use super::events::{DrainEvents, reason};
+use super::eviction::grace_to_send;
 use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::lease::{self, Claim, LeaseHolder, Update};
 use super::metrics::DrainMetrics;
@@ -228,6 +229,13 @@ pub enum DrainError {
         #[source]
         source: ContinuationError,
     },
+    #[error(
+        "the invocation has {remaining:?} left for draining after the hand-over margin of {margin:?} (HAND_OVER_MARGIN_SECONDS): raise the function's timeout or lower HAND_OVER_MARGIN_SECONDS; failing instead of handing over in a tight loop"
+    )]
+    NoTimeToWork {
+        remaining: std::time::Duration,
+        margin: std::time::Duration,
+    },
     #[error("the drain deadline of node {node} passed and force is configured, but these pods could not be deleted yet (the invocation fails so it is retried): {}", .pods.join(", "))]
     ForceIncomplete { node: String, pods: Vec<String> },
     #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -246,6 +254,7 @@ impl DrainError {
             Self::Complete { .. } => "CompleteLifecycleActionFailed",
             Self::HandOver { .. } => "HandOverFailed",
             Self::ForceIncomplete { .. } => "ForcedDeletionIncomplete",
+            Self::NoTimeToWork { .. } => "HandOverMarginTooLarge",
             Self::Records(_) => "RecordsFailed",
         }
     }
@@ -455,6 +464,14 @@ where
         };
         let node_name = node.metadata.name.clone().unwrap_or_default();
         tracing::Span::current().record("node", node_name.as_str());
+        if !invocation.budget.has_working_slice() {
+            let error = DrainError::NoTimeToWork {
+                remaining: invocation.budget.remaining(),
+                margin: self.settings.lifecycle.hand_over_margin,
+            };
+            tracing::error!(step = "no_time_to_work", %error, "nothing done");
+            return Err(error);
+        }
         let kube_error = |source| DrainError::Kubernetes {
             node: node_name.clone(),
             source,
@@ -520,7 +537,19 @@ where
                     }
                     tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
                     waited_for_lease = true;
-                    tokio::time::sleep(wait).await;
+                    // Heartbeats go on while waiting: the wait may be as long as the lease,
+                    // and the hook's heartbeat timeout may be shorter.
+                    if keeper
+                        .keep_alive(&self.autoscaling, tokio::time::sleep(wait))
+                        .await
+                        .is_err()
+                    {
+                        tracing::info!(
+                            step = "action_gone",
+                            "Auto Scaling no longer has this lifecycle action: stopping"
+                        );
+                        return Ok(DeliveryOutcome::ActionGone);
+                    }
                     node = match nodes.get_opt(&node_name).await.map_err(kube_error)? {
                         Some(node) => node,
                         None => {
@@ -586,10 +615,8 @@ where
                     .eviction_backoff_max
                     .max(self.settings.eviction_backoff),
             },
-            grace_period_seconds: self
-                .settings
-                .pod_grace_period
-                .map(|g| i64::try_from(g.as_secs()).unwrap_or(i64::MAX)),
+            grace_period_seconds: self.settings.pod_grace_period.map(grace_to_send),
+            stuck_pod_after: self.settings.stuck_pod_after,
         };
         let mut session = DrainSession {
             client,
@@ -601,6 +628,10 @@ where
             checkpoint,
             last_written: Some(node),
             stats: SessionStats::default(),
+            node_not_ready_since: None,
+            reported_stuck: Default::default(),
+            renew_failures: 0,
+            first_listed: None,
         };
         let hand_over_at = invocation.budget.hand_over_at();
         let driven = keeper
@@ -764,6 +795,22 @@ where
             SessionEnd::NodeGone => return Ok(Driven::Finished(DrainEnd::NodeGone)),
             SessionEnd::HandOver => return Ok(Driven::HandOver),
             SessionEnd::LeaseLost => return Ok(Driven::LeaseLost),
+            SessionEnd::PodsUnknown(cause) => {
+                let note = format!(
+                    "The drain deadline of node {} passed and its pods could not be listed ({cause}): they may still be running. Completing the lifecycle action with {}.",
+                    session.node_name,
+                    self.settings.timeout_result.as_str()
+                );
+                tracing::warn!(step = "pod_eviction_failure", cause, "{note}");
+                events.warning(
+                    &session.node_reference(),
+                    reason::POD_EVICTION_FAILURE,
+                    note,
+                );
+                return Ok(Driven::Finished(DrainEnd::EvictionFailure(vec![format!(
+                    "pods unknown: {cause}"
+                )])));
+            }
             SessionEnd::DeadlinePassed(stuck) => stuck,
         };
         let listed: Vec<String> = stuck.iter().map(ToString::to_string).collect();

@@ -23,6 +23,12 @@ pub enum FaultAction {
     ServiceUnavailable,
     /// Close the connection without answering.
     DropConnection,
+    /// `409 Conflict` as the API server sends when its own retries of a write that kept
+    /// losing to concurrent changes run out (an eviction of a busy pod, for one).
+    Conflict,
+    /// `403 Forbidden` with the `NamespaceTerminating` cause (a write in a namespace being
+    /// deleted).
+    NamespaceTerminating,
 }
 
 impl FaultAction {
@@ -35,6 +41,8 @@ impl FaultAction {
             Self::InternalError => "500".into(),
             Self::ServiceUnavailable => "503".into(),
             Self::DropConnection => "dropped connection".into(),
+            Self::Conflict => "409".into(),
+            Self::NamespaceTerminating => "403 NamespaceTerminating".into(),
         }
     }
 }
@@ -60,6 +68,8 @@ pub struct FaultRule {
     pub probability: f64,
     /// How many hits before the rule retires (`None`: forever).
     pub times: Option<u32>,
+    /// When the rule retires whatever its hits (`None`: never): a burst.
+    pub until: Option<std::time::Instant>,
 }
 
 impl FaultRule {
@@ -70,6 +80,7 @@ impl FaultRule {
             action,
             probability: 1.0,
             times: None,
+            until: None,
         }
     }
 
@@ -105,6 +116,12 @@ impl FaultRule {
 
     pub fn probability(mut self, probability: f64) -> Self {
         self.probability = probability;
+        self
+    }
+
+    /// The rule hits only for `duration` from now: a burst (of 503s on node writes, say).
+    pub fn lasting(mut self, duration: Duration) -> Self {
+        self.until = Some(std::time::Instant::now() + duration);
         self
     }
 
@@ -216,6 +233,10 @@ impl Faults {
         if rules.rules.is_empty() {
             return None;
         }
+        let now = std::time::Instant::now();
+        rules
+            .rules
+            .retain(|(_, rule)| rule.until.is_none_or(|until| now < until));
         let mut hit = None;
         for (index, (_, rule)) in rules.rules.iter_mut().enumerate() {
             if !rule.matches.matches(target) {

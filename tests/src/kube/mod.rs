@@ -397,6 +397,12 @@ impl FakeApiServer {
         self.simulation.restart_node(name, provider_id, ready_after)
     }
 
+    /// Stops `node`'s kubelet: the node turns NotReady (`Ready=Unknown`) and deletions of its
+    /// pods are never confirmed. See [`Simulation::kill_kubelet`].
+    pub fn kill_kubelet(&self, node: &str) -> Result<(), ApiError> {
+        self.simulation.kill_kubelet(node)
+    }
+
     /// Registers a static bearer token for a user (like `--token-auth-file`); the user also
     /// gets `system:authenticated`. Returns the token.
     pub fn add_static_token(&self, username: &str, groups: &[&str]) -> String {
