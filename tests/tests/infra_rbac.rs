@@ -223,6 +223,8 @@ fn the_functions_group_gets_exactly_the_access_the_functions_use() {
         grant("*", "", "pods", &["get", "list", "watch"], &[]),
         grant("*", "", "pods/eviction", &["create"], &[]),
         grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
+        // PDB-paced drains: retry when the refusing budget allows (issue #20).
+        grant("*", "policy", "poddisruptionbudgets", &["watch"], &[]),
         grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
         grant(
             "kube-system",
