@@ -324,7 +324,7 @@ fn measure_mass(sandbox: &Sandbox, instances: &[String], figures: &mut MassFigur
         .disruption_log()
         .evictions()
         .iter()
-        .filter(|r| r.broken_by_request())
+        .filter(|r| !r.broken_budgets().is_empty())
         .count();
     let completions = sandbox.aws().autoscaling().completions();
     let mut per_instance: BTreeMap<&str, usize> =
