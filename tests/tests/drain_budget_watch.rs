@@ -81,7 +81,9 @@ async fn paced_drain(without_pdb_watch: bool, backoff: (&str, &str)) -> Outcome 
             .unwrap();
     }
     server
-        .wait_for("nodes", Duration::from_secs(5), |s| s.list::<Node>().len() == 2)
+        .wait_for("nodes", Duration::from_secs(5), |s| {
+            s.list::<Node>().len() == 2
+        })
         .await
         .unwrap();
     let cordon = |unschedulable: bool| {

@@ -305,23 +305,34 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: paced, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: paced}}\n  template:\n    metadata: {labels: {app: paced}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{name: paced, image: nginx}]\n---\napiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {name: paced, namespace: default}\nspec:\n  maxUnavailable: 1\n  selector: {matchLabels: {app: paced}}\n",
     ).unwrap();
     server
-        .wait_for("both pods run on the node, the budget allows one", Duration::from_secs(5), |s| {
-            let running = s
-                .list::<Pod>()
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count();
-            let allowed = s
-                .find::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("default", "paced")
-                .and_then(|b| b.status)
-                .is_some_and(|st| st.disruptions_allowed == 1);
-            running == 2 && allowed
-        })
+        .wait_for(
+            "both pods run on the node, the budget allows one",
+            Duration::from_secs(5),
+            |s| {
+                let running = s
+                    .list::<Pod>()
+                    .iter()
+                    .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE))
+                    .filter(|p| {
+                        p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+                    .count();
+                let allowed = s
+                    .find::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("default", "paced")
+                    .and_then(|b| b.status)
+                    .is_some_and(|st| st.disruptions_allowed == 1);
+                running == 2 && allowed
+            },
+        )
         .await
         .unwrap();
     cordon(false);
-    let client = client(&server, "terminating-hook", &["open-node-manager:functions"]).await;
+    let client = client(
+        &server,
+        "terminating-hook",
+        &["open-node-manager:functions"],
+    )
+    .await;
     let autoscaling = FakeAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(

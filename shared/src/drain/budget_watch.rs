@@ -42,8 +42,12 @@ pub const WATCHED_RETRY_SAFETY_NET: Duration = Duration::from_secs(30);
 
 type BudgetEvents = Pin<
     Box<
-        dyn Stream<Item = (String, Result<watcher::Event<PodDisruptionBudget>, watcher::Error>)>
-            + Send,
+        dyn Stream<
+                Item = (
+                    String,
+                    Result<watcher::Event<PodDisruptionBudget>, watcher::Error>,
+                ),
+            > + Send,
     >,
 >;
 
@@ -368,9 +372,9 @@ mod tests {
                 ..kube::core::Status::default()
             })
         };
-        assert!(forbidden(&watcher::Error::WatchStartFailed(kube::Error::Api(
-            status(403)
-        ))));
+        assert!(forbidden(&watcher::Error::WatchStartFailed(
+            kube::Error::Api(status(403))
+        )));
         assert!(forbidden(&watcher::Error::WatchError(status(403))));
         assert!(!forbidden(&watcher::Error::WatchError(status(410))));
         assert!(!forbidden(&watcher::Error::InitialListFailed(

@@ -236,8 +236,7 @@ impl DrainSession<'_> {
                         return Ok(None);
                     }
                     queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
-                    budget_watch
-                        .retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+                    budget_watch.retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
                     planned = Some((generation, plan));
                 }
                 if let Some((_, plan)) = &planned {

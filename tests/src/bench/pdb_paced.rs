@@ -262,9 +262,12 @@ pub async fn mass_scale_in(
             .map_err(|e| format!("terminate {instance}: {e}"))?;
     }
     let wait = Duration::from_secs(600);
-    let completed =
-        futures::future::join_all(instances.iter().map(|i| autoscaling.wait_for_completion(i, wait)))
-            .await;
+    let completed = futures::future::join_all(
+        instances
+            .iter()
+            .map(|i| autoscaling.wait_for_completion(i, wait)),
+    )
+    .await;
     let wall = started.elapsed();
     let mut figures = MassFigures {
         nodes,
@@ -375,7 +378,15 @@ mod tests {
 
     #[test]
     fn deployments_spread_over_consecutive_nodes_fill_each_node_evenly() {
-        let yaml = scenario("t", 20, 60, |d, r| (d * 10 + r) % 20, Duration::from_millis(600), Duration::from_secs(1), true);
+        let yaml = scenario(
+            "t",
+            20,
+            60,
+            |d, r| (d * 10 + r) % 20,
+            Duration::from_millis(600),
+            Duration::from_secs(1),
+            true,
+        );
         let scenario = crate::sandbox::Scenario::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}"));
         let mut per_node = [0usize; 20];
         for w in scenario.workloads.iter().filter(|w| w.kind == "Deployment") {

@@ -521,8 +521,12 @@ impl Sandbox {
                         else {
                             continue;
                         };
-                        let (idle, scaled_out, spec, timeline) =
-                            (idle.clone(), scaled_out.clone(), spec.clone(), timeline.clone());
+                        let (idle, scaled_out, spec, timeline) = (
+                            idle.clone(),
+                            scaled_out.clone(),
+                            spec.clone(),
+                            timeline.clone(),
+                        );
                         tokio::spawn(async move {
                             let free = idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
                             let process = match free {
@@ -1218,9 +1222,8 @@ impl Sandbox {
         for function in self.functions.values() {
             function.kill().await;
         }
-        let scaled_out: Vec<_> = std::mem::take(
-            &mut *self.scaled_out.lock().unwrap_or_else(|e| e.into_inner()),
-        );
+        let scaled_out: Vec<_> =
+            std::mem::take(&mut *self.scaled_out.lock().unwrap_or_else(|e| e.into_inner()));
         for function in scaled_out {
             function.kill().await;
         }
