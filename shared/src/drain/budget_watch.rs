@@ -123,6 +123,9 @@ pub struct BudgetWatch {
     possible: bool,
     streams: SelectAll<BudgetEvents>,
     namespaces: HashSet<String>,
+    /// Namespaces whose watch failed and has not listed again since: there the timer paces
+    /// refusals, so a failing watch costs nothing over the timer.
+    failing: HashSet<String>,
     budgets: HashMap<BudgetKey, BudgetState>,
     safety_net: Duration,
 }
@@ -136,6 +139,7 @@ impl BudgetWatch {
             possible: true,
             streams: SelectAll::new(),
             namespaces: HashSet::new(),
+            failing: HashSet::new(),
             budgets: HashMap::new(),
             safety_net: max_backoff.max(WATCHED_RETRY_SAFETY_NET),
         }
@@ -171,6 +175,9 @@ impl BudgetWatch {
             return Waiting::OnTimer;
         }
         self.watch_namespace(&pod.namespace);
+        if self.failing.contains(&pod.namespace) {
+            return Waiting::OnTimer;
+        }
         let mut retry_now = false;
         for name in budgets {
             let key = BudgetKey {
@@ -265,7 +272,11 @@ impl BudgetWatch {
                 }
                 released
             }
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => Vec::new(),
+            Ok(watcher::Event::Init) => Vec::new(),
+            Ok(watcher::Event::InitDone) => {
+                self.failing.remove(namespace);
+                Vec::new()
+            }
             Err(error) if forbidden(&error) => {
                 tracing::warn!(%error, "cannot watch PodDisruptionBudgets (RBAC needs list and watch on policy/poddisruptionbudgets): evictions refused by a budget are retried on the timer backoff instead of when the budget allows");
                 self.possible = false;
@@ -281,9 +292,19 @@ impl BudgetWatch {
                 released
             }
             Err(error) => {
-                // The watcher's backoff retries; pods meanwhile wait for the safety net.
+                // The watcher's backoff retries (and lists again); until then its budgets'
+                // pods go back to the timer.
                 tracing::debug!(%error, "watch of PodDisruptionBudgets failed; retrying");
-                Vec::new()
+                self.failing.insert(namespace.to_owned());
+                let mut released = Vec::new();
+                for (key, state) in &mut self.budgets {
+                    if key.namespace == namespace {
+                        released.append(&mut state.waiting);
+                    }
+                }
+                released.sort();
+                released.dedup();
+                released
             }
         }
     }
