@@ -97,11 +97,16 @@ fn event_for(target: corpus::Target, instance: &str, hook_name: &str, token: &st
 
 /// A fresh cluster authorizing with `documents`; two Ready nodes.
 async fn cluster(documents: &[Value]) -> FakeApiServer {
+    cluster_with_pod_start(documents, Duration::from_millis(20)).await
+}
+
+/// [`cluster`] whose scheduled pods are Ready after `pod_start`.
+async fn cluster_with_pod_start(documents: &[Value], pod_start: Duration) -> FakeApiServer {
     let server = FakeApiServer::builder()
         .cluster_name(CLUSTER)
         .simulation(SimulationTimings {
             grace_period_scale: 0.002,
-            pod_start_delay: Duration::from_millis(20),
+            pod_start_delay: pod_start,
             node_ready_after: Duration::ZERO,
             ..SimulationTimings::default()
         })
@@ -287,10 +292,11 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
 
 /// A drain paced by a PodDisruptionBudget: two pods of one ReplicaSet on the node behind
 /// `maxUnavailable: 1`. The second eviction is refused until the first pod's replacement is
-/// Ready (a few tens of milliseconds here); the timer backoff is set far beyond the drain
-/// deadline, so only retrying when the watched budget allows drains the node in time.
+/// Ready (600 ms after it is scheduled: longer than the budget watch takes to list, so the
+/// list alone cannot release it); the timer backoff is set far beyond the drain deadline, so
+/// only retrying when the watched budget allows drains the node in time.
 async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
-    let server = cluster(documents).await;
+    let server = cluster_with_pod_start(documents, Duration::from_millis(600)).await;
     let cordon = |unschedulable: bool| {
         server
             .store()
@@ -352,7 +358,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         [
             ("CLUSTER_NAME", CLUSTER),
             ("SETTLE_SECONDS", "0"),
-            ("DRAIN_TIMEOUT_SECONDS", "2"),
+            ("DRAIN_TIMEOUT_SECONDS", "4"),
             ("EVICTION_BACKOFF_SECONDS", "10"),
             ("EVICTION_BACKOFF_MAX_SECONDS", "10"),
             ("DRAIN_LEASE_SECONDS", "2"),

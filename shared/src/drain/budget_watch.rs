@@ -31,6 +31,7 @@ use kube::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::time::Instant;
 
+use super::backoff::Backoff;
 use super::eviction::EvictionOutcome;
 use super::eviction_queue::EvictionQueue;
 use super::plan::PodKey;
@@ -128,12 +129,14 @@ pub struct BudgetWatch {
     failing: HashSet<String>,
     budgets: HashMap<BudgetKey, BudgetState>,
     safety_net: Duration,
+    /// The timer that paces refusals when the watch cannot.
+    backoff: Backoff,
 }
 
 impl BudgetWatch {
-    /// `max_backoff`: the timer backoff's ceiling; a watched pod is retried at least that
-    /// rarely, and at least every [`WATCHED_RETRY_SAFETY_NET`].
-    pub fn new(client: kube::Client, max_backoff: Duration) -> Self {
+    /// `backoff`: the timer that paces refusals the watch cannot; a watched pod is retried
+    /// at least every `max(backoff.max, WATCHED_RETRY_SAFETY_NET)` as a safety net.
+    pub fn new(client: kube::Client, backoff: Backoff) -> Self {
         Self {
             client,
             possible: true,
@@ -141,7 +144,8 @@ impl BudgetWatch {
             namespaces: HashSet::new(),
             failing: HashSet::new(),
             budgets: HashMap::new(),
-            safety_net: max_backoff.max(WATCHED_RETRY_SAFETY_NET),
+            safety_net: backoff.max.max(WATCHED_RETRY_SAFETY_NET),
+            backoff,
         }
     }
 
@@ -209,18 +213,26 @@ impl BudgetWatch {
         }
     }
 
-    /// The next pods to retry because a budget allows them now (or because the watch turned
-    /// out to be impossible: then every waiting pod, for the timer to pace). Never resolves
-    /// while nothing is watched; cancel-safe (state lives in `self`), so it sits in the
-    /// drain's `select!`.
-    pub async fn released(&mut self) -> Vec<PodKey> {
+    /// The next pods to retry, and when: now for pods a budget allows; on the timer's first
+    /// step for pods whose watch failed or turned out impossible. Never resolves while
+    /// nothing is watched; cancel-safe (state lives in `self`), so it sits in the drain's
+    /// `select!`.
+    pub async fn released(&mut self) -> Vec<(PodKey, Instant)> {
         loop {
             let Some((namespace, event)) = self.streams.next().await else {
                 return std::future::pending().await;
             };
+            let was_failing = !self.possible || self.failing.contains(&namespace);
             let released = self.apply(&namespace, event);
+            let now = Instant::now();
+            let failed = !self.possible || self.failing.contains(&namespace);
+            let at = if failed && !was_failing {
+                now + self.backoff.delay(0, None)
+            } else {
+                now
+            };
             if !released.is_empty() {
-                return released;
+                return released.into_iter().map(|pod| (pod, at)).collect();
             }
         }
     }

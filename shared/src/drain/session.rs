@@ -208,7 +208,7 @@ impl DrainSession<'_> {
             Some(pods) => pods,
             None => NodePods::watch(&client, &self.node_name),
         };
-        let mut budget_watch = BudgetWatch::new(client.clone(), self.settings.backoff.max);
+        let mut budget_watch = BudgetWatch::new(client.clone(), self.settings.backoff);
         let mut queue = EvictionQueue::new(
             self.settings.backoff,
             self.settings.eviction_concurrency,
@@ -271,9 +271,8 @@ impl DrainSession<'_> {
                     }
                 }
                 released = budget_watch.released() => {
-                    let now = Instant::now();
-                    for pod in &released {
-                        queue.retry_at(pod, now);
+                    for (pod, at) in &released {
+                        queue.retry_at(pod, *at);
                     }
                 }
                 _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
