@@ -239,6 +239,8 @@ fn the_terminating_hook_gets_exactly_what_it_uses() {
             grant("*", "", "pods", &["get", "list", "watch"], &[]),
             grant("*", "", "pods/eviction", &["create"], &[]),
             grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
+            // PDB-paced drains: retry when the refusing budget allows (issue #20).
+            grant("*", "policy", "poddisruptionbudgets", &["watch"], &[]),
             grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
         ],
     );

@@ -35,6 +35,7 @@ use super::eviction::grace_to_send;
 use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::lease::{self, Claim, LeaseHolder, Update};
 use super::metrics::DrainMetrics;
+use super::node_pods::NodePods;
 use super::session::{
     DrainSession, SessionEnd, SessionSettings, SessionStats, StuckPod, StuckReason,
 };
@@ -445,12 +446,34 @@ where
         events: &DrainEvents,
     ) -> Result<DeliveryOutcome, DrainError> {
         let action = &notification.action;
-        let node = find_node(client, &self.instances, &action.instance_id)
-            .await
-            .map_err(|source| DrainError::NodeLookup {
-                instance_id: action.instance_id.clone(),
-                source,
-            })?;
+        // Ask Auto Scaling first: only a pending action (this token, this hook) may drain a
+        // node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
+        // not cordon and empty a live node. The heartbeat is the cheapest call that proves
+        // the action exists, and it also restarts the hook's heartbeat timer. It runs
+        // concurrently with the node lookup (which only reads); its answer is looked at
+        // before the first write.
+        let heartbeat = async {
+            let hook = self
+                .hooks
+                .get_or_default(
+                    &self.autoscaling,
+                    &action.auto_scaling_group_name,
+                    &action.lifecycle_hook_name,
+                )
+                .await;
+            let mut keeper =
+                HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
+            let beat = keeper.beat(&self.autoscaling).await;
+            (keeper, beat)
+        };
+        let (node, (mut keeper, beat)) = tokio::join!(
+            find_node(client, &self.instances, &action.instance_id),
+            heartbeat
+        );
+        let node = node.map_err(|source| DrainError::NodeLookup {
+            instance_id: action.instance_id.clone(),
+            source,
+        })?;
         let Some(node) = node else {
             tracing::info!(
                 step = "no_node",
@@ -477,21 +500,7 @@ where
             source,
         };
 
-        // Ask Auto Scaling first: only a pending action (this token, this hook) may drain a
-        // node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
-        // not cordon and empty a live node. The heartbeat is the cheapest call that proves
-        // the action exists, and it also restarts the hook's heartbeat timer.
-        let hook = self
-            .hooks
-            .get_or_default(
-                &self.autoscaling,
-                &action.auto_scaling_group_name,
-                &action.lifecycle_hook_name,
-            )
-            .await;
-        let mut keeper =
-            HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
-        if keeper.beat(&self.autoscaling).await.is_err() {
+        if beat.is_err() {
             tracing::info!(
                 step = "action_gone",
                 "Auto Scaling has no pending lifecycle action for this token: nothing drained"
@@ -499,6 +508,9 @@ where
             return Ok(DeliveryOutcome::ActionGone);
         }
 
+        // The node's pods are listed while the node is claimed and cordoned: a read, and the
+        // watch that follows the list sees every pod the claim's cordon did not stop.
+        let prefetch = PrefetchedPods::start(client, &node_name);
         let holder = LeaseHolder {
             id: invocation.request_id.clone(),
             lease_duration: self.settings.lease_duration,
@@ -632,6 +644,7 @@ where
             reported_stuck: Default::default(),
             renew_failures: 0,
             first_listed: None,
+            prefetched_pods: prefetch.take().await,
         };
         let hand_over_at = invocation.budget.hand_over_at();
         let driven = keeper
@@ -952,6 +965,54 @@ where
             outcome,
         )
         .metric_set()
+    }
+}
+
+/// The watch of the node's pods, started in the background so its first list overlaps the
+/// claim; stopped when the drain does not start.
+struct PrefetchedPods {
+    task: tokio::task::JoinHandle<NodePods>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl PrefetchedPods {
+    fn start(client: &kube::Client, node_name: &str) -> Self {
+        let mut pods = NodePods::watch(client, node_name);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            // Until the list is complete or the session wants the watch (listed or not:
+            // `changed` is cancel-safe and the list in progress lives in the stream).
+            let listed = async {
+                while !pods.is_synced() {
+                    if pods.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = listed => {}
+                _ = stopped => {}
+            }
+            pods
+        });
+        Self {
+            task,
+            stop: Some(stop),
+        }
+    }
+
+    /// The watch, at once; `None` if its task failed (the session starts its own).
+    async fn take(mut self) -> Option<NodePods> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.ok()
+    }
+}
+
+impl Drop for PrefetchedPods {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

@@ -16,6 +16,7 @@ use kube::Api;
 use tokio::time::{Instant, sleep_until};
 
 use super::backoff::Backoff;
+use super::budget_watch::{BudgetWatch, Waiting};
 use super::budgets;
 use super::checkpoint::DrainCheckpoint;
 use super::events::{DrainEvents, reason};
@@ -138,6 +139,9 @@ pub struct DrainSession<'a> {
     /// The UIDs of this invocation's first complete list of the node's pods (see
     /// [`PlanContext::first_listed`]).
     pub first_listed: Option<std::sync::Arc<BTreeSet<String>>>,
+    /// The watch of the node's pods when it was started before the session (concurrently
+    /// with the claim); the session starts its own otherwise.
+    pub prefetched_pods: Option<NodePods>,
 }
 
 impl DrainSession<'_> {
@@ -292,7 +296,11 @@ impl DrainSession<'_> {
         hand_over_at: Instant,
     ) -> Result<Option<SessionEnd>, kube::Error> {
         let client = self.client.clone();
-        let mut pods = NodePods::watch(&client, &self.node_name);
+        let mut pods = match self.prefetched_pods.take() {
+            Some(pods) => pods,
+            None => NodePods::watch(&client, &self.node_name),
+        };
+        let mut budget_watch = BudgetWatch::new(client.clone(), self.settings.backoff);
         let mut queue = EvictionQueue::new(
             self.settings.backoff,
             self.settings.eviction_concurrency,
@@ -339,6 +347,7 @@ impl DrainSession<'_> {
                         return Ok(None);
                     }
                     queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+                    budget_watch.retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
                     planned = Some((generation, plan));
                 }
                 if let Some((_, plan)) = &planned {
@@ -378,11 +387,16 @@ impl DrainSession<'_> {
                     planned = None;
                 }
                 (pod, outcome) = queue.next_answer() => {
-                    self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                    self.on_answer(&mut queue, &mut budget_watch, &pod, outcome, &mut reported_multiple).await;
                     // Answers come in waves: take every one already here before offering
                     // the freed slots.
                     while let Some((pod, outcome)) = queue.ready_answer() {
-                        self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                        self.on_answer(&mut queue, &mut budget_watch, &pod, outcome, &mut reported_multiple).await;
+                    }
+                }
+                released = budget_watch.released() => {
+                    for (pod, at) in &released {
+                        queue.retry_at(pod, *at);
                     }
                 }
                 _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
@@ -402,6 +416,7 @@ impl DrainSession<'_> {
     async fn on_answer(
         &mut self,
         queue: &mut EvictionQueue,
+        budget_watch: &mut BudgetWatch,
         pod: &PodKey,
         outcome: EvictionOutcome,
         reported_multiple: &mut BTreeSet<PodKey>,
@@ -416,6 +431,7 @@ impl DrainSession<'_> {
             | EvictionOutcome::Rejected { message, .. } => message.clone(),
             _ => String::new(),
         };
+        let refusal = outcome.clone();
         match queue.record(pod, outcome, Instant::now()) {
             Recorded::Evicted => {
                 self.stats.pods_evicted += 1;
@@ -426,8 +442,13 @@ impl DrainSession<'_> {
             }
             Recorded::RetryAt(at) => {
                 self.stats.eviction_retries += 1;
-                let retry_in = at.saturating_duration_since(Instant::now());
-                tracing::info!(step = "eviction_refused", node = %self.node_name, pod = %pod, outcome = label, retry_in_ms = retry_in.as_millis() as u64, detail = %detail, "eviction refused; will retry");
+                let now = Instant::now();
+                let (at, paced_by) = match budget_watch.after_refusal(queue, pod, &refusal, now) {
+                    Waiting::OnBudget(at) => (at, "budget"),
+                    Waiting::OnTimer => (at, "timer"),
+                };
+                let retry_in = at.saturating_duration_since(now);
+                tracing::info!(step = "eviction_refused", node = %self.node_name, pod = %pod, outcome = label, retry_in_ms = retry_in.as_millis() as u64, paced_by, detail = %detail, "eviction refused; will retry");
                 if multiple && reported_multiple.insert(pod.clone()) {
                     let names = self.budgets_of(pod).await;
                     let note = format!(

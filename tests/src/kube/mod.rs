@@ -62,7 +62,7 @@ pub use self::disruption_log::{
     BudgetCounts, DisruptionLog, EvictionOutcome, EvictionRecord, EvictionTally, PodDeletionRecord,
     Requester,
 };
-pub use self::faults::{FaultAction, FaultId, FaultRule, Faults};
+pub use self::faults::{FaultAction, FaultId, FaultRule, Faults, RateLimit};
 pub use self::simulation::{Simulation, SimulationTimings};
 pub use self::status::ApiError;
 pub use self::store::{Store, StoreError};

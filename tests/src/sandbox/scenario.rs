@@ -30,6 +30,11 @@ pub struct Scenario {
     /// Extra environment for every function (settings such as `DRAIN_FORCE`).
     #[serde(default)]
     pub function_env: std::collections::BTreeMap<String, String>,
+    /// Lambda scales out: a lifecycle notification that arrives while the hook's processes
+    /// are all busy runs in a new process (cold) instead of waiting for one. Off by default:
+    /// one process per function, deliveries one after the other.
+    #[serde(default)]
+    pub concurrent_invocations: bool,
     pub nodegroups: Vec<NodegroupSpec>,
     #[serde(default)]
     pub workloads: Vec<Workload>,

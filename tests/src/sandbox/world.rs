@@ -72,6 +72,8 @@ pub struct Sandbox {
     from_warm_pool: std::sync::Mutex<Vec<SimulatedNode>>,
     /// Probe pods created to show a node serves pods.
     probes: AtomicU32,
+    /// Processes started when Lambda scaled out (`concurrentInvocations`), to stop at the end.
+    scaled_out: Arc<std::sync::Mutex<Vec<Arc<LambdaRuntimeApi>>>>,
 }
 
 fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> SandboxError + '_ {
@@ -142,6 +144,7 @@ impl Sandbox {
             warm_pool: std::sync::Mutex::default(),
             from_warm_pool: std::sync::Mutex::default(),
             probes: AtomicU32::new(0),
+            scaled_out: Arc::default(),
         };
         sandbox.seed_aws()?;
         let credentials = sandbox.grant_function_identities()?;
@@ -525,6 +528,59 @@ impl Sandbox {
             let runtime = self.functions[function].clone();
             let timeline = self.timeline.clone();
             let timeout = self.function_timeout();
+            if self.scenario.concurrent_invocations {
+                let spec = self.specs[function].clone();
+                let scaled_out = self.scaled_out.clone();
+                self.background.push(tokio::spawn(async move {
+                    let idle = Arc::new(std::sync::Mutex::new(vec![runtime]));
+                    loop {
+                        let Some(event) = subscription.next_event(Duration::from_secs(3600)).await
+                        else {
+                            continue;
+                        };
+                        let (idle, scaled_out, spec, timeline) = (
+                            idle.clone(),
+                            scaled_out.clone(),
+                            spec.clone(),
+                            timeline.clone(),
+                        );
+                        tokio::spawn(async move {
+                            let free = idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                            let process = match free {
+                                Some(process) => process,
+                                None => match LambdaRuntimeApi::start_function(spec).await {
+                                    Ok(process) => {
+                                        let process = Arc::new(process);
+                                        scaled_out
+                                            .lock()
+                                            .unwrap_or_else(|e| e.into_inner())
+                                            .push(process.clone());
+                                        process
+                                    }
+                                    Err(error) => {
+                                        timeline.record(
+                                            Source::Lambda,
+                                            format!("{function} could not scale out: {error}"),
+                                        );
+                                        return;
+                                    }
+                                },
+                            };
+                            invoke(
+                                &timeline,
+                                function,
+                                &process,
+                                &event,
+                                timeout,
+                                &summarize_sns(&event),
+                            )
+                            .await;
+                            idle.lock().unwrap_or_else(|e| e.into_inner()).push(process);
+                        });
+                    }
+                }));
+                continue;
+            }
             self.background.push(tokio::spawn(async move {
                 loop {
                     let Some(event) = subscription.next_event(Duration::from_secs(3600)).await
@@ -1599,6 +1655,11 @@ impl Sandbox {
             task.abort();
         }
         for function in self.functions.values() {
+            function.kill().await;
+        }
+        let scaled_out: Vec<_> =
+            std::mem::take(&mut *self.scaled_out.lock().unwrap_or_else(|e| e.into_inner()));
+        for function in scaled_out {
             function.kill().await;
         }
         self.server.shutdown();
