@@ -171,9 +171,12 @@ fn last_duplicate_wins_like_the_authenticator() {
         MapRoles::parse(Some(source)).unwrap().grant(ROLE, LINUX),
         GrantDecision::AlreadyGranted
     );
-    // Field spelled twice: the last spelling wins.
+    // Field spelled twice: as the authenticator reads it (YAML -> JSON through a Go map, so
+    // keys sorted byte-wise, then matched case-insensitively with the last key winning), the
+    // byte-wise last spelling wins, not the last in the document: `username` sorts after
+    // `UserName`.
     let source = "- rolearn: arn:aws:iam::111111111111:role/node\n  username: admin\n  UserName: system:node:{{EC2PrivateDNSName}}\n  groups: [system:bootstrappers, system:nodes]\n";
-    assert_eq!(effective(source, ROLE).username, NODE_USERNAME);
+    assert_eq!(effective(source, ROLE).username, "admin");
 }
 
 #[test]

@@ -120,7 +120,8 @@ async fn paced_drain(without_pdb_watch: bool, backoff: (&str, &str)) -> Outcome 
     server.audit().clear();
     server.disruption_log().clear();
 
-    let token = server.add_static_token("terminating-hook", &["open-node-manager:functions"]);
+    let token =
+        server.add_static_token("terminating-hook", &["open-node-manager:terminating-hook"]);
     let mut config = server.config_with_token(&token).await.unwrap();
     config.default_retry = false;
     let client = kube::Client::try_from(config).unwrap();

@@ -344,7 +344,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
     let client = client(
         &server,
         "terminating-hook",
-        &["open-node-manager:functions"],
+        &["open-node-manager:terminating-hook"],
     )
     .await;
     let autoscaling = FakeAutoScaling::new();
