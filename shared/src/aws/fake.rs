@@ -170,6 +170,9 @@ impl AutoScaling for FakeAutoScaling {
     }
 }
 
+/// An instance's instance profile ARN and tags.
+type ProfiledInstance = (String, BTreeMap<String, String>);
+
 /// EC2 instances, their private DNS names and states.
 #[derive(Debug, Default, Clone)]
 pub struct FakeInstances {
@@ -177,7 +180,7 @@ pub struct FakeInstances {
     /// States set by a test; an added instance without one is `running`.
     states: Arc<Mutex<HashMap<String, String>>>,
     /// Instance id → (instance profile ARN, tags), for instances added with a profile.
-    profiles: Arc<Mutex<BTreeMap<String, (String, BTreeMap<String, String>)>>>,
+    profiles: Arc<Mutex<BTreeMap<String, ProfiledInstance>>>,
     pub faults: FakeFaults,
 }
 
