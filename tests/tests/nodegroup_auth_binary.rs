@@ -210,6 +210,11 @@ async fn nodegroup_auth_binary_never_unmaps_a_role_live_instances_run_with() {
         )
         .unwrap();
     let delete = fixture("eventbridge-delete-nodegroup.json");
+    // One IAM 500 first: tried again, as the SDK clients would.
+    aws.faults().inject(AwsFault {
+        times: Some(1),
+        ..AwsFault::internal_error().on(Service::Iam, "ListInstanceProfilesForRole")
+    });
     let answer = function.response_to(&delete).await;
     assert_eq!(
         answer["nodegroups"][0]["awsAuth"], "kept-in-use",
@@ -224,10 +229,12 @@ async fn nodegroup_auth_binary_never_unmaps_a_role_live_instances_run_with() {
     let events = warnings(server, "NodeRoleInUse");
     assert!(events.iter().any(|m| m.contains(live)), "{events:?}");
     // The hand-signed IAM call was accepted (signature checked by the fake) for the role.
+    // The first answer was the injected 500, the retry's a 200.
     let listed = aws.requests_for("ListInstanceProfilesForRole");
-    assert!(!listed.is_empty());
-    assert!(listed.iter().all(|r| r.status == 200), "{listed:?}");
-    assert_eq!(listed[0].params["RoleName"], role_name);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0].status, 500);
+    assert_eq!(listed[1].status, 200, "{listed:?}");
+    assert_eq!(listed[1].params["RoleName"], role_name);
 
     // IAM failing: nothing removed on an unknown.
     aws.faults()

@@ -23,10 +23,18 @@ use aws_types::service_config::ServiceConfigKey;
 use super::partition::iam_endpoint;
 use super::sdk::kind_of;
 use super::{AwsError, AwsErrorKind, InstanceProfiles};
+use crate::lifecycle::continuation::{RetryPolicy, with_retries};
 
 const OPERATION: &str = "ListInstanceProfilesForRole";
 /// At most this many pages are read (1000 profiles each is far beyond any role).
 const MAX_PAGES: usize = 20;
+/// Throttling, 5xx and transport errors are tried again as the SDK's standard retry mode
+/// does for the SDK clients (three attempts in all).
+const RETRY: RetryPolicy = RetryPolicy {
+    attempts: 3,
+    base: std::time::Duration::from_millis(200),
+    cap: std::time::Duration::from_secs(2),
+};
 
 /// IAM over a hand-signed Query-protocol request.
 #[derive(Clone)]
@@ -126,7 +134,8 @@ impl InstanceProfiles for SigV4Iam {
         let mut arns = Vec::new();
         let mut marker: Option<String> = None;
         for _ in 0..MAX_PAGES {
-            let page = match self.page(role_name, marker.as_deref()).await {
+            let page = match with_retries(&RETRY, || self.page(role_name, marker.as_deref())).await
+            {
                 Ok(page) => page,
                 // The role is gone: no instance can take its credentials any more.
                 Err(err) if err.kind == AwsErrorKind::NotFound => return Ok(Vec::new()),
