@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use node_manager::aws::fake::FakeEks;
+use node_manager::aws::fake::{FakeEks, FakeInstanceProfiles, FakeInstances};
 use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
@@ -47,7 +47,9 @@ fn settings() -> NodegroupAuthSettings {
 struct World {
     eks: FakeEks,
     store: InMemoryAwsAuth,
-    function: NodegroupAuth<FakeEks, InMemoryAwsAuth>,
+    profiles: FakeInstanceProfiles,
+    instances: FakeInstances,
+    function: NodegroupAuth<FakeEks, InMemoryAwsAuth, FakeInstanceProfiles, FakeInstances>,
 }
 
 fn world(mode: AuthenticationMode) -> World {
@@ -64,10 +66,20 @@ fn world_with(mode: AuthenticationMode, settings: NodegroupAuthSettings) -> Worl
         authentication_mode: mode,
     });
     let store = InMemoryAwsAuth::new();
+    let profiles = FakeInstanceProfiles::default();
+    let instances = FakeInstances::default();
     World {
-        function: NodegroupAuth::new(eks.clone(), store.clone(), settings),
+        function: NodegroupAuth::new(
+            eks.clone(),
+            store.clone(),
+            profiles.clone(),
+            instances.clone(),
+            settings,
+        ),
         eks,
         store,
+        profiles,
+        instances,
     }
 }
 
@@ -870,4 +882,131 @@ async fn api_and_config_map_delete_reports_the_aws_auth_entry_that_remains() {
     let note = ng.note.as_deref().unwrap();
     assert!(note.contains("aws-auth still maps"), "{note}");
     assert!(note.contains("system:nodes"), "{note}");
+}
+
+// --- Never cut off running nodes: instances whose instance profile carries the role. ---
+
+const ROLE_NAME: &str = "eksctl-ironman-2022-nodegroup-demo-ng-NodeInstanceRole-454Q2XHJ5LZ0";
+const PROFILE: &str = "arn:aws:iam::111111111111:instance-profile/self-managed-nodes";
+
+/// The role mapped by a create, then its node group deleting (no wait: unmap at once unless
+/// something else keeps it).
+async fn mapped_then_deleting(mode: AuthenticationMode) -> World {
+    let w = world_with(
+        mode,
+        NodegroupAuthSettings {
+            delete_wait: Duration::ZERO,
+            ..settings()
+        },
+    );
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    w.profiles.add(ROLE_NAME, PROFILE);
+    w
+}
+
+async fn delete(w: &World) -> node_manager::nodegroup_auth::handler::NodegroupReport {
+    let mut report = w
+        .function
+        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .await
+        .unwrap();
+    report.nodegroups.remove(0)
+}
+
+#[tokio::test]
+async fn delete_keeps_the_mapping_while_a_tagged_instance_runs_with_the_role() {
+    let w = mapped_then_deleting(AuthenticationMode::ConfigMap).await;
+    w.instances.set_profile(
+        "i-0selfmanaged",
+        PROFILE,
+        &[(&format!("kubernetes.io/cluster/{CLUSTER}"), "owned")],
+    );
+    w.instances
+        .set_profile("i-0gone", PROFILE, &[("eks:cluster-name", CLUSTER)]);
+    w.instances.set_state("i-0gone", "terminated");
+    let report = delete(&w).await;
+    assert_eq!(report.aws_auth, Some(Outcome::KeptInUse));
+    assert_eq!(report.instances, ["i-0selfmanaged"]);
+    assert!(report.note.unwrap().contains("i-0selfmanaged"));
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+    let event = w.store.events().last().unwrap().clone();
+    assert!(event.warning);
+    assert_eq!(event.reason, "NodeRoleInUse");
+    assert!(event.note.contains("i-0selfmanaged"), "{}", event.note);
+}
+
+#[tokio::test]
+async fn api_mode_delete_keeps_the_access_entry_while_a_stopped_instance_has_the_role() {
+    let w = mapped_then_deleting(AuthenticationMode::Api).await;
+    w.instances
+        .set_profile("i-0stopped", PROFILE, &[("eks:cluster-name", CLUSTER)]);
+    w.instances.set_state("i-0stopped", "stopped");
+    let report = delete(&w).await;
+    assert_eq!(report.access_entry, Some(Outcome::KeptInUse));
+    assert_eq!(report.instances, ["i-0stopped"]);
+    assert_eq!(w.eks.access_entries(CLUSTER).len(), 1);
+    assert_eq!(w.store.gets(), 0, "API mode never contacts the cluster");
+}
+
+#[tokio::test]
+async fn terminated_and_other_cluster_instances_do_not_keep_the_role() {
+    for mode in [AuthenticationMode::ConfigMap, AuthenticationMode::Api] {
+        let w = mapped_then_deleting(mode).await;
+        w.instances
+            .set_profile("i-0terminated", PROFILE, &[("eks:cluster-name", CLUSTER)]);
+        w.instances.set_state("i-0terminated", "terminated");
+        w.instances
+            .set_profile("i-0shutting", PROFILE, &[("eks:cluster-name", CLUSTER)]);
+        w.instances.set_state("i-0shutting", "shutting-down");
+        w.instances.set_profile(
+            "i-0othercluster",
+            PROFILE,
+            &[
+                ("eks:cluster-name", "prod"),
+                ("kubernetes.io/cluster/prod", "owned"),
+            ],
+        );
+        // Another profile (of another role) on a live instance of this cluster.
+        w.instances.set_profile(
+            "i-0otherrole",
+            "arn:aws:iam::111111111111:instance-profile/other",
+            &[("eks:cluster-name", CLUSTER)],
+        );
+        let report = delete(&w).await;
+        assert!(report.instances.is_empty(), "{mode:?}");
+        if mode == AuthenticationMode::Api {
+            assert_eq!(report.access_entry, Some(Outcome::Unmapped));
+            assert!(w.eks.access_entries(CLUSTER).is_empty());
+        } else {
+            assert_eq!(report.aws_auth, Some(Outcome::Unmapped));
+            assert!(map_roles(&w.store).effective(ROLE).is_none());
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_iam_or_ec2_failure_keeps_the_mapping() {
+    for operation in ["ListInstanceProfilesForRole", "DescribeInstances"] {
+        let w = mapped_then_deleting(AuthenticationMode::ConfigMap).await;
+        let faults = if operation == "DescribeInstances" {
+            &w.instances.faults
+        } else {
+            &w.profiles.faults
+        };
+        faults.fail(operation, node_manager::aws::AwsErrorKind::AccessDenied, 1);
+        let report = delete(&w).await;
+        assert_eq!(report.aws_auth, Some(Outcome::KeptUnchecked), "{operation}");
+        assert!(report.note.unwrap().contains(operation));
+        assert!(map_roles(&w.store).effective(ROLE).is_some());
+        let event = w.store.events().last().unwrap().clone();
+        assert!(event.warning);
+        assert_eq!(event.reason, "NodeRoleUsageUnknown");
+    }
 }

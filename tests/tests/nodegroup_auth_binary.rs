@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use node_manager::nodegroup_auth::role_mapping::MapRoles;
-use node_manager_testkit::aws::FakeNodegroup;
+use node_manager_testkit::aws::{AwsFault, FakeInstance, FakeNodegroup, InstanceState, Service};
 use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, NODE_ROLE, Target};
 use node_manager_testkit::kube::FakeApiServer;
 use node_manager_testkit::soak::corpus::fixture;
@@ -149,4 +149,168 @@ async fn nodegroup_auth_binary_handles_the_fixtures() {
             .lines()
             .any(|l| l.contains("\"_aws\"") && l.contains("nodegroup-auth"))
     );
+}
+
+/// The Warning Events about aws-auth with `reason`, as core/v1 Events.
+fn warnings(server: &FakeApiServer, reason: &str) -> Vec<String> {
+    server
+        .store()
+        .list::<k8s_openapi::api::core::v1::Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason) && e.type_.as_deref() == Some("Warning"))
+        .map(|e| e.message.unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test]
+async fn nodegroup_auth_binary_never_unmaps_a_role_live_instances_run_with() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::NodegroupAuth])
+        .authentication_mode("CONFIG_MAP")
+        .env("DELETE_WAIT_SECONDS", "0")
+        .log_level("info")
+        .start()
+        .await;
+    let (aws, server) = (&w.aws, &w.server);
+    let function = w.function(Target::NodegroupAuth);
+    let region = aws.account().region.clone();
+    let answer = function
+        .response_to(&fixture("eventbridge-create-nodegroup.json"))
+        .await;
+    assert_eq!(answer["nodegroups"][0]["awsAuth"], "mapped", "{answer}");
+
+    // A self-managed node of this cluster runs with the role (through an instance profile);
+    // a terminated node of the cluster and a live node of another cluster do too.
+    let role_name = NODE_ROLE.rsplit('/').next().unwrap();
+    let profile = aws
+        .iam()
+        .add_instance_profile(role_name, "self-managed-nodes");
+    let live = "i-0123456789abcdef0";
+    aws.ec2().add_instance(
+        FakeInstance::new(live, &region)
+            .instance_profile(&profile)
+            .tag(&format!("kubernetes.io/cluster/{CLUSTER}"), "owned"),
+    );
+    aws.ec2().add_instance(
+        FakeInstance::new("i-0aaaaaaaaaaaaaaaa", &region)
+            .instance_profile(&profile)
+            .tag("eks:cluster-name", CLUSTER)
+            .state(InstanceState::Terminated),
+    );
+    aws.ec2().add_instance(
+        FakeInstance::new("i-0bbbbbbbbbbbbbbbb", &region)
+            .instance_profile(&profile)
+            .tag("eks:cluster-name", "prod")
+            .tag("kubernetes.io/cluster/prod", "owned"),
+    );
+    aws.eks()
+        .add_nodegroup(
+            CLUSTER,
+            FakeNodegroup::new("demo-ng", NODE_ROLE).status("DELETING"),
+        )
+        .unwrap();
+    let delete = fixture("eventbridge-delete-nodegroup.json");
+    // One IAM 500 first: tried again, as the SDK clients would.
+    aws.faults().inject(AwsFault {
+        times: Some(1),
+        ..AwsFault::internal_error().on(Service::Iam, "ListInstanceProfilesForRole")
+    });
+    let answer = function.response_to(&delete).await;
+    assert_eq!(
+        answer["nodegroups"][0]["awsAuth"], "kept-in-use",
+        "{answer}"
+    );
+    assert_eq!(
+        answer["nodegroups"][0]["instances"],
+        json!([live]),
+        "{answer}"
+    );
+    assert!(map_roles(server).effective(NODE_ROLE).is_some());
+    let events = warnings(server, "NodeRoleInUse");
+    assert!(events.iter().any(|m| m.contains(live)), "{events:?}");
+    // The hand-signed IAM call was accepted (signature checked by the fake) for the role.
+    // The first answer was the injected 500, the retry's a 200.
+    let listed = aws.requests_for("ListInstanceProfilesForRole");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[0].status, 500);
+    assert_eq!(listed[1].status, 200, "{listed:?}");
+    assert_eq!(listed[1].params["RoleName"], role_name);
+
+    // IAM failing: nothing removed on an unknown.
+    aws.faults()
+        .inject(AwsFault::internal_error().on(Service::Iam, "ListInstanceProfilesForRole"));
+    let answer = function.response_to(&delete).await;
+    assert_eq!(
+        answer["nodegroups"][0]["awsAuth"], "kept-unchecked",
+        "{answer}"
+    );
+    assert!(map_roles(server).effective(NODE_ROLE).is_some());
+    assert!(!warnings(server, "NodeRoleUsageUnknown").is_empty());
+    aws.faults().clear();
+
+    // The live node gone: only the terminated one and the other cluster's remain: unmapped.
+    aws.ec2().set_state(live, InstanceState::Terminated);
+    let answer = function.response_to(&delete).await;
+    assert_eq!(answer["nodegroups"][0]["awsAuth"], "unmapped", "{answer}");
+    assert!(map_roles(server).effective(NODE_ROLE).is_none());
+}
+
+#[tokio::test]
+async fn nodegroup_auth_binary_keeps_the_access_entry_of_a_role_live_instances_run_with() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::NodegroupAuth])
+        .authentication_mode("API")
+        .env("DELETE_WAIT_SECONDS", "0")
+        .log_level("info")
+        .start()
+        .await;
+    let aws = &w.aws;
+    let function = w.function(Target::NodegroupAuth);
+    let region = aws.account().region.clone();
+    let answer = function
+        .response_to(&fixture("eventbridge-create-nodegroup.json"))
+        .await;
+    assert_eq!(answer["nodegroups"][0]["accessEntry"], "mapped", "{answer}");
+    let role_name = NODE_ROLE.rsplit('/').next().unwrap();
+    let profile = aws.iam().add_instance_profile(role_name, "karpenter-nodes");
+    let stopped = "i-0cccccccccccccccc";
+    aws.ec2().add_instance(
+        FakeInstance::new(stopped, &region)
+            .instance_profile(&profile)
+            .tag("eks:cluster-name", CLUSTER)
+            .state(InstanceState::Stopped),
+    );
+    aws.eks()
+        .add_nodegroup(
+            CLUSTER,
+            FakeNodegroup::new("demo-ng", NODE_ROLE).status("DELETING"),
+        )
+        .unwrap();
+    let delete = fixture("eventbridge-delete-nodegroup.json");
+    let answer = function.response_to(&delete).await;
+    assert_eq!(
+        answer["nodegroups"][0]["accessEntry"], "kept-in-use",
+        "{answer}"
+    );
+    assert_eq!(answer["nodegroups"][0]["instances"], json!([stopped]));
+    assert!(aws.eks().access_entry(CLUSTER, NODE_ROLE).is_some());
+
+    // EC2 failing: kept.
+    aws.faults()
+        .inject(AwsFault::unavailable().on(Service::Ec2, "DescribeInstances"));
+    let answer = function.response_to(&delete).await;
+    assert_eq!(
+        answer["nodegroups"][0]["accessEntry"], "kept-unchecked",
+        "{answer}"
+    );
+    assert!(aws.eks().access_entry(CLUSTER, NODE_ROLE).is_some());
+    aws.faults().clear();
+
+    aws.ec2().set_state(stopped, InstanceState::Terminated);
+    let answer = function.response_to(&delete).await;
+    assert_eq!(
+        answer["nodegroups"][0]["accessEntry"], "unmapped",
+        "{answer}"
+    );
+    assert!(aws.eks().access_entry(CLUSTER, NODE_ROLE).is_none());
 }

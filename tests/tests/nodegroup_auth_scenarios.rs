@@ -11,7 +11,7 @@ use aws_credential_types::Credentials;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use node_manager::aws::fake::FakeEks;
+use node_manager::aws::fake::{FakeEks, FakeInstanceProfiles, FakeInstances};
 use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
 use node_manager::cluster::token::sign_token;
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
@@ -58,7 +58,7 @@ impl AccessEntryLookup for FunctionAccessEntry {
 struct Scenario {
     server: FakeApiServer,
     eks: FakeEks,
-    function: NodegroupAuth<FakeEks, KubeAwsAuthStore>,
+    function: NodegroupAuth<FakeEks, KubeAwsAuthStore, FakeInstanceProfiles, FakeInstances>,
     admin: kube::Client,
 }
 
@@ -136,6 +136,8 @@ impl Scenario {
         let function = NodegroupAuth::new(
             eks.clone(),
             KubeAwsAuthStore::new(function_client),
+            FakeInstanceProfiles::default(),
+            FakeInstances::default(),
             settings,
         );
         let admin = server.admin_client().await.unwrap();

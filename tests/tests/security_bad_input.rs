@@ -516,6 +516,8 @@ async fn nodegroup_auth_corpus_against(mode: AuthenticationMode) {
         let function = Arc::new(NodegroupAuth::new(
             eks.clone(),
             KubeAwsAuthStore::new(client.clone()),
+            node_manager::aws::fake::FakeInstanceProfiles::default(),
+            node_manager::aws::fake::FakeInstances::default(),
             settings.clone(),
         ));
         server.audit().clear();

@@ -533,6 +533,8 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
     let function = NodegroupAuth::new(
         eks,
         KubeAwsAuthStore::new(client),
+        node_manager::aws::fake::FakeInstanceProfiles::default(),
+        node_manager::aws::fake::FakeInstances::default(),
         NodegroupAuthSettings {
             scope: ClusterScope {
                 cluster_name: CLUSTER.into(),

@@ -4,7 +4,8 @@
 
 use lambda_runtime::{Diagnostic, LambdaEvent, service_fn};
 use node_manager::aws::http_client::load_sdk_config;
-use node_manager::aws::sdk::SdkEks;
+use node_manager::aws::iam::SigV4Iam;
+use node_manager::aws::sdk::{SdkEks, SdkInstances};
 use node_manager::cluster::ClusterAccess;
 use node_manager::nodegroup_auth::handler::{FUNCTION_NAME, NodegroupAuth};
 use node_manager::nodegroup_auth::kube_store::ClusterAwsAuth;
@@ -26,7 +27,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         ),
         eks: eks.clone(),
     };
-    let function = NodegroupAuth::new(eks, access, settings);
+    let function = NodegroupAuth::new(
+        eks,
+        access,
+        SigV4Iam::new(&sdk_config),
+        SdkInstances::new(&sdk_config),
+        settings,
+    );
     let function = &function;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let report = function

@@ -170,12 +170,17 @@ impl AutoScaling for FakeAutoScaling {
     }
 }
 
+/// An instance's instance profile ARN and tags.
+type ProfiledInstance = (String, BTreeMap<String, String>);
+
 /// EC2 instances, their private DNS names and states.
 #[derive(Debug, Default, Clone)]
 pub struct FakeInstances {
     names: Arc<Mutex<HashMap<String, String>>>,
     /// States set by a test; an added instance without one is `running`.
     states: Arc<Mutex<HashMap<String, String>>>,
+    /// Instance id → (instance profile ARN, tags), for instances added with a profile.
+    profiles: Arc<Mutex<BTreeMap<String, ProfiledInstance>>>,
     pub faults: FakeFaults,
 }
 
@@ -187,6 +192,78 @@ impl FakeInstances {
     /// Sets the EC2 state name of an instance (`pending`, `running`, `stopped`, ...).
     pub fn set_state(&self, instance_id: &str, state: &str) {
         lock(&self.states).insert(instance_id.to_owned(), state.to_owned());
+    }
+
+    /// Gives an instance an instance profile and tags (it is added if unknown).
+    pub fn set_profile(
+        &self,
+        instance_id: &str,
+        instance_profile_arn: &str,
+        tags: &[(&str, &str)],
+    ) {
+        lock(&self.names)
+            .entry(instance_id.to_owned())
+            .or_insert_with(|| format!("{instance_id}.ec2.internal"));
+        let tags = tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        lock(&self.profiles).insert(
+            instance_id.to_owned(),
+            (instance_profile_arn.to_owned(), tags),
+        );
+    }
+}
+
+impl InstancesByProfile for FakeInstances {
+    async fn live_cluster_instances_with_profiles(
+        &self,
+        cluster_name: &str,
+        instance_profile_arns: &[String],
+        limit: usize,
+    ) -> Result<Vec<String>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        let states = lock(&self.states);
+        let cluster_tag = format!("kubernetes.io/cluster/{cluster_name}");
+        Ok(lock(&self.profiles)
+            .iter()
+            .filter(|(id, (profile, tags))| {
+                let state = states.get(*id).map_or("running", String::as_str);
+                LIVE_INSTANCE_STATES.contains(&state)
+                    && instance_profile_arns.contains(profile)
+                    && (tags.get("eks:cluster-name").map(String::as_str) == Some(cluster_name)
+                        || tags.contains_key(&cluster_tag))
+            })
+            .map(|(id, _)| id.clone())
+            .take(limit)
+            .collect())
+    }
+}
+
+/// IAM instance profiles per role.
+#[derive(Debug, Default, Clone)]
+pub struct FakeInstanceProfiles {
+    by_role: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
+    pub faults: FakeFaults,
+}
+
+impl FakeInstanceProfiles {
+    /// Puts role `role_name` into the instance profile `instance_profile_arn`.
+    pub fn add(&self, role_name: &str, instance_profile_arn: &str) {
+        lock(&self.by_role)
+            .entry(role_name.to_owned())
+            .or_default()
+            .push(instance_profile_arn.to_owned());
+    }
+}
+
+impl InstanceProfiles for FakeInstanceProfiles {
+    async fn instance_profiles_for_role(&self, role_name: &str) -> Result<Vec<String>, AwsError> {
+        self.faults.take("ListInstanceProfilesForRole")?;
+        Ok(lock(&self.by_role)
+            .get(role_name)
+            .cloned()
+            .unwrap_or_default())
     }
 }
 

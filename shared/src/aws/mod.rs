@@ -8,6 +8,8 @@
 pub mod fake;
 #[cfg(feature = "runtime")]
 pub mod http_client;
+#[cfg(feature = "runtime")]
+pub mod iam;
 pub mod partition;
 #[cfg(feature = "runtime")]
 pub mod sdk;
@@ -173,6 +175,33 @@ pub trait Instances: Send + Sync {
         &self,
         instance_id: &str,
     ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+}
+
+/// The EC2 states in which an instance still holds (or will again hold) its instance
+/// profile's credentials: everything but `shutting-down` and `terminated`.
+pub const LIVE_INSTANCE_STATES: [&str; 4] = ["pending", "running", "stopping", "stopped"];
+
+/// EC2: which instances of a cluster run with given instance profiles.
+pub trait InstancesByProfile: Send + Sync {
+    /// Ids of the instances in a [`LIVE_INSTANCE_STATES`] state, tagged for `cluster_name`
+    /// (`eks:cluster-name` = the cluster, or a `kubernetes.io/cluster/<cluster>` tag key), whose
+    /// instance profile is one of `instance_profile_arns`; at most `limit` of them.
+    fn live_cluster_instances_with_profiles(
+        &self,
+        cluster_name: &str,
+        instance_profile_arns: &[String],
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<String>, AwsError>> + Send;
+}
+
+/// IAM: the instance profiles that carry a role.
+pub trait InstanceProfiles: Send + Sync {
+    /// The ARNs of the instance profiles that contain the role `role_name` (all pages);
+    /// empty when the role does not exist (`NoSuchEntity`).
+    fn instance_profiles_for_role(
+        &self,
+        role_name: &str,
+    ) -> impl Future<Output = Result<Vec<String>, AwsError>> + Send;
 }
 
 /// SNS: hand a notification to a fresh invocation by publishing it again.

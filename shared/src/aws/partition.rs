@@ -88,6 +88,30 @@ impl Partition {
     }
 }
 
+/// IAM is global: one endpoint per partition, signed for that partition's home region.
+/// Returns `(host, signing_region)`, e.g. `("iam.amazonaws.com", "us-east-1")`.
+///
+/// Facts from the SDKs' endpoint rules for `iam` (the partition's global endpoint).
+pub fn iam_endpoint(region: &str) -> (String, &'static str) {
+    let partition = Partition::of_region(region);
+    let signing_region = match partition {
+        Partition::Aws => "us-east-1",
+        Partition::AwsCn => "cn-north-1",
+        Partition::AwsUsGov => "us-gov-west-1",
+        Partition::AwsIso => "us-iso-east-1",
+        Partition::AwsIsoB => "us-isob-east-1",
+        Partition::AwsIsoE => "eu-isoe-west-1",
+        Partition::AwsIsoF => "us-isof-south-1",
+        Partition::AwsEusc => "eusc-de-east-1",
+    };
+    let host = match partition {
+        Partition::Aws => "iam.amazonaws.com".to_owned(),
+        Partition::AwsUsGov => "iam.us-gov.amazonaws.com".to_owned(),
+        _ => format!("iam.{signing_region}.{}", partition.dns_suffix()),
+    };
+    (host, signing_region)
+}
+
 /// The regional STS host of `region`, e.g. `sts.cn-north-1.amazonaws.com.cn`.
 pub fn sts_host(region: &str) -> String {
     format!("sts.{region}.{}", Partition::of_region(region).dns_suffix())
@@ -96,6 +120,29 @@ pub fn sts_host(region: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iam_is_global_per_partition() {
+        assert_eq!(
+            iam_endpoint("eu-west-1"),
+            ("iam.amazonaws.com".to_owned(), "us-east-1")
+        );
+        assert_eq!(
+            iam_endpoint("cn-northwest-1"),
+            ("iam.cn-north-1.amazonaws.com.cn".to_owned(), "cn-north-1")
+        );
+        assert_eq!(
+            iam_endpoint("us-gov-east-1"),
+            ("iam.us-gov.amazonaws.com".to_owned(), "us-gov-west-1")
+        );
+        assert_eq!(
+            iam_endpoint("eusc-de-east-1"),
+            (
+                "iam.eusc-de-east-1.amazonaws.eu".to_owned(),
+                "eusc-de-east-1"
+            )
+        );
+    }
 
     #[test]
     fn every_partition_has_its_regions_and_sts_host() {

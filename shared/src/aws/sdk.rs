@@ -52,6 +52,7 @@ const NOT_FOUND_CODES: &[&str] = &[
     "ResourceNotFoundException",
     "NotFoundException",
     "InvalidInstanceID.NotFound",
+    "NoSuchEntity",
 ];
 
 const INVALID_CODES: &[&str] = &[
@@ -63,6 +64,21 @@ const INVALID_CODES: &[&str] = &[
     "InvalidRequestException",
     "InvalidInstanceID.Malformed",
 ];
+
+/// What a service error code (or, without a known one, the HTTP status) means to a caller.
+pub(crate) fn kind_of(code: Option<&str>, status: u16) -> AwsErrorKind {
+    match code {
+        Some(c) if TRANSIENT_CODES.contains(&c) => AwsErrorKind::Transient,
+        Some(c) if ACCESS_DENIED_CODES.contains(&c) => AwsErrorKind::AccessDenied,
+        Some(c) if NOT_FOUND_CODES.contains(&c) => AwsErrorKind::NotFound,
+        Some("ResourceInUseException") => AwsErrorKind::AlreadyExists,
+        Some(c) if INVALID_CODES.contains(&c) => AwsErrorKind::Invalid,
+        _ if status == 429 || status >= 500 => AwsErrorKind::Transient,
+        _ if status == 401 || status == 403 => AwsErrorKind::AccessDenied,
+        _ if status == 404 => AwsErrorKind::NotFound,
+        _ => AwsErrorKind::Other,
+    }
+}
 
 /// Folds an SDK error into an [`AwsError`] the domain can act on.
 pub fn classify<E>(operation: &'static str, error: SdkError<E, HttpResponse>) -> AwsError
@@ -78,17 +94,7 @@ where
                 .message()
                 .map(str::to_owned)
                 .unwrap_or_else(|| DisplayErrorContext(&error).to_string());
-            let kind = match code.as_deref() {
-                Some(c) if TRANSIENT_CODES.contains(&c) => AwsErrorKind::Transient,
-                Some(c) if ACCESS_DENIED_CODES.contains(&c) => AwsErrorKind::AccessDenied,
-                Some(c) if NOT_FOUND_CODES.contains(&c) => AwsErrorKind::NotFound,
-                Some("ResourceInUseException") => AwsErrorKind::AlreadyExists,
-                Some(c) if INVALID_CODES.contains(&c) => AwsErrorKind::Invalid,
-                _ if status == 429 || status >= 500 => AwsErrorKind::Transient,
-                _ if status == 401 || status == 403 => AwsErrorKind::AccessDenied,
-                _ if status == 404 => AwsErrorKind::NotFound,
-                _ => AwsErrorKind::Other,
-            };
+            let kind = kind_of(code.as_deref(), status);
             AwsError {
                 operation,
                 kind,
@@ -310,6 +316,83 @@ impl Instances for SdkInstances {
             .and_then(|i| i.state)
             .and_then(|state| state.name)
             .map(|name| name.as_str().to_owned()))
+    }
+}
+
+impl InstancesByProfile for SdkInstances {
+    /// Two `DescribeInstances` queries, because EC2 ANDs filters: instances tagged
+    /// `eks:cluster-name` = cluster (managed node groups), then those carrying the
+    /// `kubernetes.io/cluster/<cluster>` tag key (self-managed nodes, Karpenter).
+    async fn live_cluster_instances_with_profiles(
+        &self,
+        cluster_name: &str,
+        instance_profile_arns: &[String],
+        limit: usize,
+    ) -> Result<Vec<String>, AwsError> {
+        use aws_sdk_ec2::types::Filter;
+        let mut found: Vec<String> = Vec::new();
+        if instance_profile_arns.is_empty() {
+            return Ok(found);
+        }
+        let cluster_filters = [
+            Filter::builder()
+                .name("tag:eks:cluster-name")
+                .values(cluster_name)
+                .build(),
+            Filter::builder()
+                .name("tag-key")
+                .values(format!("kubernetes.io/cluster/{cluster_name}"))
+                .build(),
+        ];
+        for cluster_filter in cluster_filters {
+            let mut next_token: Option<String> = None;
+            loop {
+                let output = self
+                    .client
+                    .describe_instances()
+                    .filters(
+                        Filter::builder()
+                            .name("iam-instance-profile.arn")
+                            .set_values(Some(instance_profile_arns.to_vec()))
+                            .build(),
+                    )
+                    .filters(
+                        Filter::builder()
+                            .name("instance-state-name")
+                            .set_values(Some(
+                                LIVE_INSTANCE_STATES
+                                    .iter()
+                                    .map(|s| (*s).to_owned())
+                                    .collect(),
+                            ))
+                            .build(),
+                    )
+                    .filters(cluster_filter.clone())
+                    .set_next_token(next_token.take())
+                    .send()
+                    .await
+                    .map_err(|e| classify("DescribeInstances", e))?;
+                for id in output
+                    .reservations()
+                    .iter()
+                    .flat_map(|r| r.instances())
+                    .filter_map(|i| i.instance_id())
+                {
+                    if !found.iter().any(|known| known == id) {
+                        found.push(id.to_owned());
+                    }
+                }
+                if found.len() >= limit {
+                    found.truncate(limit);
+                    return Ok(found);
+                }
+                match output.next_token() {
+                    Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(found)
     }
 }
 

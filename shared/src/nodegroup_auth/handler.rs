@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::aws::{AuthenticationMode, AwsError, ClusterDescription, Eks};
+use crate::aws::{
+    AuthenticationMode, AwsError, ClusterDescription, Eks, InstanceProfiles, InstancesByProfile,
+};
 use crate::telemetry::{MetricSet, Unit};
 
 use super::access_entry::{self, AccessEntryOutcome};
@@ -23,6 +25,9 @@ use super::settings::{AccountError, NodegroupAuthSettings};
 
 /// The function name in metrics.
 pub const FUNCTION_NAME: &str = "nodegroup-auth";
+
+/// How many instance ids an answer names when live instances keep a role mapped.
+pub const MAX_REPORTED_INSTANCES: usize = 5;
 
 /// How the handler reaches `aws-auth`; asked only when the authentication mode needs it, so
 /// an `API`-mode cluster is never contacted.
@@ -97,8 +102,12 @@ pub enum Outcome {
     Conflict,
     Unmapped,
     NotPresent,
-    /// Delete: another node group still uses the role.
+    /// Delete: another node group, or a live instance of the cluster (its instance profile
+    /// carries the role; named in `instances`), still uses the role.
     KeptInUse,
+    /// Delete: whether an instance still uses the role could not be checked (IAM or EC2
+    /// failed): the mapping stays, never removed on an unknown.
+    KeptUnchecked,
     /// Delete: the entry is not of the node shape.
     KeptNotNode,
     /// Delete: the node group was already gone, so nothing the function can read confirms
@@ -118,6 +127,10 @@ pub struct NodegroupReport {
     pub aws_auth: Option<Outcome>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access_entry: Option<Outcome>,
+    /// Delete: live instances of the cluster that still run with the role (at most
+    /// [`MAX_REPORTED_INSTANCES`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<String>,
     /// Why nothing was done, or what was found (conflicts, users of the role).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -131,6 +144,7 @@ impl NodegroupReport {
             role_arn: None,
             aws_auth: None,
             access_entry: None,
+            instances: Vec::new(),
             note: None,
         }
     }
@@ -158,17 +172,30 @@ pub struct AuthReport {
 }
 
 /// The node group auth function, built once per execution environment.
-pub struct NodegroupAuth<E, A> {
+pub struct NodegroupAuth<E, A, P, I> {
     eks: E,
     access: A,
+    /// IAM: the instance profiles that carry a role (to find instances still using it).
+    profiles: P,
+    instances: I,
     settings: NodegroupAuthSettings,
 }
 
-impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
-    pub fn new(eks: E, access: A, settings: NodegroupAuthSettings) -> Self {
+impl<E: Eks, A: AwsAuthAccess, P: InstanceProfiles, I: InstancesByProfile>
+    NodegroupAuth<E, A, P, I>
+{
+    pub fn new(
+        eks: E,
+        access: A,
+        profiles: P,
+        instances: I,
+        settings: NodegroupAuthSettings,
+    ) -> Self {
         Self {
             eks,
             access,
+            profiles,
+            instances,
             settings,
         }
     }
@@ -412,6 +439,13 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
             self.keep_in_use(cluster, &role, &users, &mut report);
             return Ok(report);
         }
+        // Self-managed or Karpenter instances of the cluster may run with the role too.
+        if self
+            .kept_for_live_instances(cluster, &role, &mut report)
+            .await
+        {
+            return Ok(report);
+        }
         if cluster.authentication_mode != AuthenticationMode::ConfigMap {
             let outcome = access_entry::revoke(&self.eks, &cluster.name, &role).await?;
             report.access_entry = Some(self.report_access_entry(&role, &outcome, &mut report));
@@ -487,6 +521,94 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
             report.aws_auth = Some(Outcome::KeptInUse);
         }
         report.add_note(note);
+    }
+
+    /// Whether the role must stay mapped because a live instance of the cluster runs with it
+    /// (its instance profile carries the role), or because that could not be checked: in
+    /// both cases the report, a Warning Event and a metric say so. No retry is asked for on
+    /// an IAM or EC2 failure: the node group is gone by now, so a retried delivery could not
+    /// be verified and would keep the mapping anyway.
+    async fn kept_for_live_instances(
+        &self,
+        cluster: &ClusterDescription,
+        role: &NodeRoleArn,
+        report: &mut NodegroupReport,
+    ) -> bool {
+        let (outcome, reason, note) = match self.live_instances_using(&cluster.name, role).await {
+            Ok(ids) if ids.is_empty() => return false,
+            Ok(ids) => {
+                let note = format!(
+                    "live instance(s) of the cluster still run with {role}: {}; it stays mapped until they are gone",
+                    ids.join(", ")
+                );
+                tracing::warn!(role = %role, instances = ?ids, "role kept: instances still use it");
+                metric("Revoke", "InstancesRunning", "KeptInUse");
+                report.instances = ids;
+                (Outcome::KeptInUse, "NodeRoleInUse", note)
+            }
+            Err(err) => {
+                let note = format!(
+                    "could not check whether instances still run with {role} ({err}); it stays mapped"
+                );
+                tracing::error!(role = %role, error = %err, "role kept: instance use unknown");
+                metric("Revoke", "UsageUnknown", "KeptUnchecked");
+                (Outcome::KeptUnchecked, "NodeRoleUsageUnknown", note)
+            }
+        };
+        if cluster.authentication_mode != AuthenticationMode::ConfigMap {
+            report.access_entry = Some(outcome);
+        }
+        if self.writes_aws_auth(cluster.authentication_mode) {
+            report.aws_auth = Some(outcome);
+        }
+        if cluster.authentication_mode != AuthenticationMode::Api {
+            self.warn_on_aws_auth(AwsAuthEvent {
+                warning: true,
+                reason,
+                action: "Revoke",
+                note: note.clone(),
+            })
+            .await;
+        }
+        report.add_note(note);
+        true
+    }
+
+    /// Live instances of `cluster` whose instance profile carries `role` (a few at most).
+    async fn live_instances_using(
+        &self,
+        cluster: &str,
+        role: &NodeRoleArn,
+    ) -> Result<Vec<String>, AwsError> {
+        let profiles = self
+            .profiles
+            .instance_profiles_for_role(role.name())
+            .await?;
+        if profiles.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.instances
+            .live_cluster_instances_with_profiles(cluster, &profiles, MAX_REPORTED_INSTANCES)
+            .await
+    }
+
+    /// Records a Warning Event on the `aws-auth` object when it exists; a failure to reach
+    /// it is only logged (the answer and the metric carry the outcome).
+    async fn warn_on_aws_auth(&self, event: AwsAuthEvent) {
+        let editor = match self.editor().await {
+            Ok(editor) => editor,
+            Err(err) => {
+                tracing::warn!(error = %err, reason = event.reason, "could not record the Kubernetes Event");
+                return;
+            }
+        };
+        match editor.store().get().await {
+            Ok(Some(object)) => publish(editor.store(), &object, &event).await,
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, reason = event.reason, "could not record the Kubernetes Event");
+            }
+        }
     }
 
     /// The role's effective aws-auth mapping (as the authenticator reads it), if any.

@@ -44,6 +44,8 @@ pub struct FakeInstance {
     pub image_id: String,
     pub state: InstanceState,
     pub tags: BTreeMap<String, String>,
+    /// The ARN of the instance profile the instance was launched with.
+    pub iam_instance_profile_arn: Option<String>,
 }
 
 impl FakeInstance {
@@ -68,6 +70,7 @@ impl FakeInstance {
             image_id: "ami-0123456789abcdef0".to_owned(),
             state: InstanceState::Running,
             tags: BTreeMap::new(),
+            iam_instance_profile_arn: None,
         }
     }
 
@@ -83,6 +86,11 @@ impl FakeInstance {
 
     pub fn state(mut self, state: InstanceState) -> Self {
         self.state = state;
+        self
+    }
+
+    pub fn instance_profile(mut self, instance_profile_arn: &str) -> Self {
+        self.iam_instance_profile_arn = Some(instance_profile_arn.to_owned());
         self
     }
 
@@ -179,6 +187,10 @@ fn filter_matches(instance: &FakeInstance, name: &str, values: &[String]) -> boo
         "availability-zone" => any(&instance.availability_zone),
         "instance-state-name" => any(instance.state.code_and_name().1),
         "tag-key" => instance.tags.keys().any(|k| any(k)),
+        "iam-instance-profile.arn" => instance
+            .iam_instance_profile_arn
+            .as_deref()
+            .is_some_and(any),
         _ => match name.strip_prefix("tag:") {
             Some(key) => instance.tags.get(key).is_some_and(|v| any(v)),
             None => false,
@@ -248,8 +260,19 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
                 element("value", value)
             ));
         }
+        let profile = instance
+            .iam_instance_profile_arn
+            .as_deref()
+            .map(|arn| {
+                format!(
+                    "<iamInstanceProfile>{}{}</iamInstanceProfile>",
+                    element("arn", arn),
+                    element("id", "AIPAFAKE")
+                )
+            })
+            .unwrap_or_default();
         reservations.push_str(&format!(
-            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex><placement>{}<groupName/><tenancy>default</tenancy></placement>{}<tagSet>{tags}</tagSet></item></instancesSet></item>",
+            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex><placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}<tagSet>{tags}</tagSet></item></instancesSet></item>",
             element("instanceId", &instance.instance_id),
             element("imageId", &instance.image_id),
             element("privateDnsName", &instance.private_dns_name),

@@ -26,6 +26,7 @@ mod autoscaling;
 mod ec2;
 mod eks;
 mod faults;
+mod iam;
 mod protocol;
 mod signature;
 mod sns;
@@ -37,6 +38,7 @@ pub use autoscaling::{
 pub use ec2::{FakeEc2, FakeInstance, InstanceState};
 pub use eks::{FakeAccessEntry, FakeCluster, FakeEks, FakeNodegroup};
 pub use faults::{AwsFault, AwsFaultKind, FakeAwsFaults};
+pub use iam::FakeIam;
 pub use sns::{FakeSns, PublishSource, PublishedMessage, SnsSubscription, SubscriptionFilter};
 
 use std::collections::BTreeMap;
@@ -77,6 +79,7 @@ pub enum Service {
     Ec2,
     Sns,
     Eks,
+    Iam,
 }
 
 impl Service {
@@ -87,6 +90,7 @@ impl Service {
             Self::Ec2 => "ec2",
             Self::Sns => "sns",
             Self::Eks => "eks",
+            Self::Iam => "iam",
         }
     }
 
@@ -96,6 +100,7 @@ impl Service {
             "ec2" => Some(Self::Ec2),
             "sns" => Some(Self::Sns),
             "eks" => Some(Self::Eks),
+            "iam" => Some(Self::Iam),
             _ => None,
         }
     }
@@ -130,6 +135,7 @@ pub(crate) struct Shared {
     pub(crate) ec2: Mutex<ec2::Ec2State>,
     pub(crate) sns: Mutex<sns::SnsState>,
     pub(crate) eks: Mutex<eks::EksState>,
+    pub(crate) iam: Mutex<iam::IamState>,
 }
 
 /// Locks a mutex, surviving a panicked holder (test state is still worth reading).
@@ -175,6 +181,7 @@ impl FakeAws {
             ec2: Mutex::default(),
             sns: Mutex::default(),
             eks: Mutex::default(),
+            iam: Mutex::default(),
         });
         let router = axum::Router::new()
             .fallback(handle)
@@ -218,6 +225,10 @@ impl FakeAws {
 
     pub fn eks(&self) -> FakeEks {
         FakeEks::new(Arc::clone(&self.shared))
+    }
+
+    pub fn iam(&self) -> FakeIam {
+        FakeIam::new(Arc::clone(&self.shared))
     }
 
     pub fn faults(&self) -> FakeAwsFaults {
@@ -412,7 +423,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
             400,
             "UnknownService",
             format!(
-                "the fake AWS endpoint does not serve {:?} (it serves autoscaling, ec2, sns, eks)",
+                "the fake AWS endpoint does not serve {:?} (it serves autoscaling, ec2, sns, eks, iam)",
                 scope.service
             ),
         );
@@ -444,6 +455,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Service::Ec2 => ec2::dispatch(&shared, &record.operation, &parsed.form),
         Service::Sns => sns::dispatch(&shared, &record.operation, &parsed.form),
         Service::Eks => eks::dispatch(&shared, &record.operation, &parsed),
+        Service::Iam => iam::dispatch(&shared, &record.operation, &parsed.form),
     };
     finish(&shared, record, service, result, &request_id)
 }
@@ -499,7 +511,7 @@ fn authenticate(
                 "UnrecognizedClientException",
                 "The security token included in the request is invalid.",
             ),
-            Service::AutoScaling | Service::Sns => ApiError::new(
+            Service::AutoScaling | Service::Sns | Service::Iam => ApiError::new(
                 403,
                 "InvalidClientTokenId",
                 "The security token included in the request is invalid.",
@@ -517,7 +529,7 @@ fn authenticate(
             "AWS was not able to validate the provided access credentials",
         ),
         Service::Eks => ApiError::new(403, "InvalidSignatureException", MISMATCH),
-        Service::AutoScaling | Service::Sns => {
+        Service::AutoScaling | Service::Sns | Service::Iam => {
             ApiError::new(403, "SignatureDoesNotMatch", MISMATCH)
         }
     })

@@ -146,6 +146,7 @@ pub(crate) fn timestamp_millis(at: jiff::Timestamp) -> String {
 
 const AUTOSCALING_XMLNS: &str = "http://autoscaling.amazonaws.com/doc/2011-01-01/";
 const SNS_XMLNS: &str = "http://sns.amazonaws.com/doc/2010-03-31/";
+const IAM_XMLNS: &str = "https://iam.amazonaws.com/doc/2010-05-08/";
 const EC2_XMLNS: &str = "http://ec2.amazonaws.com/doc/2016-11-15/";
 
 fn with_request_id(mut response: Response<Body>, request_id: &str) -> Response<Body> {
@@ -182,10 +183,10 @@ pub(crate) fn render_reply(
             ),
         ),
         (_, Reply::Xml(inner)) => {
-            let xmlns = if service == Service::Sns {
-                SNS_XMLNS
-            } else {
-                AUTOSCALING_XMLNS
+            let xmlns = match service {
+                Service::Sns => SNS_XMLNS,
+                Service::Iam => IAM_XMLNS,
+                _ => AUTOSCALING_XMLNS,
             };
             let result = if inner.is_empty() {
                 format!("<{operation}Result/>")
@@ -231,11 +232,11 @@ pub(crate) fn render_error(service: Service, error: &ApiError, request_id: &str)
             }
             response
         }
-        Service::AutoScaling | Service::Sns => {
-            let xmlns = if service == Service::Sns {
-                SNS_XMLNS
-            } else {
-                AUTOSCALING_XMLNS
+        Service::AutoScaling | Service::Sns | Service::Iam => {
+            let xmlns = match service {
+                Service::Sns => SNS_XMLNS,
+                Service::Iam => IAM_XMLNS,
+                _ => AUTOSCALING_XMLNS,
             };
             build(
                 error.status,

@@ -1040,6 +1040,8 @@ async fn soak_aws_auth(
     let function = NodegroupAuth::new(
         eks,
         KubeAwsAuthStore::new(client),
+        node_manager::aws::fake::FakeInstanceProfiles::default(),
+        node_manager::aws::fake::FakeInstances::default(),
         NodegroupAuthSettings {
             scope: ClusterScope {
                 cluster_name: CLUSTER.into(),
