@@ -51,6 +51,16 @@ pub const INSTANCE: &str = "i-07e9ea9eb19a67337";
 pub const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
 /// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
 pub const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
+/// The Kubernetes group of node repair (its own block of `infra/rbac.yaml`).
+pub const NODE_REPAIR_GROUP: &str = "open-node-manager:node-repair";
+
+/// The Kubernetes group a function's role is granted.
+fn kubernetes_group(target: Target) -> &'static str {
+    match target {
+        Target::NodeRepair => NODE_REPAIR_GROUP,
+        _ => FUNCTIONS_GROUP,
+    }
+}
 const ZONE: &str = "eu-west-1a";
 
 /// One function process and the IAM role credentials it runs with.
@@ -334,13 +344,14 @@ impl FunctionWorldBuilder {
                         &credentials.principal_arn,
                         "STANDARD",
                         Some(name),
-                        &[FUNCTIONS_GROUP],
+                        &[kubernetes_group(target)],
                     )
                     .expect("function world set-up");
             } else {
                 map_roles.push_str(&format!(
-                    "- rolearn: {}\n  username: {name}\n  groups: [{FUNCTIONS_GROUP}]\n",
-                    credentials.principal_arn
+                    "- rolearn: {}\n  username: {name}\n  groups: [{}]\n",
+                    credentials.principal_arn,
+                    kubernetes_group(target)
                 ));
             }
             granted.push((target, credentials));

@@ -426,16 +426,78 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
     }
 }
 
-/// The five flows, concurrently (each on its own fake API server).
+/// Node repair (its own group): a node NotReady for an hour is replaced; the effect is the
+/// instance marked unhealthy, the repair record on the node and the NodeRepairStarted Event.
+async fn repair_flow(documents: &[Value]) -> FlowResult {
+    use node_manager::aws::fake::FakeInstanceHealth;
+    use node_manager::node_repair::memory::REPAIR_ANNOTATION;
+    use node_manager::node_repair::run::{self, RepairContext};
+    use node_manager::node_repair::settings::RepairSettings;
+
+    let server = cluster(documents).await;
+    let an_hour_ago = k8s_openapi::jiff::Timestamp::now() - Duration::from_secs(3600);
+    server
+        .store()
+        .modify::<Node>("", NODE, |node| {
+            let conditions = node
+                .status
+                .get_or_insert_default()
+                .conditions
+                .get_or_insert_default();
+            conditions.retain(|c| c.type_ != "Ready");
+            conditions.push(k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: Some("KubeletNotReady".into()),
+                last_transition_time: Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(an_hour_ago),
+                ),
+                ..Default::default()
+            });
+        })
+        .unwrap();
+    let health = FakeInstanceHealth::new();
+    health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
+    health.add_instance(GROUP, INSTANCE);
+    let env: &[(&str, &str)] = &[("CLUSTER_NAME", CLUSTER)];
+    let ctx = RepairContext {
+        kube: client(&server, "node-repair", &["open-node-manager:node-repair"]).await,
+        health: health.clone(),
+        reboot: health.clone(),
+        settings: RepairSettings::from_source(env).unwrap(),
+    };
+    let answered = run::handle(&ctx, Value::Null).await.is_ok();
+    let recorded = server
+        .store()
+        .find::<Node>("", NODE)
+        .and_then(|n| n.metadata.annotations)
+        .is_some_and(|a| a.contains_key(REPAIR_ANNOTATION));
+    let reported = server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("NodeRepairStarted"));
+    FlowResult {
+        name: "node repair",
+        effect: answered
+            && recorded
+            && reported
+            && health.marked_unhealthy() == vec![INSTANCE.to_owned()],
+        forbidden: forbidden(&server, "node-repair"),
+    }
+}
+
+/// The six flows, concurrently (each on its own fake API server).
 async fn all_flows(documents: &[Value]) -> Vec<FlowResult> {
-    let (a, b, c, d, e) = futures::join!(
+    let (a, b, c, d, e, f) = futures::join!(
         drain_flow(documents, false),
         drain_flow(documents, true),
         launch_flow(documents),
         aws_auth_flow(documents, true),
         aws_auth_flow(documents, false),
+        repair_flow(documents),
     );
-    vec![a, b, c, d, e]
+    vec![a, b, c, d, e, f]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

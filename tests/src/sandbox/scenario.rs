@@ -154,6 +154,24 @@ pub enum Step {
     ScaleOut(ScaleOutStep),
     /// A seeded node's instance terminates; its hook notifies `terminating-hook`.
     ScaleIn(ScaleInStep),
+    /// A seeded node's kubelet dies; a scheduled `node-repair` run replaces its instance
+    /// (the hooks then drain it and complete its replacement's launch).
+    RepairNode(RepairNodeStep),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RepairNodeStep {
+    pub nodegroup: String,
+    /// Index of the seeded node whose kubelet dies.
+    pub node: usize,
+    /// How long ago the node went NotReady, in minutes (31: past EKS's 30-minute wait).
+    #[serde(default = "thirty_one")]
+    pub not_ready_minutes: f64,
+}
+
+fn thirty_one() -> f64 {
+    31.0
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -232,12 +250,21 @@ impl Scenario {
                 Step::CreateNodegroup(s) | Step::DeleteNodegroup(s) => &s.nodegroup,
                 Step::ScaleOut(s) => &s.nodegroup,
                 Step::ScaleIn(s) => &s.nodegroup,
+                Step::RepairNode(s) => &s.nodegroup,
             };
             let Some(spec) = self.nodegroups.iter().find(|n| &n.name == group) else {
                 return bad(format!(
                     "a step names node group {group:?}, which the scenario does not define"
                 ));
             };
+            if let Step::RepairNode(s) = step
+                && s.node >= spec.nodes
+            {
+                return bad(format!(
+                    "repairNode names node {} of {group}, which has {} seeded nodes",
+                    s.node, spec.nodes
+                ));
+            }
             if let Step::ScaleIn(s) = step
                 && s.node >= spec.nodes
             {
