@@ -147,8 +147,9 @@ fn grant(scope: &str, group: &str, resource: &str, verbs: &[&str], names: &[&str
 #[test]
 fn every_document_is_a_named_rbac_object_of_the_project() {
     let manifest = shipped();
-    assert_eq!(manifest.cluster_roles.len(), 2);
-    assert_eq!(manifest.cluster_role_bindings.len(), 2);
+    // The functions' role, force-delete, node-repair.
+    assert_eq!(manifest.cluster_roles.len(), 3);
+    assert_eq!(manifest.cluster_role_bindings.len(), 3);
     assert_eq!(manifest.roles.len(), 1);
     assert_eq!(manifest.role_bindings.len(), 1);
     let names = manifest
@@ -243,6 +244,19 @@ fn the_functions_group_gets_exactly_the_access_the_functions_use() {
         missing.is_empty() && extra.is_empty(),
         "missing {missing:?}, extra {extra:?}"
     );
+}
+
+#[test]
+fn node_repair_gets_only_node_list_and_patch_and_events() {
+    let actual = grants_of(&shipped(), "open-node-manager:node-repair");
+    let expected: BTreeSet<Grant> = [
+        grant("*", "", "nodes", &["list", "patch"], &[]),
+        grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    assert_eq!(actual, expected);
 }
 
 #[test]

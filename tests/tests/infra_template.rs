@@ -897,7 +897,10 @@ fn node_repair_replaces_and_reboots_only_what_carries_this_clusters_tag_on_a_sch
             continue;
         }
         seen += 1;
-        assert_eq!(owner, "NodeRepairRole", "only node repair may act on instance health");
+        assert_eq!(
+            owner, "NodeRepairRole",
+            "only node repair may act on instance health"
+        );
         let condition = statement["Condition"]["StringEquals"].to_string();
         assert!(
             condition.contains("aws:ResourceTag/eks:cluster-name")
@@ -905,14 +908,26 @@ fn node_repair_replaces_and_reboots_only_what_carries_this_clusters_tag_on_a_sch
             "{statement}"
         );
         assert!(condition.contains("ClusterName"), "{statement}");
-        assert!(!as_list(&statement["Resource"]).contains(&json!("*")), "{statement}");
+        assert!(
+            !as_list(&statement["Resource"]).contains(&json!("*")),
+            "{statement}"
+        );
     }
-    assert_eq!(seen, 4, "SetInstanceHealth and RebootInstances, per cluster tag");
+    assert_eq!(
+        seen, 4,
+        "SetInstanceHealth and RebootInstances, per cluster tag"
+    );
     let function = &template["Resources"]["NodeRepairFunction"];
     let schedule = &function["Properties"]["Events"]["Schedule"];
     assert_eq!(schedule["Type"], "ScheduleV2");
-    assert!(schedule.to_string().contains("NodeRepairSchedule"), "{schedule}");
-    assert_eq!(template["Parameters"]["NodeRepairSchedule"]["Default"], "rate(1 minute)");
+    assert!(
+        schedule.to_string().contains("NodeRepairSchedule"),
+        "{schedule}"
+    );
+    assert_eq!(
+        template["Parameters"]["NodeRepairSchedule"]["Default"],
+        "rate(1 minute)"
+    );
     assert_eq!(
         function["Properties"]["Role"],
         attribute("NodeRepairRole", "Arn")

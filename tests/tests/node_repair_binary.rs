@@ -96,7 +96,11 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
 
     // Healthy: nothing done.
     let answer = repair.response_to(&scheduled_event()).await;
-    assert_eq!(report_of(&answer, &w.node)["outcome"], "Healthy", "{answer}");
+    assert_eq!(
+        report_of(&answer, &w.node)["outcome"],
+        "Healthy",
+        "{answer}"
+    );
     assert_eq!(answer["groups"][0]["group"], GROUP, "{answer}");
 
     // The kubelet dies: unhealthy, not yet for long enough.
@@ -120,7 +124,10 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].params.get("InstanceId"), Some(&w.instance));
     assert_eq!(
-        calls[0].params.get("ShouldRespectGracePeriod").map(String::as_str),
+        calls[0]
+            .params
+            .get("ShouldRespectGracePeriod")
+            .map(String::as_str),
         Some("true")
     );
     // Remembered on the node, reported as an Event.
@@ -143,11 +150,18 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
         .collect();
     assert_eq!(started.len(), 1);
     let note = started[0].note.clone().unwrap_or_default();
-    assert!(note.contains("Ready=Unknown (NodeStatusUnknown)") && note.contains("Replace"), "{note}");
+    assert!(
+        note.contains("Ready=Unknown (NodeStatusUnknown)") && note.contains("Replace"),
+        "{note}"
+    );
 
     // The next run sees the repair in flight and does not ask again.
     let answer = repair.response_to(&scheduled_event()).await;
-    assert_eq!(report_of(&answer, &w.node)["outcome"], "RepairInFlight", "{answer}");
+    assert_eq!(
+        report_of(&answer, &w.node)["outcome"],
+        "RepairInFlight",
+        "{answer}"
+    );
     assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1);
 
     // Auto Scaling terminates it through the terminate hook and launches a replacement.
@@ -161,7 +175,10 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
     let mut launching = None;
     for _ in 0..2 {
         let event = topic.next_event(Duration::from_secs(5)).await.unwrap();
-        let message = event["Records"][0]["Sns"]["Message"].as_str().unwrap_or_default().to_owned();
+        let message = event["Records"][0]["Sns"]["Message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
         if message.contains("EC2_INSTANCE_TERMINATING") {
             terminating = Some(event);
         } else if message.contains("EC2_INSTANCE_LAUNCHING") {
@@ -173,7 +190,7 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
         .function(Target::TerminatingHook)
         .response_to(&terminating.unwrap())
         .await;
-    assert_eq!(answer["records"][0]["outcome"], "Drained", "{answer}");
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     // The dead node's drain did not wait out its 60 s deadline.
     assert!(started_drain.elapsed() < Duration::from_secs(20));
     let completion = w
@@ -198,13 +215,20 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
         .await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert_eq!(
-        w.aws.autoscaling().instance_state(GROUP, &replacement.replacement_instance_id).as_deref(),
+        w.aws
+            .autoscaling()
+            .instance_state(GROUP, &replacement.replacement_instance_id)
+            .as_deref(),
         Some("InService")
     );
 
     // Afterwards: the old node's instance is gone from the group, the new one is healthy.
     let answer = repair.response_to(&scheduled_event()).await;
-    assert_eq!(report_of(&answer, &w.node)["outcome"], "NotOurs", "{answer}");
+    assert_eq!(
+        report_of(&answer, &w.node)["outcome"],
+        "NotOurs",
+        "{answer}"
+    );
     assert_eq!(
         report_of(&answer, &replacement.replacement_node)["outcome"],
         "Healthy",
@@ -217,10 +241,20 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
     let decision = output
         .lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
-        .find(|line| line.to_string().contains("node repair decision") && line.to_string().contains("\"Repair\""))
+        .find(|line| {
+            line.to_string().contains("node repair decision")
+                && line.to_string().contains("\"Repair\"")
+        })
         .unwrap_or_else(|| panic!("no JSON decision line:\n{output}"));
     let text = decision.to_string();
-    for field in ["node", "instance_id", "asg", "outcome", "condition", "action"] {
+    for field in [
+        "node",
+        "instance_id",
+        "asg",
+        "outcome",
+        "condition",
+        "action",
+    ] {
         assert!(text.contains(field), "{field} missing from {text}");
     }
     assert!(
@@ -257,7 +291,10 @@ async fn a_dry_run_decides_and_reports_without_acting() {
     let report = report_of(&answer, &w.node);
     assert_eq!(report["outcome"], "Repair", "{answer}");
     assert_eq!(report["acted"], false, "{answer}");
-    assert!(report["why"].as_str().unwrap().contains("dry run"), "{answer}");
+    assert!(
+        report["why"].as_str().unwrap().contains("dry run"),
+        "{answer}"
+    );
     assert!(w.aws.requests_for("SetInstanceHealth").is_empty());
     let node = w.server.store().find::<Node>("", &w.node).unwrap();
     assert!(
@@ -274,7 +311,10 @@ async fn a_dry_run_decides_and_reports_without_acting() {
 async fn malformed_settings_stop_the_function_with_a_clear_error() {
     let w = FunctionWorld::builder()
         .functions(&[Target::NodeRepair])
-        .env("REPAIR_CONFIG", r#"{"maxUnhealthyNodeThresholdCount": 2, "maxUnhealthyNodeThresholdPercentage": 20}"#)
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"maxUnhealthyNodeThresholdCount": 2, "maxUnhealthyNodeThresholdPercentage": 20}"#,
+        )
         .log_level("info")
         .start()
         .await;
@@ -284,13 +324,18 @@ async fn malformed_settings_stop_the_function_with_a_clear_error() {
         .invoke(&scheduled_event(), Duration::from_secs(10))
         .await;
     assert!(
-        !matches!(outcome, Ok(node_manager_testkit::lambda_api::InvocationOutcome::Response(_))),
+        !matches!(
+            outcome,
+            Ok(node_manager_testkit::lambda_api::InvocationOutcome::Response(_))
+        ),
         "{outcome:?}"
     );
     let output = repair.runtime.output();
+    assert!(output.contains("cannot both be set"), "{output}");
     assert!(
-        output.contains("cannot both be set"),
-        "{output}"
+        w.aws
+            .requests()
+            .iter()
+            .all(|r| r.operation != "SetInstanceHealth")
     );
-    assert!(w.aws.requests().iter().all(|r| r.operation != "SetInstanceHealth"));
 }

@@ -449,9 +449,9 @@ async fn repair_flow(documents: &[Value]) -> FlowResult {
                 type_: "Ready".into(),
                 status: "False".into(),
                 reason: Some("KubeletNotReady".into()),
-                last_transition_time: Some(
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(an_hour_ago),
-                ),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    an_hour_ago,
+                )),
                 ..Default::default()
             });
         })

@@ -7,9 +7,9 @@ use node_manager::aws::http_client::load_sdk_config;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances};
 use node_manager::cluster::ClusterAccess;
 use node_manager::lifecycle::connection::EksConnection;
+use node_manager::node_repair::FUNCTION_NAME;
 use node_manager::node_repair::run::{self, RepairContext};
 use node_manager::node_repair::settings::RepairSettings;
-use node_manager::node_repair::FUNCTION_NAME;
 use node_manager::settings::ProcessEnv;
 use serde_json::Value;
 
@@ -34,7 +34,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     };
     let context = &context;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        run::handle(context, event.payload).await
+        Box::pin(run::handle(context, event.payload)).await
     }))
     .await
 }

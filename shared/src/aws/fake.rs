@@ -559,7 +559,9 @@ impl InstanceHealth for FakeInstanceHealth {
             return Err(AwsError::new(
                 "SetInstanceHealth",
                 AwsErrorKind::Invalid,
-                format!("Instance Id not found - No managed instance found for instance ID: {instance_id}"),
+                format!(
+                    "Instance Id not found - No managed instance found for instance ID: {instance_id}"
+                ),
             ));
         };
         instance.health_status = "UNHEALTHY".to_owned();

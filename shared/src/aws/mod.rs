@@ -352,6 +352,8 @@ pub trait InstanceHealth: Send + Sync {
 
 /// EC2 reboots, node repair's lighter action.
 pub trait InstanceReboot: Send + Sync {
-    fn reboot_instance(&self, instance_id: &str)
-    -> impl Future<Output = Result<(), AwsError>> + Send;
+    fn reboot_instance(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }

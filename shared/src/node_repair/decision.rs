@@ -199,7 +199,12 @@ fn plus(at: Timestamp, duration: Duration) -> Timestamp {
     at.checked_add(duration).unwrap_or(Timestamp::MAX)
 }
 
-fn assess(policy: &RepairPolicy, group: &GroupObservation, node: &NodeObservation, now: Timestamp) -> (Assessment, bool) {
+fn assess(
+    policy: &RepairPolicy,
+    group: &GroupObservation,
+    node: &NodeObservation,
+    now: Timestamp,
+) -> (Assessment, bool) {
     if node.draining {
         return (Assessment::Final(Verdict::Draining), false);
     }
@@ -305,7 +310,11 @@ fn describe_limit(limit: Limit, kind: &str) -> String {
 }
 
 /// Decides every node of `group` at `now`.
-pub fn decide_group(policy: &RepairPolicy, group: &GroupObservation, now: Timestamp) -> GroupDecision {
+pub fn decide_group(
+    policy: &RepairPolicy,
+    group: &GroupObservation,
+    now: Timestamp,
+) -> GroupDecision {
     let assessed: Vec<(Assessment, bool)> = group
         .nodes
         .iter()
@@ -436,11 +445,18 @@ mod tests {
         }
     }
 
-    fn broken(name: &str, type_: &str, status: &str, reason: Option<&str>, minutes_ago: i64) -> NodeObservation {
+    fn broken(
+        name: &str,
+        type_: &str,
+        status: &str,
+        reason: Option<&str>,
+        minutes_ago: i64,
+    ) -> NodeObservation {
         let mut node = healthy(name);
         node.conditions
             .push(condition(type_, status, reason, NOW - minutes_ago));
-        node.conditions.retain(|c| !(c.type_ == type_ && c.status != status));
+        node.conditions
+            .retain(|c| !(c.type_ == type_ && c.status != status));
         node
     }
 
@@ -453,7 +469,9 @@ mod tests {
     }
 
     fn verdict_of(policy: &RepairPolicy, node: NodeObservation) -> Verdict {
-        decide_group(policy, &group(vec![node]), at(NOW)).verdicts[0].1.clone()
+        decide_group(policy, &group(vec![node]), at(NOW)).verdicts[0]
+            .1
+            .clone()
     }
 
     #[test]
@@ -462,19 +480,79 @@ mod tests {
         // (node, expected verdict name, expected action)
         let table: Vec<(NodeObservation, &str, Option<RepairAction>)> = vec![
             (healthy("a"), "Healthy", None),
-            (broken("a", "Ready", "False", Some("KubeletNotReady"), 29), "Waiting", Some(RepairAction::Replace)),
-            (broken("a", "Ready", "False", Some("KubeletNotReady"), 30), "Repair", Some(RepairAction::Replace)),
-            (broken("a", "Ready", "Unknown", Some("NodeStatusUnknown"), 45), "Repair", Some(RepairAction::Replace)),
-            (broken("a", "KernelReady", "False", Some("KernelBug"), 31), "Repair", Some(RepairAction::Replace)),
-            (broken("a", "NetworkingReady", "False", Some("IPAMDNotRunning"), 31), "Repair", Some(RepairAction::Replace)),
-            (broken("a", "StorageReady", "False", None, 31), "Repair", Some(RepairAction::Replace)),
-            (broken("a", "ContainerRuntimeReady", "False", None, 20), "Waiting", Some(RepairAction::Replace)),
-            (broken("a", "AcceleratedHardwareReady", "False", Some("NvidiaXID31Error"), 9), "Waiting", Some(RepairAction::Reboot)),
-            (broken("a", "AcceleratedHardwareReady", "False", Some("NvidiaXID31Error"), 10), "Repair", Some(RepairAction::Reboot)),
-            (broken("a", "DiskPressure", "True", None, 600), "NoAction", None),
-            (broken("a", "MemoryPressure", "True", None, 600), "NoAction", None),
+            (
+                broken("a", "Ready", "False", Some("KubeletNotReady"), 29),
+                "Waiting",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "Ready", "False", Some("KubeletNotReady"), 30),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "Ready", "Unknown", Some("NodeStatusUnknown"), 45),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "KernelReady", "False", Some("KernelBug"), 31),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "NetworkingReady", "False", Some("IPAMDNotRunning"), 31),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "StorageReady", "False", None, 31),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "ContainerRuntimeReady", "False", None, 20),
+                "Waiting",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken(
+                    "a",
+                    "AcceleratedHardwareReady",
+                    "False",
+                    Some("NvidiaXID31Error"),
+                    9,
+                ),
+                "Waiting",
+                Some(RepairAction::Reboot),
+            ),
+            (
+                broken(
+                    "a",
+                    "AcceleratedHardwareReady",
+                    "False",
+                    Some("NvidiaXID31Error"),
+                    10,
+                ),
+                "Repair",
+                Some(RepairAction::Reboot),
+            ),
+            (
+                broken("a", "DiskPressure", "True", None, 600),
+                "NoAction",
+                None,
+            ),
+            (
+                broken("a", "MemoryPressure", "True", None, 600),
+                "NoAction",
+                None,
+            ),
             // Conditions nobody watches are ignored.
-            (broken("a", "PIDPressure", "True", None, 600), "Healthy", None),
+            (
+                broken("a", "PIDPressure", "True", None, 600),
+                "Healthy",
+                None,
+            ),
         ];
         for (node, name, action) in table {
             let label = format!("{:?}", node.conditions.last());
@@ -554,7 +632,11 @@ mod tests {
         node.last_repair = Some(reboot(600));
         assert!(matches!(
             verdict_of(&policy, node),
-            Verdict::Repair { action: RepairAction::Reboot, attempt: 2, .. }
+            Verdict::Repair {
+                action: RepairAction::Reboot,
+                attempt: 2,
+                ..
+            }
         ));
     }
 
@@ -568,14 +650,31 @@ mod tests {
         .unwrap();
         assert!(matches!(
             verdict_of(&policy, broken("a", "Ready", "False", None, 2)),
-            Verdict::Repair { action: RepairAction::Reboot, .. }
+            Verdict::Repair {
+                action: RepairAction::Reboot,
+                ..
+            }
         ));
         assert_eq!(
-            verdict_of(&policy, broken("a", "NetworkingReady", "False", Some("IPAMDNotRunning"), 120)).name(),
+            verdict_of(
+                &policy,
+                broken(
+                    "a",
+                    "NetworkingReady",
+                    "False",
+                    Some("IPAMDNotRunning"),
+                    120
+                )
+            )
+            .name(),
             "NoAction"
         );
         assert_eq!(
-            verdict_of(&policy, broken("a", "NetworkingReady", "False", Some("InterfaceNotUp"), 31)).name(),
+            verdict_of(
+                &policy,
+                broken("a", "NetworkingReady", "False", Some("InterfaceNotUp"), 31)
+            )
+            .name(),
             "Repair"
         );
     }
@@ -595,27 +694,46 @@ mod tests {
         nodes[2] = broken("n2", "Ready", "False", None, 1);
         let decision = decide_group(&policy, &group(nodes), at(NOW));
         let limit = decision.paused_by.clone().unwrap();
-        assert!(limit.contains("maxUnhealthyNodeThresholdPercentage=20"), "{limit}");
+        assert!(
+            limit.contains("maxUnhealthyNodeThresholdPercentage=20"),
+            "{limit}"
+        );
         assert!(limit.contains("3 of 10"), "{limit}");
         assert_eq!(decision.verdicts[0].1.name(), "Paused");
         assert_eq!(decision.verdicts[1].1.name(), "Paused");
         assert_eq!(decision.verdicts[2].1.name(), "Waiting");
         // A group of five nodes is exempt: 2 of 5 unhealthy are still repaired.
         let small: Vec<_> = (0..5)
-            .map(|i| if i < 2 { broken(&format!("s{i}"), "Ready", "False", None, 40) } else { healthy(&format!("s{i}")) })
+            .map(|i| {
+                if i < 2 {
+                    broken(&format!("s{i}"), "Ready", "False", None, 40)
+                } else {
+                    healthy(&format!("s{i}"))
+                }
+            })
             .collect();
         let decision = decide_group(&policy, &group(small), at(NOW));
         assert_eq!(decision.paused_by, None);
         // A count threshold applies to any size.
         let policy = RepairPolicy::from_json(r#"{"maxUnhealthyNodeThresholdCount": 1}"#).unwrap();
-        let two: Vec<_> = (0..2).map(|i| broken(&format!("c{i}"), "Ready", "False", None, 40)).collect();
+        let two: Vec<_> = (0..2)
+            .map(|i| broken(&format!("c{i}"), "Ready", "False", None, 40))
+            .collect();
         let decision = decide_group(&policy, &group(two), at(NOW));
-        assert!(decision.paused_by.unwrap().contains("maxUnhealthyNodeThresholdCount=1"));
+        assert!(
+            decision
+                .paused_by
+                .unwrap()
+                .contains("maxUnhealthyNodeThresholdCount=1")
+        );
     }
 
     #[test]
     fn in_flight_repairs_count_against_the_parallel_limit() {
-        let policy = RepairPolicy::from_json(r#"{"maxParallelNodesRepairedCount": 2, "maxUnhealthyNodeThresholdCount": 10}"#).unwrap();
+        let policy = RepairPolicy::from_json(
+            r#"{"maxParallelNodesRepairedCount": 2, "maxUnhealthyNodeThresholdCount": 10}"#,
+        )
+        .unwrap();
         let mut terminating = broken("t", "Ready", "False", None, 90);
         terminating.lifecycle_state = "Terminating:Wait".into();
         let nodes = vec![
@@ -628,16 +746,40 @@ mod tests {
         let decision = decide_group(&policy, &group(nodes), at(NOW));
         assert_eq!(decision.in_flight, 1);
         assert_eq!(decision.unhealthy, 4);
-        let names: Vec<_> = decision.verdicts.iter().map(|(n, v)| format!("{n}:{}", v.name())).collect();
+        let names: Vec<_> = decision
+            .verdicts
+            .iter()
+            .map(|(n, v)| format!("{n}:{}", v.name()))
+            .collect();
         // One slot left: the longest-broken node (b) takes it.
-        assert_eq!(names, ["t:RepairInFlight", "a:Queued", "b:Repair", "c:Queued", "h:Healthy"]);
-        let Verdict::Queued { limit, .. } = &decision.verdicts[1].1 else { unreachable!() };
+        assert_eq!(
+            names,
+            [
+                "t:RepairInFlight",
+                "a:Queued",
+                "b:Repair",
+                "c:Queued",
+                "h:Healthy"
+            ]
+        );
+        let Verdict::Queued { limit, .. } = &decision.verdicts[1].1 else {
+            unreachable!()
+        };
         assert!(limit.contains("maxParallelNodesRepairedCount=2"), "{limit}");
         // A percentage of the unhealthy nodes, at least one.
-        let policy = RepairPolicy::from_json(r#"{"maxParallelNodesRepairedPercentage": 50, "maxUnhealthyNodeThresholdCount": 10}"#).unwrap();
-        let nodes: Vec<_> = (0..4).map(|i| broken(&format!("p{i}"), "Ready", "False", None, 40 + i)).collect();
+        let policy = RepairPolicy::from_json(
+            r#"{"maxParallelNodesRepairedPercentage": 50, "maxUnhealthyNodeThresholdCount": 10}"#,
+        )
+        .unwrap();
+        let nodes: Vec<_> = (0..4)
+            .map(|i| broken(&format!("p{i}"), "Ready", "False", None, 40 + i))
+            .collect();
         let decision = decide_group(&policy, &group(nodes), at(NOW));
-        let repaired = decision.verdicts.iter().filter(|(_, v)| v.name() == "Repair").count();
+        let repaired = decision
+            .verdicts
+            .iter()
+            .filter(|(_, v)| v.name() == "Repair")
+            .count();
         assert_eq!(repaired, 2);
     }
 }

@@ -160,7 +160,9 @@ impl RepairPolicy {
             let wait = match o.min_repair_wait_time_mins {
                 Some(m) if m.is_finite() && m >= 0.0 => Duration::try_from_secs_f64(m * 60.0)
                     .map_err(|_| {
-                        format!("nodeRepairConfigOverrides[{index}].minRepairWaitTimeMins is too large")
+                        format!(
+                            "nodeRepairConfigOverrides[{index}].minRepairWaitTimeMins is too large"
+                        )
                     })?,
                 Some(m) => {
                     return Err(format!(

@@ -160,7 +160,8 @@ where
 {
     let client = ctx.kube.client().await?;
     let nodes_api: Api<Node> = Api::all(client.clone());
-    let (nodes, node_pages) = list_nodes(&nodes_api).await?;
+    // Boxed sub-futures keep this future's type shallow (the compiler's layout query depth).
+    let (nodes, node_pages) = Box::pin(list_nodes(&nodes_api)).await?;
 
     // Which nodes may be ours: an EC2 instance, not a managed node group's, not Karpenter's.
     let mut reports = Vec::new();
@@ -169,13 +170,21 @@ where
         let name = node.metadata.name.clone().unwrap_or_default();
         let labels = node.metadata.labels.as_ref();
         if let Some(ng) = labels.and_then(|l| l.get(MANAGED_NODEGROUP_LABEL)) {
-            reports.push(not_ours(&name, format!("managed node group {ng} (label {MANAGED_NODEGROUP_LABEL}): EKS repairs it")));
+            reports.push(not_ours(
+                &name,
+                format!(
+                    "managed node group {ng} (label {MANAGED_NODEGROUP_LABEL}): EKS repairs it"
+                ),
+            ));
         } else if let Some(pool) = labels.and_then(|l| l.get(KARPENTER_NODEPOOL_LABEL)) {
             reports.push(not_ours(&name, format!("Karpenter node pool {pool} (label {KARPENTER_NODEPOOL_LABEL}): Karpenter repairs it")));
         } else if let Some(instance) = node_instance_id(node) {
             candidates.push((node, instance.to_owned()));
         } else {
-            reports.push(not_ours(&name, "spec.providerID names no EC2 instance".to_owned()));
+            reports.push(not_ours(
+                &name,
+                "spec.providerID names no EC2 instance".to_owned(),
+            ));
         }
     }
 
@@ -251,7 +260,10 @@ where
                 Vec::new(),
             )
         });
-        entry.0.nodes.push(observe(node, name, instance_id, membership));
+        entry
+            .0
+            .nodes
+            .push(observe(node, name, instance_id, membership));
         entry.1.push(node);
     }
 
@@ -298,7 +310,7 @@ where
                     if settings.dry_run {
                         acted = Some(false);
                     } else {
-                        match repair(ctx, &nodes_api, node, seen, &record).await {
+                        match Box::pin(repair(ctx, &nodes_api, node, seen, &record)).await {
                             Ok(true) => {
                                 started += 1;
                                 acted = Some(true);
@@ -309,7 +321,15 @@ where
                                     action.as_str(),
                                     attempt
                                 );
-                                publish(recorder.as_ref(), &name, node, EventType::Normal, reason::NODE_REPAIR_STARTED, note).await;
+                                Box::pin(publish(
+                                    recorder.as_ref(),
+                                    &name,
+                                    node,
+                                    EventType::Normal,
+                                    reason::NODE_REPAIR_STARTED,
+                                    note,
+                                ))
+                                .await;
                             }
                             Ok(false) => acted = Some(false),
                             Err(error) => {
@@ -327,7 +347,15 @@ where
                         problem.since,
                         observation.name
                     );
-                    publish(recorder.as_ref(), &name, node, EventType::Warning, reason::NODE_REPAIR_PAUSED, note).await;
+                    Box::pin(publish(
+                        recorder.as_ref(),
+                        &name,
+                        node,
+                        EventType::Warning,
+                        reason::NODE_REPAIR_PAUSED,
+                        note,
+                    ))
+                    .await;
                 }
                 _ => {}
             }
@@ -355,7 +383,11 @@ where
         MetricSet::new(FUNCTION_NAME)
             .dimension("AutoScalingGroupName", &summary.group)
             .metric("UnhealthyNodes", summary.unhealthy as f64, Unit::Count)
-            .metric("RepairsStarted", summary.repairs_started as f64, Unit::Count)
+            .metric(
+                "RepairsStarted",
+                summary.repairs_started as f64,
+                Unit::Count,
+            )
             .metric("RepairsPaused", summary.repairs_paused as f64, Unit::Count)
             .property("DryRun", settings.dry_run)
             .emit();
@@ -395,7 +427,12 @@ async fn list_nodes(api: &Api<Node>) -> Result<(Vec<Node>, u32), RepairError> {
     }
 }
 
-fn observe(node: &Node, name: String, instance_id: String, membership: &GroupInstance) -> NodeObservation {
+fn observe(
+    node: &Node,
+    name: String,
+    instance_id: String,
+    membership: &GroupInstance,
+) -> NodeObservation {
     let annotations = node.metadata.annotations.as_ref();
     let conditions = node
         .status
@@ -512,7 +549,9 @@ fn explain(verdict: &Verdict, dry_run: bool) -> String {
         Verdict::Healthy => "no watched condition is unhealthy".to_owned(),
         Verdict::Draining => "our drain is working on it (cordoned on purpose)".to_owned(),
         Verdict::RepairInFlight { detail } => format!("repair under way: {detail}"),
-        Verdict::NoAction { problem } => format!("{}: reported only, no repair", problem.describe()),
+        Verdict::NoAction { problem } => {
+            format!("{}: reported only, no repair", problem.describe())
+        }
         Verdict::Waiting {
             problem,
             action,
@@ -536,7 +575,11 @@ fn explain(verdict: &Verdict, dry_run: bool) -> String {
             problem.describe(),
             problem.since,
             action.as_str(),
-            if dry_run { " would start (dry run)" } else { " started" }
+            if dry_run {
+                " would start (dry run)"
+            } else {
+                " started"
+            }
         ),
         Verdict::Paused { problem, limit, .. } => {
             format!("{}: repairs paused by {limit}", problem.describe())

@@ -64,7 +64,10 @@ mod tests {
             ("REPAIR_CONFIG", r#"{"maxParallelNodesRepairedCount": 0}"#),
         ];
         let error = RepairSettings::from_source(env).unwrap_err().to_string();
-        assert!(error.contains("REPAIR_CONFIG") && error.contains("at least 1"), "{error}");
+        assert!(
+            error.contains("REPAIR_CONFIG") && error.contains("at least 1"),
+            "{error}"
+        );
         let env: &[(&str, &str)] = &[("REPAIR_DRY_RUN", "true")];
         let error = RepairSettings::from_source(env).unwrap_err().to_string();
         assert!(error.contains("CLUSTER_NAME"), "{error}");

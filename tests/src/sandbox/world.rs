@@ -879,7 +879,10 @@ impl Sandbox {
                 .get(&step.nodegroup)
                 .and_then(|nodes| nodes.get(step.node)),
         ) else {
-            return vec![(false, format!("node {} of {} exists", step.node, step.nodegroup))];
+            return vec![(
+                false,
+                format!("node {} of {} exists", step.node, step.nodegroup),
+            )];
         };
         self.timeline.record(
             Source::Step,
@@ -905,9 +908,9 @@ impl Sandbox {
                 status: "Unknown".into(),
                 reason: Some("NodeStatusUnknown".into()),
                 message: Some("Kubelet stopped posting node status.".into()),
-                last_transition_time: Some(
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since),
-                ),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    since,
+                )),
                 last_heartbeat_time: None,
             });
         });
@@ -917,7 +920,8 @@ impl Sandbox {
         let Some(runtime) = self.functions.get("node-repair") else {
             return vec![(false, "node-repair runs in the sandbox".to_owned())];
         };
-        let schedule = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+        let schedule =
+            json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
         let answer = invoke(
             &self.timeline,
             "node-repair",
@@ -962,10 +966,11 @@ impl Sandbox {
             "aws:///{}/{}",
             node.availability_zone, replacement.replacement_instance_id
         );
-        if let Err(error) =
-            self.server
-                .register_node(&replacement.replacement_node, &provider_id, Some(ready_after))
-        {
+        if let Err(error) = self.server.register_node(
+            &replacement.replacement_node,
+            &provider_id,
+            Some(ready_after),
+        ) {
             checks.push((false, format!("replacement node registered: {error}")));
             return checks;
         }
@@ -980,7 +985,9 @@ impl Sandbox {
             self.scenario.timings.drain_timeout_seconds
                 + self.scenario.timings.launch_timeout_seconds,
         ) + Duration::from_secs(15);
-        let terminated = autoscaling.wait_for_completion(&node.instance_id, wait).await;
+        let terminated = autoscaling
+            .wait_for_completion(&node.instance_id, wait)
+            .await;
         checks.push((
             terminated.as_ref().is_some_and(|c| {
                 c.by == CompletedBy::Call && c.result == LifecycleActionResult::Continue
