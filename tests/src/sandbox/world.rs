@@ -896,7 +896,12 @@ impl Sandbox {
         );
         let since = jiff::Timestamp::now()
             - Duration::from_secs_f64((step.not_ready_minutes * 60.0).max(0.0));
+        // The sandbox labels its nodes like a managed node group's, which node repair leaves
+        // to EKS; this story is about a self-managed group, whose nodes carry no such label.
         let stopped = self.server.store().modify::<Node>("", &node.name, |n| {
+            if let Some(labels) = n.metadata.labels.as_mut() {
+                labels.remove("eks.amazonaws.com/nodegroup");
+            }
             let conditions = n
                 .status
                 .get_or_insert_default()
