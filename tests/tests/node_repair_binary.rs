@@ -298,11 +298,11 @@ async fn a_dry_run_decides_and_reports_without_acting() {
     assert!(w.aws.requests_for("SetInstanceHealth").is_empty());
     let node = w.server.store().find::<Node>("", &w.node).unwrap();
     assert!(
-        node.metadata
+        !node
+            .metadata
             .annotations
             .unwrap_or_default()
-            .get(REPAIR_ANNOTATION)
-            .is_none()
+            .contains_key(REPAIR_ANNOTATION)
     );
     assert!(w.server.store().list::<Event>().is_empty());
 }
