@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every fuzz target of fuzz/ for a short time (default 20 s each), starting from the
-# corpus kept in fuzz/corpus/<target>/ plus seeds made from ../shared/fixtures, and fails when
+# corpus kept in fuzz/corpus/<target>/ plus seeds made from tests/fixtures, and fails when
 # any target finds a crash (its input is then printed, base64, and left in
 # fuzz/artifacts/<target>/).
 #
@@ -21,7 +21,7 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
-fixtures="${FIXTURES_DIR:-$root/../shared/fixtures}"
+fixtures="${FIXTURES_DIR:-$root/tests/fixtures}"
 seconds="${FUZZ_SECONDS:-20}"
 export CARGO_TARGET_DIR="${FUZZ_TARGET_DIR:-$HOME/.cache/open-node-manager/fuzz-target}"
 cargo=(cargo)

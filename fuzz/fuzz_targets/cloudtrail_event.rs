@@ -24,11 +24,12 @@ fuzz_target!(|data: &[u8]| {
         Ok(Invocation::Grant { cluster, .. })
         | Ok(Invocation::Revoke { cluster, .. })
         | Ok(Invocation::GrantAll { cluster }) => {
+            // nodegroup-auth serves CLUSTER_NAME only, never an additional name.
             assert!(
-                scope.includes(&cluster),
+                cluster == scope.cluster_name,
                 "accepted a foreign cluster {cluster:?}"
             );
         }
-        Ok(Invocation::Ignore { .. }) | Err(_) => {}
+        Ok(Invocation::Ignore { .. } | Invocation::OtherCluster { .. }) | Err(_) => {}
     }
 });

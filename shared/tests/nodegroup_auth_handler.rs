@@ -21,10 +21,7 @@ const CLUSTER: &str = "ironman-2022";
 const ROLE: &str = "arn:aws:iam::111111111111:role/eksctl-ironman-2022-nodegroup-demo-ng-NodeInstanceRole-454Q2XHJ5LZ0";
 
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/../../shared/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -82,6 +79,40 @@ fn nodegroup(name: &str, role: &str, ami_type: &str, status: &str) -> NodegroupD
         ami_type: ami_type.into(),
         status: status.into(),
     }
+}
+
+/// A CloudTrail-via-EventBridge record of `event_name` (the shape EventBridge delivers).
+fn cloudtrail(event_name: &str, cluster: &str, nodegroup: &str, role: &str) -> Value {
+    json!({
+        "version": "0",
+        "id": "7f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0",
+        "detail-type": "AWS API Call via CloudTrail",
+        "source": "aws.eks",
+        "account": "111111111111",
+        "time": "2026-11-24T02:00:00Z",
+        "region": "eu-west-1",
+        "resources": [],
+        "detail": {
+            "eventVersion": "1.08",
+            "eventTime": "2026-11-24T02:00:00Z",
+            "eventSource": "eks.amazonaws.com",
+            "eventName": event_name,
+            "awsRegion": "eu-west-1",
+            "requestParameters": {"name": cluster, "nodegroupName": nodegroup},
+            "responseElements": {"nodegroup": {
+                "nodegroupName": nodegroup,
+                "clusterName": cluster,
+                "status": if event_name == "DeleteNodegroup" { "DELETING" } else { "CREATING" },
+                "amiType": "AL2_x86_64",
+                "nodeRole": role
+            }},
+            "requestID": "2f4a6c8e-0b2d-4e6f-9a1c-5e7a9c1e3b5d",
+            "eventID": "b7d9f1a3-5c7e-4a9b-8d1f-3b5d7f9a1c3e",
+            "readOnly": false,
+            "eventType": "AwsApiCall",
+            "recipientAccountId": "111111111111"
+        }
+    })
 }
 
 fn map_roles(store: &InMemoryAwsAuth) -> MapRoles {
@@ -206,13 +237,6 @@ async fn forged_events_are_rejected_without_any_call() {
         (
             "other aws region",
             Box::new(|e| e["detail"]["awsRegion"] = json!("us-east-1")),
-        ),
-        (
-            "other cluster",
-            Box::new(|e| {
-                e["detail"]["responseElements"]["nodegroup"]["clusterName"] = json!("prod");
-                e["detail"]["requestParameters"]["name"] = json!("prod");
-            }),
         ),
         (
             "disagreeing cluster names",
@@ -438,11 +462,15 @@ async fn delete_keeps_a_role_another_node_group_uses() {
         )
         .await
         .unwrap();
-    w.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
     let writes = w.store.writes();
     let report = w
         .function
-        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::KeptInUse));
@@ -542,10 +570,19 @@ async fn api_mode_delete_removes_the_node_access_entry_only() {
         .await
         .unwrap();
     assert_eq!(w.eks.access_entries(CLUSTER).len(), 1);
-    w.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let eks = w.eks.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        eks.remove_nodegroup(CLUSTER, "demo-ng");
+    });
     let report = w
         .function
-        .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
         .await
         .unwrap();
     assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Unmapped));
@@ -596,4 +633,241 @@ async fn a_zero_delete_wait_unmaps_at_once() {
         .unwrap();
     assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::Unmapped));
     assert!(map_roles(&w.store).effective(ROLE).is_none());
+}
+
+#[tokio::test]
+async fn another_clusters_events_are_ignored_not_failed() {
+    let w = world(AuthenticationMode::ConfigMap);
+    for name in ["CreateNodegroup", "DeleteNodegroup"] {
+        let report = w
+            .function
+            .handle(&cloudtrail(name, "prod", "prod-ng", ROLE), FUNCTION_ARN)
+            .await
+            .unwrap();
+        let ignored = report.ignored.unwrap();
+        assert!(
+            ignored.contains("prod") && ignored.contains(CLUSTER),
+            "{ignored}"
+        );
+        assert!(report.nodegroups.is_empty());
+    }
+    assert!(w.eks.calls().is_empty(), "{:?}", w.eks.calls());
+    // Forged-looking ones stay errors, even for another cluster.
+    let mut other_account = cloudtrail("CreateNodegroup", "prod", "prod-ng", ROLE);
+    other_account["account"] = json!("222222222222");
+    let mut other_source = cloudtrail("CreateNodegroup", "prod", "prod-ng", ROLE);
+    other_source["source"] = json!("my.app");
+    let mut other_region = cloudtrail("CreateNodegroup", "prod", "prod-ng", ROLE);
+    other_region["detail"]["awsRegion"] = json!("us-east-1");
+    for event in [other_account, other_source, other_region] {
+        let err = w.function.handle(&event, FUNCTION_ARN).await.unwrap_err();
+        assert!(matches!(err, NodegroupAuthError::Rejected(_)), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_late_genuine_delete_keeps_the_mapping_and_says_so() {
+    let w = world(AuthenticationMode::ConfigMap);
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(
+            &cloudtrail("CreateNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    // EKS finished deleting before this (redelivered) event arrived.
+    w.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    let writes = w.store.writes();
+    let report = w
+        .function
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    let ng = &report.nodegroups[0];
+    assert_eq!(ng.aws_auth, Some(Outcome::KeptUnverified));
+    assert!(
+        ng.note.as_deref().unwrap().contains("cannot be checked"),
+        "{ng:?}"
+    );
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+    assert_eq!(w.store.writes(), writes);
+}
+
+#[tokio::test]
+async fn a_forged_delete_removes_no_access() {
+    // Karpenter / self-managed nodes run with this role; no managed node group uses it.
+    let karpenter = "arn:aws:iam::111111111111:role/KarpenterNodeRole-ironman";
+    for mode in [AuthenticationMode::ConfigMap, AuthenticationMode::Api] {
+        let w = world(mode);
+        w.store.put(aws_auth(&format!(
+            "- rolearn: {karpenter}\n  username: system:node:{{{{EC2PrivateDNSName}}}}\n  groups: [system:bootstrappers, system:nodes]\n"
+        )));
+        w.eks
+            .add_nodegroup(nodegroup("real-ng", karpenter, "AL2_x86_64", "ACTIVE"));
+        w.function
+            .handle(
+                &json!({"clusterName": CLUSTER, "nodegroupName": "real-ng"}),
+                FUNCTION_ARN,
+            )
+            .await
+            .unwrap();
+        w.eks.remove_nodegroup(CLUSTER, "real-ng");
+        let entries = w.eks.access_entries(CLUSTER).len();
+        let writes = w.store.writes();
+        let report = w
+            .function
+            .handle(
+                &cloudtrail("DeleteNodegroup", CLUSTER, "never-existed", karpenter),
+                FUNCTION_ARN,
+            )
+            .await
+            .unwrap();
+        let ng = &report.nodegroups[0];
+        assert!(
+            ng.aws_auth == Some(Outcome::KeptUnverified)
+                || ng.access_entry == Some(Outcome::KeptUnverified),
+            "{mode:?}: {ng:?}"
+        );
+        assert_eq!(w.store.writes(), writes, "{mode:?}");
+        assert!(
+            map_roles(&w.store).effective(karpenter).is_some(),
+            "{mode:?}"
+        );
+        assert_eq!(w.eks.access_entries(CLUSTER).len(), entries, "{mode:?}");
+    }
+}
+
+#[tokio::test]
+async fn delete_answers_at_once_when_another_node_group_uses_the_role() {
+    let w = world_with(
+        AuthenticationMode::ConfigMap,
+        NodegroupAuthSettings {
+            delete_wait: Duration::from_secs(5),
+            delete_poll_interval: Duration::from_millis(50),
+            ..settings()
+        },
+    );
+    w.eks
+        .add_nodegroup(nodegroup("other-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    // Stays DELETING for the whole test: waiting for it would take DELETE_WAIT_SECONDS.
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let started = std::time::Instant::now();
+    let report = w
+        .function
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::KeptInUse));
+    assert!(
+        report.nodegroups[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .contains("other-ng")
+    );
+}
+
+#[tokio::test]
+async fn api_and_config_map_does_not_create_an_entry_over_a_privileged_aws_auth_one() {
+    for (what, entry) in [
+        ("admin", "username: admin\n  groups: [system:masters]"),
+        ("not node-shaped", "username: ci\n  groups: [deployers]"),
+    ] {
+        let w = world(AuthenticationMode::ApiAndConfigMap);
+        w.store
+            .put(aws_auth(&format!("- rolearn: {ROLE}\n  {entry}\n")));
+        w.eks
+            .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+        let report = w
+            .function
+            .handle(
+                &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+                FUNCTION_ARN,
+            )
+            .await
+            .unwrap();
+        let ng = &report.nodegroups[0];
+        assert_eq!(ng.access_entry, Some(Outcome::Conflict), "{what}");
+        assert!(
+            ng.note.as_deref().unwrap().contains("aws-auth maps"),
+            "{what}: {ng:?}"
+        );
+        assert!(w.eks.access_entries(CLUSTER).is_empty(), "{what}");
+        let events = w.store.events();
+        assert!(
+            events
+                .iter()
+                .any(|e| e.warning && e.reason == "NodeRoleMappingConflict"),
+            "{what}: {events:?}"
+        );
+    }
+    // A node-shaped entry is no obstacle.
+    let w = world(AuthenticationMode::ApiAndConfigMap);
+    w.store.put(aws_auth(&format!(
+        "- rolearn: {ROLE}\n  username: system:node:{{{{EC2PrivateDNSName}}}}\n  groups: [system:bootstrappers, system:nodes]\n"
+    )));
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    let report = w
+        .function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.nodegroups[0].access_entry, Some(Outcome::Mapped));
+}
+
+#[tokio::test]
+async fn api_and_config_map_delete_reports_the_aws_auth_entry_that_remains() {
+    let w = world_with(
+        AuthenticationMode::ApiAndConfigMap,
+        NodegroupAuthSettings {
+            delete_wait: Duration::ZERO,
+            ..settings()
+        },
+    );
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
+    w.function
+        .handle(
+            &json!({"clusterName": CLUSTER, "nodegroupName": "demo-ng"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.eks.access_entries(CLUSTER).len(), 1);
+    w.store.put(aws_auth(&format!(
+        "- rolearn: {ROLE}\n  username: system:node:{{{{EC2PrivateDNSName}}}}\n  groups: [system:bootstrappers, system:nodes]\n"
+    )));
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let report = w
+        .function
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, "demo-ng", ROLE),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    let ng = &report.nodegroups[0];
+    assert_eq!(ng.access_entry, Some(Outcome::Unmapped));
+    let note = ng.note.as_deref().unwrap();
+    assert!(note.contains("aws-auth still maps"), "{note}");
+    assert!(note.contains("system:nodes"), "{note}");
 }

@@ -203,7 +203,6 @@ fn malformed_or_mistyped_values_are_errors_naming_the_problem() {
         "- rolearn: arn\n  username: 42\n",
         "- rolearn: arn\n  groups: system:nodes\n",
         "- just a string\n",
-        "- rolearn: a\n  rolearn: b\n",
     ];
     for source in cases {
         let err = MapRoles::parse(Some(source)).unwrap_err();
@@ -368,4 +367,120 @@ fn adding_the_windows_group_keeps_extra_user_groups() {
             "eks:kube-proxy-windows"
         ]
     );
+}
+
+/// What the authenticator reads, worked out along its code path: go-yaml (first document,
+/// duplicate key → last value) → Go map → JSON with byte-wise sorted keys → `encoding/json`
+/// into `RoleMapping` (case-insensitive field match, each key assigned in order, so the
+/// spelling that sorts last wins). Each row: the `mapRoles` text, the role looked up, and
+/// the (rolearn, username, groups) the authenticator ends up with for it.
+#[test]
+fn field_spellings_duplicates_and_documents_resolve_as_the_authenticator_does() {
+    const NODE: &str = "system:node:{{EC2PrivateDNSName}}";
+    let table: &[(&str, &str, &str, &str, &[&str])] = &[
+        (
+            "node username spelled last in the document but sorting first loses",
+            "- rolearn: arn:aws:iam::111111111111:role/r\n  username: admin\n  UserName: system:node:{{EC2PrivateDNSName}}\n  groups: [system:nodes]\n",
+            "arn:aws:iam::111111111111:role/r",
+            "admin",
+            &["system:nodes"],
+        ),
+        (
+            "lower-case spelling sorts after the capitalised one and wins wherever it stands",
+            "- rolearn: arn:aws:iam::111111111111:role/r\n  username: system:node:{{EC2PrivateDNSName}}\n  UserName: admin\n  groups: [system:nodes]\n",
+            "arn:aws:iam::111111111111:role/r",
+            NODE,
+            &["system:nodes"],
+        ),
+        (
+            "privileged groups under the spelling that sorts last are what counts",
+            "- rolearn: arn:aws:iam::111111111111:role/r\n  username: system:node:{{EC2PrivateDNSName}}\n  groups: [system:masters]\n  Groups: [system:nodes]\n",
+            "arn:aws:iam::111111111111:role/r",
+            NODE,
+            &["system:masters"],
+        ),
+        (
+            "an exact duplicate key keeps its last value",
+            "- rolearn: arn:aws:iam::111111111111:role/r\n  username: admin\n  username: system:node:{{EC2PrivateDNSName}}\n  groups: [system:nodes]\n",
+            "arn:aws:iam::111111111111:role/r",
+            NODE,
+            &["system:nodes"],
+        ),
+        (
+            "the long s folds to s in Go, so it is the username field",
+            "- rolearn: arn:aws:iam::111111111111:role/r\n  u\u{17f}ername: admin\n  groups: [system:nodes]\n",
+            "arn:aws:iam::111111111111:role/r",
+            "admin",
+            &["system:nodes"],
+        ),
+        (
+            "only the first YAML document is read",
+            "- rolearn: arn:aws:iam::111111111111:role/r\n  username: system:node:{{EC2PrivateDNSName}}\n  groups: [system:nodes]\n---\n- rolearn: arn:aws:iam::111111111111:role/r\n  username: admin\n  groups: [system:masters]\n",
+            "arn:aws:iam::111111111111:role/r",
+            NODE,
+            &["system:nodes"],
+        ),
+    ];
+    for (what, text, role, username, groups) in table {
+        let mapping = effective(text, role);
+        assert_eq!(mapping.username, *username, "{what}");
+        assert_eq!(mapping.groups, *groups, "{what}");
+    }
+}
+
+#[test]
+fn a_role_is_never_read_as_another_role_than_the_authenticator_sees() {
+    // `RoleArn` sorts before `rolearn`: the authenticator files this item under role b.
+    let text = "- rolearn: arn:aws:iam::111111111111:role/b\n  RoleArn: arn:aws:iam::111111111111:role/a\n  username: admin\n  groups: [system:masters]\n";
+    let map = MapRoles::parse(Some(text)).unwrap();
+    assert!(map.effective("arn:aws:iam::111111111111:role/a").is_none());
+    assert_eq!(
+        map.effective("arn:aws:iam::111111111111:role/b")
+            .unwrap()
+            .1
+            .groups,
+        ["system:masters"]
+    );
+    // Granting role a therefore appends a node entry; role b is a conflict.
+    assert!(matches!(
+        map.grant("arn:aws:iam::111111111111:role/a", LINUX),
+        GrantDecision::Change(MappingChange::Append { .. })
+    ));
+    assert!(matches!(
+        map.grant("arn:aws:iam::111111111111:role/b", LINUX),
+        GrantDecision::Conflict(_)
+    ));
+}
+
+#[test]
+fn values_the_authenticator_reads_do_not_block_writes() {
+    for text in [
+        "- rolearn: arn:aws:iam::111111111111:role/other\n  username: other\n  username: other2\n  groups: [team]\n",
+        "- rolearn: arn:aws:iam::111111111111:role/other\n  username: other\n  groups: [team]\n---\nnot: a list\n",
+    ] {
+        let (decision, rendered) = grant_and_render(Some(text), ROLE, LINUX);
+        assert!(
+            matches!(
+                decision,
+                GrantDecision::Change(MappingChange::Append { .. })
+            ),
+            "{text}"
+        );
+        let rendered = rendered.unwrap();
+        let after = MapRoles::parse(Some(&rendered)).unwrap();
+        assert_eq!(after.effective(ROLE).unwrap().1.groups, LINUX, "{rendered}");
+        assert_eq!(
+            after
+                .effective("arn:aws:iam::111111111111:role/other")
+                .unwrap()
+                .1
+                .username,
+            if text.contains("other2") {
+                "other2"
+            } else {
+                "other"
+            },
+            "{rendered}"
+        );
+    }
 }

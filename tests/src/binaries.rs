@@ -24,9 +24,9 @@ pub enum BinaryError {
         "cannot tell the cargo target directory from the test executable {0}: set NODE_MANAGER_BIN_DIR to the directory of the built binaries"
     )]
     UnknownTargetDir(PathBuf),
-    #[error("could not run `cargo build --workspace --bins`: {0}")]
+    #[error("could not run `cargo build`: {0}")]
     Cargo(#[source] std::io::Error),
-    #[error("`cargo build --workspace --bins` failed ({0}); run it by hand to see why")]
+    #[error("`cargo build` of the workspace's binaries failed ({0}); its errors are above")]
     BuildFailed(std::process::ExitStatus),
     #[error("{path} does not exist{hint}")]
     Missing { path: PathBuf, hint: &'static str },
@@ -119,26 +119,86 @@ pub fn build_workspace_binaries() -> Result<(), BinaryError> {
 }
 
 fn run_cargo_build(profile: &Path) -> Result<(), BinaryError> {
+    let mut command = cargo_build(profile);
+    command.args(["--workspace", "--bins"]);
+    finish(command)
+}
+
+/// `cargo build` in this workspace, into `profile`'s target directory and profile.
+fn cargo_build(profile: &Path) -> Command {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap_or_else(|| Path::new("."));
     let mut command = Command::new(cargo);
-    command
-        .current_dir(workspace)
-        .args(["build", "--workspace", "--bins"]);
+    command.current_dir(workspace).arg("build");
     if profile.file_name().is_some_and(|name| name == "release") {
         command.arg("--release");
     }
     if let Some(target) = profile.parent() {
         command.env("CARGO_TARGET_DIR", target);
     }
+    command
+}
+
+fn finish(mut command: Command) -> Result<(), BinaryError> {
     let status = command.status().map_err(BinaryError::Cargo)?;
     if status.success() {
         Ok(())
     } else {
         Err(BinaryError::BuildFailed(status))
     }
+}
+
+/// The binaries the sandbox starts: the Lambda functions and `eks-token` (the kubeconfig of
+/// `--serve`).
+pub const SANDBOX_BINARIES: &[&str] = &[
+    "terminating-hook",
+    "launching-hook",
+    "nodegroup-auth",
+    "node-repair",
+    "eks-token",
+];
+
+/// Builds whichever of `binaries` is missing before the sandbox starts them, in the target
+/// directory and profile of the running executable, saying first what it builds and how long
+/// that takes, with cargo's own progress on the terminal. Only the sandbox's binaries are
+/// built, but for the whole workspace (`--workspace --bin ...`): features are then resolved
+/// exactly as for the sandbox itself (`cargo run -p node-manager-testkit`), so no dependency
+/// is compiled a second time with other features, and a first run adds one small crate and one
+/// link per binary instead of every binary of the workspace. Binaries that exist are used as they
+/// are, as everywhere in the test kit. Nothing is built when `NODE_MANAGER_BIN_DIR` names the
+/// binaries.
+pub fn build_for_sandbox(binaries: &[&str]) -> Result<(), BinaryError> {
+    if std::env::var_os(BIN_DIR_VARIABLE).is_some() {
+        return Ok(());
+    }
+    let profile = profile_dir()?;
+    let missing: Vec<&str> = binaries
+        .iter()
+        .copied()
+        .filter(|name| {
+            !profile
+                .join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
+                .exists()
+        })
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!(
+        "sandbox: first run: building the binaries it starts ({}). This compiles {} small \
+         crate(s) and links them against the dependencies already built for the sandbox: \
+         about a minute on a 2-core machine.",
+        missing.join(", "),
+        missing.len()
+    );
+    let mut command = cargo_build(&profile);
+    command.arg("--workspace");
+    for binary in binaries {
+        command.args(["--bin", binary]);
+    }
+    finish(command)
 }
 
 #[cfg(test)]

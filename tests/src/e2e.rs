@@ -39,7 +39,7 @@ use crate::kube::{FakeApiServer, SimulationTimings};
 use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 use crate::soak::corpus;
 
-/// The cluster of the fixtures (`/work/shared/fixtures`).
+/// The cluster of the event fixtures (`tests/fixtures/`).
 pub const CLUSTER: &str = "ironman-2022";
 /// The Auto Scaling group of node group `demo-ng`, as in the fixtures.
 pub const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
@@ -49,17 +49,10 @@ pub const NODE_ROLE: &str = "arn:aws:iam::111111111111:role/eksctl-ironman-2022-
 pub const INSTANCE: &str = "i-07e9ea9eb19a67337";
 /// The default seeded instance's node.
 pub const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
-/// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
-pub const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
-/// The Kubernetes group of node repair (its own block of `infra/rbac.yaml`).
-pub const NODE_REPAIR_GROUP: &str = "open-node-manager:node-repair";
-
-/// The Kubernetes group a function's role is granted.
-fn kubernetes_group(target: Target) -> &'static str {
-    match target {
-        Target::NodeRepair => NODE_REPAIR_GROUP,
-        _ => FUNCTIONS_GROUP,
-    }
+/// The Kubernetes group a function's role is mapped to (`infra/rbac.yaml`: one per function,
+/// e.g. `open-node-manager:terminating-hook`).
+pub fn function_group(function: &str) -> String {
+    format!("open-node-manager:{function}")
 }
 const ZONE: &str = "eu-west-1a";
 
@@ -344,14 +337,14 @@ impl FunctionWorldBuilder {
                         &credentials.principal_arn,
                         "STANDARD",
                         Some(name),
-                        &[kubernetes_group(target)],
+                        &[function_group(name).as_str()],
                     )
                     .expect("function world set-up");
             } else {
                 map_roles.push_str(&format!(
                     "- rolearn: {}\n  username: {name}\n  groups: [{}]\n",
                     credentials.principal_arn,
-                    kubernetes_group(target)
+                    function_group(name)
                 ));
             }
             granted.push((target, credentials));

@@ -294,20 +294,49 @@ impl LambdaRuntimeApi {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // The new process's state (generation, timings, kill and exit channels) is in place
+        // before the child exists: a child that polls `/next` before `spawn` returns (a
+        // loaded machine may deschedule this thread for tens of milliseconds right after the
+        // fork) must find its own generation, not be told that its environment was reset.
+        let (kill_tx, kill_rx) = oneshot::channel::<()>();
+        let (exit_tx, exit_rx) = watch::channel(None);
         let spawned_at = Instant::now();
-        let mut child = command.spawn().map_err(|source| LambdaApiError::Spawn {
-            path: spec.binary.clone(),
-            source,
-        })?;
+        let generation = {
+            let mut state = self.shared.state();
+            state.generation += 1;
+            state.process = Some(Process {
+                pid: None,
+                kill: Some(kill_tx),
+                exited: exit_rx,
+                spawned_at,
+            });
+            state.timings = ProcessTimings::default();
+            state.init_error = None;
+            state.generation
+        };
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(source) => {
+                let mut state = self.shared.state();
+                if state.generation == generation {
+                    state.process = None;
+                }
+                return Err(LambdaApiError::Spawn {
+                    path: spec.binary.clone(),
+                    source,
+                });
+            }
+        };
         let pid = child.id();
+        if let Some(process) = self.shared.state().process.as_mut() {
+            process.pid = pid;
+        }
         if let Some(stdout) = child.stdout.take() {
             capture(Arc::clone(&self.shared), stdout, false);
         }
         if let Some(stderr) = child.stderr.take() {
             capture(Arc::clone(&self.shared), stderr, true);
         }
-        let (kill_tx, kill_rx) = oneshot::channel::<()>();
-        let (exit_tx, exit_rx) = watch::channel(None);
         let shared = Arc::clone(&self.shared);
         tokio::spawn(async move {
             let status = tokio::select! {
@@ -322,17 +351,6 @@ impl LambdaRuntimeApi {
             };
             let _ = exit_tx.send(Some(status.unwrap_or_else(failed_status)));
         });
-        let mut state = self.shared.state();
-        state.generation += 1;
-        state.process = Some(Process {
-            pid,
-            kill: Some(kill_tx),
-            exited: exit_rx,
-            spawned_at,
-        });
-        state.timings = ProcessTimings::default();
-        state.init_error = None;
-        drop(state);
         self.shared.wake();
         Ok(())
     }

@@ -17,6 +17,8 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## Cold start",
         "## Drain at scale",
         "## PDB-constrained drain",
+        "## PDB-paced drain",
+        "## Mass scale-in",
         "## aws-auth under concurrency",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
@@ -53,6 +55,18 @@ fn quick_benchmarks_run_and_report_every_part() {
         (30..=50).contains(&requests),
         "a drain of 30 pods made {requests} requests: {drain_row}"
     );
+    // The mass scale-in broke no budget and completed every instance once, throttled or not.
+    let mass_rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("| unthrottled |") || l.starts_with("| throttled:"))
+        .collect();
+    assert_eq!(mass_rows.len(), 2, "{stdout}");
+    for row in mass_rows {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        assert_eq!(cells[11], "0", "PDB violations: {row}");
+        assert_eq!(cells[12], "true", "one completion per instance: {row}");
+        assert_eq!(cells[13], "true", "drained: {row}");
+    }
     assert!(stdout.contains("every role present once: true"), "{stdout}");
     assert!(
         stdout.contains("a redelivered event made {\"get\": 1}"),

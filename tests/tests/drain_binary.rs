@@ -359,3 +359,405 @@ async fn pod_grace_period_setting_reaches_every_eviction() {
         );
     }
 }
+
+// --- Drains under cluster trouble (issue #15) -------------------------------------------
+
+/// The second node [`drain_world`] registers.
+const OTHER_NODE: &str = "ip-10-0-9-9.eu-west-1.compute.internal";
+
+/// Terminates the reference instance and returns the terminating hook's answer to Auto
+/// Scaling's notification, whatever it is.
+async fn terminate_and_answer(w: &FunctionWorld) -> Value {
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    w.function(Target::TerminatingHook)
+        .response_to(&event)
+        .await
+}
+
+/// Polls `store` (every 10 ms, for at most 20 s) until `condition` holds.
+async fn poll(store: &Store, what: &str, condition: impl Fn(&Store) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !condition(store) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn summary(answer: &Value) -> String {
+    answer["records"][0]["summary"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The notes of the Events with `reason`.
+fn event_notes(w: &FunctionWorld, reason: &str) -> Vec<String> {
+    w.server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+#[tokio::test]
+async fn a_503_burst_on_node_writes_longer_than_the_lease_does_not_drop_the_drain() {
+    use node_manager_testkit::kube::{FaultAction, FaultRule};
+    let w = drain_world(&[("DRAIN_LEASE_SECONDS", "1")]).await;
+    // A pod that takes a while to stop keeps the drain busy through the burst.
+    w.server
+        .store()
+        .apply_yaml(
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: slow, namespace: default}
+spec:
+  nodeName: NODE
+  terminationGracePeriodSeconds: 500
+  containers: [{name: slow, image: slow}]
+"#
+            .replace("NODE", &w.node)
+            .as_str(),
+        )
+        .unwrap();
+    let before = evictable_pods(&w);
+    // Once the node is cordoned (the claim's write), every node write fails with 503 for
+    // three lease durations.
+    let store = w.server.store().clone();
+    let faults = w.server.faults().clone();
+    let node = w.node.clone();
+    let burst = tokio::spawn(async move {
+        poll(&store, "the cordon", |store| {
+            store
+                .find::<Node>("", &node)
+                .and_then(|n| n.spec?.unschedulable)
+                == Some(true)
+        })
+        .await;
+        faults.add(
+            FaultRule::new(FaultAction::ServiceUnavailable)
+                .verb("patch")
+                .resource("nodes")
+                .lasting(Duration::from_secs(3)),
+        );
+    });
+    let answer = terminate_and_answer(&w).await;
+    burst.await.unwrap();
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(summary(&answer).contains("Drained"), "{answer}");
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    let refused = w
+        .server
+        .audit()
+        .filter(|e| e.resource() == "nodes" && e.code() == 503);
+    assert!(!refused.is_empty(), "the burst hit node writes");
+    assert!(evicted(&drain_writes(&w)).is_superset(&before));
+}
+
+#[tokio::test]
+async fn a_dead_kubelet_does_not_hold_the_drain_until_its_deadline() {
+    let w = drain_world(&[("STUCK_POD_SECONDS", "1")]).await;
+    let before = evictable_pods(&w);
+    w.server.kill_kubelet(&w.node).unwrap();
+    let started = std::time::Instant::now();
+    let answer = terminate_and_answer(&w).await;
+    let took = started.elapsed();
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(summary(&answer).contains("Drained"), "{answer}");
+    // DRAIN_TIMEOUT_SECONDS is 20: finished long before it.
+    assert!(took < Duration::from_secs(12), "took {took:?}");
+    // Every pod was evicted (the critical tier too), none was confirmed gone, and the stuck
+    // ones are named in the log and in a Warning Event on the node (the Event recorder folds
+    // later reports of the same reason into the first Event's series).
+    assert_eq!(evicted(&drain_writes(&w)), before);
+    let output = w.function(Target::TerminatingHook).runtime.output();
+    let reported: Vec<&str> = output
+        .lines()
+        .filter(|l| l.contains("\"stuck_pods\""))
+        .collect();
+    for pod in &before {
+        assert!(
+            reported.iter().any(|l| l.contains(pod.as_str())),
+            "{pod} not reported stuck:\n{output}"
+        );
+    }
+    let notes = event_notes(&w, "PodDeletionStuck");
+    assert!(
+        notes
+            .iter()
+            .any(|n| before.iter().any(|pod| n.contains(pod.as_str()))),
+        "{notes:?}"
+    );
+}
+
+#[tokio::test]
+async fn pods_that_tolerate_the_cordon_and_come_back_are_not_chased() {
+    let w = drain_world(&[]).await;
+    // The other node takes none of the agent's pods: a replacement can only go back to the
+    // cordoned node, which its toleration lets it onto.
+    w.server
+        .store()
+        .modify::<Node>("", OTHER_NODE, |node| {
+            node.spec.get_or_insert_default().taints =
+                Some(vec![k8s_openapi::api::core::v1::Taint {
+                    key: "dedicated".into(),
+                    value: Some("web".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                }]);
+        })
+        .unwrap();
+    w.server
+        .store()
+        .apply_yaml(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: agent, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      tolerations: [{key: node.kubernetes.io/unschedulable, operator: Exists, effect: NoSchedule}]
+      containers: [{name: agent, image: agent}]
+"#,
+        )
+        .unwrap();
+    let node = w.node.clone();
+    w.server
+        .wait_for("the agent runs", Duration::from_secs(10), |store| {
+            running_on(store, &node, "agent-") == 1
+        })
+        .await
+        .unwrap();
+    let before = evictable_pods(&w);
+    let answer = terminate_and_answer(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(summary(&answer).contains("Drained"), "{answer}");
+    let writes = drain_writes(&w);
+    let agent_evictions = writes
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && e.name().starts_with("agent-"))
+        .count();
+    assert_eq!(agent_evictions, 1, "{}", trail(&writes));
+    // The critical tier was reached: CoreDNS was evicted.
+    assert!(evicted(&writes).is_superset(&before), "{}", trail(&writes));
+    // And the replacement is where its owner put it.
+    assert_eq!(running_on(w.server.store(), &w.node, "agent-"), 1);
+}
+
+#[tokio::test]
+async fn eviction_conflicts_and_namespace_terminating_answers_are_retried() {
+    use node_manager_testkit::kube::{FaultAction, FaultRule};
+    let w = drain_world(&[]).await;
+    let before = evictable_pods(&w);
+    w.server.faults().add(
+        FaultRule::new(FaultAction::Conflict)
+            .subresource("eviction")
+            .times(3),
+    );
+    w.server.faults().add(
+        FaultRule::new(FaultAction::NamespaceTerminating)
+            .subresource("eviction")
+            .times(2),
+    );
+    let answer = terminate_and_answer(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(summary(&answer).contains("Drained"), "{answer}");
+    let writes = drain_writes(&w);
+    let refused: Vec<u16> = writes
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && !(200..300).contains(&e.code()))
+        .map(|e| e.code())
+        .collect();
+    assert_eq!(refused, [409, 409, 409, 403, 403], "{}", trail(&writes));
+    assert_eq!(evicted(&writes), before);
+}
+
+#[tokio::test]
+async fn a_pod_bound_during_the_settle_period_is_evicted_before_completing() {
+    let w = drain_world(&[("SETTLE_SECONDS", "2")]).await;
+    let store = w.server.store().clone();
+    let node = w.node.clone();
+    // A scheduler with a stale cache binds a pod to the node while it settles.
+    let late = tokio::spawn(async move {
+        poll(&store, "the drained mark", |store| {
+            store.find::<Node>("", &node).is_some_and(|n| {
+                n.metadata
+                    .annotations
+                    .unwrap_or_default()
+                    .values()
+                    .any(|v| v.contains("drainedAt"))
+            })
+        })
+        .await;
+        store
+            .apply_yaml(
+                &r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: latecomer, namespace: default}
+spec:
+  nodeName: NODE
+  containers: [{name: late, image: late}]
+"#
+                .replace("NODE", &node),
+            )
+            .unwrap();
+    });
+    let answer = terminate_and_answer(&w).await;
+    late.await.unwrap();
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let writes = drain_writes(&w);
+    assert!(evicted(&writes).contains("latecomer"), "{}", trail(&writes));
+}
+
+#[tokio::test]
+async fn a_zero_grace_period_setting_is_sent_as_one_second() {
+    let w = drain_world(&[("POD_GRACE_PERIOD_SECONDS", "0")]).await;
+    terminate(&w).await;
+    let writes = drain_writes(&w);
+    let graces: BTreeSet<String> = writes
+        .iter()
+        .filter(|e| e.subresource() == "eviction")
+        .filter_map(|e| e.request_object.as_ref())
+        .map(|body| body["deleteOptions"]["gracePeriodSeconds"].to_string())
+        .collect();
+    assert_eq!(
+        graces,
+        BTreeSet::from(["1".to_owned()]),
+        "{}",
+        trail(&writes)
+    );
+}
+
+#[tokio::test]
+async fn the_drain_deadline_is_acted_on_when_the_pods_cannot_be_listed() {
+    use node_manager_testkit::kube::{FaultAction, FaultRule};
+    let w = drain_world(&[("DRAIN_TIMEOUT_SECONDS", "1")]).await;
+    w.server.faults().add(
+        FaultRule::new(FaultAction::InternalError)
+            .verb("list")
+            .resource("pods"),
+    );
+    w.server.faults().add(
+        FaultRule::new(FaultAction::InternalError)
+            .verb("watch")
+            .resource("pods"),
+    );
+    let answer = terminate_and_answer(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(summary(&answer).contains("PodEvictionFailure"), "{answer}");
+    let notes = event_notes(&w, "PodEvictionFailure");
+    assert!(
+        notes.iter().any(|n| n.contains("could not be listed")),
+        "{notes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_hand_over_margin_leaving_no_working_slice_fails_the_invocation() {
+    // The margin is longer than the invocation: handing over at once would loop.
+    let w = drain_world(&[("HAND_OVER_MARGIN_SECONDS", "40")]).await;
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let (error_type, message) = w.function(Target::TerminatingHook).error_from(&event).await;
+    assert_eq!(error_type, "HandOverMarginTooLarge", "{message}");
+    assert!(message.contains("HAND_OVER_MARGIN_SECONDS"), "{message}");
+    // Nothing republished, nothing written to the node.
+    assert!(subscription.try_next().is_none());
+    assert!(w.server.audit().filter(|e| e.verb == "patch").is_empty());
+}
+
+#[tokio::test]
+async fn a_drain_longer_than_sixteen_hand_overs_completes() {
+    let w = drain_world(&[
+        ("HAND_OVER_MARGIN_SECONDS", "0.3"),
+        ("DRAIN_TIMEOUT_SECONDS", "300"),
+    ])
+    .await;
+    // A pod whose deletion waits for a finalizer the test removes after 17 hand-overs.
+    w.server
+        .store()
+        .apply_yaml(
+            &r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: held, namespace: default, finalizers: [example.com/hold]}
+spec:
+  nodeName: NODE
+  containers: [{name: held, image: held}]
+"#
+            .replace("NODE", &w.node),
+        )
+        .unwrap();
+    let lambda = w.function(Target::TerminatingHook);
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let mut event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut hand_overs = 0;
+    loop {
+        if hand_overs == 17 {
+            w.server
+                .store()
+                .modify::<Pod>("default", "held", |pod| pod.metadata.finalizers = None)
+                .unwrap();
+        }
+        let outcome = lambda
+            .runtime
+            .invoke(&event, Duration::from_millis(2500))
+            .await
+            .unwrap();
+        let node_manager_testkit::lambda_api::InvocationOutcome::Response(answer) = outcome else {
+            panic!("{outcome:?}\n{}", lambda.runtime.output());
+        };
+        match answer["records"][0]["outcome"].as_str() {
+            Some("HandedOver") => {
+                hand_overs += 1;
+                assert!(hand_overs <= 30, "the drain never finished");
+                event = subscription
+                    .next_event(Duration::from_secs(5))
+                    .await
+                    .expect("the continuation");
+            }
+            Some("Completed") => {
+                assert!(summary(&answer).contains("Drained"), "{answer}");
+                break;
+            }
+            _ => panic!("{answer}"),
+        }
+    }
+    assert!(hand_overs > 16, "{hand_overs} hand-overs");
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    assert_eq!(completions[0].result, LifecycleActionResult::Continue);
+}

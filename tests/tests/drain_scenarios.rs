@@ -32,7 +32,7 @@ const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
 const OTHER_NODE: &str = "ip-192-168-77-8.eu-west-1.compute.internal";
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/fixtures/sns-lifecycle-terminating.json"
+    "/fixtures/sns-lifecycle-terminating.json"
 );
 const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 
@@ -59,9 +59,9 @@ impl Scenario {
             .apply_manifest_file(std::path::Path::new(RBAC))
             .unwrap();
         let groups = if force_group {
-            "[open-node-manager:functions, open-node-manager:force-delete]"
+            "[open-node-manager:terminating-hook, open-node-manager:force-delete]"
         } else {
-            "[open-node-manager:functions]"
+            "[open-node-manager:terminating-hook]"
         };
         let role = server.account().role_arn("terminating-hook");
         server
@@ -1056,7 +1056,7 @@ async fn foreign_group_test_notification_unknown_transition_and_malformed_input(
     let test_event: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/fixtures/sns-test-notification.json"
+            "/fixtures/sns-test-notification.json"
         ))
         .unwrap(),
     )
@@ -1066,8 +1066,12 @@ async fn foreign_group_test_notification_unknown_transition_and_malformed_input(
         [DeliveryOutcome::TestNotification]
     );
 
+    // A launch notification (with a launch's route: a launch "from the group to EC2" is
+    // refused as malformed) reaches the terminating hook: acknowledged, nothing done.
     let launch = run(event_with_changed_message(|m| {
-        m["LifecycleTransition"] = json!("autoscaling:EC2_INSTANCE_LAUNCHING")
+        m["LifecycleTransition"] = json!("autoscaling:EC2_INSTANCE_LAUNCHING");
+        m["Origin"] = json!("EC2");
+        m["Destination"] = json!("AutoScalingGroup");
     }))
     .await
     .unwrap();

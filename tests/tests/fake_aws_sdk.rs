@@ -244,7 +244,7 @@ async fn the_notification_has_the_fields_and_order_auto_scaling_sends() {
     with_hooks(&aws, Duration::from_secs(300));
     let fixture: serde_json::Value = serde_json::from_str(include_str!(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/sns-lifecycle-terminating.json"
+        "/fixtures/sns-lifecycle-terminating.json"
     )))
     .unwrap();
     let expected_message = fixture["Records"][0]["Sns"]["Message"].as_str().unwrap();

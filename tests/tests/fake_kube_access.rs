@@ -368,7 +368,8 @@ async fn access_reviews_answer_what_the_shipped_rbac_allows() {
     let server = server().await;
     let rbac = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml"));
     assert!(server.apply_manifest_file(rbac).unwrap() > 0);
-    let token = server.add_static_token("terminating-hook", &["open-node-manager:functions"]);
+    let token =
+        server.add_static_token("terminating-hook", &["open-node-manager:terminating-hook"]);
     let client = server.client_with_token(&token).await.unwrap();
     let reviews: Api<SelfSubjectAccessReview> = Api::all(client);
     let can = |verb: &str, resource: &str, subresource: Option<&str>| {

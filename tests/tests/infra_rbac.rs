@@ -1,7 +1,9 @@
 //! The shipped RBAC manifest (`infra/rbac.yaml`): it parses into Kubernetes types, its
-//! bindings are complete, and the functions' group gets exactly the access the functions use
-//! (the test kit's fake API server authorizes every scenario with this same file, so a missing
-//! verb fails the scenarios and an extra one fails here).
+//! bindings are complete, and each function's own group gets exactly the access that function
+//! uses (the test kit's fake API server authorizes every scenario with this same file, so a
+//! missing verb fails the scenarios and an extra one fails here). No function's identity can
+//! reach what another function needs: the hooks cannot touch aws-auth, nodegroup-auth cannot
+//! read pods, evict, or patch nodes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,8 +12,11 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 
 const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
+const TERMINATING_GROUP: &str = "open-node-manager:terminating-hook";
+const LAUNCHING_GROUP: &str = "open-node-manager:launching-hook";
+const NODEGROUP_AUTH_GROUP: &str = "open-node-manager:nodegroup-auth";
 const FORCE_DELETE_GROUP: &str = "open-node-manager:force-delete";
+const NODE_REPAIR_GROUP: &str = "open-node-manager:node-repair";
 
 /// Every object of the manifest, typed.
 #[derive(Debug, Default)]
@@ -147,9 +152,9 @@ fn grant(scope: &str, group: &str, resource: &str, verbs: &[&str], names: &[&str
 #[test]
 fn every_document_is_a_named_rbac_object_of_the_project() {
     let manifest = shipped();
-    // The functions' role, force-delete, node-repair.
-    assert_eq!(manifest.cluster_roles.len(), 3);
-    assert_eq!(manifest.cluster_role_bindings.len(), 3);
+    // terminating-hook, launching-hook, force-delete, node-repair; nodegroup-auth's is a Role.
+    assert_eq!(manifest.cluster_roles.len(), 4);
+    assert_eq!(manifest.cluster_role_bindings.len(), 4);
     assert_eq!(manifest.roles.len(), 1);
     assert_eq!(manifest.role_bindings.len(), 1);
     let names = manifest
@@ -212,61 +217,130 @@ fn every_binding_names_a_role_of_the_manifest_and_a_project_group() {
             .expect("bound Role exists");
         assert_eq!(role.metadata.namespace, binding.metadata.namespace);
         let groups: Vec<_> = binding.subjects.iter().flatten().map(|s| &s.name).collect();
-        assert_eq!(groups, [FUNCTIONS_GROUP]);
+        assert_eq!(groups, [NODEGROUP_AUTH_GROUP]);
     }
 }
 
-#[test]
-fn the_functions_group_gets_exactly_the_access_the_functions_use() {
-    let actual = grants_of(&shipped(), FUNCTIONS_GROUP);
-    let expected: BTreeSet<Grant> = [
-        grant("*", "", "nodes", &["get", "list", "watch", "patch"], &[]),
-        grant("*", "", "pods", &["get", "list", "watch"], &[]),
-        grant("*", "", "pods/eviction", &["create"], &[]),
-        grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
-        grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
-        grant(
-            "kube-system",
-            "",
-            "configmaps",
-            &["get", "update", "patch"],
-            &["aws-auth"],
-        ),
-        // RBAC cannot limit create by name; the function only creates aws-auth.
-        grant("kube-system", "", "configmaps", &["create"], &[]),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
+fn assert_exactly(group: &str, expected: &[Vec<Grant>]) {
+    let actual = grants_of(&shipped(), group);
+    let expected: BTreeSet<Grant> = expected.iter().flatten().cloned().collect();
     let missing: Vec<_> = expected.difference(&actual).collect();
     let extra: Vec<_> = actual.difference(&expected).collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
-        "missing {missing:?}, extra {extra:?}"
+        "{group}: missing {missing:?}, extra {extra:?}"
     );
 }
 
 #[test]
-fn node_repair_gets_only_node_list_and_patch_and_events() {
-    let actual = grants_of(&shipped(), "open-node-manager:node-repair");
-    let expected: BTreeSet<Grant> = [
-        grant("*", "", "nodes", &["list", "patch"], &[]),
-        grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    assert_eq!(actual, expected);
+fn the_terminating_hook_gets_exactly_what_it_uses() {
+    assert_exactly(
+        TERMINATING_GROUP,
+        &[
+            grant("*", "", "nodes", &["get", "list", "watch", "patch"], &[]),
+            grant("*", "", "pods", &["get", "list", "watch"], &[]),
+            grant("*", "", "pods/eviction", &["create"], &[]),
+            grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
+            // PDB-paced drains: retry when the refusing budget allows (issue #20).
+            grant("*", "policy", "poddisruptionbudgets", &["watch"], &[]),
+            grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
+        ],
+    );
+}
+
+#[test]
+fn the_launching_hook_gets_exactly_what_it_uses() {
+    assert_exactly(
+        LAUNCHING_GROUP,
+        &[
+            grant("*", "", "nodes", &["get", "list", "watch", "patch"], &[]),
+            grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
+        ],
+    );
+}
+
+#[test]
+fn nodegroup_auth_gets_exactly_what_it_uses() {
+    assert_exactly(
+        NODEGROUP_AUTH_GROUP,
+        &[
+            grant(
+                "kube-system",
+                "",
+                "configmaps",
+                &["get", "update"],
+                &["aws-auth"],
+            ),
+            // RBAC cannot limit create by name; the function only creates aws-auth.
+            grant("kube-system", "", "configmaps", &["create"], &[]),
+            grant(
+                "kube-system",
+                "events.k8s.io",
+                "events",
+                &["create", "patch"],
+                &[],
+            ),
+        ],
+    );
+}
+
+#[test]
+fn the_hooks_cannot_touch_aws_auth_and_nodegroup_auth_cannot_touch_nodes_or_pods() {
+    let manifest = shipped();
+    for group in [
+        TERMINATING_GROUP,
+        LAUNCHING_GROUP,
+        FORCE_DELETE_GROUP,
+        NODE_REPAIR_GROUP,
+    ] {
+        let configmaps: Vec<_> = grants_of(&manifest, group)
+            .into_iter()
+            .filter(|(_, _, resource, _, _)| resource == "configmaps")
+            .collect();
+        assert!(
+            configmaps.is_empty(),
+            "{group} reaches ConfigMaps: {configmaps:?}"
+        );
+    }
+    let auth = grants_of(&manifest, NODEGROUP_AUTH_GROUP);
+    let reach: Vec<_> = auth
+        .iter()
+        .filter(|(_, _, resource, _, _)| resource.starts_with("pods") || resource == "nodes")
+        .collect();
+    assert!(reach.is_empty(), "nodegroup-auth reaches {reach:?}");
+    assert!(
+        auth.iter().all(|(scope, ..)| scope == "kube-system"),
+        "nodegroup-auth must hold nothing cluster-wide: {auth:?}"
+    );
+}
+
+#[test]
+fn node_repair_gets_exactly_what_it_uses() {
+    // No pods, no evictions, no deletes: replacing a node is Auto Scaling's SetInstanceHealth.
+    assert_exactly(
+        NODE_REPAIR_GROUP,
+        &[
+            grant("*", "", "nodes", &["list", "patch"], &[]),
+            grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
+        ],
+    );
 }
 
 #[test]
 fn deleting_pods_needs_the_separate_force_group() {
     let manifest = shipped();
-    let functions = grants_of(&manifest, FUNCTIONS_GROUP);
-    assert!(
-        !functions.iter().any(|(_, _, _, verb, _)| verb == "delete"),
-        "the default group must not delete anything"
-    );
+    for group in [
+        TERMINATING_GROUP,
+        LAUNCHING_GROUP,
+        NODEGROUP_AUTH_GROUP,
+        NODE_REPAIR_GROUP,
+    ] {
+        let grants = grants_of(&manifest, group);
+        assert!(
+            !grants.iter().any(|(_, _, _, verb, _)| verb == "delete"),
+            "{group} must not delete anything"
+        );
+    }
     let force: Vec<_> = grants_of(&manifest, FORCE_DELETE_GROUP)
         .into_iter()
         .collect();

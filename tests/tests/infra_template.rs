@@ -344,6 +344,19 @@ fn timeouts_suit_each_function() {
 }
 
 #[test]
+fn the_functions_that_hand_over_through_their_own_topic_allow_the_loop() {
+    // A drain or launch wait longer than about 16 hand-overs would otherwise be stopped by
+    // Lambda's recursive loop detection (SNS -> Lambda -> SNS with the same trace header).
+    let template = main_template();
+    for id in ["TerminatingHookFunction", "LaunchingHookFunction"] {
+        assert_eq!(
+            template["Resources"][id]["Properties"]["RecursiveLoop"], "Allow",
+            "{id}"
+        );
+    }
+}
+
+#[test]
 fn every_function_setting_is_a_parameter_the_code_reads() {
     let template = main_template();
     let parameters = template["Parameters"].as_object().expect("Parameters");
@@ -450,7 +463,7 @@ fn filter_matches(policy: &Value, message: &Value) -> bool {
 
 /// The Auto Scaling message inside an SNS fixture.
 fn fixture_message(name: &str) -> Value {
-    let path = repo_root().join("../shared/fixtures").join(name);
+    let path = repo_root().join("tests/fixtures").join(name);
     let event: Value =
         serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("JSON");
     let message = event["Records"][0]["Sns"]["Message"]
@@ -578,12 +591,12 @@ fn node_group_calls_reach_the_auth_function_with_retries_and_a_dead_letter_queue
 #[test]
 fn the_fixture_events_match_the_rule_pattern() {
     let template = main_template();
-    let pattern = &template["Resources"]["NodegroupEventsRule"]["Properties"]["EventPattern"];
+    let pattern = &rule_pattern_for(&template, "ironman-2022");
     for fixture in [
         "eventbridge-create-nodegroup.json",
         "eventbridge-delete-nodegroup.json",
     ] {
-        let path = repo_root().join("../shared/fixtures").join(fixture);
+        let path = repo_root().join("tests/fixtures").join(fixture);
         let text = std::fs::read_to_string(&path).expect("fixture is readable");
         let event: Value = serde_json::from_str(&text).expect("fixture is JSON");
         assert!(
@@ -597,6 +610,17 @@ fn the_fixture_events_match_the_rule_pattern() {
             "failed calls are filtered out"
         );
     }
+}
+
+/// The rule's pattern as deployed for `cluster` (its `!Ref ClusterName` resolved).
+fn rule_pattern_for(template: &Value, cluster: &str) -> Value {
+    let text = template["Resources"]["NodegroupEventsRule"]["Properties"]["EventPattern"]
+        .to_string()
+        .replace(
+            &reference("ClusterName").to_string(),
+            &json!(cluster).to_string(),
+        );
+    serde_json::from_str(&text).expect("pattern")
 }
 
 /// EventBridge matching for the pattern features the template uses: lists of exact values
@@ -775,6 +799,165 @@ fn eks_calls_are_limited_to_this_cluster() {
     ] {
         assert!(seen.contains(needed), "{needed} is not granted");
     }
+}
+
+/// Actions granted that no Rust code of ours calls, each with who uses it instead.
+const GRANTED_FOR_AWS_SERVICES: &[(&str, &str)] = &[
+    (
+        "logs:CreateLogStream",
+        "the Lambda service writes the function's logs with its role",
+    ),
+    (
+        "logs:PutLogEvents",
+        "the Lambda service writes the function's logs with its role",
+    ),
+    (
+        "sqs:SendMessage",
+        "the Lambda service sends failed asynchronous invocations to the failure queue with the function's role",
+    ),
+    (
+        "iam:PassRole",
+        "EKS checks that the caller of CreateAccessEntry may pass the EC2 node role it names",
+    ),
+];
+
+/// `eks:DescribeAccessEntry` -> `describe_access_entry`, the SDK's fluent method name.
+fn sdk_method(operation: &str) -> String {
+    let mut method = String::new();
+    for (i, c) in operation.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                method.push('_');
+            }
+            method.push(c.to_ascii_lowercase());
+        } else {
+            method.push(c);
+        }
+    }
+    method
+}
+
+#[test]
+fn every_granted_action_is_called_by_the_code_or_named_with_its_user() {
+    let sources = rust_sources(&[
+        repo_root().join("shared/src"),
+        repo_root().join("functions"),
+    ]);
+    let mut unused = Vec::new();
+    let mut granted = BTreeSet::new();
+    for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
+        for (owner, statement) in policy_statements(&template) {
+            for action in as_list(&statement["Action"]) {
+                let action = action.as_str().expect("action").to_owned();
+                granted.insert(action.clone());
+                if GRANTED_FOR_AWS_SERVICES.iter().any(|(a, _)| *a == action) {
+                    continue;
+                }
+                let operation = action.split_once(':').expect("service:Operation").1;
+                let call = format!(".{}()", sdk_method(operation));
+                if !sources.contains(&call) {
+                    unused.push(format!(
+                        "{owner}: {action} (no {call} in shared/src or functions/)"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "granted but never called (remove it, or name who uses it in GRANTED_FOR_AWS_SERVICES):\n{}",
+        unused.join("\n")
+    );
+    for (action, _) in GRANTED_FOR_AWS_SERVICES {
+        assert!(
+            granted.contains(*action),
+            "{action} is listed but not granted any more"
+        );
+    }
+    assert_eq!(sdk_method("ListAccessEntries"), "list_access_entries");
+}
+
+#[test]
+fn node_access_entries_are_ec2_only_and_limited_to_node_role_entries() {
+    let template = main_template();
+    let parameter = &template["Parameters"]["NodeRoleNamePattern"];
+    assert!(
+        parameter.get("Default").is_none(),
+        "NodeRoleNamePattern is required"
+    );
+    let mut seen = BTreeSet::new();
+    for (owner, statement) in policy_statements(&template) {
+        for action in as_list(&statement["Action"]) {
+            let action = action.as_str().expect("action");
+            if !action.contains("AccessEntr") {
+                continue;
+            }
+            seen.insert(action.to_owned());
+            assert_ne!(action, "eks:ListAccessEntries", "{owner}: never called");
+            if action == "eks:CreateAccessEntry" {
+                assert_eq!(
+                    statement["Condition"]["StringEquals"]["eks:accessEntryType"],
+                    json!(["EC2_LINUX", "EC2_WINDOWS"]),
+                    "{owner}"
+                );
+            }
+            for resource in as_list(&statement["Resource"]) {
+                let arn = resource["Fn::Sub"].as_str().expect("ARN");
+                if arn.contains(":access-entry/") {
+                    assert!(
+                        arn.ends_with(
+                            ":access-entry/${ClusterName}/role/${AWS::AccountId}/${NodeRoleNamePattern}/*"
+                        ),
+                        "{owner}: {action} on {arn}"
+                    );
+                } else {
+                    assert_eq!(
+                        action, "eks:CreateAccessEntry",
+                        "{owner}: {action} on {arn}"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(
+        seen,
+        [
+            "eks:CreateAccessEntry",
+            "eks:DeleteAccessEntry",
+            "eks:DescribeAccessEntry"
+        ]
+        .map(str::to_owned)
+        .into()
+    );
+}
+
+#[test]
+fn the_rule_forwards_only_this_clusters_node_group_calls() {
+    let template = main_template();
+    let pattern = &template["Resources"]["NodegroupEventsRule"]["Properties"]["EventPattern"];
+    assert_eq!(
+        pattern["detail"]["requestParameters"]["name"],
+        json!([reference("ClusterName")])
+    );
+    let event = |cluster: &str| {
+        json!({
+            "source": "aws.eks",
+            "detail-type": "AWS API Call via CloudTrail",
+            "detail": {
+                "eventSource": "eks.amazonaws.com",
+                "eventName": "DeleteNodegroup",
+                "requestParameters": {"name": cluster, "nodegroupName": "ng"}
+            }
+        })
+    };
+    // The function serves exactly one cluster and refuses ADDITIONAL_CLUSTER_NAMES at start-up.
+    let variables =
+        &template["Resources"]["NodegroupAuthFunction"]["Properties"]["Environment"]["Variables"];
+    assert!(variables.get("CLUSTER_NAME").is_some());
+    assert!(variables.get("ADDITIONAL_CLUSTER_NAMES").is_none());
+    let deployed = rule_pattern_for(&template, "blue");
+    assert!(pattern_matches(&deployed, &event("blue")));
+    assert!(!pattern_matches(&deployed, &event("green")));
 }
 
 #[test]

@@ -25,7 +25,7 @@ use serde_json::Value;
 const CLUSTER: &str = "ironman-2022";
 const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
 const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
-const FUNCTION_GROUP: &str = "open-node-manager:functions";
+const FUNCTION_GROUP: &str = "open-node-manager:launching-hook";
 
 type Context = LaunchContext<EksConnection<SdkEks>, SdkAutoScaling, SdkInstances, SdkNotifications>;
 

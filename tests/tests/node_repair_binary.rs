@@ -9,9 +9,8 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use node_manager::aws::LifecycleActionResult;
 use node_manager::node_repair::memory::{REPAIR_ANNOTATION, RepairRecord};
 use node_manager::node_repair::policy::RepairAction;
@@ -42,29 +41,6 @@ fn report_of<'a>(answer: &'a Value, node: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("{node} missing from {answer}"))
 }
 
-/// The kubelet stops posting status: the node lifecycle controller sets Ready=Unknown.
-fn kubelet_dies(w: &FunctionWorld, node: &str) {
-    w.server
-        .store()
-        .modify::<Node>("", node, |node| {
-            let conditions = node
-                .status
-                .get_or_insert_default()
-                .conditions
-                .get_or_insert_default();
-            conditions.retain(|c| c.type_ != "Ready");
-            conditions.push(k8s_openapi::api::core::v1::NodeCondition {
-                type_: "Ready".into(),
-                status: "Unknown".into(),
-                reason: Some("NodeStatusUnknown".into()),
-                message: Some("Kubelet stopped posting node status.".into()),
-                last_transition_time: Some(Time(k8s_openapi::jiff::Timestamp::now())),
-                last_heartbeat_time: None,
-            });
-        })
-        .unwrap();
-}
-
 #[tokio::test]
 async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
     let w = FunctionWorld::builder()
@@ -79,6 +55,9 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
             r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0.025, "repairAction": "Replace"}]}"#,
         )
         .env("DRAIN_TIMEOUT_SECONDS", "60")
+        // The dead kubelet never confirms a deletion: the drain stops waiting for them after
+        // this long on a node that is not Ready (default 60 s, the drain deadline here).
+        .env("STUCK_POD_SECONDS", "1")
         .env("LAUNCH_TIMEOUT_SECONDS", "20")
         .json_logs()
         .log_level("info")
@@ -91,6 +70,28 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
             .availability_zones(&["eu-west-1a"])
             .health_check_grace_period(Duration::ZERO),
     );
+    // One workload pod runs on the node; when the kubelet dies it can no longer confirm the
+    // pod's deletion.
+    w.server
+        .store()
+        .apply_yaml(
+            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{name: web, image: nginx}]\n",
+        )
+        .unwrap();
+    let node_name = w.node.clone();
+    w.server
+        .wait_for(
+            "the web pod runs on the node",
+            Duration::from_secs(10),
+            |store| {
+                store.list::<Pod>().iter().any(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+            },
+        )
+        .await
+        .unwrap();
     let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
     let repair = w.function(Target::NodeRepair);
 
@@ -104,7 +105,8 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
     assert_eq!(answer["groups"][0]["group"], GROUP, "{answer}");
 
     // The kubelet dies: unhealthy, not yet for long enough.
-    kubelet_dies(&w, &w.node);
+    // Ready=Unknown now; its pods' deletions are never confirmed.
+    w.server.kill_kubelet(&w.node).unwrap();
     let answer = repair.response_to(&scheduled_event()).await;
     let report = report_of(&answer, &w.node);
     assert_eq!(report["outcome"], "Waiting", "{answer}");
@@ -191,8 +193,20 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
         .response_to(&terminating.unwrap())
         .await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
-    // The dead node's drain did not wait out its 60 s deadline.
+    // The dead node's drain did not wait out its 60 s deadline: the pod was evicted, and its
+    // deletion, which the dead kubelet never confirms, is still pending.
     assert!(started_drain.elapsed() < Duration::from_secs(20));
+    let stuck = w
+        .server
+        .store()
+        .list::<Pod>()
+        .into_iter()
+        .filter(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(w.node.as_str())
+                && p.metadata.deletion_timestamp.is_some()
+        })
+        .count();
+    assert_eq!(stuck, 1, "the evicted pod's deletion stays unconfirmed");
     let completion = w
         .aws
         .autoscaling()
@@ -282,7 +296,8 @@ async fn a_dry_run_decides_and_reports_without_acting() {
             .tag("eks:cluster-name", CLUSTER)
             .health_check_grace_period(Duration::ZERO),
     );
-    kubelet_dies(&w, &w.node);
+    // Ready=Unknown now; its pods' deletions are never confirmed.
+    w.server.kill_kubelet(&w.node).unwrap();
     let answer = w
         .function(Target::NodeRepair)
         .response_to(&scheduled_event())

@@ -86,11 +86,24 @@ async fn nodegroup_auth_binary_handles_the_fixtures() {
     assert_eq!(error_type, "NodegroupAuth.Rejected");
     assert!(error_message.contains("222222222222"), "{error_message}");
 
-    // DeleteNodegroup once the node group is gone: unmapped.
-    assert!(aws.eks().remove_nodegroup(CLUSTER, "demo-ng"));
+    // DeleteNodegroup while the node group is DELETING: the function waits for it to be
+    // gone (polling every second), then unmaps. (Once gone, a delivery is unverifiable and
+    // would keep the mapping.)
+    aws.eks()
+        .add_nodegroup(
+            CLUSTER,
+            FakeNodegroup::new("demo-ng", NODE_ROLE).status("DELETING"),
+        )
+        .unwrap();
+    let eks = aws.eks();
+    let remover = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        eks.remove_nodegroup(CLUSTER, "demo-ng")
+    });
     let answer = function
         .response_to(&fixture("eventbridge-delete-nodegroup.json"))
         .await;
+    assert!(remover.await.unwrap());
     assert_eq!(answer["nodegroups"][0]["awsAuth"], "unmapped", "{answer}");
     let map = map_roles(server);
     assert!(map.effective(NODE_ROLE).is_none());

@@ -31,10 +31,7 @@ const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 const MAP_USERS: &str = "- userarn: arn:aws:iam::111111111111:user/cli\n  username: cli   # admin\n  groups:\n    - system:masters\n";
 
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/../../shared/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -53,7 +50,7 @@ impl AccessEntryLookup for FunctionAccessEntry {
             .eq_ignore_ascii_case(&self.principal)
             .then(|| KubernetesIdentity {
                 username: "nodegroup-auth".into(),
-                groups: vec!["open-node-manager:functions".into()],
+                groups: vec!["open-node-manager:nodegroup-auth".into()],
             })
     }
 }
@@ -160,6 +157,17 @@ impl Scenario {
             status: "ACTIVE".into(),
         });
         role
+    }
+
+    /// Marks a node group of `NODE_ROLE_NAME` DELETING, as DeleteNodegroup does.
+    fn deleting(&self, name: &str) {
+        self.eks.add_nodegroup(NodegroupDescription {
+            cluster_name: CLUSTER.into(),
+            nodegroup_name: name.into(),
+            node_role: self.server.account().role_arn(NODE_ROLE_NAME),
+            ami_type: "AL2_x86_64".into(),
+            status: "DELETING".into(),
+        });
     }
 
     async fn aws_auth(&self) -> Option<ConfigMap> {
@@ -362,7 +370,8 @@ async fn delete_keeps_a_shared_role_and_removes_the_last_user() {
         "one entry for the shared role"
     );
 
-    s.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    // Deletes arrive while the node group is DELETING (EKS takes minutes to delete one).
+    s.deleting("demo-ng");
     let report = s
         .function
         .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
@@ -371,7 +380,13 @@ async fn delete_keeps_a_shared_role_and_removes_the_last_user() {
     assert_eq!(report.nodegroups[0].aws_auth, Some(Outcome::KeptInUse));
     assert!(node_can_authenticate(&s.server, NODE_ROLE_NAME).await);
 
-    s.eks.remove_nodegroup(CLUSTER, "second-ng");
+    s.eks.remove_nodegroup(CLUSTER, "demo-ng");
+    s.deleting("second-ng");
+    let eks = s.eks.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        eks.remove_nodegroup(CLUSTER, "second-ng");
+    });
     let mut event = fixture("eventbridge-delete-nodegroup.json");
     event["detail"]["responseElements"]["nodegroup"]["nodegroupName"] = json!("second-ng");
     event["detail"]["requestParameters"]["nodegroupName"] = json!("second-ng");

@@ -51,6 +51,17 @@ fn node_repair_scenario_passes() {
 }
 
 #[test]
+fn warm_pool_scenario_passes() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("warm-pool.yaml")]);
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("0 failed"), "{output}");
+    assert!(
+        output.contains("re-registers"),
+        "the node came back under its old name: {output}"
+    );
+}
+
+#[test]
 fn access_entries_scenario_passes() {
     let (code, output) = run_sandbox(&["--scenario", &scenario("access-entries.yaml")]);
     assert_eq!(code, 0, "{output}");

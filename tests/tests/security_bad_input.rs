@@ -44,7 +44,6 @@ const LAUNCHING_INSTANCE: &str = "i-0a1b2c3d4e5f60718";
 const LAUNCHING_TOKEN: &str = "71514b9d-6a40-4b26-8523-05e7ee35fa40";
 const LAUNCHING_NODE: &str = "ip-10-0-7-24.eu-west-1.compute.internal";
 const ACCOUNT: &str = "111111111111";
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
 const NODE_ROLE: &str = "arn:aws:iam::111111111111:role/eksctl-ironman-2022-nodegroup-demo-ng-NodeInstanceRole-454Q2XHJ5LZ0";
 /// Generous: a payload that makes a handler wait this long is a finding of its own.
 const PER_PAYLOAD: Duration = Duration::from_secs(20);
@@ -206,7 +205,7 @@ async fn cluster_world(user: &str) -> (FakeApiServer, kube::Client) {
         })
         .await
         .unwrap();
-    let token = server.add_static_token(user, &[FUNCTIONS_GROUP]);
+    let token = server.add_static_token(user, &[format!("open-node-manager:{user}").as_str()]);
     let mut config = server.config_with_token(&token).await.unwrap();
     config.default_retry = false;
     (server, kube::Client::try_from(config).unwrap())

@@ -170,10 +170,12 @@ impl AutoScaling for FakeAutoScaling {
     }
 }
 
-/// EC2 instances and their private DNS names.
+/// EC2 instances, their private DNS names and states.
 #[derive(Debug, Default, Clone)]
 pub struct FakeInstances {
     names: Arc<Mutex<HashMap<String, String>>>,
+    /// States set by a test; an added instance without one is `running`.
+    states: Arc<Mutex<HashMap<String, String>>>,
     pub faults: FakeFaults,
 }
 
@@ -181,12 +183,27 @@ impl FakeInstances {
     pub fn add(&self, instance_id: &str, private_dns_name: &str) {
         lock(&self.names).insert(instance_id.to_owned(), private_dns_name.to_owned());
     }
+
+    /// Sets the EC2 state name of an instance (`pending`, `running`, `stopped`, ...).
+    pub fn set_state(&self, instance_id: &str, state: &str) {
+        lock(&self.states).insert(instance_id.to_owned(), state.to_owned());
+    }
 }
 
 impl Instances for FakeInstances {
     async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
         self.faults.take("DescribeInstances")?;
         Ok(lock(&self.names).get(instance_id).cloned())
+    }
+
+    async fn instance_state(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        if let Some(state) = lock(&self.states).get(instance_id) {
+            return Ok(Some(state.clone()));
+        }
+        Ok(lock(&self.names)
+            .contains_key(instance_id)
+            .then(|| "running".to_owned()))
     }
 }
 

@@ -8,6 +8,7 @@
 pub mod fake;
 #[cfg(feature = "runtime")]
 pub mod http_client;
+pub mod partition;
 #[cfg(feature = "runtime")]
 pub mod sdk;
 
@@ -162,6 +163,13 @@ pub trait Instances: Send + Sync {
     /// The instance's private DNS name (the node name on EKS), `None` when the instance is
     /// unknown or has none.
     fn private_dns_name(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+
+    /// The instance's EC2 state name (`pending`, `running`, `stopping`, `stopped`,
+    /// `shutting-down`, `terminated`), `None` when EC2 does not know the instance.
+    fn instance_state(
         &self,
         instance_id: &str,
     ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;

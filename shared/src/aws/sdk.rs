@@ -263,8 +263,12 @@ impl SdkInstances {
     }
 }
 
-impl Instances for SdkInstances {
-    async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
+impl SdkInstances {
+    /// `DescribeInstances` of one instance; `None` when EC2 does not know it.
+    async fn describe(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<aws_sdk_ec2::types::Instance>, AwsError> {
         let output = match self
             .client
             .describe_instances()
@@ -286,9 +290,26 @@ impl Instances for SdkInstances {
             .iter()
             .flat_map(|r| r.instances())
             .find(|i| i.instance_id() == Some(instance_id))
-            .and_then(|i| i.private_dns_name())
-            .filter(|name| !name.is_empty())
-            .map(str::to_owned))
+            .cloned())
+    }
+}
+
+impl Instances for SdkInstances {
+    async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
+        Ok(self
+            .describe(instance_id)
+            .await?
+            .and_then(|i| i.private_dns_name)
+            .filter(|name| !name.is_empty()))
+    }
+
+    async fn instance_state(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
+        Ok(self
+            .describe(instance_id)
+            .await?
+            .and_then(|i| i.state)
+            .and_then(|state| state.name)
+            .map(|name| name.as_str().to_owned()))
     }
 }
 

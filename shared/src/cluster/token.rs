@@ -50,68 +50,7 @@ const BOTOCORE_PARAM_ORDER: [&str; 7] = [
     "X-Amz-Signature",
 ];
 
-/// An AWS partition: which DNS suffix a region's endpoints live under.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Partition {
-    Aws,
-    AwsCn,
-    AwsUsGov,
-    AwsIso,
-    AwsIsoB,
-    AwsIsoE,
-    AwsIsoF,
-}
-
-impl Partition {
-    /// The partition a region belongs to, from the region name's prefix.
-    pub fn of_region(region: &str) -> Self {
-        if region.starts_with("cn-") {
-            Self::AwsCn
-        } else if region.starts_with("us-gov-") {
-            Self::AwsUsGov
-        } else if region.starts_with("us-isob-") {
-            Self::AwsIsoB
-        } else if region.starts_with("us-isof-") {
-            Self::AwsIsoF
-        } else if region.starts_with("eu-isoe-") {
-            Self::AwsIsoE
-        } else if region.starts_with("us-iso-") {
-            Self::AwsIso
-        } else {
-            Self::Aws
-        }
-    }
-
-    /// `aws`, `aws-cn`, ... as in ARNs.
-    pub fn id(self) -> &'static str {
-        match self {
-            Self::Aws => "aws",
-            Self::AwsCn => "aws-cn",
-            Self::AwsUsGov => "aws-us-gov",
-            Self::AwsIso => "aws-iso",
-            Self::AwsIsoB => "aws-iso-b",
-            Self::AwsIsoE => "aws-iso-e",
-            Self::AwsIsoF => "aws-iso-f",
-        }
-    }
-
-    pub fn dns_suffix(self) -> &'static str {
-        match self {
-            Self::Aws | Self::AwsUsGov => "amazonaws.com",
-            Self::AwsCn => "amazonaws.com.cn",
-            Self::AwsIso => "c2s.ic.gov",
-            Self::AwsIsoB => "sc2s.sgov.gov",
-            Self::AwsIsoE => "cloud.adc-e.uk",
-            Self::AwsIsoF => "csp.hci.ic.gov",
-        }
-    }
-}
-
-/// The regional STS host a token for `region` is addressed to, e.g.
-/// `sts.cn-north-1.amazonaws.com.cn`.
-pub fn sts_host(region: &str) -> String {
-    format!("sts.{region}.{}", Partition::of_region(region).dns_suffix())
-}
+pub use crate::aws::partition::{Partition, sts_host};
 
 /// A signed EKS bearer token.
 ///
@@ -345,6 +284,16 @@ mod tests {
         assert_eq!(Partition::of_region("cn-northwest-1").id(), "aws-cn");
         assert_eq!(Partition::of_region("us-isob-east-1").id(), "aws-iso-b");
         assert_eq!(Partition::of_region("ap-southeast-7").id(), "aws");
+    }
+
+    #[test]
+    fn an_eu_sovereign_token_is_addressed_to_the_eusc_sts_host() {
+        let token = sign_token(&credentials(None), "eusc-de-east-1", "c", at(0)).unwrap();
+        let url = decoded_url(&token);
+        assert!(
+            url.starts_with("https://sts.eusc-de-east-1.amazonaws.eu/?"),
+            "{url}"
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Taint;
 use serde::{Deserialize, Serialize};
 
 use crate::aws::LifecycleActionRef;
@@ -81,6 +82,59 @@ impl Lease {
     }
 }
 
+/// What the drain itself changed to take the node out of service (not what it found in
+/// place), so that a node coming back from a warm pool gets exactly that undone: a cordon or
+/// taint somebody else put there stays.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutOfService {
+    /// The drain set the exclude-from-external-load-balancers label.
+    #[serde(default)]
+    pub labelled: bool,
+    /// The drain set `spec.unschedulable`.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// The taint the drain added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taint: Option<AddedTaint>,
+}
+
+/// A taint as the drain added it (key, value, effect: what identifies it on the node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddedTaint {
+    pub key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    pub effect: String,
+}
+
+impl AddedTaint {
+    pub fn of(taint: &Taint) -> Self {
+        Self {
+            key: taint.key.clone(),
+            value: taint.value.clone(),
+            effect: taint.effect.clone(),
+        }
+    }
+
+    /// Whether `taint` on a node is this one.
+    pub fn is(&self, taint: &Taint) -> bool {
+        taint.key == self.key && taint.effect == self.effect && taint.value == self.value
+    }
+}
+
+impl OutOfService {
+    /// Everything either record says the drain changed (a resumed or repeated drain adds to
+    /// what an earlier one did; it never forgets it).
+    pub fn union(&self, other: &Self) -> Self {
+        Self {
+            labelled: self.labelled || other.labelled,
+            cordoned: self.cordoned || other.cordoned,
+            taint: self.taint.clone().or_else(|| other.taint.clone()),
+        }
+    }
+}
+
 /// The drain record on the Node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -99,9 +153,20 @@ pub struct DrainCheckpoint {
     /// When the lifecycle action was completed: later deliveries have nothing left to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Timestamp>,
+    /// What the drain changed to take the node out of service; `None` in a checkpoint
+    /// written before this was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service: Option<OutOfService>,
+    /// When the drained instance went back to the group's warm pool (scale-in with instance
+    /// reuse) instead of terminating: its node comes back under the same name, and the
+    /// launching hook then undoes [`Self::out_of_service`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_warm_pool_at: Option<Timestamp>,
 }
 
 /// Whether an invocation may work on a node's drain.
+// Made once per claim attempt and consumed at once, never stored in bulk: size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseDecision {
     /// Take the drain with this checkpoint (new, resumed or replacing a stale one) and write it.
@@ -132,6 +197,8 @@ impl DrainCheckpoint {
             continuations: 0,
             drained_at: None,
             completed_at: None,
+            out_of_service: None,
+            to_warm_pool_at: None,
         }
     }
 
@@ -202,7 +269,14 @@ impl DrainCheckpoint {
 
     /// Whether `holder` still holds the lease at `now` (it may have expired and been taken).
     pub fn is_held_by(&self, holder: &str, now: Timestamp) -> bool {
-        self.lease.holder.as_deref() == Some(holder) && now < self.lease.expires_at()
+        self.names_holder(holder) && now < self.lease.expires_at()
+    }
+
+    /// Whether the lease names `holder`, expired or not. For the holder itself this is what
+    /// counts: an expired lease that still names it was taken by nobody (a competitor's claim
+    /// would have replaced the name), so its next conditional write may renew it.
+    pub fn names_holder(&self, holder: &str) -> bool {
+        self.lease.holder.as_deref() == Some(holder)
     }
 }
 

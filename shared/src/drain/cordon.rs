@@ -85,6 +85,16 @@ impl CordonSteps {
         }
     }
 
+    /// What writing these steps changes, as the checkpoint records it (see
+    /// [`super::checkpoint::OutOfService`]).
+    pub fn record(&self) -> super::checkpoint::OutOfService {
+        super::checkpoint::OutOfService {
+            labelled: self.label,
+            cordoned: self.cordon,
+            taint: self.taint.as_ref().map(super::checkpoint::AddedTaint::of),
+        }
+    }
+
     /// Adds the missing steps to a merge `patch` of `node`. `spec.taints` is a list a merge
     /// patch replaces whole, so the taints are `node`'s plus the wanted one: the patch must
     /// carry `node`'s `resourceVersion` (the claim's does) so a concurrent change of the

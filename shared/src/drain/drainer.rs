@@ -23,17 +23,19 @@ use crate::lifecycle::continuation::{
 };
 use crate::lifecycle::node::{NodeLookupError, find_node};
 use crate::lifecycle::notification::{
-    Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition, NotificationError,
-    parse_event,
+    Delivery, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleTransition,
+    NotificationError, parse_event,
 };
 use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_function_arn};
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
 use super::events::{DrainEvents, reason};
+use super::eviction::grace_to_send;
 use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::lease::{self, Claim, LeaseHolder, Update};
 use super::metrics::DrainMetrics;
+use super::node_pods::NodePods;
 use super::session::{
     DrainSession, SessionEnd, SessionSettings, SessionStats, StuckPod, StuckReason,
 };
@@ -228,6 +230,13 @@ pub enum DrainError {
         #[source]
         source: ContinuationError,
     },
+    #[error(
+        "the invocation has {remaining:?} left for draining after the hand-over margin of {margin:?} (HAND_OVER_MARGIN_SECONDS): raise the function's timeout or lower HAND_OVER_MARGIN_SECONDS; failing instead of handing over in a tight loop"
+    )]
+    NoTimeToWork {
+        remaining: std::time::Duration,
+        margin: std::time::Duration,
+    },
     #[error("the drain deadline of node {node} passed and force is configured, but these pods could not be deleted yet (the invocation fails so it is retried): {}", .pods.join(", "))]
     ForceIncomplete { node: String, pods: Vec<String> },
     #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -246,6 +255,7 @@ impl DrainError {
             Self::Complete { .. } => "CompleteLifecycleActionFailed",
             Self::HandOver { .. } => "HandOverFailed",
             Self::ForceIncomplete { .. } => "ForcedDeletionIncomplete",
+            Self::NoTimeToWork { .. } => "HandOverMarginTooLarge",
             Self::Records(_) => "RecordsFailed",
         }
     }
@@ -436,12 +446,34 @@ where
         events: &DrainEvents,
     ) -> Result<DeliveryOutcome, DrainError> {
         let action = &notification.action;
-        let node = find_node(client, &self.instances, &action.instance_id)
-            .await
-            .map_err(|source| DrainError::NodeLookup {
-                instance_id: action.instance_id.clone(),
-                source,
-            })?;
+        // Ask Auto Scaling first: only a pending action (this token, this hook) may drain a
+        // node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
+        // not cordon and empty a live node. The heartbeat is the cheapest call that proves
+        // the action exists, and it also restarts the hook's heartbeat timer. It runs
+        // concurrently with the node lookup (which only reads); its answer is looked at
+        // before the first write.
+        let heartbeat = async {
+            let hook = self
+                .hooks
+                .get_or_default(
+                    &self.autoscaling,
+                    &action.auto_scaling_group_name,
+                    &action.lifecycle_hook_name,
+                )
+                .await;
+            let mut keeper =
+                HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
+            let beat = keeper.beat(&self.autoscaling).await;
+            (keeper, beat)
+        };
+        let (node, (mut keeper, beat)) = tokio::join!(
+            find_node(client, &self.instances, &action.instance_id),
+            heartbeat
+        );
+        let node = node.map_err(|source| DrainError::NodeLookup {
+            instance_id: action.instance_id.clone(),
+            source,
+        })?;
         let Some(node) = node else {
             tracing::info!(
                 step = "no_node",
@@ -455,26 +487,20 @@ where
         };
         let node_name = node.metadata.name.clone().unwrap_or_default();
         tracing::Span::current().record("node", node_name.as_str());
+        if !invocation.budget.has_working_slice() {
+            let error = DrainError::NoTimeToWork {
+                remaining: invocation.budget.remaining(),
+                margin: self.settings.lifecycle.hand_over_margin,
+            };
+            tracing::error!(step = "no_time_to_work", %error, "nothing done");
+            return Err(error);
+        }
         let kube_error = |source| DrainError::Kubernetes {
             node: node_name.clone(),
             source,
         };
 
-        // Ask Auto Scaling first: only a pending action (this token, this hook) may drain a
-        // node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
-        // not cordon and empty a live node. The heartbeat is the cheapest call that proves
-        // the action exists, and it also restarts the hook's heartbeat timer.
-        let hook = self
-            .hooks
-            .get_or_default(
-                &self.autoscaling,
-                &action.auto_scaling_group_name,
-                &action.lifecycle_hook_name,
-            )
-            .await;
-        let mut keeper =
-            HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
-        if keeper.beat(&self.autoscaling).await.is_err() {
+        if beat.is_err() {
             tracing::info!(
                 step = "action_gone",
                 "Auto Scaling has no pending lifecycle action for this token: nothing drained"
@@ -482,6 +508,9 @@ where
             return Ok(DeliveryOutcome::ActionGone);
         }
 
+        // The node's pods are listed while the node is claimed and cordoned: a read, and the
+        // watch that follows the list sees every pod the claim's cordon did not stop.
+        let prefetch = PrefetchedPods::start(client, &node_name);
         let holder = LeaseHolder {
             id: invocation.request_id.clone(),
             lease_duration: self.settings.lease_duration,
@@ -520,7 +549,19 @@ where
                     }
                     tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
                     waited_for_lease = true;
-                    tokio::time::sleep(wait).await;
+                    // Heartbeats go on while waiting: the wait may be as long as the lease,
+                    // and the hook's heartbeat timeout may be shorter.
+                    if keeper
+                        .keep_alive(&self.autoscaling, tokio::time::sleep(wait))
+                        .await
+                        .is_err()
+                    {
+                        tracing::info!(
+                            step = "action_gone",
+                            "Auto Scaling no longer has this lifecycle action: stopping"
+                        );
+                        return Ok(DeliveryOutcome::ActionGone);
+                    }
                     node = match nodes.get_opt(&node_name).await.map_err(kube_error)? {
                         Some(node) => node,
                         None => {
@@ -586,10 +627,8 @@ where
                     .eviction_backoff_max
                     .max(self.settings.eviction_backoff),
             },
-            grace_period_seconds: self
-                .settings
-                .pod_grace_period
-                .map(|g| i64::try_from(g.as_secs()).unwrap_or(i64::MAX)),
+            grace_period_seconds: self.settings.pod_grace_period.map(grace_to_send),
+            stuck_pod_after: self.settings.stuck_pod_after,
         };
         let mut session = DrainSession {
             client,
@@ -601,6 +640,11 @@ where
             checkpoint,
             last_written: Some(node),
             stats: SessionStats::default(),
+            node_not_ready_since: None,
+            reported_stuck: Default::default(),
+            renew_failures: 0,
+            first_listed: None,
+            prefetched_pods: prefetch.take().await,
         };
         let hand_over_at = invocation.budget.hand_over_at();
         let driven = keeper
@@ -697,6 +741,7 @@ where
                 };
                 let outcome = self.complete(notification, result).await?;
                 let started_at = session.checkpoint.started_at;
+                let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
                 let completed =
                     lease::update(&nodes, &node_name, &holder, &mut last_written, |c, now| {
                         let mut next = c.handed_over(now);
@@ -704,9 +749,21 @@ where
                         // Without a settle period the drained time was not written yet.
                         next.drained_at = c.drained_at.or(Some(now));
                         next.completed_at = Some(now);
+                        // Scale-in with reuse: the node returns under its name; the mark
+                        // lets the launching hook recognise the return (README "Warm pools").
+                        if to_warm_pool {
+                            next.to_warm_pool_at = Some(now);
+                        }
                         next
                     })
                     .await;
+                if to_warm_pool {
+                    tracing::info!(
+                        step = "to_warm_pool",
+                        recorded = completed.is_ok(),
+                        "the instance goes back to the warm pool: the node keeps its drain record so its return is recognised"
+                    );
+                }
                 if let Err(error) = completed {
                     tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
                 }
@@ -751,6 +808,22 @@ where
             SessionEnd::NodeGone => return Ok(Driven::Finished(DrainEnd::NodeGone)),
             SessionEnd::HandOver => return Ok(Driven::HandOver),
             SessionEnd::LeaseLost => return Ok(Driven::LeaseLost),
+            SessionEnd::PodsUnknown(cause) => {
+                let note = format!(
+                    "The drain deadline of node {} passed and its pods could not be listed ({cause}): they may still be running. Completing the lifecycle action with {}.",
+                    session.node_name,
+                    self.settings.timeout_result.as_str()
+                );
+                tracing::warn!(step = "pod_eviction_failure", cause, "{note}");
+                events.warning(
+                    &session.node_reference(),
+                    reason::POD_EVICTION_FAILURE,
+                    note,
+                );
+                return Ok(Driven::Finished(DrainEnd::EvictionFailure(vec![format!(
+                    "pods unknown: {cause}"
+                )])));
+            }
             SessionEnd::DeadlinePassed(stuck) => stuck,
         };
         let listed: Vec<String> = stuck.iter().map(ToString::to_string).collect();
@@ -892,6 +965,54 @@ where
             outcome,
         )
         .metric_set()
+    }
+}
+
+/// The watch of the node's pods, started in the background so its first list overlaps the
+/// claim; stopped when the drain does not start.
+struct PrefetchedPods {
+    task: tokio::task::JoinHandle<NodePods>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl PrefetchedPods {
+    fn start(client: &kube::Client, node_name: &str) -> Self {
+        let mut pods = NodePods::watch(client, node_name);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            // Until the list is complete or the session wants the watch (listed or not:
+            // `changed` is cancel-safe and the list in progress lives in the stream).
+            let listed = async {
+                while !pods.is_synced() {
+                    if pods.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = listed => {}
+                _ = stopped => {}
+            }
+            pods
+        });
+        Self {
+            task,
+            stop: Some(stop),
+        }
+    }
+
+    /// The watch, at once; `None` if its task failed (the session starts its own).
+    async fn take(mut self) -> Option<NodePods> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.ok()
+    }
+}
+
+impl Drop for PrefetchedPods {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 

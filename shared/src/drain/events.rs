@@ -40,6 +40,8 @@ pub mod reason {
     pub const POD_EVICTION_FAILURE: &str = "PodEvictionFailure";
     pub const DRAIN_FORCED: &str = "DrainForced";
     pub const EVICTION_BLOCKED: &str = "EvictionBlocked";
+    /// Pods whose deletion is overdue (or on a node not Ready): no longer waited for.
+    pub const POD_DELETION_STUCK: &str = "PodDeletionStuck";
     pub const LIFECYCLE_ACTION_COMPLETED: &str = "LifecycleActionCompleted";
 }
 

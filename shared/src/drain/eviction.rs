@@ -24,9 +24,13 @@ pub const NAMESPACE_TERMINATING_CAUSE: &str = "NamespaceTerminating";
 pub enum EvictionOutcome {
     /// 2xx: the pod is being deleted; wait for it to go.
     Accepted,
-    /// 404 (no such pod) or 409 (the UID precondition failed: a different pod has the name):
-    /// the pod the drain wanted gone is gone.
+    /// 404: the pod the drain wanted gone is gone.
     Gone,
+    /// 409: the API server gave up on its own conflict retries (the pod kept changing), or the
+    /// UID precondition failed. Neither proves the pod gone: retried with backoff, and the
+    /// watch of the node's pods tells whether the pod with this UID is still there (a UID
+    /// change or a deletion drops it from the plan, and so from the retries).
+    Conflict { message: String },
     /// 429 from a PodDisruptionBudget: retry later. `budgets` names them when the server said.
     BlockedByBudget {
         budgets: Vec<String>,
@@ -36,7 +40,9 @@ pub enum EvictionOutcome {
     /// 500 "more than one PodDisruptionBudget": the API server refuses to evict a pod two
     /// budgets select. Retried (an operator may fix the budgets) and reported.
     MultipleBudgets { message: String },
-    /// 403 NamespaceTerminating: the namespace's deletion removes the pod; wait for it.
+    /// 403 NamespaceTerminating: the namespace's deletion should remove the pod, but until
+    /// the pod has a `deletionTimestamp` nothing proves it: retried with backoff, and waited
+    /// for (not evicted again) once the watch shows it being deleted.
     NamespaceTerminating,
     /// Throttling (429 without a budget), 5xx, or the API server could not be reached.
     Transient {
@@ -51,10 +57,7 @@ pub enum EvictionOutcome {
 impl EvictionOutcome {
     /// Whether the pod is leaving (or left) and the drain only has to watch it go.
     pub fn is_leaving(&self) -> bool {
-        matches!(
-            self,
-            Self::Accepted | Self::Gone | Self::NamespaceTerminating
-        )
+        matches!(self, Self::Accepted | Self::Gone)
     }
 
     /// The server's `Retry-After`, when it sent one.
@@ -72,6 +75,7 @@ impl EvictionOutcome {
         match self {
             Self::Accepted => "accepted",
             Self::Gone => "gone",
+            Self::Conflict { .. } => "conflict",
             Self::BlockedByBudget { .. } => "blocked_by_budget",
             Self::MultipleBudgets { .. } => "multiple_budgets",
             Self::NamespaceTerminating => "namespace_terminating",
@@ -108,7 +112,8 @@ impl EvictionOutcome {
             })
             .map(Duration::from_secs);
         match status {
-            StatusCode::NOT_FOUND | StatusCode::CONFLICT => Self::Gone,
+            StatusCode::NOT_FOUND => Self::Gone,
+            StatusCode::CONFLICT => Self::Conflict { message },
             StatusCode::TOO_MANY_REQUESTS => {
                 let budgets: Vec<String> = causes
                     .iter()
@@ -161,6 +166,15 @@ fn budget_name(message: &str) -> Option<String> {
     let rest = message.strip_prefix("The disruption budget ")?;
     let name = rest.split_whitespace().next()?;
     Some(name.to_owned())
+}
+
+/// The grace period sent for a configured `POD_GRACE_PERIOD_SECONDS`: at least 1, as
+/// `kubectl drain --grace-period=0` sends, since 0 asks the API server for an immediate
+/// deletion that does not wait for the kubelet to stop the containers.
+pub fn grace_to_send(configured: Duration) -> i64 {
+    i64::try_from(configured.as_secs())
+        .unwrap_or(i64::MAX)
+        .max(1)
 }
 
 /// The body of a policy/v1 Eviction for `pod`.
@@ -260,8 +274,15 @@ mod tests {
             "Precondition failed: UID in precondition",
             json!([]),
         );
-        assert_eq!(classify(409, None, &conflict), EvictionOutcome::Gone);
+        // A 409 does not prove the pod gone: retried, the watch decides.
+        let outcome = classify(409, None, &conflict);
+        assert!(
+            matches!(outcome, EvictionOutcome::Conflict { .. }),
+            "{outcome:?}"
+        );
+        assert!(!outcome.is_leaving());
         assert!(EvictionOutcome::Gone.is_leaving());
+        assert!(!EvictionOutcome::NamespaceTerminating.is_leaving());
     }
 
     #[test]
@@ -350,6 +371,13 @@ mod tests {
                 message: "cannot create resource \"pods/eviction\"".into()
             }
         );
+    }
+
+    #[test]
+    fn a_zero_grace_period_is_sent_as_one() {
+        assert_eq!(grace_to_send(Duration::ZERO), 1);
+        assert_eq!(grace_to_send(Duration::from_millis(500)), 1);
+        assert_eq!(grace_to_send(Duration::from_secs(7)), 7);
     }
 
     #[test]

@@ -147,6 +147,18 @@ impl EvictionQueue {
         Recorded::RetryAt(at)
     }
 
+    /// Moves the retry of a refused pod to `at` (a budget allows it now, or it waits for
+    /// the budget instead of the timer); `false` when the pod is not waiting for a retry.
+    pub fn retry_at(&mut self, pod: &PodKey, at: Instant) -> bool {
+        match self.entries.get_mut(pod) {
+            Some(entry) if !entry.in_flight && !entry.leaving => {
+                entry.not_before = Some(at);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// When the earliest waiting retry is due, if any.
     pub fn next_retry_at(&self) -> Option<Instant> {
         self.entries

@@ -20,10 +20,18 @@ use serde_json::json;
 use super::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision};
 use super::cordon::{CordonReport, CordonSteps};
 use crate::aws::LifecycleActionRef;
+use crate::lifecycle::continuation::backoff_delay;
 
 /// How many times a write lost to a concurrent change is recomputed and retried. Node
 /// objects change often (kubelet status), so a conflict is normal, not an error.
 const CONFLICT_ATTEMPTS: u32 = 8;
+
+/// Calls in total for a checkpoint write the API server keeps refusing transiently, and the
+/// jittered backoff between them: about two seconds at most, so a renewal stays well inside
+/// its interval and a longer outage is left to the caller (see [`update`]).
+const TRANSIENT_ATTEMPTS: u32 = 4;
+const TRANSIENT_BASE: Duration = Duration::from_millis(100);
+const TRANSIENT_CAP: Duration = Duration::from_secs(1);
 
 /// The outcome of trying to take a drain.
 // Returned once per claim, never stored in bulk: size does not matter.
@@ -108,17 +116,25 @@ pub async fn claim(
             drain_timeout,
             holder.lease_duration,
         );
+        let steps = CordonSteps::needed(&node, taint);
         let (checkpoint, resumed) = match decision {
             LeaseDecision::Claim {
-                checkpoint,
+                mut checkpoint,
                 resumed,
-            } => (checkpoint, resumed),
+            } => {
+                // Record what this write changes on top of what any earlier drain of ours
+                // recorded (a resumed drain, or one replacing the checkpoint of an earlier
+                // scale-in whose changes are still on the node): a node back from a warm
+                // pool gets exactly that undone.
+                let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
+                checkpoint.out_of_service = Some(earlier.union(&steps.record()));
+                (checkpoint, resumed)
+            }
             LeaseDecision::HeldByOther { holder, until } => {
                 return Ok(Claim::HeldByOther { holder, until });
             }
             LeaseDecision::AlreadyCompleted => return Ok(Claim::AlreadyCompleted),
         };
-        let steps = CordonSteps::needed(&node, taint);
         match write(nodes, &name, &node, &checkpoint, Some(&steps)).await? {
             Written::Node(written) => {
                 return Ok(Claim::Claimed {
@@ -139,7 +155,18 @@ pub async fn claim(
 }
 
 /// Applies `change` to the checkpoint this invocation holds (renewing the lease, recording
-/// progress, handing over). Fails with [`Update::LeaseLost`] if the lease is no longer ours.
+/// progress, handing over). Fails with [`Update::LeaseLost`] only when the lease names
+/// another holder (or none): a competitor took the drain, or it was released.
+///
+/// The lease's expiry does not decide this: while the checkpoint still names this invocation,
+/// nobody took over (a competitor's claim writes its own name), so a lease that lapsed while
+/// the API server refused writes (a 503/429 burst during a big scale-in) is simply renewed by
+/// this write. The write is conditional on the `resourceVersion` read, so a competitor's claim
+/// made meanwhile makes it fail with a conflict, and the fresh read then names the competitor.
+///
+/// Transient failures (429, 5xx, transport) are retried a few times with jittered backoff;
+/// after that the error is returned and the caller decides (renewals try again later; a
+/// write the drain cannot go on without fails the invocation).
 ///
 /// `known` is the node as this invocation last wrote it, if it has it: the write is tried
 /// against that `resourceVersion` without reading first (a success proves nobody changed the
@@ -152,29 +179,54 @@ pub async fn update(
     known: &mut Option<Node>,
     change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
 ) -> Result<Update, kube::Error> {
-    for _ in 0..CONFLICT_ATTEMPTS {
-        let node = match known.take() {
-            Some(node) => node,
-            None => match get(nodes, name).await? {
+    let mut transient_failures = 0;
+    let mut conflicts = 0;
+    while conflicts < CONFLICT_ATTEMPTS {
+        let attempt = async {
+            let node = match known.take() {
                 Some(node) => node,
-                None => return Ok(Update::NodeGone),
-            },
-        };
-        let now = Timestamp::now();
-        let Some(current) = checkpoint_of(&node).filter(|c| c.is_held_by(&holder.id, now)) else {
-            return Ok(Update::LeaseLost);
-        };
-        let next = change(&current, now);
-        match write(nodes, name, &node, &next, None).await? {
-            Written::Node(written) => {
-                *known = Some(*written);
-                return Ok(Update::Written(next));
+                None => match get(nodes, name).await? {
+                    Some(node) => node,
+                    None => return Ok(Some(Update::NodeGone)),
+                },
+            };
+            let now = Timestamp::now();
+            let Some(current) = checkpoint_of(&node).filter(|c| c.names_holder(&holder.id)) else {
+                return Ok(Some(Update::LeaseLost));
+            };
+            let next = change(&current, now);
+            match write(nodes, name, &node, &next, None).await? {
+                Written::Node(written) => {
+                    *known = Some(*written);
+                    Ok(Some(Update::Written(next)))
+                }
+                Written::Conflict => Ok(None),
+                Written::NodeGone => Ok(Some(Update::NodeGone)),
             }
-            Written::Conflict => continue,
-            Written::NodeGone => return Ok(Update::NodeGone),
+        };
+        match attempt.await {
+            Ok(Some(update)) => return Ok(update),
+            Ok(None) => conflicts += 1,
+            Err(error) if is_transient(&error) && transient_failures + 1 < TRANSIENT_ATTEMPTS => {
+                let delay = backoff_delay(transient_failures, TRANSIENT_BASE, TRANSIENT_CAP);
+                tracing::warn!(node = name, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "could not write the drain checkpoint; retrying");
+                transient_failures += 1;
+                tokio::time::sleep(delay).await;
+            }
+            Err(error) => return Err(error),
         }
     }
     Err(too_many_conflicts(name))
+}
+
+/// Whether a Kubernetes call may succeed when simply tried again: throttling (429), a server
+/// error (5xx) or a connection that failed.
+pub fn is_transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
+        kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+        _ => false,
+    }
 }
 
 enum Written {

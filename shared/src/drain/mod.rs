@@ -9,7 +9,8 @@
 //!    optionally taints it — [`cordon`];
 //! 4. decides which pods leave, in which tier, which stay — [`plan`];
 //! 5. evicts them within a concurrency bound, retrying refusals with [`backoff`] —
-//!    [`eviction`], [`eviction_queue`] — and watches them go with one watch — [`node_pods`];
+//!    [`eviction`], [`eviction_queue`] — retrying pods a PodDisruptionBudget refused when the
+//!    budget allows ([`budget_watch`]) — and watches them go with one watch — [`node_pods`];
 //! 6. at the deadline, reports the pods and budgets in the way ([`budgets`]) or deletes them
 //!    ([`force`]);
 //! 7. settles, then completes the lifecycle action — [`session`], [`drainer`];
@@ -23,6 +24,7 @@
 //! hand-over mechanics — [`crate::lifecycle`].
 
 pub mod backoff;
+pub mod budget_watch;
 pub mod budgets;
 pub mod checkpoint;
 pub mod cordon;

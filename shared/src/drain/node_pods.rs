@@ -27,6 +27,8 @@ pub struct NodePods {
     listing: Option<BTreeMap<(String, String), Pod>>,
     synced: bool,
     generation: u64,
+    /// The last error of the list/watch, for the report when the pods never become known.
+    last_error: Option<String>,
 }
 
 impl NodePods {
@@ -42,6 +44,7 @@ impl NodePods {
             listing: None,
             synced: false,
             generation: 0,
+            last_error: None,
         }
     }
 
@@ -75,6 +78,7 @@ impl NodePods {
             Ok(event) => event,
             Err(error) => {
                 tracing::warn!(%error, "watch of the node's pods failed; retrying");
+                self.last_error = Some(error.to_string());
                 return false;
             }
         };
@@ -122,6 +126,11 @@ impl NodePods {
     /// Counts changes of the view: equal generations mean the same pods.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The last error of the list or watch, if any happened.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
     }
 
     /// Whether the first complete list has arrived.

@@ -7,9 +7,21 @@
 //! mirror pods (the kubelet owns them; deleting the API object does nothing) and DaemonSet
 //! pods (the DaemonSet controller would put them straight back, and they keep the node's
 //! networking and logging alive until the very end).
+//!
+//! Two kinds of pods stop holding the drain (see [`PlanContext`]):
+//! - a pod whose deletion is overdue (its `deletionTimestamp`, the end of its grace period,
+//!   plus `STUCK_POD_SECONDS`), or any pod being deleted on a node that has not been Ready
+//!   for that long: a dead kubelet never confirms a deletion, and waiting for it would hold
+//!   the instance until the drain deadline. Such pods are reported, not waited for.
+//! - a pod bound after the cordon that tolerates `node.kubernetes.io/unschedulable`: its
+//!   owner placed it on a cordoned node on purpose (CNI and operator pods tolerate
+//!   everything), and evicting it brings a replacement straight back (an emptying node scores
+//!   best). Like Karpenter, the drain leaves it: it goes with the instance.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 /// The annotation the kubelet puts on the API copy of a static pod.
@@ -24,6 +36,96 @@ pub const CRITICAL_PRIORITY_CLASSES: [&str; 2] =
 /// The lowest priority value of the built-in critical classes (`system-cluster-critical`):
 /// pods with a custom class at least this high are treated as critical too.
 pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// The taint a cordoned node carries for the scheduler (`spec.unschedulable`).
+pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// What the plan needs to know besides the pods: the drain's start, the node's readiness,
+/// the clock. [`PlanContext::default`] knows nothing and so waits for every deletion and
+/// evicts every late pod (what a plan of one listed snapshot does).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PlanContext {
+    pub now: Option<Timestamp>,
+    /// When the drain cordoned the node: pods bound later that tolerate the cordon stay.
+    pub cordoned_at: Option<Timestamp>,
+    /// Since when the node's Ready condition is False or Unknown, when it is.
+    pub not_ready_since: Option<Timestamp>,
+    /// The UIDs of the pods of this invocation's first complete list of the node (made after
+    /// the cordon): a pod missing from it was bound later. The API's timestamps have whole
+    /// seconds, so this is what tells a pod bound in the cordon's own second.
+    pub first_listed: Option<std::sync::Arc<std::collections::BTreeSet<String>>>,
+    /// `STUCK_POD_SECONDS`: how long past its deletion deadline (or after the node stopped
+    /// being Ready) a terminating pod is still waited for.
+    pub stuck_after: Duration,
+}
+
+impl PlanContext {
+    /// When a pod being deleted since `deletion_timestamp` stops holding the drain.
+    fn stuck_at(&self, deletion_timestamp: Timestamp) -> Timestamp {
+        let margin =
+            jiff::SignedDuration::try_from(self.stuck_after).unwrap_or(jiff::SignedDuration::MAX);
+        let overdue = deletion_timestamp
+            .checked_add(margin)
+            .unwrap_or(Timestamp::MAX);
+        let node_dead = self
+            .not_ready_since
+            .and_then(|since| since.checked_add(margin).ok())
+            .unwrap_or(Timestamp::MAX);
+        overdue.min(node_dead)
+    }
+
+    /// Whether `pod` was bound after the cordon and tolerates it.
+    fn tolerating_latecomer(&self, pod: &Pod) -> bool {
+        let Some(cordoned_at) = self.cordoned_at else {
+            return false;
+        };
+        let bound_later = bound_at(pod).is_some_and(|at| at > cordoned_at);
+        let listed_later = self.first_listed.as_ref().is_some_and(|listed| {
+            pod.metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| !listed.contains(uid))
+        });
+        (bound_later || listed_later) && tolerates_cordon(pod)
+    }
+}
+
+/// When the pod was bound to its node: its `PodScheduled` condition's transition, else its
+/// creation (a DaemonSet-style pod created with `nodeName` set).
+fn bound_at(pod: &Pod) -> Option<Timestamp> {
+    let scheduled = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0);
+    scheduled.or_else(|| pod.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// Whether one of the pod's tolerations matches the cordon's `NoSchedule` taint (the
+/// scheduler's NodeUnschedulable filter lets such a pod onto a cordoned node).
+pub fn tolerates_cordon(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.tolerations.as_ref())
+        .is_some_and(|tolerations| {
+            tolerations.iter().any(|t| {
+                let key_matches = match t.key.as_deref() {
+                    None | Some("") => t.operator.as_deref() == Some("Exists"),
+                    Some(key) => key == UNSCHEDULABLE_TAINT,
+                };
+                let effect_matches =
+                    matches!(t.effect.as_deref(), None | Some("") | Some("NoSchedule"));
+                let value_matches = t.operator.as_deref() == Some("Exists")
+                    || t.value.as_deref().unwrap_or_default().is_empty();
+                key_matches && effect_matches && value_matches
+            })
+        })
+}
 
 /// The order in which pods are evicted: every pod of a tier is gone before the next starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,12 +158,22 @@ pub enum PodDisposition {
     SkipDaemonSet,
     /// Already being deleted (`deletionTimestamp` set): waited for, not evicted again.
     AwaitDeletion(EvictionTier),
+    /// Being deleted for longer than its grace period plus `STUCK_POD_SECONDS` (or on a node
+    /// NotReady that long): reported, no longer waited for.
+    StuckDeletion(EvictionTier),
+    /// Bound after the cordon and tolerating it: left on the node (see the module doc).
+    SkipToleratesCordon,
     /// Evicted in its tier.
     Evict(EvictionTier),
 }
 
 impl PodDisposition {
     pub fn of(pod: &Pod) -> Self {
+        Self::in_context(pod, &PlanContext::default())
+    }
+
+    /// The disposition of `pod` given what `context` knows about the node and the drain.
+    pub fn in_context(pod: &Pod, context: &PlanContext) -> Self {
         let meta = &pod.metadata;
         if meta
             .annotations
@@ -79,10 +191,13 @@ impl PodDisposition {
             return Self::SkipDaemonSet;
         }
         let tier = EvictionTier::of(pod);
-        if meta.deletion_timestamp.is_some() {
-            Self::AwaitDeletion(tier)
-        } else {
-            Self::Evict(tier)
+        match (&meta.deletion_timestamp, context.now) {
+            (Some(deleting), Some(now)) if context.stuck_at(deleting.0) <= now => {
+                Self::StuckDeletion(tier)
+            }
+            (Some(_), _) => Self::AwaitDeletion(tier),
+            (None, _) if context.tolerating_latecomer(pod) => Self::SkipToleratesCordon,
+            (None, _) => Self::Evict(tier),
         }
     }
 
@@ -133,8 +248,11 @@ pub struct PlannedPod {
 pub struct DrainPlan {
     /// Pods to evict and pods already terminating, per tier.
     tiers: BTreeMap<EvictionTier, TierPods>,
-    /// Pods left on the node on purpose, with the reason.
+    /// Pods left on the node on purpose, with the reason (stuck deletions included).
     pub skipped: Vec<(PodKey, PodDisposition)>,
+    /// When the next pod still waited for becomes a stuck deletion, if any will: the plan
+    /// changes then without any pod changing.
+    pub next_change_at: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -144,12 +262,26 @@ struct TierPods {
 }
 
 impl DrainPlan {
-    /// Plans the drain of the pods listed on the node.
+    /// Plans the drain of the pods listed on the node, knowing nothing else.
     pub fn new<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
+        Self::in_context(pods, &PlanContext::default())
+    }
+
+    /// Plans the drain of the pods listed on the node given `context`.
+    pub fn in_context<'a>(pods: impl IntoIterator<Item = &'a Pod>, context: &PlanContext) -> Self {
         let mut plan = Self::default();
         for pod in pods {
             let Some(key) = PodKey::of(pod) else { continue };
-            match PodDisposition::of(pod) {
+            let disposition = PodDisposition::in_context(pod, context);
+            if let (PodDisposition::AwaitDeletion(_), Some(deleting)) =
+                (disposition, &pod.metadata.deletion_timestamp)
+            {
+                let at = context.stuck_at(deleting.0);
+                if context.now.is_some() && at < Timestamp::MAX {
+                    plan.next_change_at = Some(plan.next_change_at.map_or(at, |t| t.min(at)));
+                }
+            }
+            match disposition {
                 PodDisposition::Evict(tier) => {
                     plan.tiers.entry(tier).or_default().evict.push(PlannedPod {
                         key,
@@ -205,6 +337,22 @@ impl DrainPlan {
     /// Whether the pod is already being deleted.
     pub fn is_terminating(&self, pod: &PodKey) -> bool {
         self.tiers.values().any(|t| t.terminating.contains(pod))
+    }
+
+    /// The pods whose deletion is stuck (no longer waited for).
+    pub fn stuck(&self) -> impl Iterator<Item = &PodKey> {
+        self.skipped
+            .iter()
+            .filter(|(_, d)| matches!(d, PodDisposition::StuckDeletion(_)))
+            .map(|(k, _)| k)
+    }
+
+    /// The pods left because they came back after the cordon and tolerate it.
+    pub fn tolerating_latecomers(&self) -> impl Iterator<Item = &PodKey> {
+        self.skipped
+            .iter()
+            .filter(|(_, d)| *d == PodDisposition::SkipToleratesCordon)
+            .map(|(k, _)| k)
     }
 
     /// Every pod that keeps the node from being drained (to evict or terminating).
@@ -408,5 +556,135 @@ mod tests {
             DrainPlan::new(&pods).current_tier(),
             Some(EvictionTier::Critical)
         );
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn context(now: i64) -> PlanContext {
+        PlanContext {
+            now: Some(at(now)),
+            cordoned_at: Some(at(0)),
+            not_ready_since: None,
+            first_listed: None,
+            stuck_after: Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn an_overdue_deletion_stops_holding_the_drain_and_the_next_tier() {
+        let deleting = Time(at(30));
+        let pods = vec![
+            pod(
+                "default",
+                "stuck",
+                json!({"metadata": {"deletionTimestamp": deleting}}),
+            ),
+            pod(
+                "kube-system",
+                "critical",
+                json!({"spec": {"priorityClassName": "system-node-critical"}}),
+            ),
+        ];
+        // Before the grace end plus the margin: waited for, and the plan says when that ends.
+        let plan = DrainPlan::in_context(&pods, &context(89));
+        assert!(plan.to_evict_now().is_empty());
+        assert_eq!(plan.next_change_at, Some(at(90)));
+        assert_eq!(plan.stuck().count(), 0);
+        // After it: reported as stuck, and the critical tier goes on.
+        let plan = DrainPlan::in_context(&pods, &context(90));
+        assert_eq!(
+            plan.stuck().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+            ["stuck"]
+        );
+        assert_eq!(names(plan.to_evict_now()), ["critical"]);
+        // Without a clock (the snapshot plan) it is waited for as before.
+        assert!(DrainPlan::new(&pods).to_evict_now().is_empty());
+    }
+
+    #[test]
+    fn on_a_node_not_ready_for_the_margin_every_deletion_is_stuck() {
+        let pods = vec![pod(
+            "default",
+            "long-grace",
+            json!({"metadata": {"deletionTimestamp": Time(at(3600))}}),
+        )];
+        let mut ctx = context(70);
+        assert!(!DrainPlan::in_context(&pods, &ctx).is_drained());
+        ctx.not_ready_since = Some(at(10));
+        let plan = DrainPlan::in_context(&pods, &ctx);
+        assert!(plan.is_drained(), "{plan:?}");
+        assert_eq!(plan.stuck().count(), 1);
+        ctx.not_ready_since = Some(at(20));
+        let plan = DrainPlan::in_context(&pods, &ctx);
+        assert!(!plan.is_drained());
+        assert_eq!(plan.next_change_at, Some(at(80)));
+    }
+
+    #[test]
+    fn a_tolerating_pod_bound_after_the_cordon_is_left_and_others_are_evicted() {
+        let tolerate_all = json!({"spec": {"tolerations": [{"operator": "Exists"}]}});
+        let created = |t: i64| json!({"metadata": {"creationTimestamp": Time(at(t))}});
+        let pods = vec![
+            // There before the cordon: evicted even though it tolerates it.
+            pod(
+                "default",
+                "before",
+                merge_all([tolerate_all.clone(), created(-5)]),
+            ),
+            // Came back after the cordon and tolerates it: left.
+            pod(
+                "default",
+                "after",
+                merge_all([tolerate_all.clone(), created(5)]),
+            ),
+            // Tolerates only the cordon's key: left too.
+            pod(
+                "default",
+                "keyed",
+                merge_all([
+                    json!({"spec": {"tolerations": [{"key": UNSCHEDULABLE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]}}),
+                    created(5),
+                ]),
+            ),
+            // Bound after the cordon without tolerating it (a stale scheduler): evicted.
+            pod("default", "stale", created(5)),
+            // Tolerates something else only: evicted.
+            pod(
+                "default",
+                "other",
+                merge_all([
+                    json!({"spec": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}}),
+                    created(5),
+                ]),
+            ),
+        ];
+        let plan = DrainPlan::in_context(&pods, &context(10));
+        assert_eq!(names(plan.to_evict_now()), ["before", "other", "stale"]);
+        let left: Vec<_> = plan
+            .tolerating_latecomers()
+            .map(|k| k.name.as_str())
+            .collect();
+        assert_eq!(left, ["after", "keyed"]);
+        // Without the cordon time nothing is left.
+        assert_eq!(DrainPlan::new(&pods).to_evict_now().len(), 5);
+        // Timestamps have whole seconds: a tolerating pod bound in the cordon's own second is
+        // told by its absence from the first list made after the cordon.
+        let same_second = vec![pod(
+            "default",
+            "same",
+            merge_all([tolerate_all, created(0)]),
+        )];
+        assert_eq!(
+            DrainPlan::in_context(&same_second, &context(10))
+                .to_evict_now()
+                .len(),
+            1
+        );
+        let mut listed = context(10);
+        listed.first_listed = Some(std::sync::Arc::new(["uid-before".to_owned()].into()));
+        let plan = DrainPlan::in_context(&same_second, &listed);
+        assert!(plan.is_drained(), "{plan:?}");
     }
 }

@@ -16,6 +16,7 @@ use kube::Api;
 use tokio::time::{Instant, sleep_until};
 
 use super::backoff::Backoff;
+use super::budget_watch::{BudgetWatch, Waiting};
 use super::budgets;
 use super::checkpoint::DrainCheckpoint;
 use super::events::{DrainEvents, reason};
@@ -23,8 +24,14 @@ use super::eviction::{self, EvictionOutcome};
 use super::eviction_queue::{EvictionFuture, EvictionQueue, Recorded};
 use super::lease::{self, LeaseHolder, Update};
 use super::node_pods::NodePods;
-use super::plan::{DrainPlan, PodKey};
-use crate::lifecycle::continuation::instant_at;
+use super::plan::{DrainPlan, PlanContext, PodKey};
+use crate::lifecycle::continuation::{backoff_delay, instant_at};
+
+/// How long after the drain deadline the session still waits for a first list of the node's
+/// pods before it reports the drain failed with the list's error: a resumed invocation must
+/// report the pods that are there, but a list that never succeeds (RBAC without `list pods`,
+/// an API server down) must not hold the action forever.
+const UNLISTED_PODS_GRACE: Duration = Duration::from_secs(5);
 
 /// How a drain session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +40,9 @@ pub enum SessionEnd {
     Settled,
     /// The drain deadline passed with pods left (eviction kept being refused).
     DeadlinePassed(Vec<StuckPod>),
+    /// The drain deadline passed and the node's pods were never listed (the list or watch
+    /// kept failing): the cause, for the PodEvictionFailure report.
+    PodsUnknown(String),
     /// The invocation is nearly out of time: hand the drain to a fresh one.
     HandOver,
     /// Another invocation took the drain (our lease had expired): stop quietly.
@@ -103,6 +113,8 @@ pub struct SessionSettings {
     pub eviction_concurrency: usize,
     pub backoff: Backoff,
     pub grace_period_seconds: Option<i64>,
+    /// `STUCK_POD_SECONDS`: see [`PlanContext::stuck_after`].
+    pub stuck_pod_after: Duration,
 }
 
 /// One invocation working on one node's drain.
@@ -118,6 +130,18 @@ pub struct DrainSession<'a> {
     /// `resourceVersion` without reading first (see [`lease::update`]).
     pub last_written: Option<Node>,
     pub stats: SessionStats,
+    /// Since when the node is not Ready, as last seen (kept when `last_written` is unknown).
+    pub node_not_ready_since: Option<Timestamp>,
+    /// Stuck deletions already reported (one Event per pod).
+    pub reported_stuck: BTreeSet<PodKey>,
+    /// Lease renewals that failed in a row: the next is tried sooner, with jitter.
+    pub renew_failures: u32,
+    /// The UIDs of this invocation's first complete list of the node's pods (see
+    /// [`PlanContext::first_listed`]).
+    pub first_listed: Option<std::sync::Arc<BTreeSet<String>>>,
+    /// The watch of the node's pods when it was started before the session (concurrently
+    /// with the claim); the session starts its own otherwise.
+    pub prefetched_pods: Option<NodePods>,
 }
 
 impl DrainSession<'_> {
@@ -126,30 +150,102 @@ impl DrainSession<'_> {
     }
 
     /// Runs until the drain is done, its deadline passes or `hand_over_at` comes.
+    ///
+    /// After the settle period the node's pods are listed once more before the session
+    /// reports it settled: a pod bound meanwhile by a scheduler whose cache still saw the
+    /// node schedulable would otherwise die with the instance. Such pods are evicted like
+    /// the others (settling again is not needed: the node was out of load balancers).
     pub async fn run(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
-        if self.checkpoint.drained_at.is_none() {
-            if let Some(end) = self.evict_all(hand_over_at).await? {
-                return Ok(end);
-            }
-            // The drained time is what a resumed invocation counts the settle period from;
-            // without a settle period there is nothing to resume, so no write on the way to
-            // the completion (which records it).
-            if !self.settings.settle.is_zero()
-                && let Some(end) = self.mark_drained().await?
+        let mut late_pods = false;
+        loop {
+            if (self.checkpoint.drained_at.is_none() || late_pods)
+                && let Some(end) = self.evict_all(hand_over_at).await?
             {
                 return Ok(end);
             }
-            tracing::info!(step = "drained", node = %self.node_name, pods_evicted = self.stats.pods_evicted, "node drained");
-            self.events.normal(
-                &self.node_reference(),
-                reason::DRAINED,
-                format!(
-                    "All pods that had to leave node {} are gone ({} evicted by this invocation)",
-                    self.node_name, self.stats.pods_evicted
-                ),
-            );
+            if self.checkpoint.drained_at.is_none() {
+                // The drained time is what a resumed invocation counts the settle period
+                // from; without a settle period there is nothing to resume, so no write on
+                // the way to the completion (which records it).
+                if !self.settings.settle.is_zero()
+                    && let Some(end) = self.mark_drained().await?
+                {
+                    return Ok(end);
+                }
+                tracing::info!(step = "drained", node = %self.node_name, pods_evicted = self.stats.pods_evicted, "node drained");
+                self.events.normal(
+                    &self.node_reference(),
+                    reason::DRAINED,
+                    format!(
+                        "All pods that had to leave node {} are gone ({} evicted by this invocation)",
+                        self.node_name, self.stats.pods_evicted
+                    ),
+                );
+            }
+            match self.settle(hand_over_at).await? {
+                SessionEnd::Settled => {}
+                end => return Ok(end),
+            }
+            let left = self.pods_to_evict_now().await?;
+            if left.is_empty() {
+                return Ok(SessionEnd::Settled);
+            }
+            tracing::warn!(step = "late_pods", node = %self.node_name, pods = ?left.iter().map(ToString::to_string).collect::<Vec<_>>(), "pods were bound to the node after it was drained: evicting them before completing");
+            late_pods = true;
         }
-        self.settle(hand_over_at).await
+    }
+
+    /// The pods on the node that still have to go, from one list (the re-check before
+    /// completing).
+    async fn pods_to_evict_now(&mut self) -> Result<Vec<PodKey>, kube::Error> {
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(self.client.clone());
+        let params =
+            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let pods = api.list(&params).await?;
+        let plan = DrainPlan::in_context(&pods.items, &self.plan_context());
+        Ok(plan.remaining().cloned().collect())
+    }
+
+    /// What the plan needs besides the pods, as of now.
+    fn plan_context(&mut self) -> PlanContext {
+        if let Some(node) = &self.last_written {
+            self.node_not_ready_since = not_ready_since(node);
+        }
+        PlanContext {
+            now: Some(Timestamp::now()),
+            cordoned_at: Some(self.checkpoint.started_at),
+            not_ready_since: self.node_not_ready_since,
+            first_listed: self.first_listed.clone(),
+            stuck_after: self.settings.stuck_pod_after,
+        }
+    }
+
+    /// Reports the stuck deletions of `plan` not reported yet: a log line and a Warning Event
+    /// on the node naming them.
+    fn report_stuck(&mut self, plan: &DrainPlan) {
+        let new: Vec<PodKey> = plan
+            .stuck()
+            .filter(|k| !self.reported_stuck.contains(*k))
+            .cloned()
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let names: Vec<String> = new.iter().map(ToString::to_string).collect();
+        let why = match self.node_not_ready_since {
+            Some(since) => format!("node not Ready since {since}"),
+            None => "their deletion is overdue".to_owned(),
+        };
+        let note = format!(
+            "No longer waiting for {} pod(s) whose deletion is stuck ({why}; STUCK_POD_SECONDS {}): {}. The drain goes on; they go with the instance.",
+            new.len(),
+            self.settings.stuck_pod_after.as_secs_f64(),
+            names.join(", ")
+        );
+        tracing::warn!(step = "stuck_pods", node = %self.node_name, pods = ?names, "{note}");
+        self.events
+            .warning(&self.node_reference(), reason::POD_DELETION_STUCK, note);
+        self.reported_stuck.extend(new);
     }
 
     /// Records that the node is drained (also after forced deletion), so the settle period
@@ -200,14 +296,20 @@ impl DrainSession<'_> {
         hand_over_at: Instant,
     ) -> Result<Option<SessionEnd>, kube::Error> {
         let client = self.client.clone();
-        let mut pods = NodePods::watch(&client, &self.node_name);
+        let mut pods = match self.prefetched_pods.take() {
+            Some(pods) => pods,
+            None => NodePods::watch(&client, &self.node_name),
+        };
+        let mut budget_watch = BudgetWatch::new(client.clone(), self.settings.backoff);
         let mut queue = EvictionQueue::new(
             self.settings.backoff,
             self.settings.eviction_concurrency,
             self.settings.grace_period_seconds,
         );
         let deadline_at = instant_at(self.checkpoint.deadline);
+        let unlisted_deadline_at = deadline_at.max(Instant::now()) + UNLISTED_PODS_GRACE;
         let mut renew_at = Instant::now() + self.renew_interval();
+        let mut reported_latecomers: BTreeSet<PodKey> = BTreeSet::new();
         let mut reported_multiple: BTreeSet<PodKey> = BTreeSet::new();
         let evict = |key: PodKey, grace: Option<i64>| -> EvictionFuture {
             let client = client.clone();
@@ -218,16 +320,34 @@ impl DrainSession<'_> {
         };
         // The plan of the pods as of a generation of the watch: re-planned only when the
         // pods changed, since an eviction answer alone only frees a slot.
+        // Also re-planned when a waited-for deletion becomes stuck (`next_change_at`) and
+        // after a lease renewal (the node's readiness may have changed).
         let mut planned: Option<(u64, DrainPlan)> = None;
         loop {
             if pods.is_synced() {
                 let generation = pods.generation();
                 if planned.as_ref().is_none_or(|(seen, _)| *seen != generation) {
-                    let plan = DrainPlan::new(pods.pods());
+                    if self.first_listed.is_none() {
+                        let uids = pods.pods().filter_map(|p| p.metadata.uid.clone()).collect();
+                        self.first_listed = Some(std::sync::Arc::new(uids));
+                    }
+                    let context = self.plan_context();
+                    let plan = DrainPlan::in_context(pods.pods(), &context);
+                    self.report_stuck(&plan);
+                    let latecomers: Vec<PodKey> = plan
+                        .tolerating_latecomers()
+                        .filter(|k| !reported_latecomers.contains(*k))
+                        .cloned()
+                        .collect();
+                    if !latecomers.is_empty() {
+                        tracing::info!(step = "left_tolerating_pods", node = %self.node_name, pods = ?latecomers.iter().map(ToString::to_string).collect::<Vec<_>>(), "pods bound after the cordon that tolerate it are left on the node (evicting them would bring them straight back)");
+                        reported_latecomers.extend(latecomers);
+                    }
                     if plan.is_drained() {
                         return Ok(None);
                     }
                     queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+                    budget_watch.retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
                     planned = Some((generation, plan));
                 }
                 if let Some((_, plan)) = &planned {
@@ -235,6 +355,10 @@ impl DrainSession<'_> {
                 }
             }
             let retry_at = queue.next_retry_at();
+            let replan_at = planned
+                .as_ref()
+                .and_then(|(_, plan)| plan.next_change_at)
+                .map(instant_at);
             // Biased, in this order: the deadline and the hand-over win over everything; an
             // eviction answer is read before more watch events (a busy watch must not starve
             // the answers, whose connections would sit unread).
@@ -246,22 +370,39 @@ impl DrainSession<'_> {
                     let stuck = self.stuck_pods(&pods, &queue).await;
                     return Ok(Some(SessionEnd::DeadlinePassed(stuck)));
                 }
+                // The pods were never listed: the deadline still counts.
+                _ = sleep_until(unlisted_deadline_at), if !pods.is_synced() => {
+                    let cause = pods
+                        .last_error()
+                        .unwrap_or("no answer from the API server")
+                        .to_owned();
+                    return Ok(Some(SessionEnd::PodsUnknown(cause)));
+                }
                 _ = sleep_until(hand_over_at) => return Ok(Some(SessionEnd::HandOver)),
                 _ = sleep_until(renew_at) => {
                     if let Some(end) = self.renew().await {
                         return Ok(Some(end));
                     }
                     renew_at = Instant::now() + self.renew_interval();
+                    planned = None;
                 }
                 (pod, outcome) = queue.next_answer() => {
-                    self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                    self.on_answer(&mut queue, &mut budget_watch, &pod, outcome, &mut reported_multiple).await;
                     // Answers come in waves: take every one already here before offering
                     // the freed slots.
                     while let Some((pod, outcome)) = queue.ready_answer() {
-                        self.on_answer(&mut queue, &pod, outcome, &mut reported_multiple).await;
+                        self.on_answer(&mut queue, &mut budget_watch, &pod, outcome, &mut reported_multiple).await;
+                    }
+                }
+                released = budget_watch.released() => {
+                    for (pod, at) in &released {
+                        queue.retry_at(pod, *at);
                     }
                 }
                 _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
+                _ = sleep_until(replan_at.unwrap_or(hand_over_at)), if replan_at.is_some() => {
+                    planned = None;
+                }
                 changed = pods.changed() => {
                     if let Err(error) = changed {
                         tracing::warn!(%error, "restarting the watch of the node's pods");
@@ -275,6 +416,7 @@ impl DrainSession<'_> {
     async fn on_answer(
         &mut self,
         queue: &mut EvictionQueue,
+        budget_watch: &mut BudgetWatch,
         pod: &PodKey,
         outcome: EvictionOutcome,
         reported_multiple: &mut BTreeSet<PodKey>,
@@ -285,9 +427,11 @@ impl DrainSession<'_> {
             EvictionOutcome::BlockedByBudget { message, .. }
             | EvictionOutcome::MultipleBudgets { message }
             | EvictionOutcome::Transient { message, .. }
+            | EvictionOutcome::Conflict { message }
             | EvictionOutcome::Rejected { message, .. } => message.clone(),
             _ => String::new(),
         };
+        let refusal = outcome.clone();
         match queue.record(pod, outcome, Instant::now()) {
             Recorded::Evicted => {
                 self.stats.pods_evicted += 1;
@@ -298,8 +442,13 @@ impl DrainSession<'_> {
             }
             Recorded::RetryAt(at) => {
                 self.stats.eviction_retries += 1;
-                let retry_in = at.saturating_duration_since(Instant::now());
-                tracing::info!(step = "eviction_refused", node = %self.node_name, pod = %pod, outcome = label, retry_in_ms = retry_in.as_millis() as u64, detail = %detail, "eviction refused; will retry");
+                let now = Instant::now();
+                let (at, paced_by) = match budget_watch.after_refusal(queue, pod, &refusal, now) {
+                    Waiting::OnBudget(at) => (at, "budget"),
+                    Waiting::OnTimer => (at, "timer"),
+                };
+                let retry_in = at.saturating_duration_since(now);
+                tracing::info!(step = "eviction_refused", node = %self.node_name, pod = %pod, outcome = label, retry_in_ms = retry_in.as_millis() as u64, paced_by, detail = %detail, "eviction refused; will retry");
                 if multiple && reported_multiple.insert(pod.clone()) {
                     let names = self.budgets_of(pod).await;
                     let note = format!(
@@ -339,8 +488,9 @@ impl DrainSession<'_> {
         }
     }
 
-    async fn stuck_pods(&self, pods: &NodePods, queue: &EvictionQueue) -> Vec<StuckPod> {
-        let plan = DrainPlan::new(pods.pods());
+    async fn stuck_pods(&mut self, pods: &NodePods, queue: &EvictionQueue) -> Vec<StuckPod> {
+        let context = self.plan_context();
+        let plan = DrainPlan::in_context(pods.pods(), &context);
         let refusals: BTreeMap<&PodKey, &EvictionOutcome> = queue.refusals().collect();
         let mut namespaces: BTreeMap<
             String,
@@ -392,22 +542,35 @@ impl DrainSession<'_> {
         stuck
     }
 
+    /// When to renew the lease next: every third of the lease; after failed renewals
+    /// sooner, jittered, growing back to that interval.
     fn renew_interval(&self) -> Duration {
-        (self.holder.lease_duration / 3).max(Duration::from_millis(10))
+        let interval = (self.holder.lease_duration / 3).max(Duration::from_millis(10));
+        match self.renew_failures {
+            0 => interval,
+            failures => backoff_delay(failures - 1, interval / 8, interval),
+        }
     }
 
-    /// Renews the lease. A failed renewal (API hiccup) is logged and tried again at the next
-    /// interval: renewing every third of the lease leaves two more chances before it lapses,
-    /// and a lapsed lease is detected by the next successful renewal.
+    /// Renews the lease. A renewal the API server keeps refusing (after the retries of
+    /// [`lease::update`]) is logged and tried again soon; the drain goes on meanwhile. The
+    /// lease may lapse by the clock during such an outage: that alone ends nothing, since
+    /// only a competitor's claim (its name in the checkpoint) takes the drain away, and the
+    /// next successful write renews it. Writes the drain cannot go on without (the drained
+    /// mark, the hand-over) fail the invocation instead, so Lambda retries it.
     async fn renew(&mut self) -> Option<SessionEnd> {
         let holder = self.holder.clone();
         match self
             .update(move |c, now| c.renewed(&holder.id, now, holder.lease_duration))
             .await
         {
-            Ok(end) => end,
+            Ok(end) => {
+                self.renew_failures = 0;
+                end
+            }
             Err(error) => {
-                tracing::warn!(node = %self.node_name, %error, "could not renew the drain lease; trying again");
+                self.renew_failures = self.renew_failures.saturating_add(1);
+                tracing::warn!(node = %self.node_name, %error, failures = self.renew_failures, "could not renew the drain lease; the drain goes on and the renewal is tried again");
                 None
             }
         }
@@ -440,6 +603,26 @@ impl DrainSession<'_> {
     pub fn node_reference(&self) -> k8s_openapi::api::core::v1::ObjectReference {
         DrainEvents::node_reference(&self.node_name, self.node_uid.as_deref())
     }
+}
+
+/// Since when `node`'s Ready condition is False or Unknown (its last transition), when it is.
+pub fn not_ready_since(node: &Node) -> Option<Timestamp> {
+    let ready = node
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")?;
+    if ready.status == "True" {
+        return None;
+    }
+    Some(
+        ready
+            .last_transition_time
+            .as_ref()
+            .map_or_else(Timestamp::now, |t| t.0),
+    )
 }
 
 #[cfg(test)]

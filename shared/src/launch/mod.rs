@@ -6,9 +6,12 @@
 //! an instance refresh) before it can run pods. The wait is bounded by the launch timeout,
 //! counted from the notification's own time so a continuation keeps the original deadline;
 //! after it the configured result is given (CONTINUE keeps the instance, ABANDON makes Auto
-//! Scaling replace it). The node is only read, never written: the hook emits an Event on it.
+//! Scaling replace it). The node is only read and given Events, with one exception: a node
+//! coming back from a warm pool gets the scale-in's drain undone ([`warm_pool`]). A launch
+//! into a warm pool completes without waiting for a node (see README "Warm pools").
 
 pub mod readiness;
+pub mod warm_pool;
 
 use std::time::Duration;
 
@@ -38,6 +41,7 @@ use crate::lifecycle::settings::LaunchSettings;
 use crate::telemetry::{MetricSet, Unit};
 
 use self::readiness::{NodeSighting, wait_until_ready};
+use self::warm_pool::{Restore, Restored, RunningWait, restore_returning_node, wait_until_running};
 
 /// The function name used for metrics and as the Events' reporting controller.
 pub const FUNCTION_NAME: &str = "launching-hook";
@@ -101,7 +105,22 @@ pub struct RecordReport {
 #[serde(tag = "outcome")]
 pub enum LaunchOutcome {
     /// The node is Ready and the action was completed with CONTINUE.
-    Completed { node: String, waited_seconds: f64 },
+    Completed {
+        node: String,
+        waited_seconds: f64,
+        /// Back from the warm pool: what of the scale-in's drain was undone on the node.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        restored: Option<Restored>,
+    },
+    /// A launch into the warm pool, completed with CONTINUE once EC2 reported the instance
+    /// out of `pending`, without waiting for a node (`WARM_POOL_WAIT_FOR_NODE=false`).
+    EnteredWarmPool {
+        /// The EC2 state seen (`running`; `unknown` when EC2 does not know the instance).
+        instance_state: String,
+        waited_seconds: f64,
+        /// False when Auto Scaling had no active action any more (a duplicate delivery).
+        completed: bool,
+    },
     /// The node is Ready but Auto Scaling had no active action any more (completed by a
     /// duplicate delivery, or timed out).
     AlreadyCompleted { node: String },
@@ -133,6 +152,7 @@ impl LaunchOutcome {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Completed { .. } => "Completed",
+            Self::EnteredWarmPool { .. } => "EnteredWarmPool",
             Self::AlreadyCompleted { .. } => "AlreadyCompleted",
             Self::TimedOut { .. } => "TimedOut",
             Self::HandedOver { .. } => "HandedOver",
@@ -157,6 +177,18 @@ pub enum LaunchError {
     Cluster(#[from] ClusterAccessError),
     #[error("cannot complete the lifecycle action: {0}")]
     Complete(#[source] AwsError),
+    #[error("cannot read the instance's state from EC2: {0}")]
+    InstanceState(#[source] AwsError),
+    #[error(
+        "the instance launching into the warm pool is still pending in EC2 and the invocation's time is up; a retry continues"
+    )]
+    StillPending,
+    #[error("cannot undo the scale-in's drain on node {node}, back from the warm pool: {source}")]
+    Restore {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
     #[error("cannot hand the wait over to a fresh invocation: {0}")]
     Continuation(#[from] ContinuationError),
     #[error(
@@ -178,6 +210,9 @@ impl LaunchError {
             Self::Scope(_) => "ScopeCheckFailed",
             Self::Cluster(_) => "ClusterAccessFailed",
             Self::Complete(_) => "CompleteLifecycleActionFailed",
+            Self::InstanceState(_) => "InstanceStateUnavailable",
+            Self::StillPending => "InstanceStillPending",
+            Self::Restore { .. } => "WarmPoolRestoreFailed",
             Self::Continuation(_) => "HandOverFailed",
             Self::NoTimeToWait { .. } => "NoTimeToWait",
             Self::Records { .. } => "RecordsFailed",
@@ -398,6 +433,28 @@ where
             tracing::debug!(asg = %action.auto_scaling_group_name, evidence, "group is this cluster's");
         }
     }
+    let route = notification.route;
+    if route.is_into_warm_pool() {
+        if !ctx.settings.warm_pool_wait_for_node {
+            log_step(
+                notification,
+                None,
+                "launch into the warm pool: completing as soon as the instance runs, without waiting for a node (WARM_POOL_WAIT_FOR_NODE=false)",
+            );
+            return into_warm_pool(ctx, invocation, notification).await;
+        }
+        log_step(
+            notification,
+            None,
+            "launch into the warm pool: waiting for the node to be Ready (WARM_POOL_WAIT_FOR_NODE=true)",
+        );
+    } else if route.is_out_of_warm_pool() {
+        log_step(
+            notification,
+            None,
+            "launch out of the warm pool: waiting for the node to be Ready, then undoing the scale-in's drain if the node carries ours",
+        );
+    }
 
     let client = ctx.kube.client().await?;
     let recorder = Recorder::new(
@@ -412,11 +469,172 @@ where
         },
     );
     match wait_for_node(ctx, invocation, delivery, notification, &client).await? {
-        WaitEnd::Ready(node) => complete_ready(ctx, &recorder, notification, &node).await,
+        WaitEnd::Ready(node) if route.is_out_of_warm_pool() => {
+            let (node, restored) = restore(&client, &recorder, notification, *node).await?;
+            complete_ready(ctx, &recorder, notification, &node, restored).await
+        }
+        WaitEnd::Ready(node) => complete_ready(ctx, &recorder, notification, &node, None).await,
         WaitEnd::LaunchTimeout(node) => {
             complete_timed_out(ctx, &recorder, notification, node.as_deref()).await
         }
         WaitEnd::Stopped(outcome) => Ok(outcome),
+    }
+}
+
+/// When the launch timeout runs out: counted from Auto Scaling's own time, so continuations
+/// and retries keep it.
+fn launch_deadline<K, A, I, N>(
+    ctx: &LaunchContext<K, A, I, N>,
+    notification: &LifecycleNotification,
+) -> Timestamp {
+    notification
+        .time
+        .checked_add(
+            jiff::SignedDuration::try_from(ctx.settings.launch_timeout)
+                .unwrap_or(jiff::SignedDuration::MAX),
+        )
+        .unwrap_or(Timestamp::MAX)
+}
+
+/// A launch into the warm pool: complete with CONTINUE once EC2 has the instance out of
+/// `pending` (Auto Scaling then stops, hibernates or keeps it running in the pool).
+async fn into_warm_pool<K, A, I, N>(
+    ctx: &LaunchContext<K, A, I, N>,
+    invocation: &Invocation,
+    notification: &LifecycleNotification,
+) -> Result<LaunchOutcome, LaunchError>
+where
+    A: AutoScaling,
+    I: Instances,
+{
+    let action = &notification.action;
+    let deadline = launch_deadline(ctx, notification);
+    let stop_at = instant_at(deadline).min(invocation.budget.hand_over_at());
+    let waited = wait_until_running(&ctx.instances, &action.instance_id, stop_at)
+        .await
+        .map_err(LaunchError::InstanceState)?;
+    let instance_state = match waited {
+        RunningWait::Settled(state) => state,
+        RunningWait::Unknown => "unknown".to_owned(),
+        RunningWait::StillPending if Timestamp::now() >= deadline => {
+            tracing::warn!(
+                instance_id = %action.instance_id,
+                hook = %action.lifecycle_hook_name,
+                asg = %action.auto_scaling_group_name,
+                result = ctx.settings.timeout_result.as_str(),
+                "the instance launching into the warm pool stayed pending past the launch timeout; completing with the timeout result"
+            );
+            complete_action(&ctx.autoscaling, action, ctx.settings.timeout_result)
+                .await
+                .map_err(LaunchError::Complete)?;
+            emit_metrics("TimedOut", notification, None, notification.continuation);
+            return Ok(LaunchOutcome::TimedOut {
+                result: ctx.settings.timeout_result.as_str().to_owned(),
+                node: None,
+            });
+        }
+        RunningWait::StillPending => return Err(LaunchError::StillPending),
+    };
+    let outcome = complete_action(&ctx.autoscaling, action, LifecycleActionResult::Continue)
+        .await
+        .map_err(LaunchError::Complete)?;
+    let completed = outcome == CompletionOutcome::Completed;
+    tracing::info!(
+        instance_id = %action.instance_id,
+        hook = %action.lifecycle_hook_name,
+        asg = %action.auto_scaling_group_name,
+        request_id = %notification.request_id,
+        instance_state = %instance_state,
+        completed,
+        "launch into the warm pool completed with CONTINUE"
+    );
+    let outcome = LaunchOutcome::EnteredWarmPool {
+        instance_state,
+        waited_seconds: seconds_since(notification.time),
+        completed,
+    };
+    emit_metrics(
+        outcome.name(),
+        notification,
+        None,
+        notification.continuation,
+    );
+    Ok(outcome)
+}
+
+/// Back from the warm pool with a Ready node: undo the scale-in's drain if the node carries
+/// ours, before the action completes (the group counts the instance in service from then).
+async fn restore(
+    client: &kube::Client,
+    recorder: &Recorder,
+    notification: &LifecycleNotification,
+    node: Node,
+) -> Result<(Node, Option<Restored>), LaunchError> {
+    let node_name = node.metadata.name.clone().unwrap_or_default();
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let restore = restore_returning_node(&nodes, node.clone(), &notification.action.instance_id)
+        .await
+        .map_err(|source| LaunchError::Restore {
+            node: node_name.clone(),
+            source,
+        })?;
+    match restore {
+        Restore::Restored { node, restored } => {
+            tracing::info!(
+                instance_id = %notification.action.instance_id,
+                node = %node_name,
+                asg = %notification.action.auto_scaling_group_name,
+                went_to_pool_at = restored.went_to_pool_at.as_deref().unwrap_or_default(),
+                uncordoned = restored.uncordoned,
+                unlabelled = restored.unlabelled,
+                untainted = restored.untainted.as_deref().unwrap_or_default(),
+                "node back from the warm pool: the scale-in's drain undone ({})",
+                restored.summary()
+            );
+            if restored.unknown_changes {
+                publish_event(
+                    recorder,
+                    &node,
+                    EventType::Warning,
+                    "WarmPoolReturnUnknownDrain",
+                    format!(
+                        "Node back from the warm pool with instance {}: its drain checkpoint does not record what the drain changed, so only the checkpoint was removed; uncordon it if the drain cordoned it",
+                        notification.action.instance_id
+                    ),
+                )
+                .await;
+            } else {
+                publish_event(
+                    recorder,
+                    &node,
+                    EventType::Normal,
+                    "WarmPoolReturn",
+                    format!(
+                        "Node back from the warm pool with instance {}: {}",
+                        notification.action.instance_id,
+                        restored.summary()
+                    ),
+                )
+                .await;
+            }
+            Ok((*node, Some(restored)))
+        }
+        Restore::NothingOfOurs => {
+            log_step(
+                notification,
+                Some(&node_name),
+                "node back from the warm pool carries no drain of ours: nothing to undo",
+            );
+            Ok((node, None))
+        }
+        Restore::NodeGone => {
+            log_step(
+                notification,
+                Some(&node_name),
+                "node deleted while its drain was being undone; completing as Ready was seen",
+            );
+            Ok((node, None))
+        }
     }
 }
 
@@ -446,13 +664,7 @@ where
 {
     let action = &notification.action;
     let dns_name = private_dns_name(&ctx.instances, &action.instance_id).await;
-    let launch_deadline = notification
-        .time
-        .checked_add(
-            jiff::SignedDuration::try_from(ctx.settings.launch_timeout)
-                .unwrap_or(jiff::SignedDuration::MAX),
-        )
-        .unwrap_or(Timestamp::MAX);
+    let launch_deadline = launch_deadline(ctx, notification);
     let launch_deadline_at = instant_at(launch_deadline);
     let deadline_passed = Timestamp::now() >= launch_deadline;
     // Handing over at once would republish the notification in a tight loop until the launch
@@ -552,6 +764,7 @@ async fn complete_ready<K, A, I, N>(
     recorder: &Recorder,
     notification: &LifecycleNotification,
     node: &Node,
+    restored: Option<Restored>,
 ) -> Result<LaunchOutcome, LaunchError>
 where
     A: AutoScaling,
@@ -588,6 +801,7 @@ where
             LaunchOutcome::Completed {
                 node: node_name.clone(),
                 waited_seconds,
+                restored,
             }
         }
         CompletionOutcome::NoActiveAction => {

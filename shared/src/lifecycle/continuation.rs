@@ -66,7 +66,17 @@ impl InvocationBudget {
     pub fn is_spent(&self) -> bool {
         Instant::now() >= self.hand_over_at
     }
+
+    /// Whether at least [`MIN_WORKING_SLICE`] is left before the hand-over: with less, an
+    /// invocation would hand over at once and the notification loop through SNS without any
+    /// work done (a `HAND_OVER_MARGIN_SECONDS` as large as the function's timeout).
+    pub fn has_working_slice(&self) -> bool {
+        self.remaining() >= MIN_WORKING_SLICE
+    }
 }
+
+/// The least time an invocation must have for work before its hand-over time.
+pub const MIN_WORKING_SLICE: Duration = Duration::from_secs(1);
 
 /// The `Instant` at which wall-clock time `at` arrives (now, when it is past).
 pub fn instant_at(at: Timestamp) -> Instant {
@@ -123,9 +133,9 @@ impl HookTimings {
                     asg = group,
                     hook,
                     error = %error,
-                    "cannot read the lifecycle hook's timeouts; assuming Auto Scaling's defaults (heartbeat 3600 s)"
+                    "cannot read the lifecycle hook's timeouts; heartbeating as if its heartbeat timeout were the shortest Auto Scaling allows (30 s) until it can be read"
                 );
-                default_hook(hook)
+                unreadable_hook(hook)
             }
         }
     }
@@ -136,6 +146,19 @@ impl HookTimings {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
+
+/// The timings assumed while a hook's cannot be read: the shortest heartbeat timeout Auto
+/// Scaling accepts, so heartbeats come often enough whatever the hook's real one is. Not
+/// cached: the next invocation reads the hook again.
+pub fn unreadable_hook(name: &str) -> LifecycleHook {
+    LifecycleHook {
+        heartbeat_timeout: MIN_HEARTBEAT_TIMEOUT,
+        ..default_hook(name)
+    }
+}
+
+/// The shortest `HeartbeatTimeout` Auto Scaling accepts for a lifecycle hook.
+pub const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Auto Scaling's defaults: heartbeat timeout 3600 s, global timeout the smaller of 100
 /// heartbeat timeouts and 48 hours, result ABANDON.
@@ -643,10 +666,7 @@ mod tests {
     }
 
     fn delivery(path: &str) -> Delivery {
-        let path = format!(
-            "{}/../../shared/fixtures/{path}",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = format!("{}/../tests/fixtures/{path}", env!("CARGO_MANIFEST_DIR"));
         let event = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         parse_event(&event).remove(0).unwrap()
     }
@@ -774,7 +794,16 @@ mod tests {
         let second = timings.get(&asg, "asg", "Launch-LC-Hook").await.unwrap();
         assert_eq!(first, second);
         assert_eq!(first.heartbeat_timeout, Duration::from_secs(120));
-        let fallback = timings.get_or_default(&asg, "asg", "Other").await;
-        assert_eq!(fallback.heartbeat_timeout, Duration::from_secs(3600));
+        // Unreadable (five failures queued): heartbeats as if the timeout were the shortest
+        // allowed, and that is not remembered, so the hook is read once it can be.
+        let mut other = hook(600, 60000);
+        other.name = "Other".into();
+        asg.add_hook("asg", other);
+        for _ in 0..5 {
+            let fallback = timings.get_or_default(&asg, "asg", "Other").await;
+            assert_eq!(fallback.heartbeat_timeout, MIN_HEARTBEAT_TIMEOUT);
+        }
+        let read = timings.get_or_default(&asg, "asg", "Other").await;
+        assert_eq!(read.heartbeat_timeout, Duration::from_secs(600));
     }
 }

@@ -45,6 +45,106 @@ impl LifecycleTransition {
     }
 }
 
+/// Where an instance comes from or goes to in a lifecycle transition (the notification's
+/// `Origin` and `Destination`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstancePlace {
+    /// Outside the group: EC2 itself (a new instance, or a terminated one).
+    Ec2,
+    /// In service in the group.
+    AutoScalingGroup,
+    /// The group's warm pool: stopped, running or hibernated, not in service.
+    WarmPool,
+}
+
+impl InstancePlace {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ec2 => "EC2",
+            Self::AutoScalingGroup => "AutoScalingGroup",
+            Self::WarmPool => "WarmPool",
+        }
+    }
+
+    /// Parses an `Origin`/`Destination` value exactly as Auto Scaling writes it.
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "EC2" => Some(Self::Ec2),
+            "AutoScalingGroup" => Some(Self::AutoScalingGroup),
+            "WarmPool" => Some(Self::WarmPool),
+            _ => None,
+        }
+    }
+}
+
+/// Where a transition moves the instance. Auto Scaling sends six: a launch goes
+/// EC2 → group, EC2 → warm pool, or warm pool → group; a termination goes group → EC2,
+/// group → warm pool (scale-in with instance reuse), or warm pool → EC2.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LifecycleRoute {
+    pub origin: InstancePlace,
+    pub destination: InstancePlace,
+}
+
+impl LifecycleRoute {
+    /// The route of a group without a warm pool, assumed when a notification names neither
+    /// end (Auto Scaling has sent both fields since warm pools exist; older test fixtures
+    /// and hand-made messages may lack them).
+    pub fn plain(transition: LifecycleTransition) -> Self {
+        match transition {
+            LifecycleTransition::Launching => Self {
+                origin: InstancePlace::Ec2,
+                destination: InstancePlace::AutoScalingGroup,
+            },
+            LifecycleTransition::Terminating => Self {
+                origin: InstancePlace::AutoScalingGroup,
+                destination: InstancePlace::Ec2,
+            },
+        }
+    }
+
+    /// Whether Auto Scaling moves instances this way in `transition`.
+    pub fn is_valid_for(self, transition: LifecycleTransition) -> bool {
+        use InstancePlace::{AutoScalingGroup, Ec2, WarmPool};
+        matches!(
+            (transition, self.origin, self.destination),
+            (
+                LifecycleTransition::Launching,
+                Ec2 | WarmPool,
+                AutoScalingGroup
+            ) | (LifecycleTransition::Launching, Ec2, WarmPool)
+                | (
+                    LifecycleTransition::Terminating,
+                    AutoScalingGroup,
+                    Ec2 | WarmPool
+                )
+                | (LifecycleTransition::Terminating, WarmPool, Ec2)
+        )
+    }
+
+    /// A launch into the warm pool: the instance is being pre-initialised, not put in service.
+    pub fn is_into_warm_pool(self) -> bool {
+        self.origin != InstancePlace::WarmPool && self.destination == InstancePlace::WarmPool
+    }
+
+    /// A launch out of the warm pool into service.
+    pub fn is_out_of_warm_pool(self) -> bool {
+        self.origin == InstancePlace::WarmPool
+            && self.destination == InstancePlace::AutoScalingGroup
+    }
+}
+
+impl fmt::Display for LifecycleRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} -> {}",
+            self.origin.as_str(),
+            self.destination.as_str()
+        )
+    }
+}
+
 impl fmt::Display for LifecycleTransition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -63,9 +163,12 @@ pub struct LifecycleNotification {
     pub time: Timestamp,
     /// The hook's `NotificationMetadata`, when it sets one.
     pub notification_metadata: Option<String>,
-    /// `EC2`, `AutoScalingGroup` or `WarmPool`.
+    /// `EC2`, `AutoScalingGroup` or `WarmPool`, as sent (kept for republishing).
     pub origin: Option<String>,
     pub destination: Option<String>,
+    /// Where the transition moves the instance: `origin` and `destination` checked against
+    /// the routes Auto Scaling uses for this transition.
+    pub route: LifecycleRoute,
     /// How many times this notification was handed to a fresh invocation already
     /// (0: straight from Auto Scaling).
     pub continuation: u32,
@@ -317,6 +420,8 @@ fn parse_autoscaling_message(
         object: message,
     };
     let time = fields.timestamp("Time")?;
+    let origin = fields.optional("Origin")?;
+    let destination = fields.optional("Destination")?;
     Ok(LifecycleMessage::Lifecycle(LifecycleNotification {
         transition: parsed_transition,
         action: fields.action()?,
@@ -324,8 +429,14 @@ fn parse_autoscaling_message(
         request_id: fields.required("RequestId")?,
         time,
         notification_metadata: fields.optional("NotificationMetadata")?,
-        origin: fields.optional("Origin")?,
-        destination: fields.optional("Destination")?,
+        route: route(
+            location,
+            parsed_transition,
+            origin.as_deref(),
+            destination.as_deref(),
+        )?,
+        origin,
+        destination,
         continuation: continuation(location, message)?,
     }))
 }
@@ -383,6 +494,8 @@ fn parse_eventbridge(
         location,
         object: detail,
     };
+    let origin = fields.optional("Origin")?;
+    let destination = fields.optional("Destination")?;
     let notification = LifecycleNotification {
         transition: parsed_transition,
         action: fields.action()?,
@@ -390,8 +503,14 @@ fn parse_eventbridge(
         request_id: top.required("id")?,
         time: top.timestamp("time")?,
         notification_metadata: fields.optional("NotificationMetadata")?,
-        origin: fields.optional("Origin")?,
-        destination: fields.optional("Destination")?,
+        route: route(
+            location,
+            parsed_transition,
+            origin.as_deref(),
+            destination.as_deref(),
+        )?,
+        origin,
+        destination,
         continuation: continuation(location, event)?,
     };
     let raw = match location {
@@ -449,6 +568,63 @@ fn unknown(message: &Value, transition: String) -> LifecycleMessage {
             .and_then(Value::as_str)
             .map(str::to_owned),
     }
+}
+
+/// The route `Origin` → `Destination` names, refused unless it is one Auto Scaling uses for
+/// `transition`: a launch "into EC2" or a termination "out of the warm pool into the group"
+/// cannot be acted on safely (draining, undoing a drain and skipping the node wait all hang
+/// on it), so an odd value is an error that names it, never a guess.
+fn route(
+    location: RecordLocation,
+    transition: LifecycleTransition,
+    origin: Option<&str>,
+    destination: Option<&str>,
+) -> Result<LifecycleRoute, NotificationError> {
+    const PLACES: &str = "EC2, AutoScalingGroup or WarmPool";
+    let place = |field: &'static str, value: &str| {
+        InstancePlace::parse(value).ok_or_else(|| NotificationError::InvalidField {
+            location,
+            field,
+            value: truncated(value),
+            expected: PLACES,
+        })
+    };
+    let route = match (origin, destination) {
+        (None, None) => return Ok(LifecycleRoute::plain(transition)),
+        (Some(origin), Some(destination)) => LifecycleRoute {
+            origin: place("Origin", origin)?,
+            destination: place("Destination", destination)?,
+        },
+        (None, Some(_)) => {
+            return Err(NotificationError::MissingField {
+                location,
+                field: "Origin",
+            });
+        }
+        (Some(_), None) => {
+            return Err(NotificationError::MissingField {
+                location,
+                field: "Destination",
+            });
+        }
+    };
+    if route.is_valid_for(transition) {
+        return Ok(route);
+    }
+    let expected = match transition {
+        LifecycleTransition::Launching => {
+            "a launch route: EC2 -> AutoScalingGroup, EC2 -> WarmPool or WarmPool -> AutoScalingGroup"
+        }
+        LifecycleTransition::Terminating => {
+            "a termination route: AutoScalingGroup -> EC2, AutoScalingGroup -> WarmPool or WarmPool -> EC2"
+        }
+    };
+    Err(NotificationError::InvalidField {
+        location,
+        field: "Origin/Destination",
+        value: route.to_string(),
+        expected,
+    })
 }
 
 fn continuation(location: RecordLocation, message: &Value) -> Result<u32, NotificationError> {
@@ -583,10 +759,7 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> Value {
-        let path = format!(
-            "{}/../../shared/fixtures/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
     }
 
@@ -863,5 +1036,163 @@ mod tests {
         assert_eq!(n.continuation, 3);
         assert_eq!(n.action, delivery.lifecycle().unwrap().action);
         assert_eq!(n.time, delivery.lifecycle().unwrap().time);
+    }
+
+    #[test]
+    fn warm_pool_routes_are_parsed_from_sns_and_eventbridge() {
+        let cases = [
+            ("autoscaling:EC2_INSTANCE_LAUNCHING", "EC2", "WarmPool"),
+            (
+                "autoscaling:EC2_INSTANCE_LAUNCHING",
+                "WarmPool",
+                "AutoScalingGroup",
+            ),
+            (
+                "autoscaling:EC2_INSTANCE_LAUNCHING",
+                "EC2",
+                "AutoScalingGroup",
+            ),
+            (
+                "autoscaling:EC2_INSTANCE_TERMINATING",
+                "AutoScalingGroup",
+                "WarmPool",
+            ),
+            (
+                "autoscaling:EC2_INSTANCE_TERMINATING",
+                "AutoScalingGroup",
+                "EC2",
+            ),
+            ("autoscaling:EC2_INSTANCE_TERMINATING", "WarmPool", "EC2"),
+        ];
+        for (transition, origin, destination) in cases {
+            let mut message = lifecycle_message();
+            message["LifecycleTransition"] = transition.into();
+            message["Origin"] = origin.into();
+            message["Destination"] = destination.into();
+            let n = only(&sns_event(&message)).lifecycle().unwrap().clone();
+            assert_eq!(n.route.origin.as_str(), origin);
+            assert_eq!(n.route.destination.as_str(), destination);
+            let mut event = eventbridge_event();
+            if transition.ends_with("TERMINATING") {
+                event["detail-type"] = TERMINATE_DETAIL_TYPE.into();
+            }
+            event["detail"]["LifecycleTransition"] = transition.into();
+            event["detail"]["Origin"] = origin.into();
+            event["detail"]["Destination"] = destination.into();
+            let delivery = only(&event);
+            assert_eq!(delivery.lifecycle().unwrap().route, n.route);
+            // The SNS-shaped rebuild keeps the route for a hand-over.
+            let again = only(&sns_event(
+                &serde_json::from_str(&delivery.raw_message).unwrap(),
+            ));
+            assert_eq!(again.lifecycle().unwrap().route, n.route);
+        }
+        let into = LifecycleRoute {
+            origin: InstancePlace::Ec2,
+            destination: InstancePlace::WarmPool,
+        };
+        assert!(into.is_into_warm_pool() && !into.is_out_of_warm_pool());
+        let out = LifecycleRoute {
+            origin: InstancePlace::WarmPool,
+            destination: InstancePlace::AutoScalingGroup,
+        };
+        assert!(out.is_out_of_warm_pool() && !out.is_into_warm_pool());
+    }
+
+    #[test]
+    fn a_notification_without_origin_and_destination_takes_the_plain_route() {
+        let mut message = lifecycle_message();
+        let object = message.as_object_mut().unwrap();
+        object.remove("Origin");
+        object.remove("Destination");
+        let n = only(&sns_event(&message)).lifecycle().unwrap().clone();
+        assert_eq!(
+            n.route,
+            LifecycleRoute::plain(LifecycleTransition::Terminating)
+        );
+        assert_eq!(n.route.to_string(), "AutoScalingGroup -> EC2");
+    }
+
+    #[test]
+    fn odd_origins_and_destinations_are_refused_by_name() {
+        for (transition, origin, destination, expected) in [
+            ("TERMINATING", Some("Moon"), Some("EC2"), "Origin=\"Moon\""),
+            (
+                "TERMINATING",
+                Some("AutoScalingGroup"),
+                Some("warmpool"),
+                "Destination=\"warmpool\"",
+            ),
+            ("TERMINATING", Some(""), Some("EC2"), "Origin=\"\""),
+            ("TERMINATING", None, Some("WarmPool"), "Origin is missing"),
+            (
+                "TERMINATING",
+                Some("WarmPool"),
+                None,
+                "Destination is missing",
+            ),
+            (
+                "TERMINATING",
+                Some("WarmPool"),
+                Some("WarmPool"),
+                "WarmPool -> WarmPool",
+            ),
+            (
+                "TERMINATING",
+                Some("EC2"),
+                Some("AutoScalingGroup"),
+                "a termination route",
+            ),
+            (
+                "TERMINATING",
+                Some("WarmPool"),
+                Some("AutoScalingGroup"),
+                "a termination route",
+            ),
+            (
+                "LAUNCHING",
+                Some("AutoScalingGroup"),
+                Some("EC2"),
+                "a launch route",
+            ),
+            (
+                "LAUNCHING",
+                Some("AutoScalingGroup"),
+                Some("WarmPool"),
+                "a launch route",
+            ),
+            ("LAUNCHING", Some("EC2"), Some("EC2"), "EC2 -> EC2"),
+        ] {
+            let mut message = lifecycle_message();
+            message["LifecycleTransition"] =
+                format!("autoscaling:EC2_INSTANCE_{transition}").into();
+            let object = message.as_object_mut().unwrap();
+            object.remove("Origin");
+            object.remove("Destination");
+            if let Some(origin) = origin {
+                message["Origin"] = origin.into();
+            }
+            if let Some(destination) = destination {
+                message["Destination"] = destination.into();
+            }
+            let err = parse_event(&sns_event(&message))
+                .remove(0)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(expected),
+                "{transition} {origin:?} {destination:?}: {err}"
+            );
+        }
+        let mut message = lifecycle_message();
+        message["Destination"] = Value::from(3);
+        let err = parse_event(&sns_event(&message))
+            .remove(0)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("Destination") && err.contains("a string"),
+            "{err}"
+        );
     }
 }

@@ -68,6 +68,10 @@ pub struct DrainSettings {
     pub pod_grace_period: Option<Duration>,
     /// `NODE_TAINT` (unset): a taint put on the node with the cordon, `key[=value]:Effect`.
     pub taint: Option<TaintSetting>,
+    /// `STUCK_POD_SECONDS` (60): how long past its deletion deadline (grace period end) a
+    /// pod being deleted still holds the drain, and how long a node may be NotReady before
+    /// its pods being deleted stop holding it (a dead kubelet never confirms a deletion).
+    pub stuck_pod_after: Duration,
 }
 
 impl DrainSettings {
@@ -101,12 +105,19 @@ impl DrainSettings {
             pod_grace_period: optional_seconds(source, "POD_GRACE_PERIOD_SECONDS")?,
             taint: match source.value("NODE_TAINT") {
                 None => None,
-                Some(value) => Some(TaintSetting::parse(&value).ok_or(SettingsError::Invalid {
-                    name: "NODE_TAINT",
-                    value,
-                    expected: "key[=value]:Effect with Effect NoSchedule, PreferNoSchedule or NoExecute",
-                })?),
+                // NoExecute is refused: the taint manager would delete every pod that does
+                // not tolerate it at once, bypassing PodDisruptionBudgets and the tiers.
+                Some(value) => Some(
+                    TaintSetting::parse(&value)
+                        .filter(|t| t.effect != "NoExecute")
+                        .ok_or(SettingsError::Invalid {
+                            name: "NODE_TAINT",
+                            value,
+                            expected: "key[=value]:Effect with Effect NoSchedule or PreferNoSchedule (NoExecute would make the taint manager delete the pods, bypassing PodDisruptionBudgets)",
+                        })?,
+                ),
             },
+            stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
         })
     }
 }
@@ -121,6 +132,11 @@ pub struct LaunchSettings {
     /// `LAUNCH_TIMEOUT_RESULT` (CONTINUE): the result after the timeout; ABANDON makes Auto
     /// Scaling replace instances that never join.
     pub timeout_result: LifecycleActionResult,
+    /// `WARM_POOL_WAIT_FOR_NODE` (false): a launch into a warm pool waits for the node to be
+    /// Ready like any launch, for pools whose instances join the cluster while pooled. By
+    /// default it completes as soon as the instance runs: a pooled instance is stopped (or
+    /// kept out of the cluster) and its node would never turn Ready.
+    pub warm_pool_wait_for_node: bool,
 }
 
 impl LaunchSettings {
@@ -129,6 +145,7 @@ impl LaunchSettings {
             lifecycle: LifecycleSettings::from_source(source)?,
             launch_timeout: seconds(source, "LAUNCH_TIMEOUT_SECONDS", Duration::from_secs(600))?,
             timeout_result: result(source, "LAUNCH_TIMEOUT_RESULT")?,
+            warm_pool_wait_for_node: source.flag("WARM_POOL_WAIT_FOR_NODE", false)?,
         })
     }
 }
@@ -233,11 +250,26 @@ mod tests {
         assert_eq!(drain.timeout_result, LifecycleActionResult::Continue);
         assert_eq!(drain.pod_grace_period, None);
         assert_eq!(drain.taint, None);
+        assert_eq!(drain.stuck_pod_after, Duration::from_secs(60));
         assert_eq!(drain.lifecycle.hand_over_margin, Duration::from_secs(30));
         assert!(drain.lifecycle.allowed_groups.is_empty());
         let launch = LaunchSettings::from_source(env).unwrap();
         assert_eq!(launch.launch_timeout, Duration::from_secs(600));
         assert_eq!(launch.timeout_result, LifecycleActionResult::Continue);
+        assert!(!launch.warm_pool_wait_for_node);
+    }
+
+    #[test]
+    fn warm_pool_wait_for_node_is_a_flag() {
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("WARM_POOL_WAIT_FOR_NODE", "true")];
+        assert!(
+            LaunchSettings::from_source(env)
+                .unwrap()
+                .warm_pool_wait_for_node
+        );
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("WARM_POOL_WAIT_FOR_NODE", "maybe")];
+        let err = LaunchSettings::from_source(env).unwrap_err().to_string();
+        assert!(err.contains("WARM_POOL_WAIT_FOR_NODE"), "{err}");
     }
 
     #[test]
@@ -273,6 +305,8 @@ mod tests {
             ("LAUNCH_TIMEOUT_RESULT", "maybe"),
             ("SETTLE_SECONDS", "soon"),
             ("NODE_TAINT", "key=value:Sometimes"),
+            ("NODE_TAINT", "node-manager/draining=true:NoExecute"),
+            ("STUCK_POD_SECONDS", "a minute"),
             ("EVICTION_CONCURRENCY", "0"),
         ] {
             let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), (name, value)];

@@ -3,7 +3,8 @@
 //!
 //! The event only says *which* node group; everything that is written comes from
 //! `DescribeNodegroup`. Even so the event is checked: source `aws.eks`, this function's
-//! account and region, a cluster this function serves. Direct requests have a closed shape
+//! account and region; an event of another cluster of the account is answered as ignored
+//! (not an error: every stack of the account sees it). Direct requests have a closed shape
 //! (unknown fields such as `groups` or `nodeRole` are rejected), so nobody can smuggle a
 //! group or a role into the mapping through the payload.
 
@@ -37,6 +38,10 @@ pub enum Invocation {
     GrantAll { cluster: String },
     /// Nothing to do (a failed call, another EKS API).
     Ignore { reason: String },
+    /// A genuine-looking event (this account, region and source) for another cluster of the
+    /// account: with one stack per cluster every function sees every cluster's events, so
+    /// this is not an error (no retry, no failure queue), only a log line and a metric.
+    OtherCluster { cluster: String },
 }
 
 /// A payload that is refused: nothing is read or written for it.
@@ -54,9 +59,7 @@ pub enum InvocationError {
         "event is from region {found:?}, but this function serves region {expected}; refusing it"
     )]
     WrongRegion { found: String, expected: String },
-    #[error(
-        "cluster {0:?} is not served by this function (CLUSTER_NAME / ADDITIONAL_CLUSTER_NAMES); refusing it"
-    )]
+    #[error("cluster {0:?} is not served by this function (CLUSTER_NAME); refusing it")]
     ForeignCluster(String),
     #[error("{0}")]
     Malformed(String),
@@ -98,7 +101,8 @@ fn parse_direct(payload: &Value, scope: &ClusterScope) -> Result<Invocation, Inv
         ))
     })?;
     let cluster = checked_name("clusterName", &request.cluster_name)?;
-    if !scope.includes(&cluster) {
+    // A direct request is an operator's: naming another cluster is a mistake to report.
+    if cluster != scope.cluster_name {
         return Err(InvocationError::ForeignCluster(cluster));
     }
     match (request.nodegroup_name, request.reconcile.as_deref()) {
@@ -174,8 +178,10 @@ fn parse_cloudtrail(
         "/detail/responseElements/nodegroup/clusterName",
         "/detail/requestParameters/name",
     )?;
-    if !scope.includes(&cluster) {
-        return Err(InvocationError::ForeignCluster(cluster));
+    // nodegroup-auth serves exactly one cluster (CLUSTER_NAME; ADDITIONAL_CLUSTER_NAMES is
+    // refused at start-up): its cluster client and IAM policy are for that one only.
+    if cluster != scope.cluster_name {
+        return Ok(Invocation::OtherCluster { cluster });
     }
     let nodegroup = agreed_name(
         event,

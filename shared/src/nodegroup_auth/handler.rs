@@ -18,7 +18,7 @@ use super::aws_auth::{AwsAuthEditor, AwsAuthError, AwsAuthEvent, AwsAuthStore, E
 use super::event::{Invocation, InvocationError, Origin};
 use super::fake::InMemoryAwsAuth;
 use super::role_arn::{NodeRoleArn, RoleArnError};
-use super::role_mapping::NodeOs;
+use super::role_mapping::{MapRoles, NodeOs, RoleMapping};
 use super::settings::{AccountError, NodegroupAuthSettings};
 
 /// The function name in metrics.
@@ -101,6 +101,9 @@ pub enum Outcome {
     KeptInUse,
     /// Delete: the entry is not of the node shape.
     KeptNotNode,
+    /// Delete: the node group was already gone, so nothing the function can read confirms
+    /// the event (a direct invocation can forge it): the mapping stays, reported.
+    KeptUnverified,
 }
 
 /// One node group's result.
@@ -196,6 +199,18 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
                 ignored: Some(reason),
                 nodegroups: Vec::new(),
             }),
+            Invocation::OtherCluster { cluster } => {
+                let reason = format!(
+                    "the event is for cluster {cluster:?}; this function serves {:?} only",
+                    self.settings.scope.cluster_name
+                );
+                tracing::info!(%cluster, "event of another cluster ignored");
+                metric("Invocation", "OtherCluster", "Ignored");
+                Ok(AuthReport {
+                    ignored: Some(reason),
+                    nodegroups: Vec::new(),
+                })
+            }
             Invocation::Grant { cluster, nodegroup } => {
                 let description = self.cluster(&cluster).await?;
                 let report = self.grant(&origin, &description, &nodegroup).await?;
@@ -313,7 +328,18 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
             ..report
         };
         let mode = cluster.authentication_mode;
-        if mode != AuthenticationMode::ConfigMap {
+        if mode == AuthenticationMode::ApiAndConfigMap
+            && let Some(conflict) = self.aws_auth_conflict(&role).await?
+        {
+            // An access entry takes precedence over aws-auth for the same principal: an
+            // EC2_* entry would silently turn this role into a node identity.
+            tracing::warn!(role = %role, %conflict, "no access entry created");
+            metric("AccessEntry", "Conflict", "Conflict");
+            report.access_entry = Some(Outcome::Conflict);
+            report.add_note(format!(
+                "{conflict}; an EC2 access entry would take precedence over it, so none was created"
+            ));
+        } else if mode != AuthenticationMode::ConfigMap {
             let outcome = access_entry::grant(&self.eks, &cluster.name, &role, os).await?;
             report.access_entry = Some(self.report_access_entry(&role, &outcome, &mut report));
         }
@@ -340,7 +366,7 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
         event_node_role: Option<&str>,
     ) -> Result<NodegroupReport, NodegroupAuthError> {
         let report = NodegroupReport::new(&cluster.name, nodegroup);
-        let role_arn = match self
+        let description = match self
             .eks
             .describe_nodegroup(&cluster.name, nodegroup)
             .await?
@@ -351,45 +377,40 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
                     description.status
                 )));
             }
-            Some(description) => {
-                // Its nodes are still draining and need the mapping until they are gone
-                // (unless DELETE_WAIT_SECONDS=0 asks to unmap at once).
-                if self.settings.delete_wait.is_zero() {
-                    tracing::info!(%nodegroup, "DELETE_WAIT_SECONDS=0: unmapping while it is deleting");
-                } else if let Some(status) = self.wait_until_gone(&cluster.name, nodegroup).await? {
-                    return Ok(report.noted(format!(
-                        "the node group exists again with status {status}; its role stays mapped"
-                    )));
-                }
-                description.node_role
-            }
-            None => match event_node_role {
-                Some(arn) => arn.to_owned(),
-                None => {
-                    return Ok(report.noted(
-                        "the node group is gone and the event does not name its role; nothing to unmap",
-                    ));
-                }
-            },
+            Some(description) => description,
+            None => return Ok(self.unverified_delete(origin, cluster, report, event_node_role)),
         };
-        let role = self.role(origin, nodegroup, &role_arn)?;
+        // The role comes from EKS, never from the event.
+        let role = self.role(origin, nodegroup, &description.node_role)?;
         let mut report = NodegroupReport {
             role_arn: Some(role.full()),
             ..report
         };
+        // Another node group using the role keeps the entry whatever happens to this one:
+        // answer now rather than wait for the deletion to finish.
         let users = self
             .other_users(origin, &cluster.name, nodegroup, &role)
             .await?;
         if !users.is_empty() {
-            let note = format!("still used by node group(s) {}", users.join(", "));
-            tracing::info!(role = %role, %note, "role kept");
-            if cluster.authentication_mode != AuthenticationMode::ConfigMap {
-                report.access_entry = Some(Outcome::KeptInUse);
-            }
-            if self.writes_aws_auth(cluster.authentication_mode) {
-                report.aws_auth = Some(Outcome::KeptInUse);
-            }
-            return Ok(report.noted(note));
+            self.keep_in_use(cluster, &role, &users, &mut report);
+            return Ok(report);
+        }
+        // Its nodes are still draining and need the mapping until they are gone (unless
+        // DELETE_WAIT_SECONDS=0 asks to unmap at once).
+        if self.settings.delete_wait.is_zero() {
+            tracing::info!(%nodegroup, "DELETE_WAIT_SECONDS=0: unmapping while it is deleting");
+        } else if let Some(status) = self.wait_until_gone(&cluster.name, nodegroup).await? {
+            return Ok(report.noted(format!(
+                "the node group exists again with status {status}; its role stays mapped"
+            )));
+        }
+        // A node group created with the role while this one was deleting.
+        let users = self
+            .other_users(origin, &cluster.name, nodegroup, &role)
+            .await?;
+        if !users.is_empty() {
+            self.keep_in_use(cluster, &role, &users, &mut report);
+            return Ok(report);
         }
         if cluster.authentication_mode != AuthenticationMode::ConfigMap {
             let outcome = access_entry::revoke(&self.eks, &cluster.name, &role).await?;
@@ -405,8 +426,135 @@ impl<E: Eks, A: AwsAuthAccess> NodegroupAuth<E, A> {
                 self.report_edit(&editor, &role, "Revoke", edit, &mut report)
                     .await,
             );
+        } else if cluster.authentication_mode == AuthenticationMode::ApiAndConfigMap
+            && let Some(remaining) = self.aws_auth_entry(&role).await?
+        {
+            // The access entry is gone, but the authenticator still maps the role from
+            // aws-auth: say what it keeps rather than claim it is unmapped.
+            let note = format!(
+                "aws-auth still maps {} to username {:?} with groups {:?}; the role keeps that access",
+                role.without_path(),
+                remaining.username,
+                remaining.groups
+            );
+            tracing::warn!(role = %role, %note, "aws-auth entry remains");
+            metric("AwsAuth", "Remaining", "Remaining");
+            report.add_note(note);
         }
         Ok(report)
+    }
+
+    /// The node group is gone: the only word for its role is the event's, and nothing the
+    /// function may call confirms it (a direct invocation needs only lambda:InvokeFunction).
+    /// The mapping stays; the answer and a metric say so.
+    fn unverified_delete(
+        &self,
+        origin: &Origin,
+        cluster: &ClusterDescription,
+        mut report: NodegroupReport,
+        event_node_role: Option<&str>,
+    ) -> NodegroupReport {
+        let named = event_node_role
+            .and_then(|arn| NodeRoleArn::parse(arn, &origin.account_id, &origin.region).ok())
+            .map_or_else(|| "its role".to_owned(), |role| format!("role {role}"));
+        let note = format!(
+            "the node group is already gone, so this delivery cannot be checked against EKS; {named} stays mapped (remove the entry by hand once no node uses it)"
+        );
+        tracing::warn!(nodegroup = %report.nodegroup, %note, "unverified delete; nothing unmapped");
+        metric("Revoke", "Unverified", "Unverified");
+        if cluster.authentication_mode != AuthenticationMode::ConfigMap {
+            report.access_entry = Some(Outcome::KeptUnverified);
+        }
+        if self.writes_aws_auth(cluster.authentication_mode) {
+            report.aws_auth = Some(Outcome::KeptUnverified);
+        }
+        report.noted(note)
+    }
+
+    fn keep_in_use(
+        &self,
+        cluster: &ClusterDescription,
+        role: &NodeRoleArn,
+        users: &[String],
+        report: &mut NodegroupReport,
+    ) {
+        let note = format!("still used by node group(s) {}", users.join(", "));
+        tracing::info!(role = %role, %note, "role kept");
+        if cluster.authentication_mode != AuthenticationMode::ConfigMap {
+            report.access_entry = Some(Outcome::KeptInUse);
+        }
+        if self.writes_aws_auth(cluster.authentication_mode) {
+            report.aws_auth = Some(Outcome::KeptInUse);
+        }
+        report.add_note(note);
+    }
+
+    /// The role's effective aws-auth mapping (as the authenticator reads it), if any.
+    async fn aws_auth_entry(
+        &self,
+        role: &NodeRoleArn,
+    ) -> Result<Option<RoleMapping>, NodegroupAuthError> {
+        Ok(self.aws_auth_object_entry(role).await?.map(|(_, _, m)| m))
+    }
+
+    /// The aws-auth object, its store and the role's effective mapping in it.
+    async fn aws_auth_object_entry(
+        &self,
+        role: &NodeRoleArn,
+    ) -> Result<Option<(AwsAuthEditor<A::Store>, ConfigMap, RoleMapping)>, NodegroupAuthError> {
+        let editor = self.editor().await?;
+        let Some(object) = editor
+            .store()
+            .get()
+            .await
+            .map_err(|err| NodegroupAuthError::ClusterAccess(Box::new(err)))?
+        else {
+            return Ok(None);
+        };
+        let map_roles = object.data.as_ref().and_then(|d| d.get("mapRoles"));
+        let parsed = MapRoles::parse(map_roles.map(String::as_str))
+            .map_err(|err| NodegroupAuthError::AwsAuth(AwsAuthError::MapRoles(err)))?;
+        let mapping = parsed
+            .effective(&role.without_path())
+            .map(|(_, mapping)| mapping.clone());
+        Ok(mapping.map(|mapping| (editor, object, mapping)))
+    }
+
+    /// Why an EC2 access entry must not be created for `role`: its aws-auth entry is
+    /// privileged or not a node mapping (`None` when there is none, or a node one).
+    async fn aws_auth_conflict(
+        &self,
+        role: &NodeRoleArn,
+    ) -> Result<Option<String>, NodegroupAuthError> {
+        let Some((editor, object, mapping)) = self.aws_auth_object_entry(role).await? else {
+            return Ok(None);
+        };
+        let privileged = mapping.privileged_groups();
+        let conflict = if !privileged.is_empty() {
+            Some(format!(
+                "aws-auth maps {} with privileged groups {privileged:?}",
+                role.without_path()
+            ))
+        } else if !mapping.is_node_shaped() {
+            Some(format!(
+                "aws-auth maps {} to username {:?} with groups {:?}, not a node mapping",
+                role.without_path(),
+                mapping.username,
+                mapping.groups
+            ))
+        } else {
+            None
+        };
+        if let Some(note) = &conflict {
+            let event = AwsAuthEvent {
+                warning: true,
+                reason: "NodeRoleMappingConflict",
+                action: "Grant",
+                note: format!("{note}; no EC2 access entry created"),
+            };
+            publish(editor.store(), &object, &event).await;
+        }
+        Ok(conflict)
     }
 
     /// Polls until the node group is gone: `None`, or `Some(status)` when it exists again

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+use crate::aws::partition::Partition;
+
 /// IAM's limit for a role's path and name together (`/` + path + name).
 const MAX_PATH_AND_NAME: usize = 512;
 
@@ -51,25 +53,9 @@ pub enum RoleArnError {
     TooLong(String),
 }
 
-/// The partition of a region, as IAM ARNs spell it.
+/// The partition of a region, as IAM ARNs spell it (the one table: [`Partition`]).
 pub fn partition_of_region(region: &str) -> &'static str {
-    if region.starts_with("cn-") {
-        "aws-cn"
-    } else if region.starts_with("us-gov-") {
-        "aws-us-gov"
-    } else if region.starts_with("us-isob-") {
-        "aws-iso-b"
-    } else if region.starts_with("us-iso-") {
-        "aws-iso"
-    } else if region.starts_with("eu-isoe-") {
-        "aws-iso-e"
-    } else if region.starts_with("us-isof-") {
-        "aws-iso-f"
-    } else if region.starts_with("eusc-") {
-        "aws-eusc"
-    } else {
-        "aws"
-    }
+    Partition::of_region(region).id()
 }
 
 /// An IAM role ARN that passed every check, split into its parts.
@@ -259,6 +245,30 @@ mod tests {
             NodeRoleArn::parse("arn:aws:iam::111111111111:role/n", ACCOUNT, "us-gov-west-1"),
             Err(RoleArnError::WrongPartition { .. })
         ));
+    }
+
+    #[test]
+    fn the_eu_sovereign_partition_comes_from_the_shared_table() {
+        let role = NodeRoleArn::parse(
+            "arn:aws-eusc:iam::111111111111:role/n",
+            ACCOUNT,
+            "eusc-de-east-1",
+        )
+        .unwrap();
+        assert_eq!(role.without_path(), "arn:aws-eusc:iam::111111111111:role/n");
+        for partition in Partition::ALL {
+            let region = match partition {
+                Partition::Aws => "eu-west-1",
+                Partition::AwsCn => "cn-north-1",
+                Partition::AwsUsGov => "us-gov-west-1",
+                Partition::AwsIso => "us-iso-east-1",
+                Partition::AwsIsoB => "us-isob-east-1",
+                Partition::AwsIsoE => "eu-isoe-west-1",
+                Partition::AwsIsoF => "us-isof-south-1",
+                Partition::AwsEusc => "eusc-de-east-1",
+            };
+            assert_eq!(partition_of_region(region), partition.id());
+        }
     }
 
     type Expectation = fn(&RoleArnError) -> bool;

@@ -2,10 +2,14 @@
 //! role needs, and write it back without disturbing anything else.
 //!
 //! The authenticator (aws-iam-authenticator `ParseMap`) converts the string from YAML to JSON
-//! and decodes it with Go's `encoding/json`: JSON flow style is YAML too, field names match
-//! case-insensitively (the last spelling wins), unknown fields are ignored, a value of the
-//! wrong type fails the whole string, and mappings are keyed by the lower-cased role ARN so
-//! the last duplicate wins. A string that is empty, ``` `` ``` or `""` is skipped.
+//! (`sigs.k8s.io/yaml`: go-yaml reads the *first* document only into a Go map, so a key that
+//! appears twice keeps its last value, and the JSON encoder writes a map's keys in byte-wise
+//! sorted order) and decodes that JSON with Go's `encoding/json`: JSON flow style is YAML too,
+//! field names match case-insensitively in Go's folding (so of `UserName` and `username` the
+//! spelling that sorts last, `username`, wins: its value is assigned last), unknown fields are
+//! ignored, a value of the wrong type fails the whole string, and mappings are keyed by the
+//! lower-cased role ARN so the last duplicate item wins. A string that is empty, ``` `` ```
+//! or `""` is skipped. [`effective_fields`] is that key resolution, in one place.
 //!
 //! Writing keeps the user's text whenever possible: a new mapping is appended to a block
 //! list as text, so comments, quoting and key order of every other entry stay exactly as
@@ -103,13 +107,14 @@ impl MapRolesItem {
         }
     }
 
-    /// Adds `groups` to the field the authenticator reads as `groups` (the last spelling).
+    /// Adds `groups` to the field the authenticator reads as `groups`.
     fn add_groups(&mut self, groups: &[String]) {
-        let field = self
-            .fields
-            .iter_mut()
+        let index = effective_fields(&self.fields)
+            .into_iter()
             .rev()
-            .find(|(key, _)| key.eq_ignore_ascii_case("groups"));
+            .find(|(folded, _)| folded == "GROUPS")
+            .map(|(_, index)| index);
+        let field = index.and_then(|i| self.fields.get_mut(i));
         let new = groups.iter().cloned().map(Value::String);
         match field {
             Some((_, Value::Array(existing))) => existing.extend(new),
@@ -170,9 +175,11 @@ impl RoleMapping {
             groups: Vec::new(),
             other: BTreeMap::new(),
         };
-        // Go's decoder assigns fields in document order, so the last spelling wins.
-        for (key, value) in &item.fields {
-            match key.to_ascii_lowercase().as_str() {
+        // Go's decoder assigns the fields in the JSON's (sorted) key order: the spelling
+        // that sorts last is assigned last and wins.
+        for (folded, position) in effective_fields(&item.fields) {
+            let (key, value) = &item.fields[position];
+            match folded.to_ascii_lowercase().as_str() {
                 "rolearn" => mapping.role_arn = string_field(key, value).map_err(invalid)?,
                 "username" => mapping.username = string_field(key, value).map_err(invalid)?,
                 "groups" => {
@@ -222,6 +229,48 @@ impl RoleMapping {
             .cloned()
             .collect()
     }
+}
+
+/// The fields as Go's `encoding/json` assigns them after `sigs.k8s.io/yaml`: one entry per
+/// distinct key (an exact duplicate keeps its last occurrence, as a Go map does), in byte-wise
+/// key order (as the JSON encoder writes a map), each with its key folded the way the
+/// decoder compares field names; returns `(folded key, index into fields)`.
+pub fn effective_fields(fields: &[(String, Value)]) -> Vec<(String, usize)> {
+    let mut last: BTreeMap<&str, usize> = BTreeMap::new();
+    for (index, (key, _)) in fields.iter().enumerate() {
+        last.insert(key.as_str(), index);
+    }
+    last.into_iter()
+        .map(|(key, index)| (go_fold(key), index))
+        .collect()
+}
+
+/// Go's `encoding/json` field-name folding (`foldName`: upper case of the lower case, per
+/// character, simple mappings): ASCII letters fold to upper case, and so do the few
+/// non-ASCII letters whose simple case mapping is an ASCII one (`ſ` long s, `K` Kelvin sign,
+/// `ı` dotless i, `İ` dotted capital I), so `uſername` is `username` to the authenticator.
+fn go_fold(key: &str) -> String {
+    key.chars()
+        .map(|c| match c {
+            '\u{017F}' => 'S',
+            '\u{212A}' => 'K',
+            '\u{0131}' | '\u{0130}' => 'I',
+            c if c.is_ascii() => c.to_ascii_uppercase(),
+            c => {
+                let mut lower = c.to_lowercase();
+                match (lower.next(), lower.next()) {
+                    (Some(l), None) => {
+                        let mut upper = l.to_uppercase();
+                        match (upper.next(), upper.next()) {
+                            (Some(u), None) => u,
+                            _ => l,
+                        }
+                    }
+                    _ => c,
+                }
+            }
+        })
+        .collect()
 }
 
 fn string_field(key: &str, value: &Value) -> Result<String, String> {
@@ -331,7 +380,7 @@ impl MapRoles {
     /// Parses `mapRoles` (`None` when the key is absent).
     pub fn parse(source: Option<&str>) -> Result<Self, MapRolesError> {
         let source = source.unwrap_or_default();
-        let items = parse_items(source)?;
+        let (items, several_documents) = parse_items(source)?;
         let mappings = items
             .iter()
             .enumerate()
@@ -339,7 +388,7 @@ impl MapRoles {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             source: source.to_owned(),
-            layout: layout_of(source),
+            layout: layout_of(source, several_documents),
             items,
             mappings,
         })
@@ -588,25 +637,73 @@ fn is_skippable(source: &str) -> bool {
     matches!(source.trim(), "" | "``" | "\"\"")
 }
 
-fn parse_items(source: &str) -> Result<Vec<MapRolesItem>, MapRolesError> {
+/// The items of the first document, and whether other documents follow it.
+fn parse_items(source: &str) -> Result<(Vec<MapRolesItem>, bool), MapRolesError> {
     if is_skippable(source) {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), false));
     }
+    let (first, several_documents) = first_document(source);
+    // Duplicate keys reach the item (the authenticator keeps the last; see
+    // `effective_fields`).
     let options = serde_saphyr::options! {
         with_snippet: false,
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
     };
-    serde_saphyr::from_str_with_options::<Option<Vec<MapRolesItem>>>(source, options)
-        .map(Option::unwrap_or_default)
+    serde_saphyr::from_str_with_options::<Option<Vec<MapRolesItem>>>(&first, options)
+        .map(|items| (items.unwrap_or_default(), several_documents))
         .map_err(|err| MapRolesError::Malformed(first_line(&err.to_string())))
+}
+
+/// The text of the first YAML document, and whether anything follows it. go-yaml reads the
+/// first document and never looks further, so a second one (even one that is not YAML at
+/// all) changes nothing for the authenticator. A document ends at a line that starts with a
+/// `---` or `...` marker (in YAML a marker at column 0 ends the document wherever it stands);
+/// a leading `---` only opens the first one.
+fn first_document(source: &str) -> (String, bool) {
+    let marker = |line: &str, marker: &str| {
+        line.strip_prefix(marker)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
+    };
+    let mut first = String::new();
+    let mut opened = false;
+    let mut lines = source.split_inclusive('\n');
+    for line in lines.by_ref() {
+        let trimmed = line.trim();
+        if !opened && (trimmed.is_empty() || trimmed.starts_with('#') || line.starts_with('%')) {
+            if !line.starts_with('%') {
+                first.push_str(line);
+            }
+            continue;
+        }
+        if !opened && marker(line, "---") {
+            opened = true;
+            first.push_str(line[3..].trim_start_matches([' ', '\t']));
+            continue;
+        }
+        if opened && (marker(line, "---") || marker(line, "...")) {
+            let rest_has_content = lines.any(|l| {
+                let t = l.trim();
+                !t.is_empty() && !t.starts_with('#') && !marker(l, "...")
+            });
+            return (first, rest_has_content || marker(line, "---"));
+        }
+        opened = true;
+        first.push_str(line);
+    }
+    (first, false)
 }
 
 fn first_line(message: &str) -> String {
     message.lines().next().unwrap_or_default().to_owned()
 }
 
-fn layout_of(source: &str) -> Layout {
+fn layout_of(source: &str, several_documents: bool) -> Layout {
     if is_skippable(source) {
         return Layout::Empty;
+    }
+    // Appending text would land in the last document, which the authenticator never reads.
+    if several_documents {
+        return Layout::Other;
     }
     let first = source
         .lines()

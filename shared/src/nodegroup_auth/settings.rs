@@ -62,8 +62,18 @@ impl NodegroupAuthSettings {
                 )
                 .map(Duration::from_millis)
         };
+        let scope = ClusterScope::from_source(source)?;
+        if !scope.additional_cluster_names.is_empty() {
+            // One cluster client, one IAM policy scoped to one cluster: an event for another
+            // name would be written to CLUSTER_NAME's aws-auth. One stack per cluster.
+            return Err(SettingsError::Invalid {
+                name: "ADDITIONAL_CLUSTER_NAMES",
+                value: scope.additional_cluster_names.join(","),
+                expected: "unset: nodegroup-auth serves exactly one cluster (CLUSTER_NAME); deploy one stack per cluster",
+            });
+        }
         Ok(Self {
-            scope: ClusterScope::from_source(source)?,
+            scope,
             region: source.required(
                 "AWS_REGION",
                 "Lambda sets it; for local runs set it to the cluster's region",
@@ -161,5 +171,18 @@ mod tests {
             ("AWS_AUTH_MAX_ATTEMPTS", "0"),
         ];
         assert!(NodegroupAuthSettings::from_source(zero).is_err());
+    }
+
+    #[test]
+    fn additional_cluster_names_are_refused_at_start_up() {
+        let env: &[(&str, &str)] = &[
+            ("CLUSTER_NAME", "blue"),
+            ("AWS_REGION", "eu-west-1"),
+            ("ADDITIONAL_CLUSTER_NAMES", "green"),
+        ];
+        let err = NodegroupAuthSettings::from_source(env).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("ADDITIONAL_CLUSTER_NAMES"), "{message}");
+        assert!(message.contains("exactly one cluster"), "{message}");
     }
 }

@@ -58,6 +58,59 @@ impl std::fmt::Display for LifecycleTransition {
     }
 }
 
+/// The state instances wait in while in a group's warm pool (`PoolState`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmPoolState {
+    Stopped,
+    Running,
+    Hibernated,
+}
+
+impl WarmPoolState {
+    /// The Auto Scaling lifecycle state of an instance waiting in the pool.
+    pub fn lifecycle_state(self) -> &'static str {
+        match self {
+            Self::Stopped => "Warmed:Stopped",
+            Self::Running => "Warmed:Running",
+            Self::Hibernated => "Warmed:Hibernated",
+        }
+    }
+
+    /// What EC2 reports for it (a hibernated instance is `stopped` in EC2).
+    fn ec2_state(self) -> super::ec2::InstanceState {
+        match self {
+            Self::Running => super::ec2::InstanceState::Running,
+            Self::Stopped | Self::Hibernated => super::ec2::InstanceState::Stopped,
+        }
+    }
+}
+
+/// Where a lifecycle action moves an instance: the notification's `Origin` and `Destination`
+/// (`EC2`, `AutoScalingGroup`, `WarmPool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Route {
+    origin: &'static str,
+    destination: &'static str,
+    /// The lifecycle state the instance waits in.
+    wait_state: &'static str,
+}
+
+impl Route {
+    const WARM_POOL: &'static str = "WarmPool";
+
+    fn plain(transition: LifecycleTransition) -> Self {
+        let (origin, destination) = match transition {
+            LifecycleTransition::Launching => ("EC2", "AutoScalingGroup"),
+            LifecycleTransition::Terminating => ("AutoScalingGroup", "EC2"),
+        };
+        Self {
+            origin,
+            destination,
+            wait_state: transition.wait_state(),
+        }
+    }
+}
+
 /// An Auto Scaling group as a test declares it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FakeAutoScalingGroup {
@@ -252,6 +305,7 @@ struct ActiveAction {
     instance_id: String,
     token: String,
     transition: LifecycleTransition,
+    route: Route,
     default_result: LifecycleActionResult,
     started: Instant,
     heartbeat_deadline: Instant,
@@ -263,6 +317,8 @@ struct ActiveAction {
 
 pub(crate) struct AsgState {
     groups: BTreeMap<String, GroupRecord>,
+    /// Groups with a warm pool, and the state its instances wait in.
+    warm_pools: BTreeMap<String, WarmPoolState>,
     active: Vec<ActiveAction>,
     completions: Vec<LifecycleCompletion>,
     heartbeats: Vec<HeartbeatRecord>,
@@ -284,6 +340,7 @@ impl Default for AutoScalingShared {
         Self {
             state: Mutex::new(AsgState {
                 groups: BTreeMap::new(),
+                warm_pools: BTreeMap::new(),
                 active: Vec::new(),
                 completions: Vec::new(),
                 heartbeats: Vec::new(),
@@ -406,11 +463,95 @@ impl FakeAutoScaling {
         self.start_action(group_name, instance_id, LifecycleTransition::Terminating)
     }
 
+    /// Gives the group a warm pool whose instances wait in `state` (`PutWarmPool`).
+    pub fn set_warm_pool(&self, group_name: &str, state: WarmPoolState) {
+        self.state().warm_pools.insert(group_name.to_owned(), state);
+    }
+
+    /// Launches `instance_id` into the group's warm pool: it waits in `Warmed:Pending:Wait`
+    /// (notification `EC2` -> `WarmPool`); once completed it is stopped, hibernated or kept
+    /// running as the pool's state says, and not in service.
+    pub fn launch_into_warm_pool(
+        &self,
+        group_name: &str,
+        instance_id: &str,
+    ) -> Result<LifecycleNotice, FakeAwsError> {
+        self.start_routed_action(
+            group_name,
+            instance_id,
+            LifecycleTransition::Launching,
+            Route {
+                origin: "EC2",
+                destination: Route::WARM_POOL,
+                wait_state: "Warmed:Pending:Wait",
+            },
+        )
+    }
+
+    /// Scale-out from the warm pool: the pooled instance starts (EC2 `running`) and waits in
+    /// `Pending:Wait` (notification `WarmPool` -> `AutoScalingGroup`), then goes in service.
+    pub fn launch_from_warm_pool(
+        &self,
+        group_name: &str,
+        instance_id: &str,
+    ) -> Result<LifecycleNotice, FakeAwsError> {
+        super::ec2::set_state_of(
+            &self.shared,
+            instance_id,
+            super::ec2::InstanceState::Running,
+        );
+        self.start_routed_action(
+            group_name,
+            instance_id,
+            LifecycleTransition::Launching,
+            Route {
+                origin: Route::WARM_POOL,
+                destination: "AutoScalingGroup",
+                wait_state: "Pending:Wait",
+            },
+        )
+    }
+
+    /// Scale-in with instance reuse: the in-service instance goes back to the warm pool
+    /// instead of terminating. The terminating hook pauses it in `Warmed:Pending:Wait`
+    /// (notification `AutoScalingGroup` -> `WarmPool`); once completed it waits in the pool.
+    pub fn scale_in_to_warm_pool(
+        &self,
+        group_name: &str,
+        instance_id: &str,
+    ) -> Result<LifecycleNotice, FakeAwsError> {
+        self.start_routed_action(
+            group_name,
+            instance_id,
+            LifecycleTransition::Terminating,
+            Route {
+                origin: "AutoScalingGroup",
+                destination: Route::WARM_POOL,
+                wait_state: "Warmed:Pending:Wait",
+            },
+        )
+    }
+
     fn start_action(
         &self,
         group_name: &str,
         instance_id: &str,
         transition: LifecycleTransition,
+    ) -> Result<LifecycleNotice, FakeAwsError> {
+        self.start_routed_action(
+            group_name,
+            instance_id,
+            transition,
+            Route::plain(transition),
+        )
+    }
+
+    fn start_routed_action(
+        &self,
+        group_name: &str,
+        instance_id: &str,
+        transition: LifecycleTransition,
+        route: Route,
     ) -> Result<LifecycleNotice, FakeAwsError> {
         let token = protocol::uuid_v4();
         let (hook, message, subject) = {
@@ -435,10 +576,9 @@ impl FakeAutoScaling {
                 .map(|(_, zone)| zone.clone())
                 .or_else(|| record.group.availability_zones.first().cloned())
                 .unwrap_or_else(|| format!("{}a", self.shared.account.region));
-            record.instances.insert(
-                instance_id.to_owned(),
-                (transition.wait_state().to_owned(), zone),
-            );
+            record
+                .instances
+                .insert(instance_id.to_owned(), (route.wait_state.to_owned(), zone));
             let now = Instant::now();
             let heartbeat_timeout = hook.heartbeat_timeout.mul_f64(scale);
             state
@@ -450,6 +590,7 @@ impl FakeAutoScaling {
                 instance_id: instance_id.to_owned(),
                 token: token.clone(),
                 transition,
+                route,
                 default_result: hook.default_result,
                 started: now,
                 heartbeat_deadline: now + heartbeat_timeout,
@@ -457,7 +598,8 @@ impl FakeAutoScaling {
                 heartbeat_timeout,
                 heartbeats: 0,
             });
-            let message = lifecycle_message(&self.shared, group_name, &hook, instance_id, &token);
+            let message =
+                lifecycle_message(&self.shared, group_name, &hook, instance_id, &token, route);
             let subject = format!(
                 "Auto Scaling:  Lifecycle action '{}' for instance {instance_id} in progress.",
                 transition.word()
@@ -592,11 +734,9 @@ fn lifecycle_message(
     hook: &FakeLifecycleHook,
     instance_id: &str,
     token: &str,
+    route: Route,
 ) -> String {
-    let (origin, destination) = match hook.transition {
-        LifecycleTransition::Launching => ("EC2", "AutoScalingGroup"),
-        LifecycleTransition::Terminating => ("AutoScalingGroup", "EC2"),
-    };
+    let (origin, destination) = (route.origin, route.destination);
     let mut message = format!(
         "{{\"Origin\":{},\"Destination\":{},\"Service\":\"AWS Auto Scaling\",\"Time\":{},\"AccountId\":{},\"LifecycleTransition\":{},\"RequestId\":{},\"LifecycleActionToken\":{},\"EC2InstanceId\":{},\"LifecycleHookName\":{},\"AutoScalingGroupName\":{}",
         json_string(origin),
@@ -668,6 +808,31 @@ fn end_action(
     by: CompletedBy,
 ) {
     let action = state.active.remove(index);
+    if action.route.destination == Route::WARM_POOL {
+        // Into the pool (launched, or scaled in with reuse): whatever the result, a
+        // terminating instance goes to the pool; an abandoned launch is terminated.
+        let pool = state
+            .warm_pools
+            .get(&action.group_name)
+            .copied()
+            .unwrap_or(WarmPoolState::Stopped);
+        let abandoned = action.transition == LifecycleTransition::Launching
+            && result == LifecycleActionResult::Abandon;
+        if let Some(record) = state.groups.get_mut(&action.group_name) {
+            if abandoned {
+                record.instances.remove(&action.instance_id);
+            } else if let Some(instance) = record.instances.get_mut(&action.instance_id) {
+                instance.0 = pool.lifecycle_state().to_owned();
+            }
+        }
+        if abandoned {
+            super::ec2::mark_terminated(shared, &action.instance_id);
+        } else {
+            super::ec2::set_state_of(shared, &action.instance_id, pool.ec2_state());
+        }
+        record_completion(shared, state, action, result, by);
+        return;
+    }
     let leaves_group = action.transition == LifecycleTransition::Terminating
         || result == LifecycleActionResult::Abandon;
     if let Some(record) = state.groups.get_mut(&action.group_name) {
@@ -680,6 +845,16 @@ fn end_action(
     if leaves_group {
         super::ec2::mark_terminated(shared, &action.instance_id);
     }
+    record_completion(shared, state, action, result, by);
+}
+
+fn record_completion(
+    shared: &Shared,
+    state: &mut AsgState,
+    action: ActiveAction,
+    result: LifecycleActionResult,
+    by: CompletedBy,
+) {
     state.completions.push(LifecycleCompletion {
         group_name: action.group_name,
         hook_name: action.hook_name,

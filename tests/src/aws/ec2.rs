@@ -143,7 +143,7 @@ impl FakeEc2 {
     }
 }
 
-/// `RebootInstances`: every id must be a running instance, else nothing is rebooted.
+/// `RebootInstances`: every id must be a known, not terminated instance, else nothing is rebooted.
 fn reboot_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
     let ids = protocol::query_list(params, "InstanceId");
     if ids.is_empty() {
@@ -175,6 +175,13 @@ fn reboot_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiE
     }
     state.reboots.extend(ids);
     Ok(Reply::Xml("<return>true</return>".to_owned()))
+}
+
+/// Called when Auto Scaling stops or starts an instance of a warm pool.
+pub(crate) fn set_state_of(shared: &Shared, instance_id: &str, state: InstanceState) {
+    if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+        instance.state = state;
+    }
 }
 
 /// Called when Auto Scaling lets an instance go: EC2 reports it terminated, without DNS name.

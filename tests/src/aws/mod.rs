@@ -32,7 +32,7 @@ mod sns;
 
 pub use autoscaling::{
     CompletedBy, FakeAutoScaling, FakeAutoScalingGroup, FakeLifecycleHook, HeartbeatRecord,
-    LifecycleCompletion, LifecycleNotice, LifecycleTransition,
+    LifecycleCompletion, LifecycleNotice, LifecycleTransition, WarmPoolState,
 };
 pub use ec2::{FakeEc2, FakeInstance, InstanceState};
 pub use eks::{FakeAccessEntry, FakeCluster, FakeEks, FakeNodegroup};

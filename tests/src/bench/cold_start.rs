@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{Mode, median};
 use crate::binaries;
-use crate::lambda_api::{FunctionSpec, LambdaRuntimeApi};
+use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 use crate::sandbox::{Sandbox, Scenario};
 
 /// Cold-start figures of one binary (medians over `runs` fresh processes).
@@ -29,7 +29,7 @@ pub struct ColdStartRow {
 }
 
 /// The `autoscaling:TEST_NOTIFICATION` Auto Scaling sends when a hook is created, as SNS
-/// delivers it (shape of `shared/fixtures/sns-test-notification.json`).
+/// delivers it (shape of `tests/fixtures/sns-test-notification.json`).
 fn test_notification(group: &str) -> Value {
     let message = json!({
         "AccountId": "111111111111",
@@ -81,10 +81,20 @@ async fn measure(spec: &FunctionSpec, event: &Value, runs: usize) -> Result<Cold
         let runtime = LambdaRuntimeApi::start_function(spec.clone())
             .await
             .map_err(|e| e.to_string())?;
-        runtime
+        let outcome = runtime
             .invoke(event, Duration::from_secs(30))
             .await
             .map_err(|e| e.to_string())?;
+        // A cold start is only measured on a process that served the event: anything else
+        // is a failure to report with what the process said, not a missing figure.
+        if !matches!(outcome, InvocationOutcome::Response(_)) {
+            let output = runtime.output();
+            runtime.kill().await;
+            return Err(format!(
+                "{}: the measured invocation ended with {outcome:?}; the process wrote:\n{output}",
+                spec.name
+            ));
+        }
         let timings = runtime.timings();
         init.push(
             timings

@@ -96,7 +96,7 @@ fn drain_scenario(pods: usize, podsets: &[(&str, usize, Option<i32>)], pod_start
 
 /// Plays the scenario's scale-in of node 0 and returns the time from the lifecycle action's
 /// start to its completion; `what` names the drain in the error when it went wrong.
-async fn scale_in(sandbox: &Sandbox, what: &str) -> Result<Duration, String> {
+pub(super) async fn scale_in(sandbox: &Sandbox, what: &str) -> Result<Duration, String> {
     let checks = sandbox.play_step(0).await;
     if let Some((_, failed)) = checks.iter().find(|(ok, _)| !ok) {
         return Err(format!("{what} did not complete as expected: {failed}"));
@@ -112,7 +112,7 @@ async fn scale_in(sandbox: &Sandbox, what: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{what}: no completion"))
 }
 
-async fn start(yaml: &str) -> Result<Sandbox, String> {
+pub(super) async fn start(yaml: &str) -> Result<Sandbox, String> {
     let scenario = Scenario::from_yaml(yaml).map_err(|e| e.to_string())?;
     Sandbox::start(scenario, false)
         .await
@@ -216,7 +216,7 @@ async fn drain_once(yaml: &str, pods: usize, latency: Duration) -> Result<DrainR
     })
 }
 
-fn kubectl_available() -> bool {
+pub(super) fn kubectl_available() -> bool {
     Command::new("kubectl")
         .args(["version", "--client"])
         .output()
@@ -224,7 +224,7 @@ fn kubectl_available() -> bool {
 }
 
 /// `kubectl drain` of seeded node 0 of the same scenario, in a fresh world.
-async fn kubectl_drain(yaml: &str, latency: Duration) -> Result<Duration, String> {
+pub(super) async fn kubectl_drain(yaml: &str, latency: Duration) -> Result<Duration, String> {
     let sandbox = start(yaml).await?;
     let kubeconfig: PathBuf =
         std::env::temp_dir().join(format!("bench-kubectl-{}.kubeconfig", std::process::id()));

@@ -21,7 +21,8 @@ struct Args {
     /// Every size and enough runs for the published figures.
     #[arg(long)]
     full: bool,
-    /// Only these parts (comma-separated): cold-start, drain, pdb, aws-auth, token.
+    /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
+    /// aws-auth, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -66,6 +67,12 @@ async fn main() -> ExitCode {
     }
     if wanted("pdb") {
         report(pdb(mode).await);
+    }
+    if wanted("pdb-paced") {
+        report(pdb_paced(mode, &args.pods, args.kubectl_runs).await);
+    }
+    if wanted("mass-scale-in") {
+        report(mass_scale_in(mode).await);
     }
     if wanted("aws-auth") {
         report(aws_auth(mode).await);
@@ -176,6 +183,108 @@ async fn pdb(mode: Mode) -> Result<(), String> {
         figures.wall.as_secs_f64() / figures.ideal.as_secs_f64()
     );
     Ok(())
+}
+
+/// The PDB-paced drain's grace period and replacement start: (grace, ready).
+fn paced_timings(mode: Mode) -> (Duration, Duration) {
+    match mode {
+        // A tenth of the published case: the same waves, in CI's time.
+        Mode::Quick => (Duration::from_millis(60), Duration::from_millis(100)),
+        Mode::Full => (Duration::from_millis(600), Duration::from_secs(1)),
+    }
+}
+
+async fn pdb_paced(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> Result<(), String> {
+    let sizes: &[usize] = match (mode, sizes) {
+        (_, [_, ..]) => sizes,
+        (Mode::Quick, []) => &[20],
+        (Mode::Full, []) => &[110, 250],
+    };
+    let (runs, kubectl_runs) = match mode {
+        Mode::Quick => (1, kubectl_runs.unwrap_or(0)),
+        Mode::Full => (3, kubectl_runs.unwrap_or(1)),
+    };
+    let (grace, ready) = paced_timings(mode);
+    println!(
+        "## PDB-paced drain (one node, N pods of N/10 Deployments with maxUnavailable 1, grace {grace:?}, replacements Ready {ready:?} after scheduling; medians of {runs} drains, kubectl of {kubectl_runs})\n"
+    );
+    println!(
+        "| pods | wall (ms) | wave bound (ms) | vs bound | notification → first eviction (ms) | evictions refused | requests | kubectl drain (ms) | kubectl / ours |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &pods in sizes {
+        let f = bench::pdb_paced_drain(pods, grace, ready, runs, kubectl_runs).await?;
+        let kubectl = f.kubectl.map(ms).unwrap_or_else(|| "-".to_owned());
+        let speedup = f
+            .kubectl
+            .map(|k| format!("{:.1}x", k.as_secs_f64() / f.wall.as_secs_f64()))
+            .unwrap_or_else(|| "-".to_owned());
+        println!(
+            "| {pods} | {} | {} | {:.2}x | {} | {} | {} | {kubectl} | {speedup} |",
+            ms(f.wall),
+            ms(f.bound),
+            f.wall.as_secs_f64() / f.bound.as_secs_f64(),
+            ms(f.first_eviction),
+            f.refused,
+            f.requests,
+        );
+    }
+    println!();
+    Ok(())
+}
+
+async fn mass_scale_in(mode: Mode) -> Result<(), String> {
+    let (nodes, pods_per_node, survivors) = match mode {
+        Mode::Quick => (4, 5, 2),
+        Mode::Full => (20, 30, 5),
+    };
+    let (grace, ready) = paced_timings(mode);
+    let throttle = bench::mass_throttle(mode);
+    println!(
+        "## Mass scale-in ({nodes} nodes x {pods_per_node} pods terminated at once, one function process each; Deployments of 10 replicas spread over 10 nodes, PDB maxUnavailable 1 each; {survivors} surviving nodes; grace {grace:?}, replacements Ready {ready:?})\n"
+    );
+    println!(
+        "| API server | wall (ms) | wave bound (ms) | vs bound | requests | mean req/s | peak req/s | evictions refused by a PDB | evictions throttled | requests throttled | PDB violations | one completion per instance | drained |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut failed = Vec::new();
+    for limit in [None, Some(throttle)] {
+        let f = bench::mass_scale_in(nodes, pods_per_node, survivors, grace, ready, limit).await?;
+        let server = match limit {
+            None => "unthrottled".to_owned(),
+            Some(l) => format!(
+                "throttled: {} req/s, burst {}, Retry-After {} s",
+                l.per_second, l.burst, l.retry_after_seconds
+            ),
+        };
+        println!(
+            "| {server} | {} | {} | {:.2}x | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+            ms(f.wall),
+            ms(f.bound),
+            f.wall.as_secs_f64() / f.bound.as_secs_f64(),
+            f.requests,
+            f.mean_rps,
+            f.peak_rps,
+            f.refused_by_budget,
+            f.throttled,
+            f.throttled_requests,
+            f.pdb_violations,
+            f.one_completion_each(),
+            f.all_drained,
+        );
+        if f.pdb_violations > 0 || !f.one_completion_each() || !f.all_drained {
+            failed.push(server);
+        }
+    }
+    println!();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "mass scale-in broke a budget, a completion or the drain: {}",
+            failed.join("; ")
+        ))
+    }
 }
 
 async fn aws_auth(mode: Mode) -> Result<(), String> {

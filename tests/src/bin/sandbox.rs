@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use node_manager_testkit::binaries;
 use node_manager_testkit::sandbox::{self, Sandbox, Scenario};
 
 #[derive(Parser)]
@@ -24,6 +25,12 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    // The function binaries the sandbox runs are built here, in the open, before anything
+    // starts: on a first run that is the only wait after cargo built the sandbox itself.
+    if let Err(error) = binaries::build_for_sandbox(binaries::SANDBOX_BINARIES) {
+        eprintln!("sandbox: {error}");
+        return ExitCode::from(2);
+    }
     let scenario = match &args.scenario {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| sandbox::SandboxError::Scenario(format!("{}: {e}", path.display())))

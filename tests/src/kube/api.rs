@@ -371,6 +371,29 @@ pub(crate) async fn serve(
                 "ServiceUnavailable",
                 "the server is currently unable to handle the request",
             )),
+            FaultAction::Conflict => Some(ApiError::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {resource_name} \"{object_name}\": the object has been modified; please apply your changes to the latest version and try again"
+                ),
+            )),
+            FaultAction::NamespaceTerminating => Some(
+                ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "{resource_name} \"{object_name}\" is forbidden: unable to create new content in namespace {namespace_name} because it is being terminated"
+                    ),
+                )
+                .with_details(json!({
+                    "causes": [{
+                        "reason": "NamespaceTerminating",
+                        "message": format!("namespace {namespace_name} is being terminated"),
+                        "field": "metadata.namespace",
+                    }]
+                })),
+            ),
             FaultAction::DropConnection => {
                 audit.response_status.code = 0;
                 audit.stage = "Panic".into();

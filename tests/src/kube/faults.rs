@@ -23,6 +23,12 @@ pub enum FaultAction {
     ServiceUnavailable,
     /// Close the connection without answering.
     DropConnection,
+    /// `409 Conflict` as the API server sends when its own retries of a write that kept
+    /// losing to concurrent changes run out (an eviction of a busy pod, for one).
+    Conflict,
+    /// `403 Forbidden` with the `NamespaceTerminating` cause (a write in a namespace being
+    /// deleted).
+    NamespaceTerminating,
 }
 
 impl FaultAction {
@@ -35,6 +41,8 @@ impl FaultAction {
             Self::InternalError => "500".into(),
             Self::ServiceUnavailable => "503".into(),
             Self::DropConnection => "dropped connection".into(),
+            Self::Conflict => "409".into(),
+            Self::NamespaceTerminating => "403 NamespaceTerminating".into(),
         }
     }
 }
@@ -60,6 +68,8 @@ pub struct FaultRule {
     pub probability: f64,
     /// How many hits before the rule retires (`None`: forever).
     pub times: Option<u32>,
+    /// When the rule retires whatever its hits (`None`: never): a burst.
+    pub until: Option<std::time::Instant>,
 }
 
 impl FaultRule {
@@ -70,6 +80,7 @@ impl FaultRule {
             action,
             probability: 1.0,
             times: None,
+            until: None,
         }
     }
 
@@ -105,6 +116,12 @@ impl FaultRule {
 
     pub fn probability(mut self, probability: f64) -> Self {
         self.probability = probability;
+        self
+    }
+
+    /// The rule hits only for `duration` from now: a burst (of 503s on node writes, say).
+    pub fn lasting(mut self, duration: Duration) -> Self {
+        self.until = Some(std::time::Instant::now() + duration);
         self
     }
 
@@ -148,7 +165,44 @@ impl FaultMatch {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FaultId(u64);
 
+/// Throttling by request rate, the way API Priority and Fairness sheds load: a token bucket
+/// of `burst` requests refilled at `per_second`; a request that finds it empty gets
+/// `429 TooManyRequests` with `Retry-After: retry_after_seconds`. Watches are not counted
+/// (long-running requests hold a seat rather than spend a token; their re-establishing is
+/// what a throttled watcher would do anyway).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: f64,
+    pub retry_after_seconds: u64,
+}
+
+#[derive(Debug)]
+struct Bucket {
+    limit: RateLimit,
+    tokens: f64,
+    refilled_at: std::time::Instant,
+    throttled: u64,
+}
+
+impl Bucket {
+    fn take(&mut self) -> bool {
+        let now = std::time::Instant::now();
+        let elapsed = now.duration_since(self.refilled_at).as_secs_f64();
+        self.refilled_at = now;
+        self.tokens = (self.tokens + elapsed * self.limit.per_second).min(self.limit.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            self.throttled += 1;
+            false
+        }
+    }
+}
+
 struct Rules {
+    rate_limit: Option<Bucket>,
     rules: Vec<(FaultId, FaultRule)>,
     next_id: u64,
     rng: StdRng,
@@ -171,6 +225,7 @@ impl Faults {
     pub fn with_seed(seed: u64) -> Self {
         Self {
             inner: Arc::new(Mutex::new(Rules {
+                rate_limit: None,
                 rules: Vec::new(),
                 next_id: 0,
                 rng: StdRng::seed_from_u64(seed),
@@ -204,6 +259,21 @@ impl Faults {
         self.lock().rules.clear();
     }
 
+    /// Throttles requests above `limit` (see [`RateLimit`]); `None` lifts it.
+    pub fn set_rate_limit(&self, limit: Option<RateLimit>) {
+        self.lock().rate_limit = limit.map(|limit| Bucket {
+            limit,
+            tokens: limit.burst,
+            refilled_at: std::time::Instant::now(),
+            throttled: 0,
+        });
+    }
+
+    /// Requests the rate limit answered with 429 so far.
+    pub fn throttled(&self) -> u64 {
+        self.lock().rate_limit.as_ref().map_or(0, |b| b.throttled)
+    }
+
     /// How many requests faults have hit so far.
     pub fn hits(&self) -> u64 {
         self.lock().hits
@@ -213,9 +283,23 @@ impl Faults {
     pub fn decide(&self, target: &FaultTarget<'_>) -> Option<FaultAction> {
         let mut guard = self.lock();
         let rules = &mut *guard;
+        if target.verb != "watch"
+            && let Some(bucket) = rules.rate_limit.as_mut()
+            && !bucket.take()
+        {
+            let retry_after_seconds = bucket.limit.retry_after_seconds;
+            rules.hits += 1;
+            return Some(FaultAction::TooManyRequests {
+                retry_after_seconds,
+            });
+        }
         if rules.rules.is_empty() {
             return None;
         }
+        let now = std::time::Instant::now();
+        rules
+            .rules
+            .retain(|(_, rule)| rule.until.is_none_or(|until| now < until));
         let mut hit = None;
         for (index, (_, rule)) in rules.rules.iter_mut().enumerate() {
             if !rule.matches.matches(target) {
@@ -237,5 +321,39 @@ impl Faults {
             rules.rules.remove(index);
         }
         Some(action)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(verb: &str) -> FaultTarget<'_> {
+        FaultTarget {
+            verb,
+            ..FaultTarget::default()
+        }
+    }
+
+    #[test]
+    fn the_rate_limit_throttles_above_its_burst_but_not_watches() {
+        let faults = Faults::default();
+        faults.set_rate_limit(Some(RateLimit {
+            per_second: 0.001,
+            burst: 3.0,
+            retry_after_seconds: 1,
+        }));
+        let answers: Vec<_> = (0..5).map(|_| faults.decide(&target("get"))).collect();
+        assert_eq!(answers[..3], [None, None, None]);
+        assert_eq!(
+            answers[3],
+            Some(FaultAction::TooManyRequests {
+                retry_after_seconds: 1
+            })
+        );
+        assert_eq!(faults.throttled(), 2);
+        assert_eq!(faults.decide(&target("watch")), None);
+        faults.set_rate_limit(None);
+        assert_eq!(faults.decide(&target("get")), None);
     }
 }

@@ -62,7 +62,7 @@ pub use self::disruption_log::{
     BudgetCounts, DisruptionLog, EvictionOutcome, EvictionRecord, EvictionTally, PodDeletionRecord,
     Requester,
 };
-pub use self::faults::{FaultAction, FaultId, FaultRule, Faults};
+pub use self::faults::{FaultAction, FaultId, FaultRule, Faults, RateLimit};
 pub use self::simulation::{Simulation, SimulationTimings};
 pub use self::status::ApiError;
 pub use self::store::{Store, StoreError};
@@ -379,6 +379,28 @@ impl FakeApiServer {
         self.simulation
             .register_node(name, provider_id, ready_after)
             .map(|_| ())
+    }
+
+    /// The node's instance stopped (went to a warm pool): see [`Simulation::stop_node`].
+    pub fn stop_node(&self, name: &str) -> Result<(), ApiError> {
+        self.simulation.stop_node(name)
+    }
+
+    /// The node's instance started again (left a warm pool) and its kubelet re-registers
+    /// under the old name: see [`Simulation::restart_node`].
+    pub fn restart_node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ready_after: Option<Duration>,
+    ) -> Result<(), ApiError> {
+        self.simulation.restart_node(name, provider_id, ready_after)
+    }
+
+    /// Stops `node`'s kubelet: the node turns NotReady (`Ready=Unknown`) and deletions of its
+    /// pods are never confirmed. See [`Simulation::kill_kubelet`].
+    pub fn kill_kubelet(&self, node: &str) -> Result<(), ApiError> {
+        self.simulation.kill_kubelet(node)
     }
 
     /// Registers a static bearer token for a user (like `--token-auth-file`); the user also

@@ -87,7 +87,12 @@ struct Memory {
     recheck_at: Option<jiff::Timestamp>,
     /// Resource version the garbage collector last looked at deletions from.
     collected_rv: u64,
+    /// Nodes whose kubelet was stopped ([`Simulation::kill_kubelet`]).
+    dead_kubelets: HashSet<String>,
 }
+
+/// The taint the cloud node lifecycle controller puts on a node whose instance is stopped.
+pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
 /// The emulated kubelet and controllers of one fake cluster.
 #[derive(Clone)]
@@ -171,15 +176,78 @@ fn replicas(object: &Value) -> i64 {
         .unwrap_or(1)
 }
 
-/// Whether new pods may be placed on a node: Ready, not cordoned.
+/// The taint a cordoned node carries for the scheduler.
+const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// The taints the scheduler sees on a node: its own, plus the cordon's `NoSchedule` taint
+/// when `spec.unschedulable` is set (what the NodeUnschedulable filter checks).
+fn scheduling_taints(node: &Value) -> Vec<(String, String, String)> {
+    let mut taints: Vec<(String, String, String)> = node
+        .get("spec")
+        .and_then(|s| s.get("taints"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let field = |name: &str| {
+                t.get(name)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            (field("key"), field("value"), field("effect"))
+        })
+        .collect();
+    let cordoned = node
+        .get("spec")
+        .and_then(|s| s.get("unschedulable"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    if cordoned {
+        taints.push((
+            UNSCHEDULABLE_TAINT.to_owned(),
+            String::new(),
+            "NoSchedule".to_owned(),
+        ));
+    }
+    taints
+}
+
+/// Whether one of the pod's tolerations matches the taint (the scheduler's rules: an empty
+/// key with `Exists` matches every key, `Exists` any value, an empty effect every effect).
+fn tolerates(pod: &Value, (key, value, effect): &(String, String, String)) -> bool {
+    pod.get("spec")
+        .and_then(|s| s.get("tolerations"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|t| {
+            let field = |name: &str| t.get(name).and_then(Value::as_str).unwrap_or_default();
+            let exists = field("operator") == "Exists";
+            let key_matches = if field("key").is_empty() {
+                exists
+            } else {
+                field("key") == key
+            };
+            let value_matches = exists || field("value") == value;
+            let effect_matches = field("effect").is_empty() || field("effect") == effect;
+            key_matches && value_matches && effect_matches
+        })
+}
+
+/// Whether a node may take pods at all: Ready and not being deleted.
 fn schedulable(node: &Value) -> bool {
-    condition_true(node, "Ready")
-        && node
-            .get("spec")
-            .and_then(|s| s.get("unschedulable"))
-            .and_then(Value::as_bool)
-            != Some(true)
-        && !being_deleted(node)
+    condition_true(node, "Ready") && !being_deleted(node)
+}
+
+/// Whether `pod` may be placed on `node`: the node takes pods and every `NoSchedule` and
+/// `NoExecute` taint on it (the cordon's included) is tolerated.
+fn fits(pod: &Value, node: &Value) -> bool {
+    schedulable(node)
+        && scheduling_taints(node)
+            .iter()
+            .filter(|(_, _, effect)| effect == "NoSchedule" || effect == "NoExecute")
+            .all(|taint| tolerates(pod, taint))
 }
 
 fn update_full(state: &mut State, resource: &'static ResourceType, mut object: Value) {
@@ -259,6 +327,116 @@ impl Simulation {
         Ok(created)
     }
 
+    /// The node's instance was stopped (sent to a warm pool): the kubelet stops posting
+    /// status, so the node turns `Ready=Unknown`, and the cloud node lifecycle controller
+    /// taints it `node.cloudprovider.kubernetes.io/shutdown:NoSchedule`. The Node object
+    /// stays, with everything else on it (labels, cordon, annotations).
+    pub fn stop_node(&self, name: &str) -> Result<(), super::status::ApiError> {
+        let nodes = resource("", "nodes");
+        // The same lock order as `step`: memory, then the store.
+        let mut memory = self.memory();
+        let mut state = self.store.lock();
+        let mut node = state.get(nodes, "", name)?;
+        memory.node_ready_at.remove(name);
+        let time = now_rfc3339();
+        node["status"]["conditions"] = json!([{
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": time,
+            "lastTransitionTime": time,
+        }]);
+        let mut taints = node["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !taints.iter().any(|t| t["key"] == json!(SHUTDOWN_TAINT)) {
+            taints.push(json!({"key": SHUTDOWN_TAINT, "effect": "NoSchedule"}));
+        }
+        node["spec"]["taints"] = json!(taints);
+        update_full(&mut state, nodes, node);
+        Ok(())
+    }
+
+    /// The node's instance started again (out of a warm pool): its kubelet re-registers
+    /// under the node's old name. An existing Node object is kept as it is (the kubelet
+    /// does not touch `spec.unschedulable`, labels it did not set, or annotations); the
+    /// shutdown taint goes (the instance runs again) and the node turns Ready after
+    /// `ready_after`. A Node deleted meanwhile is registered afresh.
+    pub fn restart_node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        ready_after: Option<Duration>,
+    ) -> Result<(), super::status::ApiError> {
+        let nodes = resource("", "nodes");
+        let ready_after = ready_after.unwrap_or(self.timings.node_ready_after);
+        {
+            let mut memory = self.memory();
+            let mut state = self.store.lock();
+            if let Ok(mut node) = state.get(nodes, "", name) {
+                let time = now_rfc3339();
+                node["status"]["conditions"] = json!([{
+                    "type": "Ready",
+                    "status": "False",
+                    "reason": "KubeletNotReady",
+                    "message": "container runtime network not ready",
+                    "lastHeartbeatTime": time,
+                    "lastTransitionTime": time,
+                }]);
+                if let Some(taints) = node["spec"]["taints"].as_array_mut() {
+                    taints.retain(|t| t["key"] != json!(SHUTDOWN_TAINT));
+                }
+                update_full(&mut state, nodes, node);
+                memory
+                    .node_ready_at
+                    .insert(name.to_owned(), Instant::now() + ready_after);
+                return Ok(());
+            }
+        }
+        self.register_node(name, provider_id, Some(ready_after))
+            .map(|_| ())
+    }
+
+    /// Stops the kubelet of `node`, as when its instance hangs or loses its network: the node
+    /// turns `Ready=Unknown` now (as the node lifecycle controller marks a node whose kubelet
+    /// stopped posting status), its pods are never started, and deletions of its pods are
+    /// never confirmed (they keep their `deletionTimestamp` until a grace-0 deletion or the
+    /// node's deletion removes them). [`Simulation::revive_kubelet`] undoes it.
+    pub fn kill_kubelet(&self, node: &str) -> Result<(), super::status::ApiError> {
+        let mut memory = self.memory();
+        let mut state = self.store.lock();
+        let nodes = resource("", "nodes");
+        let mut object = state.get(nodes, "", node)?;
+        memory.node_ready_at.remove(node);
+        memory.dead_kubelets.insert(node.to_owned());
+        let time = now_rfc3339();
+        object["status"]["conditions"] = json!([{
+            "type": "Ready",
+            "status": "Unknown",
+            "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": time,
+            "lastTransitionTime": time,
+        }]);
+        update_full(&mut state, nodes, object);
+        Ok(())
+    }
+
+    /// Starts the kubelet of `node` again: it turns Ready on the next step and confirms the
+    /// deletions that are due.
+    pub fn revive_kubelet(&self, node: &str) {
+        let mut memory = self.memory();
+        memory.dead_kubelets.remove(node);
+        memory.node_ready_at.insert(node.to_owned(), Instant::now());
+    }
+
+    /// Whether the kubelet of `node` was stopped with [`Simulation::kill_kubelet`].
+    pub fn is_kubelet_dead(&self, node: &str) -> bool {
+        self.memory().dead_kubelets.contains(node)
+    }
+
     /// Runs the emulation until `shutdown` flips.
     pub(crate) async fn run(self, mut shutdown: tokio::sync::watch::Receiver<bool>) {
         if !self.timings.enabled {
@@ -280,7 +458,7 @@ impl Simulation {
         let mut state = self.store.lock();
         let now = Instant::now();
         self.garbage_collector(&mut state, &mut memory);
-        self.kubelet_removes_terminated_pods(&mut state, now);
+        self.kubelet_removes_terminated_pods(&mut state, &memory, now);
         self.kubelet_turns_nodes_ready(&mut state, &mut memory, now);
         self.deployments(&mut state);
         self.replica_sets(&mut state);
@@ -422,11 +600,13 @@ impl Simulation {
         }
     }
 
-    fn kubelet_removes_terminated_pods(&self, state: &mut State, now: Instant) {
+    fn kubelet_removes_terminated_pods(&self, state: &mut State, memory: &Memory, now: Instant) {
         let pods = resource("", "pods");
         let due: Vec<(String, String)> = state
             .iter(pods, None)
             .filter(|pod| being_deleted(pod))
+            // A dead kubelet never confirms a deletion.
+            .filter(|pod| !memory.dead_kubelets.contains(spec_str(pod, "nodeName")))
             .filter(|pod| {
                 let no_finalizers = pod
                     .get("metadata")
@@ -642,7 +822,10 @@ impl Simulation {
         }
     }
 
-    /// Binds unscheduled pods to the schedulable node with the fewest pods.
+    /// Binds unscheduled pods to the node with the fewest pods among those that take them:
+    /// Ready, and every `NoSchedule`/`NoExecute` taint tolerated, the cordon's included (a
+    /// pod tolerating `node.kubernetes.io/unschedulable` may land on a cordoned node, and an
+    /// emptying node is the emptiest).
     fn scheduler(&self, state: &mut State) {
         let pods = resource("", "pods");
         let nodes = resource("", "nodes");
@@ -654,26 +837,32 @@ impl Simulation {
         if pending.is_empty() {
             return;
         }
-        let mut load: BTreeMap<String, usize> = state
+        let candidates: Vec<Value> = state
             .iter(nodes, None)
             .filter(|n| schedulable(n))
-            .map(|n| (meta_str(n, "name").to_owned(), 0))
+            .cloned()
             .collect();
-        if load.is_empty() {
+        if candidates.is_empty() {
             return;
         }
+        let mut load: BTreeMap<String, usize> = candidates
+            .iter()
+            .map(|n| (meta_str(n, "name").to_owned(), 0))
+            .collect();
         for pod in state.iter(pods, None) {
             if let Some(count) = load.get_mut(spec_str(pod, "nodeName")) {
                 *count += 1;
             }
         }
         for mut pod in pending {
-            let Some(node) = load
+            let Some(node) = candidates
                 .iter()
-                .min_by_key(|(_, count)| **count)
-                .map(|(name, _)| name.clone())
+                .filter(|n| fits(&pod, n))
+                .map(|n| meta_str(n, "name"))
+                .min_by_key(|name| load.get(*name).copied().unwrap_or(usize::MAX))
+                .map(str::to_owned)
             else {
-                return;
+                continue;
             };
             if let Some(count) = load.get_mut(&node) {
                 *count += 1;

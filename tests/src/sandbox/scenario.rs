@@ -30,6 +30,11 @@ pub struct Scenario {
     /// Extra environment for every function (settings such as `DRAIN_FORCE`).
     #[serde(default)]
     pub function_env: std::collections::BTreeMap<String, String>,
+    /// Lambda scales out: a lifecycle notification that arrives while the hook's processes
+    /// are all busy runs in a new process (cold) instead of waiting for one. Off by default:
+    /// one process per function, deliveries one after the other.
+    #[serde(default)]
+    pub concurrent_invocations: bool,
     pub nodegroups: Vec<NodegroupSpec>,
     #[serde(default)]
     pub workloads: Vec<Workload>,
@@ -105,6 +110,10 @@ pub struct NodegroupSpec {
     /// Tag the group for the cluster (`eks:cluster-name`); false makes it a foreign group.
     #[serde(default = "yes")]
     pub tagged_for_cluster: bool,
+    /// The group's warm pool, by the state its instances wait in: `Stopped`, `Running` or
+    /// `Hibernated` (none by default).
+    #[serde(default)]
+    pub warm_pool: Option<String>,
 }
 
 fn default_ami() -> String {
@@ -157,6 +166,14 @@ pub enum Step {
     /// A seeded node's kubelet dies; a scheduled `node-repair` run replaces its instance
     /// (the hooks then drain it and complete its replacement's launch).
     RepairNode(RepairNodeStep),
+    /// A new instance launches into the group's warm pool (`EC2` -> `WarmPool`).
+    LaunchIntoWarmPool(WarmPoolStep),
+    /// The instance waiting longest in the warm pool goes in service (`WarmPool` ->
+    /// `AutoScalingGroup`); its kubelet registers (or re-registers) its node.
+    ScaleOutFromWarmPool(WarmPoolStep),
+    /// Scale-in with instance reuse: the instance that left the pool last goes back to it
+    /// (`AutoScalingGroup` -> `WarmPool`) and is stopped.
+    ScaleInToWarmPool(WarmPoolStep),
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -172,6 +189,15 @@ pub struct RepairNodeStep {
 
 fn thirty_one() -> f64 {
     31.0
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WarmPoolStep {
+    pub nodegroup: String,
+    /// Kubernetes Event reasons that must appear on the node.
+    #[serde(default)]
+    pub expect_node_events: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -251,6 +277,9 @@ impl Scenario {
                 Step::ScaleOut(s) => &s.nodegroup,
                 Step::ScaleIn(s) => &s.nodegroup,
                 Step::RepairNode(s) => &s.nodegroup,
+                Step::LaunchIntoWarmPool(s)
+                | Step::ScaleOutFromWarmPool(s)
+                | Step::ScaleInToWarmPool(s) => &s.nodegroup,
             };
             let Some(spec) = self.nodegroups.iter().find(|n| &n.name == group) else {
                 return bad(format!(
@@ -265,12 +294,33 @@ impl Scenario {
                     s.node, spec.nodes
                 ));
             }
+            let warm_pool_step = matches!(
+                step,
+                Step::LaunchIntoWarmPool(_)
+                    | Step::ScaleOutFromWarmPool(_)
+                    | Step::ScaleInToWarmPool(_)
+            );
+            if warm_pool_step && spec.warm_pool.is_none() {
+                return bad(format!(
+                    "a warm-pool step names node group {group}, which has no warmPool"
+                ));
+            }
             if let Step::ScaleIn(s) = step
                 && s.node >= spec.nodes
             {
                 return bad(format!(
                     "scaleIn names node {} of {group}, which has {} seeded nodes",
                     s.node, spec.nodes
+                ));
+            }
+        }
+        for spec in &self.nodegroups {
+            if let Some(state) = &spec.warm_pool
+                && !matches!(state.as_str(), "Stopped" | "Running" | "Hibernated")
+            {
+                return bad(format!(
+                    "node group {}: warmPool must be Stopped, Running or Hibernated, not {state:?}",
+                    spec.name
                 ));
             }
         }
@@ -298,10 +348,21 @@ mod tests {
             REFERENCE_SCENARIO,
             include_str!("../../scenarios/pdb-blocked.yaml"),
             include_str!("../../scenarios/access-entries.yaml"),
+            include_str!("../../scenarios/warm-pool.yaml"),
         ] {
             let scenario = Scenario::from_yaml(text).unwrap();
             assert!(!scenario.steps.is_empty(), "{}", scenario.name);
         }
+    }
+
+    #[test]
+    fn warm_pool_steps_need_a_group_with_a_warm_pool() {
+        let text = "name: x\nnodegroups:\n  - { name: ng, autoScalingGroup: asg, nodeRole: r }\nsteps:\n  - launchIntoWarmPool: { nodegroup: ng }\n";
+        let err = Scenario::from_yaml(text).unwrap_err();
+        assert!(err.to_string().contains("no warmPool"), "{err}");
+        let text = "name: x\nnodegroups:\n  - { name: ng, autoScalingGroup: asg, nodeRole: r, warmPool: Frozen }\nsteps: []\n";
+        let err = Scenario::from_yaml(text).unwrap_err();
+        assert!(err.to_string().contains("Frozen"), "{err}");
     }
 
     #[test]

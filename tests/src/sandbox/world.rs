@@ -15,13 +15,14 @@ use tokio::task::JoinHandle;
 
 use super::scenario::{
     NodegroupSpec, NodegroupStep, RepairNodeStep, ScaleInStep, ScaleOutStep, Scenario, Step,
+    WarmPoolStep,
 };
 use super::timeline::{Source, Timeline};
 use super::{SandboxError, SandboxReport};
 use crate::account::{FakeAccount, FakeCredentials};
 use crate::aws::{
     CompletedBy, FakeAutoScalingGroup, FakeAws, FakeCluster, FakeInstance, FakeLifecycleHook,
-    FakeNodegroup, SubscriptionFilter,
+    FakeNodegroup, LifecycleCompletion, SubscriptionFilter, WarmPoolState,
 };
 use crate::binaries;
 use crate::kube::{FakeApiServer, SimulationTimings};
@@ -35,22 +36,12 @@ pub const FUNCTIONS: [&str; 4] = [
     "node-repair",
 ];
 
-/// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
-/// Node repair's own group (`infra/rbac.yaml`).
-const NODE_REPAIR_GROUP: &str = "open-node-manager:node-repair";
-
-fn kubernetes_group(function: &str) -> &'static str {
-    if function == "node-repair" {
-        NODE_REPAIR_GROUP
-    } else {
-        FUNCTIONS_GROUP
-    }
-}
 const TOPIC_NAME: &str = "eks-asg-lifecycle-hook-topic";
 const LAUNCHING: &str = "autoscaling:EC2_INSTANCE_LAUNCHING";
 const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
 const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// The node annotation holding the terminating hook's drain checkpoint.
+const DRAIN_CHECKPOINT: &str = "open-node-manager.io/drain";
 
 /// A node of the simulated cluster and the instance behind it.
 #[derive(Debug, Clone)]
@@ -80,6 +71,14 @@ pub struct Sandbox {
     nodes: BTreeMap<String, Vec<SimulatedNode>>,
     next_instance: AtomicU32,
     background: Vec<JoinHandle<()>>,
+    /// Instances waiting in a warm pool, longest first.
+    warm_pool: std::sync::Mutex<Vec<SimulatedNode>>,
+    /// Instances in service that came out of a warm pool, most recent last.
+    from_warm_pool: std::sync::Mutex<Vec<SimulatedNode>>,
+    /// Probe pods created to show a node serves pods.
+    probes: AtomicU32,
+    /// Processes started when Lambda scaled out (`concurrentInvocations`), to stop at the end.
+    scaled_out: Arc<std::sync::Mutex<Vec<Arc<LambdaRuntimeApi>>>>,
 }
 
 fn setup<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> SandboxError + '_ {
@@ -147,6 +146,10 @@ impl Sandbox {
             nodes: BTreeMap::new(),
             next_instance: AtomicU32::new(0),
             background: Vec::new(),
+            warm_pool: std::sync::Mutex::default(),
+            from_warm_pool: std::sync::Mutex::default(),
+            probes: AtomicU32::new(0),
+            scaled_out: Arc::default(),
         };
         sandbox.seed_aws()?;
         let credentials = sandbox.grant_function_identities()?;
@@ -194,9 +197,8 @@ impl Sandbox {
             let role = format!("open-node-manager-{function}");
             let creds = self.account.add_role_credentials(&role);
             map_roles.push_str(&format!(
-                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - {}\n",
-                creds.principal_arn,
-                kubernetes_group(function)
+                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - open-node-manager:{function}\n",
+                creds.principal_arn
             ));
             if self.uses_access_entries() {
                 self.aws
@@ -206,7 +208,7 @@ impl Sandbox {
                         &creds.principal_arn,
                         "STANDARD",
                         Some(&format!("open-node-manager:{function}")),
-                        &[kubernetes_group(function)],
+                        &[format!("open-node-manager:{function}").as_str()],
                     )
                     .map_err(setup("access entry for a function role"))?;
             }
@@ -283,6 +285,9 @@ impl Sandbox {
             }
             let autoscaling = self.aws.autoscaling();
             autoscaling.add_group(group);
+            if let Some(state) = warm_pool_state(spec) {
+                autoscaling.set_warm_pool(&spec.auto_scaling_group, state);
+            }
             for hook in [
                 FakeLifecycleHook::launching("Launch-LC-Hook"),
                 FakeLifecycleHook::terminating("Terminate-LC-Hook"),
@@ -494,6 +499,8 @@ impl Sandbox {
                     &seconds(timings.launch_timeout_seconds),
                 )
                 .env("EVICTION_BACKOFF_MAX_SECONDS", "2")
+                // nodegroup-auth: poll a DELETING node group every second, not every 15.
+                .env("DELETE_POLL_SECONDS", "1")
                 .env("RUST_LOG", "warn")
                 .envs(self.scenario.function_env.clone());
             spec.account_id = self.scenario.account_id.clone();
@@ -528,6 +535,59 @@ impl Sandbox {
             let runtime = self.functions[function].clone();
             let timeline = self.timeline.clone();
             let timeout = self.function_timeout();
+            if self.scenario.concurrent_invocations {
+                let spec = self.specs[function].clone();
+                let scaled_out = self.scaled_out.clone();
+                self.background.push(tokio::spawn(async move {
+                    let idle = Arc::new(std::sync::Mutex::new(vec![runtime]));
+                    loop {
+                        let Some(event) = subscription.next_event(Duration::from_secs(3600)).await
+                        else {
+                            continue;
+                        };
+                        let (idle, scaled_out, spec, timeline) = (
+                            idle.clone(),
+                            scaled_out.clone(),
+                            spec.clone(),
+                            timeline.clone(),
+                        );
+                        tokio::spawn(async move {
+                            let free = idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                            let process = match free {
+                                Some(process) => process,
+                                None => match LambdaRuntimeApi::start_function(spec).await {
+                                    Ok(process) => {
+                                        let process = Arc::new(process);
+                                        scaled_out
+                                            .lock()
+                                            .unwrap_or_else(|e| e.into_inner())
+                                            .push(process.clone());
+                                        process
+                                    }
+                                    Err(error) => {
+                                        timeline.record(
+                                            Source::Lambda,
+                                            format!("{function} could not scale out: {error}"),
+                                        );
+                                        return;
+                                    }
+                                },
+                            };
+                            invoke(
+                                &timeline,
+                                function,
+                                &process,
+                                &event,
+                                timeout,
+                                &summarize_sns(&event),
+                            )
+                            .await;
+                            idle.lock().unwrap_or_else(|e| e.into_inner()).push(process);
+                        });
+                    }
+                }));
+                continue;
+            }
             self.background.push(tokio::spawn(async move {
                 loop {
                     let Some(event) = subscription.next_event(Duration::from_secs(3600)).await
@@ -606,6 +666,9 @@ impl Sandbox {
             Step::DeleteNodegroup(s) => self.delete_nodegroup(index, s).await,
             Step::ScaleOut(s) => self.scale_out(index, s).await,
             Step::ScaleIn(s) => self.scale_in(index, s).await,
+            Step::LaunchIntoWarmPool(s) => self.launch_into_warm_pool(index, s).await,
+            Step::ScaleOutFromWarmPool(s) => self.scale_out_from_warm_pool(index, s).await,
+            Step::ScaleInToWarmPool(s) => self.scale_in_to_warm_pool(index, s).await,
             Step::RepairNode(s) => self.repair_node(index, s).await,
         }
     }
@@ -665,9 +728,26 @@ impl Sandbox {
                 step.nodegroup
             ),
         );
-        self.aws
-            .eks()
-            .remove_nodegroup(&self.scenario.cluster, &step.nodegroup);
+        // As EKS does: the node group is DELETING when the event is sent, and gone a little
+        // later (nodegroup-auth waits for that; a node group already gone when the event
+        // arrives cannot be verified, and its role would stay mapped).
+        let eks = self.aws.eks();
+        if let Some(spec) = self.nodegroup(&step.nodegroup) {
+            // Re-adding with the same name replaces the node group, status aside.
+            let deleting = FakeNodegroup::new(&spec.name, &self.role_arn(spec))
+                .ami_type(&spec.ami_type)
+                .auto_scaling_group(&spec.auto_scaling_group)
+                .status("DELETING");
+            if eks.add_nodegroup(&self.scenario.cluster, deleting).is_err() {
+                return vec![(false, format!("node group {} is DELETING", step.nodegroup))];
+            }
+        }
+        let cluster = self.scenario.cluster.clone();
+        let name = step.nodegroup.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            eks.remove_nodegroup(&cluster, &name);
+        });
         self.nodegroup_event("DeleteNodegroup", step).await
     }
 
@@ -1183,6 +1263,404 @@ impl Sandbox {
         checks
     }
 
+    /// Waits for a lifecycle action of `instance_id` to end after the `seen` ones already
+    /// recorded for it.
+    async fn next_completion(
+        &self,
+        instance_id: &str,
+        seen: usize,
+        timeout: Duration,
+    ) -> Option<LifecycleCompletion> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let completions: Vec<LifecycleCompletion> = self
+                .aws
+                .autoscaling()
+                .completions()
+                .into_iter()
+                .filter(|c| c.instance_id == instance_id)
+                .collect();
+            if completions.len() > seen {
+                return completions.last().cloned();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn completions_of(&self, instance_id: &str) -> usize {
+        self.aws
+            .autoscaling()
+            .completions()
+            .iter()
+            .filter(|c| c.instance_id == instance_id)
+            .count()
+    }
+
+    fn node_events(&self, node: &str) -> Vec<String> {
+        self.server
+            .store()
+            .list::<Event>()
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+
+    async fn launch_into_warm_pool(
+        &self,
+        index: usize,
+        step: &WarmPoolStep,
+    ) -> Vec<(bool, String)> {
+        let Some(spec) = self.nodegroup(&step.nodegroup) else {
+            return vec![(false, format!("node group {} is defined", step.nodegroup))];
+        };
+        let group_index = self
+            .scenario
+            .nodegroups
+            .iter()
+            .position(|n| n.name == spec.name)
+            .unwrap_or_default();
+        let node = self.new_node(
+            group_index,
+            self.next_instance.fetch_add(1, Ordering::Relaxed),
+        );
+        self.timeline.record(
+            Source::Step,
+            format!(
+                "{}. instance {} launches into the warm pool of {}",
+                index + 1,
+                node.instance_id,
+                spec.auto_scaling_group
+            ),
+        );
+        if let Err(error) = self.add_instance(spec, &node) {
+            return vec![(false, error.to_string())];
+        }
+        if let Err(error) = self
+            .aws
+            .autoscaling()
+            .launch_into_warm_pool(&spec.auto_scaling_group, &node.instance_id)
+        {
+            return vec![(false, format!("launch into the warm pool started: {error}"))];
+        }
+        let timeout = Duration::from_secs_f64(self.scenario.timings.launch_timeout_seconds);
+        let Some(completion) = self
+            .next_completion(&node.instance_id, 0, timeout + Duration::from_secs(15))
+            .await
+        else {
+            return vec![(
+                false,
+                format!("launch hook of {} completed", node.instance_id),
+            )];
+        };
+        let pooled_state = warm_pool_state(spec).map(WarmPoolState::lifecycle_state);
+        let state = self
+            .aws
+            .autoscaling()
+            .instance_state(&spec.auto_scaling_group, &node.instance_id);
+        let checks = vec![
+            (
+                completion.result == LifecycleActionResult::Continue
+                    && completion.by == CompletedBy::Call,
+                "launch into the warm pool completed CONTINUE by the function".to_owned(),
+            ),
+            (
+                completion.after < timeout / 2,
+                format!(
+                    "without waiting for a node ({:.1}s, launch timeout {:.0}s)",
+                    completion.after.as_secs_f64(),
+                    timeout.as_secs_f64()
+                ),
+            ),
+            (
+                state.as_deref() == pooled_state,
+                format!(
+                    "instance waits in the pool ({})",
+                    state.as_deref().unwrap_or("not in the group")
+                ),
+            ),
+        ];
+        self.warm_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(node);
+        checks
+    }
+
+    async fn scale_out_from_warm_pool(
+        &self,
+        index: usize,
+        step: &WarmPoolStep,
+    ) -> Vec<(bool, String)> {
+        let Some(spec) = self.nodegroup(&step.nodegroup) else {
+            return vec![(false, format!("node group {} is defined", step.nodegroup))];
+        };
+        let pooled = {
+            let mut pool = self.warm_pool.lock().unwrap_or_else(|e| e.into_inner());
+            (!pool.is_empty()).then(|| pool.remove(0))
+        };
+        let Some(node) = pooled else {
+            return vec![(false, "an instance waits in the warm pool".to_owned())];
+        };
+        let returning = self.server.store().find::<Node>("", &node.name).is_some();
+        self.timeline.record(
+            Source::Step,
+            format!(
+                "{}. scale-out of {} from the warm pool: instance {} starts; its kubelet {} node {}",
+                index + 1,
+                spec.auto_scaling_group,
+                node.instance_id,
+                if returning { "re-registers" } else { "registers" },
+                node.name
+            ),
+        );
+        let seen = self.completions_of(&node.instance_id);
+        if let Err(error) = self
+            .aws
+            .autoscaling()
+            .launch_from_warm_pool(&spec.auto_scaling_group, &node.instance_id)
+        {
+            return vec![(false, format!("launch from the warm pool started: {error}"))];
+        }
+        let timings = &self.scenario.timings;
+        tokio::time::sleep(Duration::from_secs_f64(timings.node_register_seconds)).await;
+        if let Err(error) = self.server.restart_node(
+            &node.name,
+            &node.provider_id(),
+            Some(Duration::from_secs_f64(timings.node_ready_seconds)),
+        ) {
+            return vec![(false, format!("node registered: {error}"))];
+        }
+        let wait =
+            Duration::from_secs_f64(timings.launch_timeout_seconds) + Duration::from_secs(15);
+        let completion = self.next_completion(&node.instance_id, seen, wait).await;
+        let node_object = self.server.store().find::<Node>("", &node.name);
+        let mut checks = Vec::new();
+        match completion {
+            Some(c) => checks.push((
+                c.result == LifecycleActionResult::Continue && c.by == CompletedBy::Call,
+                "launch from the warm pool completed CONTINUE by the function".to_owned(),
+            )),
+            None => {
+                return vec![(
+                    false,
+                    format!("launch hook of {} completed", node.instance_id),
+                )];
+            }
+        }
+        checks.push((
+            node_object.as_ref().is_some_and(node_ready),
+            format!("node {} was Ready when the hook completed", node.name),
+        ));
+        let spec_of = node_object.as_ref().and_then(|n| n.spec.clone());
+        checks.push((
+            !spec_of
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            format!("node {} is not cordoned", node.name),
+        ));
+        let taints: Vec<String> = spec_of
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.key)
+            .collect();
+        checks.push((
+            taints.is_empty(),
+            format!("node {} carries no taint{}", node.name, listing(&taints)),
+        ));
+        let metadata = node_object.map(|n| n.metadata).unwrap_or_default();
+        checks.push((
+            !metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(EXCLUDE_FROM_LB)),
+            format!("node {} is not excluded from load balancers", node.name),
+        ));
+        checks.push((
+            !metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(DRAIN_CHECKPOINT)),
+            format!("node {} carries no drain checkpoint", node.name),
+        ));
+        checks.push(self.serves_a_new_pod(&node).await);
+        let events = self.node_events(&node.name);
+        for expected in &step.expect_node_events {
+            checks.push((
+                events.contains(expected),
+                format!("Event {expected} recorded on the node"),
+            ));
+        }
+        self.from_warm_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(node);
+        checks
+    }
+
+    /// Creates a pod nobody placed and checks the scheduler runs it on `node` (the least
+    /// loaded node: a node back from the pool has nothing on it).
+    async fn serves_a_new_pod(&self, node: &SimulatedNode) -> (bool, String) {
+        let name = format!("probe-{}", self.probes.fetch_add(1, Ordering::Relaxed));
+        let created = self.server.store().apply_value(json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": "probe"}},
+            "spec": {"containers": [{"name": "probe", "image": "public.ecr.aws/docker/library/busybox:stable"}]},
+        }));
+        if let Err(error) = created {
+            return (false, format!("probe pod {name} created: {error}"));
+        }
+        let mut placed = None;
+        for _ in 0..200 {
+            let pod = self.server.store().find::<Pod>("default", &name);
+            if let Some(pod) = pod.filter(pod_ready) {
+                placed = pod.spec.and_then(|s| s.node_name);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.timeline.record(
+            Source::Note,
+            format!(
+                "pod default/{name} scheduled on {}",
+                placed.as_deref().unwrap_or("no node")
+            ),
+        );
+        (
+            placed.as_deref() == Some(node.name.as_str()),
+            format!("node {} serves a new pod ({name})", node.name),
+        )
+    }
+
+    async fn scale_in_to_warm_pool(
+        &self,
+        index: usize,
+        step: &WarmPoolStep,
+    ) -> Vec<(bool, String)> {
+        let Some(spec) = self.nodegroup(&step.nodegroup) else {
+            return vec![(false, format!("node group {} is defined", step.nodegroup))];
+        };
+        let last = self
+            .from_warm_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        let Some(node) = last else {
+            return vec![(
+                false,
+                "an instance that came out of the warm pool is in service".to_owned(),
+            )];
+        };
+        let store = self.server.store();
+        let before: Vec<String> = pods_on(&store.list::<Pod>(), &node.name)
+            .map(pod_key)
+            .collect();
+        self.timeline.record(
+            Source::Step,
+            format!(
+                "{}. scale-in of {} with reuse: instance {} (node {}) goes back to the warm pool; pods on it: {}",
+                index + 1,
+                spec.auto_scaling_group,
+                node.instance_id,
+                node.name,
+                before.join(", ")
+            ),
+        );
+        let seen = self.completions_of(&node.instance_id);
+        if let Err(error) = self
+            .aws
+            .autoscaling()
+            .scale_in_to_warm_pool(&spec.auto_scaling_group, &node.instance_id)
+        {
+            return vec![(false, format!("scale-in with reuse started: {error}"))];
+        }
+        let timings = &self.scenario.timings;
+        let wait =
+            Duration::from_secs_f64(timings.drain_timeout_seconds + timings.settle_seconds + 30.0);
+        let Some(completion) = self.next_completion(&node.instance_id, seen, wait).await else {
+            return vec![(
+                false,
+                format!("terminate hook of {} completed", node.instance_id),
+            )];
+        };
+        let mut checks = vec![(
+            completion.result == LifecycleActionResult::Continue
+                && completion.by == CompletedBy::Call,
+            "terminate hook completed CONTINUE by the function".to_owned(),
+        )];
+        let remaining: Vec<String> = pods_on(&store.list::<Pod>(), &node.name)
+            .filter(|p| !is_daemon_set_pod(p))
+            .map(pod_key)
+            .collect();
+        checks.push((
+            remaining.is_empty(),
+            format!(
+                "node drained of every non-DaemonSet pod{}",
+                listing(&remaining)
+            ),
+        ));
+        let state = self
+            .aws
+            .autoscaling()
+            .instance_state(&spec.auto_scaling_group, &node.instance_id);
+        checks.push((
+            state.as_deref() == warm_pool_state(spec).map(WarmPoolState::lifecycle_state),
+            format!(
+                "instance back in the warm pool ({})",
+                state.as_deref().unwrap_or("not in the group")
+            ),
+        ));
+        let node_object = store.find::<Node>("", &node.name);
+        let record = node_object
+            .as_ref()
+            .and_then(|n| n.metadata.annotations.as_ref())
+            .and_then(|a| a.get(DRAIN_CHECKPOINT))
+            .cloned()
+            .unwrap_or_default();
+        checks.push((
+            record.contains("toWarmPoolAt"),
+            "node records that it went to the warm pool".to_owned(),
+        ));
+        checks.push((
+            node_object
+                .as_ref()
+                .and_then(|n| n.spec.as_ref())
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false),
+            "node cordoned while pooled".to_owned(),
+        ));
+        let events = self.node_events(&node.name);
+        for expected in &step.expect_node_events {
+            checks.push((
+                events.contains(expected),
+                format!("Event {expected} recorded on the node"),
+            ));
+        }
+        if warm_pool_state(spec) != Some(WarmPoolState::Running) {
+            if let Err(error) = self.server.stop_node(&node.name) {
+                checks.push((false, format!("node {} stopped: {error}", node.name)));
+            }
+            self.timeline.record(
+                Source::Note,
+                format!(
+                    "instance {} stopped in the pool: node {} NotReady, tainted node.cloudprovider.kubernetes.io/shutdown; the Node object stays",
+                    node.instance_id, node.name
+                ),
+            );
+        }
+        self.warm_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(node);
+        checks
+    }
+
     /// Prints the final `aws-auth`, nodes and pods, like `kubectl get ... -o wide`.
     pub fn print_final_state(&self) {
         let store = self.server.store();
@@ -1344,6 +1822,11 @@ impl Sandbox {
         for function in self.functions.values() {
             function.kill().await;
         }
+        let scaled_out: Vec<_> =
+            std::mem::take(&mut *self.scaled_out.lock().unwrap_or_else(|e| e.into_inner()));
+        for function in scaled_out {
+            function.kill().await;
+        }
         self.server.shutdown();
     }
 
@@ -1390,6 +1873,15 @@ async fn invoke(
             );
             None
         }
+    }
+}
+
+/// The pool state of `spec`'s warm pool (validated when the scenario was read).
+fn warm_pool_state(spec: &NodegroupSpec) -> Option<WarmPoolState> {
+    match spec.warm_pool.as_deref()? {
+        "Running" => Some(WarmPoolState::Running),
+        "Hibernated" => Some(WarmPoolState::Hibernated),
+        _ => Some(WarmPoolState::Stopped),
     }
 }
 

@@ -1,5 +1,5 @@
 //! Malformed and hostile payloads for the three functions, generated from the real-shaped
-//! fixtures (`/work/shared/fixtures`, `../shared/fixtures` beside the repository) plus the
+//! fixtures of `tests/fixtures/` plus the
 //! hand-written files under `tests/corpus/<function>/`.
 //!
 //! Every payload here must be refused (an error) or acknowledged without effect: none may
@@ -57,9 +57,9 @@ pub fn repository_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The shared fixtures folder beside the repository (`../shared/fixtures`).
+/// The project's event fixtures (`tests/fixtures/`).
 pub fn fixtures_dir() -> PathBuf {
-    repository_root().join("../shared/fixtures")
+    repository_root().join("tests/fixtures")
 }
 
 /// A fixture, parsed. Panics with the path when missing: the corpus cannot be built without it.
@@ -389,6 +389,78 @@ pub fn lifecycle_corpus(target: Target) -> Vec<BadPayload> {
                 "transition/{}",
                 transition.chars().take(40).collect::<String>()
             ),
+            with_message(&base, &m.to_string()),
+        ));
+    }
+    // Warm-pool routes Auto Scaling never sends: unknown places, odd spellings, one end
+    // missing, a route of the other transition, or none at all. Refused by name before any
+    // call: acting on a guessed route could drain a node or undo a drain.
+    let (other_route_origin, other_route_destination) = if own.ends_with("TERMINATING") {
+        ("WarmPool", "AutoScalingGroup")
+    } else {
+        ("AutoScalingGroup", "WarmPool")
+    };
+    for (name, origin, destination) in [
+        ("unknown-origin", Some(json!("Moon")), Some(json!("EC2"))),
+        (
+            "lowercase-destination",
+            Some(json!("AutoScalingGroup")),
+            Some(json!("warmpool")),
+        ),
+        (
+            "spaced-destination",
+            Some(json!("EC2")),
+            Some(json!("Warm Pool")),
+        ),
+        (
+            "padded-origin",
+            Some(json!(" WarmPool")),
+            Some(json!("EC2")),
+        ),
+        ("empty-origin", Some(json!("")), Some(json!("WarmPool"))),
+        ("number-destination", Some(json!("EC2")), Some(json!(3))),
+        (
+            "array-origin",
+            Some(json!(["WarmPool"])),
+            Some(json!("EC2")),
+        ),
+        ("only-destination", None, Some(json!("WarmPool"))),
+        ("only-origin", Some(json!("WarmPool")), None),
+        (
+            "pool-to-pool",
+            Some(json!("WarmPool")),
+            Some(json!("WarmPool")),
+        ),
+        ("ec2-to-ec2", Some(json!("EC2")), Some(json!("EC2"))),
+        (
+            "group-to-group",
+            Some(json!("AutoScalingGroup")),
+            Some(json!("AutoScalingGroup")),
+        ),
+        (
+            "other-transition-route",
+            Some(json!(other_route_origin)),
+            Some(json!(other_route_destination)),
+        ),
+        (
+            "huge-origin",
+            Some(json!("W".repeat(100_000))),
+            Some(json!("EC2")),
+        ),
+    ] {
+        let mut m = message.clone();
+        if let Some(object) = m.as_object_mut() {
+            object.remove("Origin");
+            object.remove("Destination");
+        }
+        if let Some(origin) = origin {
+            m["Origin"] = origin;
+        }
+        if let Some(destination) = destination {
+            m["Destination"] = destination;
+        }
+        out.push(BadPayload::new(
+            format!("warm-pool/{name}"),
             with_message(&base, &m.to_string()),
         ));
     }

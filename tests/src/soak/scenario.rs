@@ -66,7 +66,6 @@ const GROUP: &str = "eks-soak-ng";
 const TERMINATE_HOOK: &str = "Terminate-LC-Hook";
 const LAUNCH_HOOK: &str = "Launch-LC-Hook";
 const TOPIC: &str = "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic";
-const FUNCTIONS_GROUP: &str = "open-node-manager:functions";
 const ADMIN_ROLE: &str = "arn:aws:iam::111111111111:role/admin";
 /// The Kubernetes group `infra/rbac.yaml` grants pod deletion (force mode) to.
 const FORCE_GROUP: &str = "open-node-manager:force-delete";
@@ -74,6 +73,12 @@ const FORCE_GROUP: &str = "open-node-manager:force-delete";
 const DRAIN_USER: &str = "terminating-hook";
 /// Mixed into a seed for the force draw, which must not shift the scenario's other draws.
 const FORCE_DRAW: u64 = 0xF0_0CE5;
+/// Seeds the draws of cluster trouble (dead kubelets, pods tolerating the cordon, eviction
+/// 409s, node-write bursts longer than the lease) apart from the rest of the scenario.
+const TROUBLE_DRAW: u64 = 0x7B_0B1E;
+/// The app whose pods tolerate the cordon: replacements may land back on a draining node,
+/// where the drain leaves them (README, "Pods that come back").
+const TOLERANT_APP: &str = "tolerant";
 /// The wall-clock limit of one scenario's deliveries.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(40);
 
@@ -101,6 +106,12 @@ pub struct ScenarioReport {
     pub aws_faults: u64,
     /// Force configured (`DRAIN_FORCE=true`, the force-delete group mapped).
     pub forced: bool,
+    /// Trouble mixed in: terminating nodes whose kubelet was killed, a Deployment tolerating
+    /// the cordon, 409s staged on evictions, a burst of 503s on node writes.
+    pub dead_kubelets: usize,
+    pub tolerant: bool,
+    pub eviction_conflicts: bool,
+    pub write_burst: bool,
     /// Eviction requests the fake API server decided (its disruption log).
     pub evictions_decided: u64,
     /// Of those, granted and carried out.
@@ -205,13 +216,26 @@ fn is_daemon_pod(pod: &Pod) -> bool {
         .is_some_and(|refs| refs.iter().any(|r| r.kind == "DaemonSet"))
 }
 
-/// Pods on `node` that are not DaemonSet pods and not being deleted.
+/// Whether the pod belongs to the Deployment that tolerates the cordon: like a DaemonSet
+/// pod, it may be on a drained node by design.
+fn is_tolerant_pod(pod: &Pod) -> bool {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("app"))
+        .is_some_and(|app| app == TOLERANT_APP)
+}
+
+/// Pods on `node` that are not DaemonSet pods, not of the app tolerating the cordon and not
+/// being deleted.
 fn live_workload_pods_on(store: &Store, node: &str) -> usize {
     store
         .list::<Pod>()
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && !is_daemon_pod(p))
+        .filter(|p| {
+            p.metadata.deletion_timestamp.is_none() && !is_daemon_pod(p) && !is_tolerant_pod(p)
+        })
         .filter(|p| {
             !matches!(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),
@@ -335,6 +359,13 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     let launching = rng.random_bool(0.5);
     let force = StdRng::seed_from_u64(seed ^ FORCE_DRAW).random_bool(1.0 / 6.0);
     report.forced = force;
+    let mut trouble = StdRng::seed_from_u64(seed ^ TROUBLE_DRAW);
+    report.tolerant = trouble.random_bool(0.3);
+    report.eviction_conflicts = trouble.random_bool(0.3);
+    report.write_burst = trouble.random_bool(0.25);
+    let kill_kubelet = trouble.random_bool(0.25);
+    let burst_after = Duration::from_millis(trouble.random_range(50..600));
+    let burst_length = Duration::from_millis(trouble.random_range(700..1500));
     let launch_index = nodes;
     if launching {
         report.launching = 1;
@@ -384,6 +415,9 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     if rng.random_bool(0.5) {
         yaml.push_str("---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: agent, namespace: kube-system}\nspec:\n  selector: {matchLabels: {app: agent}}\n  template:\n    metadata: {labels: {app: agent}}\n    spec:\n      containers: [{name: agent, image: agent}]\n");
     }
+    if report.tolerant {
+        yaml.push_str(&format!("---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: {TOLERANT_APP}, namespace: default}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: {TOLERANT_APP}}}}}\n  template:\n    metadata: {{labels: {{app: {TOLERANT_APP}}}}}\n    spec:\n      tolerations: [{{operator: Exists}}]\n      containers: [{{name: c, image: operator}}]\n"));
+    }
     store.apply_yaml(&yaml).expect("workloads");
     report.pdbs = budgets.len();
     server
@@ -414,6 +448,13 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     );
     let terminating = rng.random_range(1..nodes);
     report.terminating = terminating;
+    if kill_kubelet {
+        // The first terminating node's kubelet died (the usual reason an instance goes).
+        server
+            .kill_kubelet(&node_name(0))
+            .expect("kill the kubelet");
+        report.dead_kubelets = 1;
+    }
     let mut actions = Vec::new();
     for i in 0..terminating {
         let action = LifecycleActionRef {
@@ -492,12 +533,14 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
 
     // The functions' identities and clients.
     let client_for = |user: &str| {
-        let groups: &[&str] = if user == DRAIN_USER && force {
-            &[FUNCTIONS_GROUP, FORCE_GROUP]
+        // Each function its own group (infra/rbac.yaml), named after it.
+        let own = format!("open-node-manager:{user}");
+        let groups: Vec<&str> = if user == DRAIN_USER && force {
+            vec![own.as_str(), FORCE_GROUP]
         } else {
-            &[FUNCTIONS_GROUP]
+            vec![own.as_str()]
         };
-        let token = server.add_static_token(user, groups);
+        let token = server.add_static_token(user, &groups);
         let server = &server;
         async move {
             let mut config = server.config_with_token(&token).await.expect("config");
@@ -571,6 +614,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
             ("EVICTION_BACKOFF_SECONDS", "0.02"),
             ("EVICTION_BACKOFF_MAX_SECONDS", "0.1"),
             ("DRAIN_LEASE_SECONDS", "0.5"),
+            ("STUCK_POD_SECONDS", "0.3"),
             ("HAND_OVER_MARGIN_SECONDS", "0"),
             ("CONTINUATION_TOPIC_ARN", TOPIC),
             ("DRAIN_FORCE", if force { "true" } else { "false" }),
@@ -633,6 +677,26 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
             queue.push((Target::TerminatingHook, event.clone()));
             report.duplicates += 1;
         }
+    }
+    if report.eviction_conflicts {
+        faults.add(
+            FaultRule::new(FaultAction::Conflict)
+                .subresource("eviction")
+                .probability(0.15),
+        );
+    }
+    if report.write_burst {
+        // Every node write refused for longer than the lease, starting mid-drain.
+        let burst_faults = faults.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(burst_after).await;
+            burst_faults.add(
+                FaultRule::new(FaultAction::ServiceUnavailable)
+                    .verb("patch")
+                    .resource("nodes")
+                    .lasting(burst_length),
+            );
+        });
     }
     let mut request = 0u64;
     let deliveries_started = std::time::Instant::now();
@@ -1082,6 +1146,10 @@ pub struct SoakTotals {
     pub kube_faults: u64,
     pub aws_faults: u64,
     pub forced_scenarios: usize,
+    pub dead_kubelets: usize,
+    pub tolerant_scenarios: usize,
+    pub conflict_scenarios: usize,
+    pub burst_scenarios: usize,
     pub evictions_decided: u64,
     pub evictions: u64,
     pub evictions_refused: u64,
@@ -1109,6 +1177,10 @@ impl SoakTotals {
         self.kube_faults += report.kube_faults;
         self.aws_faults += report.aws_faults;
         self.forced_scenarios += usize::from(report.forced);
+        self.dead_kubelets += report.dead_kubelets;
+        self.tolerant_scenarios += usize::from(report.tolerant);
+        self.conflict_scenarios += usize::from(report.eviction_conflicts);
+        self.burst_scenarios += usize::from(report.write_burst);
         self.evictions_decided += report.evictions_decided;
         self.evictions += report.evictions;
         self.evictions_refused += report.evictions_refused;
@@ -1126,9 +1198,13 @@ impl SoakTotals {
     /// One line per figure, for RELIABILITY.md.
     pub fn summary(&self) -> String {
         format!(
-            "scenarios {} (force configured in {}); nodes {}; pods {}; terminating actions {}; launching actions {}; node groups {}; invocations {}; duplicate deliveries {}; killed mid-flight and redelivered {}; hand-overs {}; API server faults injected {}; AWS faults injected {}; evictions decided {}, granted {}, refused by a PDB {}; PDB checks at eviction {}; pod DELETEs {} (of PDB-covered pods {}); forced completions with pods left {}; watchdog samples {}; violations {}; scenario time {:.1}s",
+            "scenarios {} (force configured in {}; dead kubelets {}; a Deployment tolerating the cordon in {}; eviction 409s in {}; node-write 503 bursts longer than the lease in {}); nodes {}; pods {}; terminating actions {}; launching actions {}; node groups {}; invocations {}; duplicate deliveries {}; killed mid-flight and redelivered {}; hand-overs {}; API server faults injected {}; AWS faults injected {}; evictions decided {}, granted {}, refused by a PDB {}; PDB checks at eviction {}; pod DELETEs {} (of PDB-covered pods {}); forced completions with pods left {}; watchdog samples {}; violations {}; scenario time {:.1}s",
             self.scenarios,
             self.forced_scenarios,
+            self.dead_kubelets,
+            self.tolerant_scenarios,
+            self.conflict_scenarios,
+            self.burst_scenarios,
             self.nodes,
             self.pods,
             self.terminating,

@@ -1,0 +1,400 @@
+//! Warm pools through the built binaries, against the fake Auto Scaling's warm pool and the
+//! fake API server: a launch into the pool completes without a node; a scale-in with reuse
+//! drains the node and records that it went to the pool; the scale-out from the pool undoes
+//! exactly that drain once the re-registered node is Ready, so the node is schedulable again.
+//!
+//! Uses the binaries as built: run `cargo build --workspace --bins` after changing them.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use node_manager::aws::LifecycleActionResult;
+use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
+use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager_testkit::aws::{InstanceState, WarmPoolState};
+use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::kube::SimulationTimings;
+use node_manager_testkit::kube::simulation::SHUTDOWN_TAINT;
+use serde_json::Value;
+
+const POOLED: &str = "i-0b1c2d3e4f5a60719";
+const DRAIN_TAINT: &str = "open-node-manager.io/draining";
+
+fn node_of(w: &FunctionWorld) -> Node {
+    w.server.store().find::<Node>("", &w.node).unwrap()
+}
+
+fn unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+fn has_taint(node: &Node, key: &str) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == key))
+}
+
+fn has_exclude_label(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
+}
+
+fn checkpoint(node: &Node) -> Option<DrainCheckpoint> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
+        .map(|raw| DrainCheckpoint::parse(raw).unwrap())
+}
+
+/// Kubernetes writes (anything but reads) the functions made.
+fn function_writes(w: &FunctionWorld) -> Vec<String> {
+    w.server
+        .audit()
+        .filter(|e| {
+            e.user.username.contains("hook") && !matches!(e.verb.as_str(), "get" | "list" | "watch")
+        })
+        .into_iter()
+        .map(|e| format!("{} {}", e.verb, e.request_uri))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_launch_into_the_warm_pool_completes_once_the_instance_runs_without_a_node() {
+    // A long launch timeout: waiting for a node here would take a minute.
+    let w = FunctionWorld::builder()
+        .functions(&[Target::LaunchingHook])
+        .pending_instance(POOLED)
+        .env("LAUNCH_TIMEOUT_SECONDS", "60")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .start()
+        .await;
+    let aws = &w.aws;
+    aws.autoscaling()
+        .set_warm_pool(GROUP, WarmPoolState::Stopped);
+    let mut subscription = aws.sns().subscribe(&w.topic).unwrap();
+    let lambda = w.function(Target::LaunchingHook);
+
+    let started = Instant::now();
+    aws.autoscaling()
+        .launch_into_warm_pool(GROUP, POOLED)
+        .unwrap();
+    assert_eq!(
+        aws.autoscaling().instance_state(GROUP, POOLED).as_deref(),
+        Some("Warmed:Pending:Wait")
+    );
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let message: Value =
+        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    assert_eq!(message["Origin"], "EC2");
+    assert_eq!(message["Destination"], "WarmPool");
+    let answer = lambda.response_to(&event).await;
+    let record = &answer["records"][0];
+    assert_eq!(record["outcome"], "EnteredWarmPool", "{answer}");
+    assert_eq!(record["instance_state"], "running");
+    assert_eq!(record["completed"], true);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+    let completions = aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1);
+    assert_eq!(completions[0].result, LifecycleActionResult::Continue);
+    // The pool stops the instance; nothing was written to Kubernetes.
+    assert_eq!(
+        aws.autoscaling().instance_state(GROUP, POOLED).as_deref(),
+        Some("Warmed:Stopped")
+    );
+    assert_eq!(
+        aws.ec2().instance(POOLED).unwrap().state,
+        InstanceState::Stopped
+    );
+    assert!(function_writes(&w).is_empty(), "{:?}", function_writes(&w));
+    assert!(
+        lambda
+            .runtime
+            .output()
+            .contains("WARM_POOL_WAIT_FOR_NODE=false"),
+        "the log says which behaviour was chosen"
+    );
+}
+
+#[tokio::test]
+async fn with_warm_pool_wait_for_node_a_launch_into_the_pool_waits_for_the_node() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::LaunchingHook])
+        .pending_instance(POOLED)
+        .env("WARM_POOL_WAIT_FOR_NODE", "true")
+        .env("LAUNCH_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .simulation(SimulationTimings::real_time())
+        .log_level("info")
+        .start()
+        .await;
+    let aws = &w.aws;
+    aws.autoscaling()
+        .set_warm_pool(GROUP, WarmPoolState::Running);
+    let mut subscription = aws.sns().subscribe(&w.topic).unwrap();
+    aws.autoscaling()
+        .launch_into_warm_pool(GROUP, POOLED)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    // The node joins while pooled, Ready after a second: the hook waits for it.
+    w.server
+        .register_node(&w.node, &w.provider_id(), Some(Duration::from_secs(1)))
+        .unwrap();
+    let started = Instant::now();
+    let lambda = w.function(Target::LaunchingHook);
+    let answer = lambda.response_to(&event).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(answer["records"][0]["node"], w.node.as_str());
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(
+        aws.autoscaling().instance_state(GROUP, POOLED).as_deref(),
+        Some("Warmed:Running")
+    );
+    assert!(
+        lambda
+            .runtime
+            .output()
+            .contains("WARM_POOL_WAIT_FOR_NODE=true")
+    );
+}
+
+/// Scale-in with reuse, the instance stopped in the pool, then scale-out from the pool:
+/// returns the launching hook's answer and the launch notification it answered.
+async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
+    let aws = &w.aws;
+    aws.autoscaling()
+        .set_warm_pool(GROUP, WarmPoolState::Stopped);
+    let mut subscription = aws.sns().subscribe(&w.topic).unwrap();
+
+    // Scale-in with reuse: drained like a termination, then the instance goes to the pool.
+    aws.autoscaling()
+        .scale_in_to_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    assert_eq!(
+        aws.autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("Warmed:Pending:Wait")
+    );
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let message: Value =
+        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    assert_eq!(message["Origin"], "AutoScalingGroup");
+    assert_eq!(message["Destination"], "WarmPool");
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&event)
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(
+        aws.autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("Warmed:Stopped")
+    );
+    assert_eq!(
+        aws.ec2().instance(&w.instance).unwrap().state,
+        InstanceState::Stopped,
+        "reused, not terminated"
+    );
+    let drained = node_of(w);
+    assert!(unschedulable(&drained) && has_exclude_label(&drained));
+    let record = checkpoint(&drained).expect("the drain record stays on the node");
+    assert!(record.completed_at.is_some());
+    assert!(
+        record.to_warm_pool_at.is_some(),
+        "the node records that it went to the pool"
+    );
+
+    // Stopped: the kubelet is gone, the cloud controller taints the node.
+    w.server.stop_node(&w.node).unwrap();
+    assert!(has_taint(&node_of(w), SHUTDOWN_TAINT));
+
+    // Scale-out from the pool: the instance starts, its kubelet re-registers the old name.
+    aws.autoscaling()
+        .launch_from_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    w.server
+        .restart_node(&w.node, &w.provider_id(), Some(Duration::from_millis(500)))
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let message: Value =
+        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    assert_eq!(message["Origin"], "WarmPool");
+    assert_eq!(message["Destination"], "AutoScalingGroup");
+    let answer = w.function(Target::LaunchingHook).response_to(&event).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(
+        aws.autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("InService")
+    );
+    (answer, event)
+}
+
+fn world() -> node_manager_testkit::e2e::FunctionWorldBuilder {
+    FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook, Target::LaunchingHook])
+        .simulation(SimulationTimings::real_time())
+        .env("NODE_TAINT", &format!("{DRAIN_TAINT}=true:NoSchedule"))
+        .env("LAUNCH_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+}
+
+#[tokio::test]
+async fn a_node_back_from_the_warm_pool_gets_the_drain_undone_and_is_schedulable() {
+    let w = world().start().await;
+    let (answer, launch) = round_trip(&w).await;
+    let restored = &answer["records"][0]["restored"];
+    assert_eq!(restored["uncordoned"], true, "{answer}");
+    assert_eq!(restored["unlabelled"], true, "{answer}");
+    assert_eq!(
+        restored["untainted"],
+        format!("{DRAIN_TAINT}=true:NoSchedule")
+    );
+    assert!(restored["went_to_pool_at"].is_string(), "{answer}");
+
+    let node = node_of(&w);
+    assert!(!unschedulable(&node), "uncordoned");
+    assert!(!has_exclude_label(&node));
+    assert!(!has_taint(&node, DRAIN_TAINT));
+    assert!(!has_taint(&node, SHUTDOWN_TAINT));
+    assert!(checkpoint(&node).is_none(), "the drain record is gone");
+    // The undo was one write, conditional on the node's resourceVersion.
+    let patches: Vec<_> = w
+        .server
+        .audit()
+        .filter(|e| e.verb == "patch" && e.user.username.contains("launching"))
+        .into_iter()
+        .filter(|e| e.request_uri.contains("/nodes/"))
+        .collect();
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    let sent = patches[0].request_object.clone().unwrap_or(Value::Null);
+    assert!(sent["metadata"]["resourceVersion"].is_string(), "{sent}");
+    // Said on the node.
+    let events = w
+        .server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("WarmPoolReturn")),
+        "{events:?}"
+    );
+
+    // A redelivery of the same launch changes nothing more.
+    let node_writes = |w: &FunctionWorld| {
+        function_writes(w)
+            .into_iter()
+            .filter(|w| w.contains("/nodes/"))
+            .count()
+    };
+    let before = node_writes(&w);
+    let again = w.function(Target::LaunchingHook).response_to(&launch).await;
+    assert_eq!(
+        again["records"][0]["outcome"], "AlreadyCompleted",
+        "{again}"
+    );
+    assert_eq!(node_writes(&w), before);
+}
+
+#[tokio::test]
+async fn a_cordon_someone_else_made_survives_the_return_from_the_pool() {
+    let w = world().start().await;
+    // An operator cordoned the node before the scale-in.
+    w.server
+        .store()
+        .modify::<Node>("", &w.node, |node| {
+            node.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .unwrap();
+    let (answer, _) = round_trip(&w).await;
+    let restored = &answer["records"][0]["restored"];
+    assert_eq!(restored["uncordoned"], false, "{answer}");
+    assert_eq!(restored["unlabelled"], true, "{answer}");
+    let node = node_of(&w);
+    assert!(unschedulable(&node), "the operator's cordon stays");
+    assert!(!has_exclude_label(&node));
+    assert!(!has_taint(&node, DRAIN_TAINT));
+    assert!(checkpoint(&node).is_none());
+}
+
+#[tokio::test]
+async fn a_node_that_returns_without_our_drain_is_left_alone() {
+    // The terminating hook is not attached: the scale-in's action times out into the pool.
+    let w = FunctionWorld::builder()
+        .functions(&[Target::LaunchingHook])
+        .simulation(SimulationTimings::real_time())
+        .env("LAUNCH_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .start()
+        .await;
+    let aws = &w.aws;
+    aws.autoscaling()
+        .set_warm_pool(GROUP, WarmPoolState::Stopped);
+    aws.autoscaling().set_time_scale(0.001);
+    let mut subscription = aws.sns().subscribe(&w.topic).unwrap();
+    aws.autoscaling()
+        .scale_in_to_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    let _ignored = subscription.next_event(Duration::from_secs(5)).await;
+    aws.autoscaling()
+        .wait_for_completion(&w.instance, Duration::from_secs(5))
+        .await
+        .unwrap();
+    w.server
+        .store()
+        .modify::<Node>("", &w.node, |node| {
+            node.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .unwrap();
+    w.server.stop_node(&w.node).unwrap();
+    aws.autoscaling().set_time_scale(1.0);
+    aws.autoscaling()
+        .launch_from_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    w.server
+        .restart_node(&w.node, &w.provider_id(), Some(Duration::from_millis(300)))
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w.function(Target::LaunchingHook).response_to(&event).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(answer["records"][0].get("restored").is_none(), "{answer}");
+    assert!(unschedulable(&node_of(&w)), "not ours to uncordon");
+    let node_writes: Vec<_> = function_writes(&w)
+        .into_iter()
+        .filter(|w| w.contains("/nodes/"))
+        .collect();
+    assert!(node_writes.is_empty(), "{node_writes:?}");
+}
