@@ -1248,30 +1248,16 @@ impl Sandbox {
         );
         // The function writes its Events after it completes the action (it flushes them
         // before the invocation ends): give the expected ones that long to land.
-        let node_reasons = |store: &crate::kube::Store| -> Vec<String> {
-            store
-                .list::<Event>()
-                .into_iter()
-                .filter(|e| {
-                    e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.name.as_str())
-                })
-                .filter_map(|e| e.reason)
-                .collect()
-        };
         let _ = self
             .server
-            .wait_for(
-                "the expected node Events",
-                Duration::from_secs(5),
-                |store| {
-                    let reasons = node_reasons(store);
-                    step.expect_node_events
-                        .iter()
-                        .all(|expected| reasons.contains(expected))
-                },
-            )
+            .wait_for("the expected node Events", Duration::from_secs(5), |_| {
+                let reasons = self.node_events(&node.name);
+                step.expect_node_events
+                    .iter()
+                    .all(|expected| reasons.contains(expected))
+            })
             .await;
-        let reasons = node_reasons(store);
+        let reasons = self.node_events(&node.name);
         for expected in &step.expect_node_events {
             checks.push((
                 reasons.contains(expected),
