@@ -10,6 +10,7 @@
 //! - [`drain`]: labelling, cordoning and draining the node of a terminating instance.
 //! - [`launch`]: completing the launch hook once the node is Ready.
 //! - [`nodegroup_auth`]: the node role's `aws-auth` mapping or access entry.
+//! - [`node_repair`]: replacing or rebooting nodes whose health conditions stay bad.
 //! - [`aws`]: small traits over the AWS calls the domain makes, their SDK adapters and
 //!   in-memory fakes.
 //!
@@ -33,6 +34,8 @@ pub mod drain;
 #[cfg(feature = "runtime")]
 pub mod launch;
 pub mod lifecycle;
+#[cfg(feature = "runtime")]
+pub mod node_repair;
 pub mod nodegroup_auth;
 pub mod settings;
 #[cfg(feature = "runtime")]

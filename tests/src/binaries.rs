@@ -156,6 +156,7 @@ pub const SANDBOX_BINARIES: &[&str] = &[
     "terminating-hook",
     "launching-hook",
     "nodegroup-auth",
+    "node-repair",
     "eks-token",
 ];
 
@@ -164,8 +165,8 @@ pub const SANDBOX_BINARIES: &[&str] = &[
 /// that takes, with cargo's own progress on the terminal. Only the sandbox's binaries are
 /// built, but for the whole workspace (`--workspace --bin ...`): features are then resolved
 /// exactly as for the sandbox itself (`cargo run -p node-manager-testkit`), so no dependency
-/// is compiled a second time with other features, and a first run adds four small crates and
-/// four links instead of every binary of the workspace. Binaries that exist are used as they
+/// is compiled a second time with other features, and a first run adds one small crate and one
+/// link per binary instead of every binary of the workspace. Binaries that exist are used as they
 /// are, as everywhere in the test kit. Nothing is built when `NODE_MANAGER_BIN_DIR` names the
 /// binaries.
 pub fn build_for_sandbox(binaries: &[&str]) -> Result<(), BinaryError> {
@@ -186,10 +187,11 @@ pub fn build_for_sandbox(binaries: &[&str]) -> Result<(), BinaryError> {
         return Ok(());
     }
     eprintln!(
-        "sandbox: first run: building the binaries it starts ({}). This compiles four small \
-         crates and links four binaries against the dependencies already built for the \
-         sandbox: about a minute on a 2-core machine.",
-        missing.join(", ")
+        "sandbox: first run: building the binaries it starts ({}). This compiles {} small \
+         crate(s) and links them against the dependencies already built for the sandbox: \
+         about a minute on a 2-core machine.",
+        missing.join(", "),
+        missing.len()
     );
     let mut command = cargo_build(&profile);
     command.arg("--workspace");

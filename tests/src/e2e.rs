@@ -49,7 +49,6 @@ pub const NODE_ROLE: &str = "arn:aws:iam::111111111111:role/eksctl-ironman-2022-
 pub const INSTANCE: &str = "i-07e9ea9eb19a67337";
 /// The default seeded instance's node.
 pub const NODE: &str = "ip-192-168-12-34.eu-west-1.compute.internal";
-/// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
 /// The Kubernetes group a function's role is mapped to (`infra/rbac.yaml`: one per function,
 /// e.g. `open-node-manager:terminating-hook`).
 pub fn function_group(function: &str) -> String {

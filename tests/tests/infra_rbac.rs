@@ -16,6 +16,7 @@ const TERMINATING_GROUP: &str = "open-node-manager:terminating-hook";
 const LAUNCHING_GROUP: &str = "open-node-manager:launching-hook";
 const NODEGROUP_AUTH_GROUP: &str = "open-node-manager:nodegroup-auth";
 const FORCE_DELETE_GROUP: &str = "open-node-manager:force-delete";
+const NODE_REPAIR_GROUP: &str = "open-node-manager:node-repair";
 
 /// Every object of the manifest, typed.
 #[derive(Debug, Default)]
@@ -151,8 +152,9 @@ fn grant(scope: &str, group: &str, resource: &str, verbs: &[&str], names: &[&str
 #[test]
 fn every_document_is_a_named_rbac_object_of_the_project() {
     let manifest = shipped();
-    assert_eq!(manifest.cluster_roles.len(), 3);
-    assert_eq!(manifest.cluster_role_bindings.len(), 3);
+    // terminating-hook, launching-hook, force-delete, node-repair; nodegroup-auth's is a Role.
+    assert_eq!(manifest.cluster_roles.len(), 4);
+    assert_eq!(manifest.cluster_role_bindings.len(), 4);
     assert_eq!(manifest.roles.len(), 1);
     assert_eq!(manifest.role_bindings.len(), 1);
     let names = manifest
@@ -285,7 +287,12 @@ fn nodegroup_auth_gets_exactly_what_it_uses() {
 #[test]
 fn the_hooks_cannot_touch_aws_auth_and_nodegroup_auth_cannot_touch_nodes_or_pods() {
     let manifest = shipped();
-    for group in [TERMINATING_GROUP, LAUNCHING_GROUP, FORCE_DELETE_GROUP] {
+    for group in [
+        TERMINATING_GROUP,
+        LAUNCHING_GROUP,
+        FORCE_DELETE_GROUP,
+        NODE_REPAIR_GROUP,
+    ] {
         let configmaps: Vec<_> = grants_of(&manifest, group)
             .into_iter()
             .filter(|(_, _, resource, _, _)| resource == "configmaps")
@@ -308,9 +315,26 @@ fn the_hooks_cannot_touch_aws_auth_and_nodegroup_auth_cannot_touch_nodes_or_pods
 }
 
 #[test]
+fn node_repair_gets_exactly_what_it_uses() {
+    // No pods, no evictions, no deletes: replacing a node is Auto Scaling's SetInstanceHealth.
+    assert_exactly(
+        NODE_REPAIR_GROUP,
+        &[
+            grant("*", "", "nodes", &["list", "patch"], &[]),
+            grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
+        ],
+    );
+}
+
+#[test]
 fn deleting_pods_needs_the_separate_force_group() {
     let manifest = shipped();
-    for group in [TERMINATING_GROUP, LAUNCHING_GROUP, NODEGROUP_AUTH_GROUP] {
+    for group in [
+        TERMINATING_GROUP,
+        LAUNCHING_GROUP,
+        NODEGROUP_AUTH_GROUP,
+        NODE_REPAIR_GROUP,
+    ] {
         let grants = grants_of(&manifest, group);
         assert!(
             !grants.iter().any(|(_, _, _, verb, _)| verb == "delete"),

@@ -660,6 +660,7 @@ fn outputs_give_the_operator_everything_the_next_steps_need() {
         ("TerminatingHookRoleArn", "TerminatingHookRole"),
         ("LaunchingHookRoleArn", "LaunchingHookRole"),
         ("NodegroupAuthRoleArn", "NodegroupAuthRole"),
+        ("NodeRepairRoleArn", "NodeRepairRole"),
     ] {
         assert_eq!(outputs[output]["Value"], attribute(role, "Arn"), "{output}");
     }
@@ -710,6 +711,7 @@ fn iam_grants_no_wildcard_action_and_resource_star_only_for_reads_without_resour
     let unscoped_reads = [
         "autoscaling:DescribeAutoScalingGroups",
         "autoscaling:DescribeLifecycleHooks",
+        "autoscaling:DescribeAutoScalingInstances",
         "ec2:DescribeInstances",
     ];
     for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
@@ -1096,4 +1098,53 @@ fn nodegroup_auth_reads_instance_profiles_of_node_roles_only() {
     }
     assert!(granted.contains("iam:ListInstanceProfilesForRole"));
     assert!(granted.contains("ec2:DescribeInstances"));
+}
+
+#[test]
+fn node_repair_replaces_and_reboots_only_what_carries_this_clusters_tag_on_a_schedule() {
+    let template = main_template();
+    let mut seen = 0;
+    for (owner, statement) in policy_statements(&template) {
+        let actions = as_list(&statement["Action"]);
+        let acts = actions.contains(&json!("autoscaling:SetInstanceHealth"))
+            || actions.contains(&json!("ec2:RebootInstances"));
+        if !acts {
+            continue;
+        }
+        seen += 1;
+        assert_eq!(
+            owner, "NodeRepairRole",
+            "only node repair may act on instance health"
+        );
+        let condition = statement["Condition"]["StringEquals"].to_string();
+        assert!(
+            condition.contains("aws:ResourceTag/eks:cluster-name")
+                || condition.contains("aws:ResourceTag/alpha.eksctl.io/cluster-name"),
+            "{statement}"
+        );
+        assert!(condition.contains("ClusterName"), "{statement}");
+        assert!(
+            !as_list(&statement["Resource"]).contains(&json!("*")),
+            "{statement}"
+        );
+    }
+    assert_eq!(
+        seen, 4,
+        "SetInstanceHealth and RebootInstances, per cluster tag"
+    );
+    let function = &template["Resources"]["NodeRepairFunction"];
+    let schedule = &function["Properties"]["Events"]["Schedule"];
+    assert_eq!(schedule["Type"], "ScheduleV2");
+    assert!(
+        schedule.to_string().contains("NodeRepairSchedule"),
+        "{schedule}"
+    );
+    assert_eq!(
+        template["Parameters"]["NodeRepairSchedule"]["Default"],
+        "rate(1 minute)"
+    );
+    assert_eq!(
+        function["Properties"]["Role"],
+        attribute("NodeRepairRole", "Arn")
+    );
 }

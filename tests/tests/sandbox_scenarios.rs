@@ -44,6 +44,13 @@ fn pdb_blocked_scenario_passes() {
 }
 
 #[test]
+fn node_repair_scenario_passes() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("node-repair.yaml")]);
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("node-repair replaced"), "{output}");
+}
+
+#[test]
 fn warm_pool_scenario_passes() {
     let (code, output) = run_sandbox(&["--scenario", &scenario("warm-pool.yaml")]);
     assert_eq!(code, 0, "{output}");

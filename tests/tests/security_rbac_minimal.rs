@@ -1,7 +1,7 @@
 //! RBAC is minimal: for each rule of each ClusterRole / Role in the shipped `infra/rbac.yaml`,
 //! a manifest without that rule is loaded into a fresh fake API server and the end-to-end
-//! flows run (drain, forced drain, launch, aws-auth update, aws-auth creation, in process with
-//! the real handlers). At least one flow must break: a 403 in the audit log AND the flow's
+//! flows run (drain, forced drain, PDB-paced drain, launch, aws-auth update, aws-auth
+//! creation, node repair, in process with the real handlers). At least one flow must break: a 403 in the audit log AND the flow's
 //! effect missing (or the function reporting an error). With the full manifest every flow
 //! succeeds without a single 403, so the check has teeth in both directions.
 //!
@@ -576,17 +576,79 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
     }
 }
 
-/// The six flows, concurrently (each on its own fake API server).
+/// Node repair (its own group): a node NotReady for an hour is replaced; the effect is the
+/// instance marked unhealthy, the repair record on the node and the NodeRepairStarted Event.
+async fn repair_flow(documents: &[Value]) -> FlowResult {
+    use node_manager::aws::fake::FakeInstanceHealth;
+    use node_manager::node_repair::memory::REPAIR_ANNOTATION;
+    use node_manager::node_repair::run::{self, RepairContext};
+    use node_manager::node_repair::settings::RepairSettings;
+
+    let server = cluster(documents).await;
+    let an_hour_ago = k8s_openapi::jiff::Timestamp::now() - Duration::from_secs(3600);
+    server
+        .store()
+        .modify::<Node>("", NODE, |node| {
+            let conditions = node
+                .status
+                .get_or_insert_default()
+                .conditions
+                .get_or_insert_default();
+            conditions.retain(|c| c.type_ != "Ready");
+            conditions.push(k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: Some("KubeletNotReady".into()),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    an_hour_ago,
+                )),
+                ..Default::default()
+            });
+        })
+        .unwrap();
+    let health = FakeInstanceHealth::new();
+    health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
+    health.add_instance(GROUP, INSTANCE);
+    let env: &[(&str, &str)] = &[("CLUSTER_NAME", CLUSTER)];
+    let ctx = RepairContext {
+        kube: client(&server, "node-repair", &["open-node-manager:node-repair"]).await,
+        health: health.clone(),
+        reboot: health.clone(),
+        settings: RepairSettings::from_source(env).unwrap(),
+    };
+    let answered = run::handle(&ctx, Value::Null).await.is_ok();
+    let recorded = server
+        .store()
+        .find::<Node>("", NODE)
+        .and_then(|n| n.metadata.annotations)
+        .is_some_and(|a| a.contains_key(REPAIR_ANNOTATION));
+    let reported = server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("NodeRepairStarted"));
+    FlowResult {
+        name: "node repair",
+        effect: answered
+            && recorded
+            && reported
+            && health.marked_unhealthy() == vec![INSTANCE.to_owned()],
+        forbidden: forbidden(&server, "node-repair"),
+    }
+}
+
+/// The seven flows, concurrently (each on its own fake API server).
 async fn all_flows(documents: &[Value]) -> Vec<FlowResult> {
-    let (a, b, c, d, e, f) = futures::join!(
+    let (a, b, c, d, e, f, g) = futures::join!(
         drain_flow(documents, false),
         drain_flow(documents, true),
         launch_flow(documents),
         aws_auth_flow(documents, true),
         aws_auth_flow(documents, false),
         paced_drain_flow(documents),
+        repair_flow(documents),
     );
-    vec![a, b, c, d, e, f]
+    vec![a, b, c, d, e, f, g]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -639,8 +701,8 @@ async fn every_rule_of_the_shipped_rbac_is_needed() {
 }
 
 /// Each function's identity, used as an attacker who runs code with that role would: the hooks
-/// cannot read or rewrite aws-auth (no way to cluster-admin), nodegroup-auth cannot evict
-/// pods, patch nodes or read pods. Live requests against the shipped RBAC, each must be a 403.
+/// and node-repair cannot read or rewrite aws-auth (no way to cluster-admin), nodegroup-auth
+/// cannot evict pods, patch nodes or read pods, node-repair cannot read, evict or delete pods. Live requests against the shipped RBAC, each must be a 403.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_function_identity_reaches_another_functions_access() {
     use kube::Api;
@@ -656,6 +718,7 @@ async fn no_function_identity_reaches_another_functions_access() {
     for (user, group) in [
         ("terminating-hook", "open-node-manager:terminating-hook"),
         ("launching-hook", "open-node-manager:launching-hook"),
+        ("node-repair", "open-node-manager:node-repair"),
     ] {
         let client = client(&server, user, &[group]).await;
         let config_maps: Api<ConfigMap> = Api::namespaced(client, "kube-system");
@@ -729,6 +792,24 @@ async fn no_function_identity_reaches_another_functions_access() {
                 .map(|_| ())
         ),
         "nodegroup-auth patches nodes"
+    );
+    let repair = client(&server, "node-repair", &["open-node-manager:node-repair"]).await;
+    let pods: Api<Pod> = Api::namespaced(repair, "default");
+    assert!(
+        is_forbidden(
+            pods.evict("victim", &EvictParams::default())
+                .await
+                .map(|_| ())
+        ),
+        "node-repair evicts"
+    );
+    assert!(
+        is_forbidden(pods.list(&Default::default()).await.map(|_| ())),
+        "node-repair lists pods"
+    );
+    assert!(
+        is_forbidden(pods.delete("victim", &Default::default()).await.map(|_| ())),
+        "node-repair deletes pods"
     );
     // What the attacker tried changed nothing.
     let node = server.store().get::<Node>("", NODE).unwrap();

@@ -545,3 +545,130 @@ mod tests {
         assert!(!eks.delete_access_entry("c", arn).await.unwrap());
     }
 }
+
+#[derive(Debug, Default)]
+struct InstanceHealthState {
+    /// instance id -> membership (state and health change as calls are made).
+    instances: BTreeMap<String, GroupInstance>,
+    groups: BTreeMap<String, GroupHealthSettings>,
+    marked_unhealthy: Vec<String>,
+    rebooted: Vec<String>,
+    /// Instance ids asked for, per `DescribeAutoScalingInstances` call.
+    describe_calls: Vec<usize>,
+}
+
+/// Auto Scaling membership and health plus EC2 reboots, for node repair: marking an instance
+/// unhealthy moves it to `Terminating` as Auto Scaling would.
+#[derive(Debug, Default, Clone)]
+pub struct FakeInstanceHealth {
+    state: Arc<Mutex<InstanceHealthState>>,
+    pub faults: FakeFaults,
+}
+
+impl FakeInstanceHealth {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn add_group(&self, name: &str, tags: &[(&str, &str)], grace_period: Duration) {
+        lock(&self.state).groups.insert(
+            name.to_owned(),
+            GroupHealthSettings {
+                name: name.to_owned(),
+                tags: tags
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                health_check_grace_period: grace_period,
+            },
+        );
+    }
+
+    /// Puts `instance_id` in `group` as `InService` and `HEALTHY`.
+    pub fn add_instance(&self, group: &str, instance_id: &str) {
+        self.set_instance(group, instance_id, "InService", "HEALTHY");
+    }
+
+    pub fn set_instance(&self, group: &str, instance_id: &str, state: &str, health: &str) {
+        lock(&self.state).instances.insert(
+            instance_id.to_owned(),
+            GroupInstance {
+                instance_id: instance_id.to_owned(),
+                auto_scaling_group_name: group.to_owned(),
+                lifecycle_state: state.to_owned(),
+                health_status: health.to_owned(),
+            },
+        );
+    }
+
+    pub fn marked_unhealthy(&self) -> Vec<String> {
+        lock(&self.state).marked_unhealthy.clone()
+    }
+
+    pub fn rebooted(&self) -> Vec<String> {
+        lock(&self.state).rebooted.clone()
+    }
+
+    /// How many instance ids each `DescribeAutoScalingInstances` call named.
+    pub fn describe_calls(&self) -> Vec<usize> {
+        lock(&self.state).describe_calls.clone()
+    }
+}
+
+impl InstanceHealth for FakeInstanceHealth {
+    async fn describe_group_instances(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<Vec<GroupInstance>, AwsError> {
+        let mut out = Vec::new();
+        for batch in instance_ids.chunks(50) {
+            self.faults.take("DescribeAutoScalingInstances")?;
+            let mut state = lock(&self.state);
+            state.describe_calls.push(batch.len());
+            out.extend(
+                batch
+                    .iter()
+                    .filter_map(|id| state.instances.get(id).cloned()),
+            );
+        }
+        Ok(out)
+    }
+
+    async fn describe_group_health_settings(
+        &self,
+        group_names: &[String],
+    ) -> Result<Vec<GroupHealthSettings>, AwsError> {
+        self.faults.take("DescribeAutoScalingGroups")?;
+        let state = lock(&self.state);
+        Ok(group_names
+            .iter()
+            .filter_map(|name| state.groups.get(name).cloned())
+            .collect())
+    }
+
+    async fn set_instance_unhealthy(&self, instance_id: &str) -> Result<(), AwsError> {
+        self.faults.take("SetInstanceHealth")?;
+        let mut state = lock(&self.state);
+        let Some(instance) = state.instances.get_mut(instance_id) else {
+            return Err(AwsError::new(
+                "SetInstanceHealth",
+                AwsErrorKind::Invalid,
+                format!(
+                    "Instance Id not found - No managed instance found for instance ID: {instance_id}"
+                ),
+            ));
+        };
+        instance.health_status = "UNHEALTHY".to_owned();
+        instance.lifecycle_state = "Terminating:Wait".to_owned();
+        state.marked_unhealthy.push(instance_id.to_owned());
+        Ok(())
+    }
+}
+
+impl InstanceReboot for FakeInstanceHealth {
+    async fn reboot_instance(&self, instance_id: &str) -> Result<(), AwsError> {
+        self.faults.take("RebootInstances")?;
+        lock(&self.state).rebooted.push(instance_id.to_owned());
+        Ok(())
+    }
+}

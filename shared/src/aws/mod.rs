@@ -341,3 +341,56 @@ pub trait Eks: Send + Sync {
         principal_arn: &str,
     ) -> impl Future<Output = Result<bool, AwsError>> + Send;
 }
+
+/// An instance as `DescribeAutoScalingInstances` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupInstance {
+    pub instance_id: String,
+    pub auto_scaling_group_name: String,
+    /// `InService`, `Pending:Wait`, `Terminating:Wait`, ...
+    pub lifecycle_state: String,
+    /// `HEALTHY` or `UNHEALTHY` (the API's spelling; compare case-insensitively).
+    pub health_status: String,
+}
+
+/// What node repair needs to know about an Auto Scaling group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupHealthSettings {
+    pub name: String,
+    pub tags: BTreeMap<String, String>,
+    /// `HealthCheckGracePeriod`: a new instance is not replaced for being unhealthy before it.
+    pub health_check_grace_period: Duration,
+}
+
+/// Auto Scaling as node repair uses it: which group an instance is in, and marking one
+/// unhealthy so the group replaces it through its lifecycle hooks.
+pub trait InstanceHealth: Send + Sync {
+    /// The group membership of `instance_ids` (batched and paged by the adapter); an
+    /// instance in no group is absent from the answer.
+    fn describe_group_instances(
+        &self,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<Vec<GroupInstance>, AwsError>> + Send;
+
+    /// Tags and health-check grace period of the named groups (batched and paged); a group
+    /// that does not exist is absent.
+    fn describe_group_health_settings(
+        &self,
+        group_names: &[String],
+    ) -> impl Future<Output = Result<Vec<GroupHealthSettings>, AwsError>> + Send;
+
+    /// `SetInstanceHealth Unhealthy` respecting the group's grace period: Auto Scaling then
+    /// terminates the instance (through its terminate hook) and launches a replacement.
+    fn set_instance_unhealthy(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+}
+
+/// EC2 reboots, node repair's lighter action.
+pub trait InstanceReboot: Send + Sync {
+    fn reboot_instance(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<(), AwsError>> + Send;
+}

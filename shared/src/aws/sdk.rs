@@ -612,3 +612,107 @@ impl Eks for SdkEks {
         }
     }
 }
+
+/// Instance ids per `DescribeAutoScalingInstances` call and group names per
+/// `DescribeAutoScalingGroups` call (the APIs' limits are 50 and 100; one size keeps it simple).
+const DESCRIBE_BATCH: usize = 50;
+
+impl InstanceHealth for SdkAutoScaling {
+    async fn describe_group_instances(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<Vec<GroupInstance>, AwsError> {
+        let mut out = Vec::new();
+        for batch in instance_ids.chunks(DESCRIBE_BATCH) {
+            let mut next_token = None;
+            loop {
+                let output = self
+                    .client
+                    .describe_auto_scaling_instances()
+                    .set_instance_ids(Some(batch.to_vec()))
+                    .max_records(DESCRIBE_BATCH as i32)
+                    .set_next_token(next_token.take())
+                    .send()
+                    .await
+                    .map_err(|e| classify("DescribeAutoScalingInstances", e))?;
+                out.extend(output.auto_scaling_instances().iter().filter_map(|i| {
+                    Some(GroupInstance {
+                        instance_id: i.instance_id()?.to_owned(),
+                        auto_scaling_group_name: i.auto_scaling_group_name()?.to_owned(),
+                        lifecycle_state: i.lifecycle_state().unwrap_or_default().to_owned(),
+                        health_status: i.health_status().unwrap_or_default().to_owned(),
+                    })
+                }));
+                match output.next_token() {
+                    Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn describe_group_health_settings(
+        &self,
+        group_names: &[String],
+    ) -> Result<Vec<GroupHealthSettings>, AwsError> {
+        let mut out = Vec::new();
+        for batch in group_names.chunks(DESCRIBE_BATCH) {
+            let mut next_token = None;
+            loop {
+                let output = self
+                    .client
+                    .describe_auto_scaling_groups()
+                    .set_auto_scaling_group_names(Some(batch.to_vec()))
+                    .set_next_token(next_token.take())
+                    .send()
+                    .await
+                    .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+                out.extend(output.auto_scaling_groups().iter().filter_map(|group| {
+                    Some(GroupHealthSettings {
+                        name: group.auto_scaling_group_name()?.to_owned(),
+                        tags: group
+                            .tags()
+                            .iter()
+                            .filter_map(|t| {
+                                Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned()))
+                            })
+                            .collect(),
+                        health_check_grace_period: Duration::from_secs(
+                            group.health_check_grace_period().unwrap_or(0).max(0) as u64,
+                        ),
+                    })
+                }));
+                match output.next_token() {
+                    Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn set_instance_unhealthy(&self, instance_id: &str) -> Result<(), AwsError> {
+        self.client
+            .set_instance_health()
+            .instance_id(instance_id)
+            .health_status("Unhealthy")
+            .should_respect_grace_period(true)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify("SetInstanceHealth", e))
+    }
+}
+
+impl InstanceReboot for SdkInstances {
+    async fn reboot_instance(&self, instance_id: &str) -> Result<(), AwsError> {
+        self.client
+            .reboot_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify("RebootInstances", e))
+    }
+}

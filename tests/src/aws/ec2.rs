@@ -103,6 +103,8 @@ impl FakeInstance {
 #[derive(Default)]
 pub(crate) struct Ec2State {
     instances: BTreeMap<String, FakeInstance>,
+    /// Instance ids rebooted by `RebootInstances`, in call order.
+    reboots: Vec<String>,
 }
 
 /// Handle on the fake EC2.
@@ -142,6 +144,47 @@ impl FakeEc2 {
     }
 }
 
+impl FakeEc2 {
+    /// Every instance rebooted by `RebootInstances`, in call order.
+    pub fn reboots(&self) -> Vec<String> {
+        lock(&self.shared.ec2).reboots.clone()
+    }
+}
+
+/// `RebootInstances`: every id must be a known, not terminated instance, else nothing is rebooted.
+fn reboot_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
+    let ids = protocol::query_list(params, "InstanceId");
+    if ids.is_empty() {
+        return Err(ApiError::new(
+            400,
+            "MissingParameter",
+            "The request must contain the parameter InstanceId",
+        ));
+    }
+    if let Some(bad) = ids.iter().find(|id| !is_instance_id(id)) {
+        return Err(ApiError::new(
+            400,
+            "InvalidInstanceID.Malformed",
+            format!("Invalid id: \"{bad}\""),
+        ));
+    }
+    let mut state = lock(&shared.ec2);
+    if let Some(missing) = ids.iter().find(|id| {
+        state
+            .instances
+            .get(*id)
+            .is_none_or(|i| i.state == InstanceState::Terminated)
+    }) {
+        return Err(ApiError::new(
+            400,
+            "InvalidInstanceID.NotFound",
+            format!("The instance ID '{missing}' does not exist"),
+        ));
+    }
+    state.reboots.extend(ids);
+    Ok(Reply::Xml("<return>true</return>".to_owned()))
+}
+
 /// Called when Auto Scaling stops or starts an instance of a warm pool.
 pub(crate) fn set_state_of(shared: &Shared, instance_id: &str, state: InstanceState) {
     if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
@@ -164,6 +207,7 @@ pub(crate) fn dispatch(
 ) -> Result<Reply, ApiError> {
     match operation {
         "DescribeInstances" => describe_instances(shared, params),
+        "RebootInstances" => reboot_instances(shared, params),
         other => Err(ApiError::new(
             400,
             "InvalidAction",

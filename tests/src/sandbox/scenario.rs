@@ -163,6 +163,9 @@ pub enum Step {
     ScaleOut(ScaleOutStep),
     /// A seeded node's instance terminates; its hook notifies `terminating-hook`.
     ScaleIn(ScaleInStep),
+    /// A seeded node's kubelet dies; a scheduled `node-repair` run replaces its instance
+    /// (the hooks then drain it and complete its replacement's launch).
+    RepairNode(RepairNodeStep),
     /// A new instance launches into the group's warm pool (`EC2` -> `WarmPool`).
     LaunchIntoWarmPool(WarmPoolStep),
     /// The instance waiting longest in the warm pool goes in service (`WarmPool` ->
@@ -171,6 +174,21 @@ pub enum Step {
     /// Scale-in with instance reuse: the instance that left the pool last goes back to it
     /// (`AutoScalingGroup` -> `WarmPool`) and is stopped.
     ScaleInToWarmPool(WarmPoolStep),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RepairNodeStep {
+    pub nodegroup: String,
+    /// Index of the seeded node whose kubelet dies.
+    pub node: usize,
+    /// How long ago the node went NotReady, in minutes (31: past EKS's 30-minute wait).
+    #[serde(default = "thirty_one")]
+    pub not_ready_minutes: f64,
+}
+
+fn thirty_one() -> f64 {
+    31.0
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -258,6 +276,7 @@ impl Scenario {
                 Step::CreateNodegroup(s) | Step::DeleteNodegroup(s) => &s.nodegroup,
                 Step::ScaleOut(s) => &s.nodegroup,
                 Step::ScaleIn(s) => &s.nodegroup,
+                Step::RepairNode(s) => &s.nodegroup,
                 Step::LaunchIntoWarmPool(s)
                 | Step::ScaleOutFromWarmPool(s)
                 | Step::ScaleInToWarmPool(s) => &s.nodegroup,
@@ -267,6 +286,14 @@ impl Scenario {
                     "a step names node group {group:?}, which the scenario does not define"
                 ));
             };
+            if let Step::RepairNode(s) = step
+                && s.node >= spec.nodes
+            {
+                return bad(format!(
+                    "repairNode names node {} of {group}, which has {} seeded nodes",
+                    s.node, spec.nodes
+                ));
+            }
             let warm_pool_step = matches!(
                 step,
                 Step::LaunchIntoWarmPool(_)

@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 use super::scenario::{
-    NodegroupSpec, NodegroupStep, ScaleInStep, ScaleOutStep, Scenario, Step, WarmPoolStep,
+    NodegroupSpec, NodegroupStep, RepairNodeStep, ScaleInStep, ScaleOutStep, Scenario, Step,
+    WarmPoolStep,
 };
 use super::timeline::{Source, Timeline};
 use super::{SandboxError, SandboxReport};
@@ -28,9 +29,13 @@ use crate::kube::{FakeApiServer, SimulationTimings};
 use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 
 /// The function binaries the sandbox runs, by their Lambda function name.
-pub const FUNCTIONS: [&str; 3] = ["nodegroup-auth", "launching-hook", "terminating-hook"];
+pub const FUNCTIONS: [&str; 4] = [
+    "nodegroup-auth",
+    "launching-hook",
+    "terminating-hook",
+    "node-repair",
+];
 
-/// The Kubernetes group `infra/rbac.yaml` binds the functions' permissions to.
 const TOPIC_NAME: &str = "eks-asg-lifecycle-hook-topic";
 const LAUNCHING: &str = "autoscaling:EC2_INSTANCE_LAUNCHING";
 const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
@@ -272,7 +277,9 @@ impl Sandbox {
             .map_err(setup("node group"))?;
             let mut group = FakeAutoScalingGroup::new(&spec.auto_scaling_group)
                 .tag("eks:nodegroup-name", &spec.name)
-                .availability_zones(&[&format!("{}a", self.scenario.region)]);
+                .availability_zones(&[&format!("{}a", self.scenario.region)])
+                // The seeded nodes are minutes old in the story, not seconds.
+                .health_check_grace_period(Duration::ZERO);
             if spec.tagged_for_cluster {
                 group = group.tag("eks:cluster-name", &cluster);
             }
@@ -662,6 +669,7 @@ impl Sandbox {
             Step::LaunchIntoWarmPool(s) => self.launch_into_warm_pool(index, s).await,
             Step::ScaleOutFromWarmPool(s) => self.scale_out_from_warm_pool(index, s).await,
             Step::ScaleInToWarmPool(s) => self.scale_in_to_warm_pool(index, s).await,
+            Step::RepairNode(s) => self.repair_node(index, s).await,
         }
     }
 
@@ -944,6 +952,163 @@ impl Sandbox {
         checks
     }
 
+    async fn repair_node(&self, index: usize, step: &RepairNodeStep) -> Vec<(bool, String)> {
+        let (Some(spec), Some(node)) = (
+            self.nodegroup(&step.nodegroup),
+            self.nodes
+                .get(&step.nodegroup)
+                .and_then(|nodes| nodes.get(step.node)),
+        ) else {
+            return vec![(
+                false,
+                format!("node {} of {} exists", step.node, step.nodegroup),
+            )];
+        };
+        self.timeline.record(
+            Source::Step,
+            format!(
+                "{}. the kubelet of {} ({}) dies: Ready=Unknown for {} minutes",
+                index + 1,
+                node.name,
+                node.instance_id,
+                step.not_ready_minutes
+            ),
+        );
+        let since = jiff::Timestamp::now()
+            - Duration::from_secs_f64((step.not_ready_minutes * 60.0).max(0.0));
+        // The sandbox labels its nodes like a managed node group's, which node repair leaves
+        // to EKS; this story is about a self-managed group, whose nodes carry no such label.
+        let stopped = self.server.store().modify::<Node>("", &node.name, |n| {
+            if let Some(labels) = n.metadata.labels.as_mut() {
+                labels.remove("eks.amazonaws.com/nodegroup");
+            }
+            let conditions = n
+                .status
+                .get_or_insert_default()
+                .conditions
+                .get_or_insert_default();
+            conditions.retain(|c| c.type_ != "Ready");
+            conditions.push(k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: "Unknown".into(),
+                reason: Some("NodeStatusUnknown".into()),
+                message: Some("Kubelet stopped posting node status.".into()),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    since,
+                )),
+                last_heartbeat_time: None,
+            });
+        });
+        if let Err(error) = stopped {
+            return vec![(false, format!("node {} went NotReady: {error}", node.name))];
+        }
+        let Some(runtime) = self.functions.get("node-repair") else {
+            return vec![(false, "node-repair runs in the sandbox".to_owned())];
+        };
+        let schedule =
+            json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+        let answer = invoke(
+            &self.timeline,
+            "node-repair",
+            runtime,
+            &schedule,
+            self.function_timeout(),
+            "EventBridge schedule",
+        )
+        .await;
+        let mut checks = Vec::new();
+        let report = match answer {
+            Some(InvocationOutcome::Response(value)) => value["nodes"]
+                .as_array()
+                .and_then(|nodes| nodes.iter().find(|n| n["node"] == node.name.as_str()))
+                .cloned()
+                .unwrap_or_default(),
+            _ => Value::Null,
+        };
+        checks.push((
+            report["outcome"] == "Repair" && report["acted"] == true,
+            format!("node-repair replaced {} ({})", node.name, report["why"]),
+        ));
+        let autoscaling = self.aws.autoscaling();
+        let Some(replacement) = autoscaling
+            .wait_for_health_replacement(&node.instance_id, Duration::from_secs(5))
+            .await
+        else {
+            checks.push((false, format!("Auto Scaling replaced {}", node.instance_id)));
+            return checks;
+        };
+        self.timeline.record(
+            Source::Note,
+            format!(
+                "Auto Scaling: {} marked Unhealthy, terminating; replacement {} launching",
+                node.instance_id, replacement.replacement_instance_id
+            ),
+        );
+        let register_after = Duration::from_secs_f64(self.scenario.timings.node_register_seconds);
+        let ready_after = Duration::from_secs_f64(self.scenario.timings.node_ready_seconds);
+        tokio::time::sleep(register_after).await;
+        let provider_id = format!(
+            "aws:///{}/{}",
+            node.availability_zone, replacement.replacement_instance_id
+        );
+        if let Err(error) = self.server.register_node(
+            &replacement.replacement_node,
+            &provider_id,
+            Some(ready_after),
+        ) {
+            checks.push((false, format!("replacement node registered: {error}")));
+            return checks;
+        }
+        self.timeline.record(
+            Source::Note,
+            format!(
+                "kubelet on {} registers the node (Ready in {ready_after:?})",
+                replacement.replacement_node
+            ),
+        );
+        let wait = Duration::from_secs_f64(
+            self.scenario.timings.drain_timeout_seconds
+                + self.scenario.timings.launch_timeout_seconds,
+        ) + Duration::from_secs(15);
+        let terminated = autoscaling
+            .wait_for_completion(&node.instance_id, wait)
+            .await;
+        checks.push((
+            terminated.as_ref().is_some_and(|c| {
+                c.by == CompletedBy::Call && c.result == LifecycleActionResult::Continue
+            }),
+            format!(
+                "terminate hook of {} completed CONTINUE by the function (drained)",
+                node.instance_id
+            ),
+        ));
+        let launched = autoscaling
+            .wait_for_completion(&replacement.replacement_instance_id, wait)
+            .await;
+        checks.push((
+            launched.as_ref().is_some_and(|c| {
+                c.by == CompletedBy::Call && c.result == LifecycleActionResult::Continue
+            }),
+            format!(
+                "launch hook of replacement {} completed CONTINUE once its node was Ready",
+                replacement.replacement_instance_id
+            ),
+        ));
+        let started = self
+            .server
+            .store()
+            .list::<k8s_openapi::api::events::v1::Event>()
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("NodeRepairStarted")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                        == Some(node.name.as_str())
+            });
+        checks.push((started, format!("Event NodeRepairStarted on {}", node.name)));
+        let _ = spec;
+        checks
+    }
+
     async fn scale_in(&self, index: usize, step: &ScaleInStep) -> Vec<(bool, String)> {
         let (Some(spec), Some(node)) = (
             self.nodegroup(&step.nodegroup),
@@ -1081,14 +1246,18 @@ impl Sandbox {
                 evictions.len()
             ),
         );
-        let reasons: Vec<String> = store
-            .list::<Event>()
-            .into_iter()
-            .filter(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.name.as_str())
+        // The function writes its Events after it completes the action (it flushes them
+        // before the invocation ends): give the expected ones that long to land.
+        let _ = self
+            .server
+            .wait_for("the expected node Events", Duration::from_secs(5), |_| {
+                let reasons = self.node_events(&node.name);
+                step.expect_node_events
+                    .iter()
+                    .all(|expected| reasons.contains(expected))
             })
-            .filter_map(|e| e.reason)
-            .collect();
+            .await;
+        let reasons = self.node_events(&node.name);
         for expected in &step.expect_node_events {
             checks.push((
                 reasons.contains(expected),

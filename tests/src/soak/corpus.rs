@@ -17,6 +17,8 @@ pub enum Target {
     TerminatingHook,
     LaunchingHook,
     NodegroupAuth,
+    /// The scheduled node repair (no payload to speak of: its corpus is empty).
+    NodeRepair,
 }
 
 impl Target {
@@ -25,6 +27,7 @@ impl Target {
             Self::TerminatingHook => "terminating-hook",
             Self::LaunchingHook => "launching-hook",
             Self::NodegroupAuth => "nodegroup-auth",
+            Self::NodeRepair => "node-repair",
         }
     }
 }

@@ -1,0 +1,785 @@
+//! The decision, as a pure function of what one run saw: for every node of one Auto Scaling
+//! group, whether it is healthy, broken but not for long enough, being repaired already, due
+//! for a repair, or held back by a safety limit. No I/O, no clock: `now` is an argument, so
+//! every rule is table-tested.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::Serialize;
+
+use super::memory::RepairRecord;
+use super::policy::{Limit, PERCENTAGE_THRESHOLD_MIN_GROUP, RepairAction, RepairPolicy};
+
+/// A node whose problem returns within this time after a reboot is replaced, not rebooted
+/// again (the reboot did not fix it).
+pub const REBOOT_ESCALATION_WINDOW: Duration = Duration::from_secs(3600);
+
+/// After `SetInstanceHealth`, Auto Scaling may take a moment to show the instance as
+/// unhealthy or terminating; for this long the node's own record counts as the repair in
+/// flight, so the next run does not ask again.
+pub const REPLACE_PENDING: Duration = Duration::from_secs(600);
+
+/// A Node condition as the run saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedCondition {
+    pub type_: String,
+    pub status: String,
+    pub reason: Option<String>,
+    pub last_transition: Option<Timestamp>,
+}
+
+/// One node of the group and its instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeObservation {
+    pub node: String,
+    pub instance_id: String,
+    pub created_at: Option<Timestamp>,
+    pub conditions: Vec<ObservedCondition>,
+    /// The instance's lifecycle state in the group (`InService`, `Terminating:Wait`, ...).
+    pub lifecycle_state: String,
+    /// `HEALTHY` / `UNHEALTHY`.
+    pub health_status: String,
+    /// Our drain's checkpoint is on the node: it is cordoned on purpose, not broken.
+    pub draining: bool,
+    pub last_repair: Option<RepairRecord>,
+}
+
+/// One group as the run saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupObservation {
+    pub name: String,
+    pub health_check_grace_period: Duration,
+    pub nodes: Vec<NodeObservation>,
+}
+
+/// A broken condition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Problem {
+    pub condition: String,
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Broken since (the condition's `lastTransitionTime`).
+    pub since: Timestamp,
+}
+
+impl Problem {
+    /// `Ready=False (KubeletNotReady)`.
+    pub fn describe(&self) -> String {
+        match &self.reason {
+            Some(reason) => format!("{}={} ({reason})", self.condition, self.status),
+            None => format!("{}={}", self.condition, self.status),
+        }
+    }
+}
+
+/// What the run does about one node, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome")]
+pub enum Verdict {
+    /// No watched condition is unhealthy.
+    Healthy,
+    /// Our drain is working on it (it is cordoned on purpose).
+    Draining,
+    /// A repair is under way: the instance is terminating or unhealthy in its group, or our
+    /// replacement request is recent.
+    RepairInFlight { detail: String },
+    /// Unhealthy in a way that is reported only (`DiskPressure`, an override's `NoAction`).
+    NoAction { problem: Problem },
+    /// Unhealthy, not yet for long enough (or a reboot is taking effect).
+    Waiting {
+        problem: Problem,
+        action: RepairAction,
+        repair_at: Timestamp,
+    },
+    /// Due for replacement, but the instance is younger than the group's health-check grace
+    /// period.
+    WithinGracePeriod { problem: Problem, until: Timestamp },
+    /// Repair now.
+    Repair {
+        problem: Problem,
+        action: RepairAction,
+        attempt: u32,
+    },
+    /// Due, but too many of the group's nodes are unhealthy: repairs are paused.
+    Paused {
+        problem: Problem,
+        action: RepairAction,
+        limit: String,
+    },
+    /// Due, but the group has as many repairs under way as allowed: next run.
+    Queued {
+        problem: Problem,
+        action: RepairAction,
+        limit: String,
+    },
+}
+
+impl Verdict {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Healthy => "Healthy",
+            Self::Draining => "Draining",
+            Self::RepairInFlight { .. } => "RepairInFlight",
+            Self::NoAction { .. } => "NoAction",
+            Self::Waiting { .. } => "Waiting",
+            Self::WithinGracePeriod { .. } => "WithinGracePeriod",
+            Self::Repair { .. } => "Repair",
+            Self::Paused { .. } => "Paused",
+            Self::Queued { .. } => "Queued",
+        }
+    }
+
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            Self::NoAction { problem }
+            | Self::Waiting { problem, .. }
+            | Self::WithinGracePeriod { problem, .. }
+            | Self::Repair { problem, .. }
+            | Self::Paused { problem, .. }
+            | Self::Queued { problem, .. } => Some(problem),
+            _ => None,
+        }
+    }
+
+    /// Whether the node counts as unhealthy for the group's threshold.
+    fn is_unhealthy(&self) -> bool {
+        matches!(
+            self,
+            Self::RepairInFlight { .. }
+                | Self::Waiting { .. }
+                | Self::WithinGracePeriod { .. }
+                | Self::Repair { .. }
+                | Self::Paused { .. }
+                | Self::Queued { .. }
+        )
+    }
+}
+
+/// The decision for one group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupDecision {
+    pub group: String,
+    pub nodes: usize,
+    pub unhealthy: usize,
+    /// Repairs under way before this run (they count against the parallel limit).
+    pub in_flight: usize,
+    /// The safety limit that paused the group's repairs, when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused_by: Option<String>,
+    /// Node name and verdict, in the order of the observation.
+    pub verdicts: Vec<(String, Verdict)>,
+}
+
+/// How one node stands before the group's limits are applied.
+enum Assessment {
+    Final(Verdict),
+    /// Due: repair unless a limit holds it back; ordered by `due`.
+    Due {
+        problem: Problem,
+        action: RepairAction,
+        attempt: u32,
+        due: Timestamp,
+    },
+}
+
+fn is_unhealthy_status(condition: &str, status: &str) -> bool {
+    // `*Ready` conditions are healthy when True; pressure conditions when False.
+    if condition.ends_with("Ready") {
+        status != "True"
+    } else {
+        status == "True"
+    }
+}
+
+fn plus(at: Timestamp, duration: Duration) -> Timestamp {
+    at.checked_add(duration).unwrap_or(Timestamp::MAX)
+}
+
+fn assess(
+    policy: &RepairPolicy,
+    group: &GroupObservation,
+    node: &NodeObservation,
+    now: Timestamp,
+) -> (Assessment, bool) {
+    if node.draining {
+        return (Assessment::Final(Verdict::Draining), false);
+    }
+    let terminating = node.lifecycle_state.starts_with("Terminating");
+    let marked = node.health_status.eq_ignore_ascii_case("unhealthy");
+    if terminating || marked {
+        let detail = format!(
+            "instance {} is {} and {} in its group",
+            node.instance_id, node.lifecycle_state, node.health_status
+        );
+        return (Assessment::Final(Verdict::RepairInFlight { detail }), true);
+    }
+    if let Some(last) = &node.last_repair
+        && last.action == RepairAction::Replace
+        && now < plus(last.at, REPLACE_PENDING)
+    {
+        let detail = format!("replacement requested at {}", last.at);
+        return (Assessment::Final(Verdict::RepairInFlight { detail }), true);
+    }
+
+    let mut reported = None;
+    let mut best: Option<(Problem, RepairAction, Timestamp, bool)> = None;
+    for condition in &node.conditions {
+        if !is_unhealthy_status(&condition.type_, &condition.status) {
+            continue;
+        }
+        let Some(rule) = policy.rule_for(&condition.type_, condition.reason.as_deref()) else {
+            continue;
+        };
+        let problem = Problem {
+            condition: condition.type_.clone(),
+            status: condition.status.clone(),
+            reason: condition.reason.clone(),
+            since: condition.last_transition.unwrap_or(now),
+        };
+        if rule.action == RepairAction::NoAction {
+            reported.get_or_insert(problem);
+            continue;
+        }
+        // A repair restarts the clock: a reboot gets the full wait to take effect.
+        let (start, after_repair) = match &node.last_repair {
+            Some(last) if last.at > problem.since => (last.at, true),
+            _ => (problem.since, false),
+        };
+        let due = plus(start, rule.wait);
+        let mut action = rule.action;
+        if action == RepairAction::Reboot
+            && let Some(last) = &node.last_repair
+            && last.action == RepairAction::Reboot
+            && problem.since < plus(last.at, REBOOT_ESCALATION_WINDOW)
+        {
+            // Rebooted already and still (or again) broken: replace.
+            action = RepairAction::Replace;
+        }
+        if best.as_ref().is_none_or(|(_, _, d, _)| due < *d) {
+            best = Some((problem, action, due, after_repair));
+        }
+    }
+
+    let Some((problem, action, due, after_repair)) = best else {
+        return match reported {
+            Some(problem) => (Assessment::Final(Verdict::NoAction { problem }), false),
+            None => (Assessment::Final(Verdict::Healthy), false),
+        };
+    };
+    if now < due {
+        // A reboot taking effect is a repair under way.
+        let waiting = Verdict::Waiting {
+            problem,
+            action,
+            repair_at: due,
+        };
+        return (Assessment::Final(waiting), after_repair);
+    }
+    if action == RepairAction::Replace
+        && let Some(created) = node.created_at
+    {
+        let until = plus(created, group.health_check_grace_period);
+        if now < until {
+            return (
+                Assessment::Final(Verdict::WithinGracePeriod { problem, until }),
+                false,
+            );
+        }
+    }
+    let attempt = node.last_repair.as_ref().map_or(1, |r| r.attempt + 1);
+    (
+        Assessment::Due {
+            problem,
+            action,
+            attempt,
+            due,
+        },
+        false,
+    )
+}
+
+fn describe_limit(limit: Limit, kind: &str) -> String {
+    match limit {
+        Limit::Count(n) => format!("{kind}Count={n}"),
+        Limit::Percentage(p) => format!("{kind}Percentage={p}"),
+    }
+}
+
+/// Decides every node of `group` at `now`.
+pub fn decide_group(
+    policy: &RepairPolicy,
+    group: &GroupObservation,
+    now: Timestamp,
+) -> GroupDecision {
+    let assessed: Vec<(Assessment, bool)> = group
+        .nodes
+        .iter()
+        .map(|node| assess(policy, group, node, now))
+        .collect();
+    let total = group.nodes.len();
+    let unhealthy = assessed
+        .iter()
+        .filter(|(a, _)| match a {
+            Assessment::Final(v) => v.is_unhealthy(),
+            Assessment::Due { .. } => true,
+        })
+        .count();
+    let in_flight = assessed.iter().filter(|(_, in_flight)| *in_flight).count();
+
+    let over_threshold = match policy.max_unhealthy {
+        Limit::Count(n) => unhealthy > n as usize,
+        Limit::Percentage(p) => {
+            total > PERCENTAGE_THRESHOLD_MIN_GROUP && unhealthy * 100 > p as usize * total
+        }
+    };
+    let paused_by = over_threshold.then(|| {
+        format!(
+            "{} ({unhealthy} of {total} nodes unhealthy)",
+            describe_limit(policy.max_unhealthy, "maxUnhealthyNodeThreshold")
+        )
+    });
+    let allowed = policy.max_parallel.of(unhealthy).max(1);
+    let mut slots = allowed.saturating_sub(in_flight);
+    let parallel_limit = format!(
+        "{} ({in_flight} repairs under way, {allowed} allowed)",
+        describe_limit(policy.max_parallel, "maxParallelNodesRepaired")
+    );
+
+    // The longest-due nodes are repaired first.
+    let mut due_order: Vec<(usize, Timestamp)> = assessed
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (a, _))| match a {
+            Assessment::Due { due, .. } => Some((i, *due)),
+            Assessment::Final(_) => None,
+        })
+        .collect();
+    due_order.sort_by_key(|(i, due)| (*due, *i));
+    let mut chosen = vec![false; total];
+    for (i, _) in due_order {
+        if paused_by.is_none() && slots > 0 {
+            chosen[i] = true;
+            slots -= 1;
+        }
+    }
+
+    let verdicts = assessed
+        .into_iter()
+        .enumerate()
+        .map(|(i, (a, _))| {
+            let verdict = match a {
+                Assessment::Final(v) => v,
+                Assessment::Due {
+                    problem,
+                    action,
+                    attempt,
+                    ..
+                } => match &paused_by {
+                    Some(limit) => Verdict::Paused {
+                        problem,
+                        action,
+                        limit: limit.clone(),
+                    },
+                    None if chosen[i] => Verdict::Repair {
+                        problem,
+                        action,
+                        attempt,
+                    },
+                    None => Verdict::Queued {
+                        problem,
+                        action,
+                        limit: parallel_limit.clone(),
+                    },
+                },
+            };
+            (group.nodes[i].node.clone(), verdict)
+        })
+        .collect();
+    GroupDecision {
+        group: group.name.clone(),
+        nodes: total,
+        unhealthy,
+        in_flight,
+        paused_by,
+        verdicts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn at(minutes: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + minutes * 60).unwrap()
+    }
+
+    const NOW: i64 = 1000;
+
+    fn condition(type_: &str, status: &str, reason: Option<&str>, since: i64) -> ObservedCondition {
+        ObservedCondition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.map(Into::into),
+            last_transition: Some(at(since)),
+        }
+    }
+
+    fn healthy(name: &str) -> NodeObservation {
+        NodeObservation {
+            node: name.into(),
+            instance_id: format!("i-{name}"),
+            created_at: Some(at(0)),
+            conditions: vec![
+                condition("Ready", "True", Some("KubeletReady"), 0),
+                condition("DiskPressure", "False", None, 0),
+            ],
+            lifecycle_state: "InService".into(),
+            health_status: "HEALTHY".into(),
+            draining: false,
+            last_repair: None,
+        }
+    }
+
+    fn broken(
+        name: &str,
+        type_: &str,
+        status: &str,
+        reason: Option<&str>,
+        minutes_ago: i64,
+    ) -> NodeObservation {
+        let mut node = healthy(name);
+        node.conditions
+            .push(condition(type_, status, reason, NOW - minutes_ago));
+        node.conditions
+            .retain(|c| !(c.type_ == type_ && c.status != status));
+        node
+    }
+
+    fn group(nodes: Vec<NodeObservation>) -> GroupObservation {
+        GroupObservation {
+            name: "g".into(),
+            health_check_grace_period: Duration::from_secs(300),
+            nodes,
+        }
+    }
+
+    fn verdict_of(policy: &RepairPolicy, node: NodeObservation) -> Verdict {
+        decide_group(policy, &group(vec![node]), at(NOW)).verdicts[0]
+            .1
+            .clone()
+    }
+
+    #[test]
+    fn eks_defaults_table() {
+        let policy = RepairPolicy::default();
+        // (node, expected verdict name, expected action)
+        let table: Vec<(NodeObservation, &str, Option<RepairAction>)> = vec![
+            (healthy("a"), "Healthy", None),
+            (
+                broken("a", "Ready", "False", Some("KubeletNotReady"), 29),
+                "Waiting",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "Ready", "False", Some("KubeletNotReady"), 30),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "Ready", "Unknown", Some("NodeStatusUnknown"), 45),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "KernelReady", "False", Some("KernelBug"), 31),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "NetworkingReady", "False", Some("IPAMDNotRunning"), 31),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "StorageReady", "False", None, 31),
+                "Repair",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken("a", "ContainerRuntimeReady", "False", None, 20),
+                "Waiting",
+                Some(RepairAction::Replace),
+            ),
+            (
+                broken(
+                    "a",
+                    "AcceleratedHardwareReady",
+                    "False",
+                    Some("NvidiaXID31Error"),
+                    9,
+                ),
+                "Waiting",
+                Some(RepairAction::Reboot),
+            ),
+            (
+                broken(
+                    "a",
+                    "AcceleratedHardwareReady",
+                    "False",
+                    Some("NvidiaXID31Error"),
+                    10,
+                ),
+                "Repair",
+                Some(RepairAction::Reboot),
+            ),
+            (
+                broken("a", "DiskPressure", "True", None, 600),
+                "NoAction",
+                None,
+            ),
+            (
+                broken("a", "MemoryPressure", "True", None, 600),
+                "NoAction",
+                None,
+            ),
+            // Conditions nobody watches are ignored.
+            (
+                broken("a", "PIDPressure", "True", None, 600),
+                "Healthy",
+                None,
+            ),
+        ];
+        for (node, name, action) in table {
+            let label = format!("{:?}", node.conditions.last());
+            let verdict = verdict_of(&policy, node);
+            assert_eq!(verdict.name(), name, "{label}: {verdict:?}");
+            let got = match &verdict {
+                Verdict::Waiting { action, .. } | Verdict::Repair { action, .. } => Some(*action),
+                _ => None,
+            };
+            assert_eq!(got, action, "{label}");
+        }
+    }
+
+    #[test]
+    fn in_flight_draining_and_grace_period() {
+        let policy = RepairPolicy::default();
+        let mut node = broken("a", "Ready", "False", None, 60);
+        node.draining = true;
+        assert_eq!(verdict_of(&policy, node).name(), "Draining");
+        for (state, health) in [("Terminating:Wait", "HEALTHY"), ("InService", "UNHEALTHY")] {
+            let mut node = broken("a", "Ready", "False", None, 60);
+            node.lifecycle_state = state.into();
+            node.health_status = health.into();
+            assert_eq!(verdict_of(&policy, node).name(), "RepairInFlight");
+        }
+        let mut young = broken("a", "Ready", "False", None, 31);
+        young.created_at = Some(at(NOW - 2));
+        assert_eq!(verdict_of(&policy, young).name(), "WithinGracePeriod");
+        // A replacement asked for 5 minutes ago that Auto Scaling does not show yet.
+        let mut asked = broken("a", "Ready", "False", None, 60);
+        asked.last_repair = Some(RepairRecord {
+            action: RepairAction::Replace,
+            at: at(NOW - 5),
+            attempt: 1,
+            condition: "Ready".into(),
+            reason: None,
+        });
+        assert_eq!(verdict_of(&policy, asked).name(), "RepairInFlight");
+    }
+
+    #[test]
+    fn reboot_then_replace() {
+        let policy = RepairPolicy::default();
+        let reboot = |minutes_ago| RepairRecord {
+            action: RepairAction::Reboot,
+            at: at(NOW - minutes_ago),
+            attempt: 1,
+            condition: "AcceleratedHardwareReady".into(),
+            reason: None,
+        };
+        // Rebooted 5 minutes ago, still broken since before: the reboot gets its 10 minutes.
+        let mut node = broken("a", "AcceleratedHardwareReady", "False", None, 20);
+        node.last_repair = Some(reboot(5));
+        let verdict = verdict_of(&policy, node.clone());
+        assert!(
+            matches!(verdict, Verdict::Waiting { action: RepairAction::Replace, repair_at, .. } if repair_at == at(NOW + 5)),
+            "{verdict:?}"
+        );
+        // Still broken 10 minutes after the reboot: replaced, second attempt.
+        node.last_repair = Some(reboot(10));
+        let verdict = verdict_of(&policy, node);
+        assert_eq!(
+            verdict,
+            Verdict::Repair {
+                problem: Problem {
+                    condition: "AcceleratedHardwareReady".into(),
+                    status: "False".into(),
+                    reason: None,
+                    since: at(NOW - 20)
+                },
+                action: RepairAction::Replace,
+                attempt: 2
+            }
+        );
+        // Broken again long after a reboot that worked: rebooted again.
+        let mut node = broken("a", "AcceleratedHardwareReady", "False", None, 15);
+        node.last_repair = Some(reboot(600));
+        assert!(matches!(
+            verdict_of(&policy, node),
+            Verdict::Repair {
+                action: RepairAction::Reboot,
+                attempt: 2,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn overrides_change_wait_and_action() {
+        let policy = RepairPolicy::from_json(
+            r#"{"nodeRepairConfigOverrides": [
+                {"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 1, "repairAction": "Reboot"},
+                {"nodeMonitoringCondition": "NetworkingReady", "nodeUnhealthyReason": "IPAMDNotRunning", "minRepairWaitTimeMins": 60, "repairAction": "NoAction"}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            verdict_of(&policy, broken("a", "Ready", "False", None, 2)),
+            Verdict::Repair {
+                action: RepairAction::Reboot,
+                ..
+            }
+        ));
+        assert_eq!(
+            verdict_of(
+                &policy,
+                broken(
+                    "a",
+                    "NetworkingReady",
+                    "False",
+                    Some("IPAMDNotRunning"),
+                    120
+                )
+            )
+            .name(),
+            "NoAction"
+        );
+        assert_eq!(
+            verdict_of(
+                &policy,
+                broken("a", "NetworkingReady", "False", Some("InterfaceNotUp"), 31)
+            )
+            .name(),
+            "Repair"
+        );
+    }
+
+    #[test]
+    fn repairs_pause_when_more_than_20_percent_of_a_group_above_5_nodes_is_unhealthy() {
+        let policy = RepairPolicy::default();
+        let mut nodes: Vec<_> = (0..10).map(|i| healthy(&format!("n{i}"))).collect();
+        nodes[0] = broken("n0", "Ready", "False", None, 40);
+        nodes[1] = broken("n1", "Ready", "False", None, 50);
+        // 2 of 10: 20% is not more than 20%: the longest-broken one is repaired.
+        let decision = decide_group(&policy, &group(nodes.clone()), at(NOW));
+        assert_eq!(decision.paused_by, None);
+        assert_eq!(decision.verdicts[1].1.name(), "Repair");
+        assert_eq!(decision.verdicts[0].1.name(), "Queued");
+        // 3 of 10 (one merely waiting still counts): paused, naming the limit.
+        nodes[2] = broken("n2", "Ready", "False", None, 1);
+        let decision = decide_group(&policy, &group(nodes), at(NOW));
+        let limit = decision.paused_by.clone().unwrap();
+        assert!(
+            limit.contains("maxUnhealthyNodeThresholdPercentage=20"),
+            "{limit}"
+        );
+        assert!(limit.contains("3 of 10"), "{limit}");
+        assert_eq!(decision.verdicts[0].1.name(), "Paused");
+        assert_eq!(decision.verdicts[1].1.name(), "Paused");
+        assert_eq!(decision.verdicts[2].1.name(), "Waiting");
+        // A group of five nodes is exempt: 2 of 5 unhealthy are still repaired.
+        let small: Vec<_> = (0..5)
+            .map(|i| {
+                if i < 2 {
+                    broken(&format!("s{i}"), "Ready", "False", None, 40)
+                } else {
+                    healthy(&format!("s{i}"))
+                }
+            })
+            .collect();
+        let decision = decide_group(&policy, &group(small), at(NOW));
+        assert_eq!(decision.paused_by, None);
+        // A count threshold applies to any size.
+        let policy = RepairPolicy::from_json(r#"{"maxUnhealthyNodeThresholdCount": 1}"#).unwrap();
+        let two: Vec<_> = (0..2)
+            .map(|i| broken(&format!("c{i}"), "Ready", "False", None, 40))
+            .collect();
+        let decision = decide_group(&policy, &group(two), at(NOW));
+        assert!(
+            decision
+                .paused_by
+                .unwrap()
+                .contains("maxUnhealthyNodeThresholdCount=1")
+        );
+    }
+
+    #[test]
+    fn in_flight_repairs_count_against_the_parallel_limit() {
+        let policy = RepairPolicy::from_json(
+            r#"{"maxParallelNodesRepairedCount": 2, "maxUnhealthyNodeThresholdCount": 10}"#,
+        )
+        .unwrap();
+        let mut terminating = broken("t", "Ready", "False", None, 90);
+        terminating.lifecycle_state = "Terminating:Wait".into();
+        let nodes = vec![
+            terminating,
+            broken("a", "Ready", "False", None, 40),
+            broken("b", "Ready", "False", None, 60),
+            broken("c", "Ready", "False", None, 50),
+            healthy("h"),
+        ];
+        let decision = decide_group(&policy, &group(nodes), at(NOW));
+        assert_eq!(decision.in_flight, 1);
+        assert_eq!(decision.unhealthy, 4);
+        let names: Vec<_> = decision
+            .verdicts
+            .iter()
+            .map(|(n, v)| format!("{n}:{}", v.name()))
+            .collect();
+        // One slot left: the longest-broken node (b) takes it.
+        assert_eq!(
+            names,
+            [
+                "t:RepairInFlight",
+                "a:Queued",
+                "b:Repair",
+                "c:Queued",
+                "h:Healthy"
+            ]
+        );
+        let Verdict::Queued { limit, .. } = &decision.verdicts[1].1 else {
+            unreachable!()
+        };
+        assert!(limit.contains("maxParallelNodesRepairedCount=2"), "{limit}");
+        // A percentage of the unhealthy nodes, at least one.
+        let policy = RepairPolicy::from_json(
+            r#"{"maxParallelNodesRepairedPercentage": 50, "maxUnhealthyNodeThresholdCount": 10}"#,
+        )
+        .unwrap();
+        let nodes: Vec<_> = (0..4)
+            .map(|i| broken(&format!("p{i}"), "Ready", "False", None, 40 + i))
+            .collect();
+        let decision = decide_group(&policy, &group(nodes), at(NOW));
+        let repaired = decision
+            .verdicts
+            .iter()
+            .filter(|(_, v)| v.name() == "Repair")
+            .count();
+        assert_eq!(repaired, 2);
+    }
+}

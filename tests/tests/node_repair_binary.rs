@@ -1,0 +1,356 @@
+//! The built `node-repair` binary with the built hooks, run through the local Lambda Runtime
+//! API against the fake AWS endpoints and the fake API server: a node's kubelet dies, after
+//! the (scaled-down) threshold the repair marks its instance unhealthy, Auto Scaling
+//! terminates it through the terminate hook (which drains it at once) and launches a
+//! replacement through the launch hook (completed once its node is Ready).
+//!
+//! Uses the binaries as built: run `cargo build --workspace --bins` after changing them.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use node_manager::aws::LifecycleActionResult;
+use node_manager::node_repair::memory::{REPAIR_ANNOTATION, RepairRecord};
+use node_manager::node_repair::policy::RepairAction;
+use node_manager_testkit::aws::FakeAutoScalingGroup;
+use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, GROUP, Target};
+use serde_json::{Value, json};
+
+/// What EventBridge sends on a schedule; the function needs none of it.
+fn scheduled_event() -> Value {
+    json!({
+        "version": "0",
+        "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": "111111111111",
+        "time": "2026-11-24T02:00:00Z",
+        "region": "eu-west-1",
+        "resources": ["arn:aws:events:eu-west-1:111111111111:rule/node-repair"],
+        "detail": {}
+    })
+}
+
+/// The node's report in the function's answer.
+fn report_of<'a>(answer: &'a Value, node: &str) -> &'a Value {
+    answer["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node"] == node))
+        .unwrap_or_else(|| panic!("{node} missing from {answer}"))
+}
+
+#[tokio::test]
+async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
+    let w = FunctionWorld::builder()
+        .functions(&[
+            Target::NodeRepair,
+            Target::TerminatingHook,
+            Target::LaunchingHook,
+        ])
+        // Ready not True for 1.5 s (EKS: 30 min) -> Replace.
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0.025, "repairAction": "Replace"}]}"#,
+        )
+        .env("DRAIN_TIMEOUT_SECONDS", "60")
+        // The dead kubelet never confirms a deletion: the drain stops waiting for them after
+        // this long on a node that is not Ready (default 60 s, the drain deadline here).
+        .env("STUCK_POD_SECONDS", "1")
+        .env("LAUNCH_TIMEOUT_SECONDS", "20")
+        .json_logs()
+        .log_level("info")
+        .start()
+        .await;
+    // The node is older than its group's grace period.
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .availability_zones(&["eu-west-1a"])
+            .health_check_grace_period(Duration::ZERO),
+    );
+    // One workload pod runs on the node; when the kubelet dies it can no longer confirm the
+    // pod's deletion.
+    w.server
+        .store()
+        .apply_yaml(
+            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec:\n      terminationGracePeriodSeconds: 1\n      containers: [{name: web, image: nginx}]\n",
+        )
+        .unwrap();
+    let node_name = w.node.clone();
+    w.server
+        .wait_for(
+            "the web pod runs on the node",
+            Duration::from_secs(10),
+            |store| {
+                store.list::<Pod>().iter().any(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node_name.as_str())
+                        && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+            },
+        )
+        .await
+        .unwrap();
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    let repair = w.function(Target::NodeRepair);
+
+    // Healthy: nothing done.
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(
+        report_of(&answer, &w.node)["outcome"],
+        "Healthy",
+        "{answer}"
+    );
+    assert_eq!(answer["groups"][0]["group"], GROUP, "{answer}");
+
+    // The kubelet dies: unhealthy, not yet for long enough.
+    // Ready=Unknown now; its pods' deletions are never confirmed.
+    w.server.kill_kubelet(&w.node).unwrap();
+    let answer = repair.response_to(&scheduled_event()).await;
+    let report = report_of(&answer, &w.node);
+    assert_eq!(report["outcome"], "Waiting", "{answer}");
+    assert_eq!(report["verdict"]["problem"]["condition"], "Ready");
+    assert_eq!(report["verdict"]["problem"]["reason"], "NodeStatusUnknown");
+    assert!(w.aws.requests_for("SetInstanceHealth").is_empty());
+
+    // Past the threshold: replaced.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let answer = repair.response_to(&scheduled_event()).await;
+    let report = report_of(&answer, &w.node);
+    assert_eq!(report["outcome"], "Repair", "{answer}");
+    assert_eq!(report["acted"], true, "{answer}");
+    assert_eq!(report["verdict"]["action"], "Replace");
+    assert_eq!(answer["groups"][0]["repairsStarted"], 1, "{answer}");
+    let calls = w.aws.requests_for("SetInstanceHealth");
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].params.get("InstanceId"), Some(&w.instance));
+    assert_eq!(
+        calls[0]
+            .params
+            .get("ShouldRespectGracePeriod")
+            .map(String::as_str),
+        Some("true")
+    );
+    // Remembered on the node, reported as an Event.
+    let node = w.server.store().find::<Node>("", &w.node).unwrap();
+    let record = RepairRecord::from_annotation(
+        node.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(REPAIR_ANNOTATION))
+            .map(String::as_str),
+    )
+    .unwrap();
+    assert_eq!((record.action, record.attempt), (RepairAction::Replace, 1));
+    let started: Vec<Event> = w
+        .server
+        .store()
+        .list::<Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeRepairStarted"))
+        .collect();
+    assert_eq!(started.len(), 1);
+    let note = started[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("Ready=Unknown (NodeStatusUnknown)") && note.contains("Replace"),
+        "{note}"
+    );
+
+    // The next run sees the repair in flight and does not ask again.
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(
+        report_of(&answer, &w.node)["outcome"],
+        "RepairInFlight",
+        "{answer}"
+    );
+    assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1);
+
+    // Auto Scaling terminates it through the terminate hook and launches a replacement.
+    let replacement = w
+        .aws
+        .autoscaling()
+        .wait_for_health_replacement(&w.instance, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut terminating = None;
+    let mut launching = None;
+    for _ in 0..2 {
+        let event = topic.next_event(Duration::from_secs(5)).await.unwrap();
+        let message = event["Records"][0]["Sns"]["Message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if message.contains("EC2_INSTANCE_TERMINATING") {
+            terminating = Some(event);
+        } else if message.contains("EC2_INSTANCE_LAUNCHING") {
+            launching = Some(event);
+        }
+    }
+    let started_drain = std::time::Instant::now();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&terminating.unwrap())
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    // The dead node's drain did not wait out its 60 s deadline: the pod was evicted, and its
+    // deletion, which the dead kubelet never confirms, is still pending.
+    assert!(started_drain.elapsed() < Duration::from_secs(20));
+    let stuck = w
+        .server
+        .store()
+        .list::<Pod>()
+        .into_iter()
+        .filter(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(w.node.as_str())
+                && p.metadata.deletion_timestamp.is_some()
+        })
+        .count();
+    assert_eq!(stuck, 1, "the evicted pod's deletion stays unconfirmed");
+    let completion = w
+        .aws
+        .autoscaling()
+        .wait_for_completion(&w.instance, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(completion.result, LifecycleActionResult::Continue);
+
+    // The replacement's node joins; its launch action completes once it is Ready.
+    w.server
+        .register_node(
+            &replacement.replacement_node,
+            &format!("aws:///eu-west-1a/{}", replacement.replacement_instance_id),
+            Some(Duration::from_millis(300)),
+        )
+        .unwrap();
+    let answer = w
+        .function(Target::LaunchingHook)
+        .response_to(&launching.unwrap())
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(
+        w.aws
+            .autoscaling()
+            .instance_state(GROUP, &replacement.replacement_instance_id)
+            .as_deref(),
+        Some("InService")
+    );
+
+    // Afterwards: the old node's instance is gone from the group, the new one is healthy.
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(
+        report_of(&answer, &w.node)["outcome"],
+        "NotOurs",
+        "{answer}"
+    );
+    assert_eq!(
+        report_of(&answer, &replacement.replacement_node)["outcome"],
+        "Healthy",
+        "{answer}"
+    );
+    assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1);
+
+    // One JSON log line per decision, and EMF metrics by group.
+    let output = repair.runtime.output();
+    let decision = output
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .find(|line| {
+            line.to_string().contains("node repair decision")
+                && line.to_string().contains("\"Repair\"")
+        })
+        .unwrap_or_else(|| panic!("no JSON decision line:\n{output}"));
+    let text = decision.to_string();
+    for field in [
+        "node",
+        "instance_id",
+        "asg",
+        "outcome",
+        "condition",
+        "action",
+    ] {
+        assert!(text.contains(field), "{field} missing from {text}");
+    }
+    assert!(
+        output.lines().any(|l| l.contains("\"_aws\"")
+            && l.contains("RepairsStarted")
+            && l.contains("\"RepairsStarted\":1.0")),
+        "{output}"
+    );
+}
+
+#[tokio::test]
+async fn a_dry_run_decides_and_reports_without_acting() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::NodeRepair])
+        .env("REPAIR_DRY_RUN", "true")
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0, "repairAction": "Replace"}]}"#,
+        )
+        .log_level("info")
+        .start()
+        .await;
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .health_check_grace_period(Duration::ZERO),
+    );
+    // Ready=Unknown now; its pods' deletions are never confirmed.
+    w.server.kill_kubelet(&w.node).unwrap();
+    let answer = w
+        .function(Target::NodeRepair)
+        .response_to(&scheduled_event())
+        .await;
+    assert_eq!(answer["dryRun"], true);
+    let report = report_of(&answer, &w.node);
+    assert_eq!(report["outcome"], "Repair", "{answer}");
+    assert_eq!(report["acted"], false, "{answer}");
+    assert!(
+        report["why"].as_str().unwrap().contains("dry run"),
+        "{answer}"
+    );
+    assert!(w.aws.requests_for("SetInstanceHealth").is_empty());
+    let node = w.server.store().find::<Node>("", &w.node).unwrap();
+    assert!(
+        !node
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(REPAIR_ANNOTATION)
+    );
+    assert!(w.server.store().list::<Event>().is_empty());
+}
+
+#[tokio::test]
+async fn malformed_settings_stop_the_function_with_a_clear_error() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::NodeRepair])
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"maxUnhealthyNodeThresholdCount": 2, "maxUnhealthyNodeThresholdPercentage": 20}"#,
+        )
+        .log_level("info")
+        .start()
+        .await;
+    let repair = w.function(Target::NodeRepair);
+    let outcome = repair
+        .runtime
+        .invoke(&scheduled_event(), Duration::from_secs(10))
+        .await;
+    assert!(
+        !matches!(
+            outcome,
+            Ok(node_manager_testkit::lambda_api::InvocationOutcome::Response(_))
+        ),
+        "{outcome:?}"
+    );
+    let output = repair.runtime.output();
+    assert!(output.contains("cannot both be set"), "{output}");
+    assert!(
+        w.aws
+            .requests()
+            .iter()
+            .all(|r| r.operation != "SetInstanceHealth")
+    );
+}
