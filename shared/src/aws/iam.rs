@@ -17,6 +17,9 @@ use aws_smithy_runtime_api::client::identity::Identity;
 use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
 use aws_smithy_types::body::SdkBody;
 use aws_smithy_types::byte_stream::ByteStream;
+
+// Form values for the Query API are encoded exactly as the token's query string is.
+use crate::cluster::token::percent_encode_into;
 use aws_types::SdkConfig;
 use aws_types::service_config::ServiceConfigKey;
 
@@ -284,20 +287,6 @@ fn unescape(text: &str) -> String {
         .replace("&quot;", "\"")
         .replace("&apos;", "'")
         .replace("&amp;", "&")
-}
-
-/// Percent-encodes all but RFC 3986 unreserved characters (form values for the Query API).
-fn percent_encode_into(value: &str, out: &mut String) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for byte in value.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(byte));
-        } else {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0x0f)]));
-        }
-    }
 }
 
 #[cfg(test)]

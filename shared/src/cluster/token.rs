@@ -216,8 +216,9 @@ fn presigned_url(
 }
 
 /// Percent-encodes everything but RFC 3986 unreserved characters, with upper-case hex, as
-/// botocore's `percent_encode` does.
-fn percent_encode_into(value: &str, out: &mut String) {
+/// botocore's `percent_encode` does. Also the form encoding of the hand-signed IAM Query call
+/// (`aws::iam`).
+pub(crate) fn percent_encode_into(value: &str, out: &mut String) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for byte in value.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
