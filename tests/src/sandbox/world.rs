@@ -1620,15 +1620,26 @@ impl Sandbox {
                 state.as_deref().unwrap_or("not in the group")
             ),
         ));
+        // The drain records the trip to the pool right after it completes the action (one
+        // conditional write, retried on a conflict with the instance's stop): give it the
+        // same few seconds as the Events.
+        let went_to_pool = || {
+            store
+                .find::<Node>("", &node.name)
+                .as_ref()
+                .and_then(|n| n.metadata.annotations.as_ref())
+                .and_then(|a| a.get(DRAIN_CHECKPOINT))
+                .is_some_and(|record| record.contains("toWarmPoolAt"))
+        };
+        let _ = self
+            .server
+            .wait_for("the warm-pool record", Duration::from_secs(5), |_| {
+                went_to_pool()
+            })
+            .await;
         let node_object = store.find::<Node>("", &node.name);
-        let record = node_object
-            .as_ref()
-            .and_then(|n| n.metadata.annotations.as_ref())
-            .and_then(|a| a.get(DRAIN_CHECKPOINT))
-            .cloned()
-            .unwrap_or_default();
         checks.push((
-            record.contains("toWarmPoolAt"),
+            went_to_pool(),
             "node records that it went to the warm pool".to_owned(),
         ));
         checks.push((
