@@ -23,15 +23,19 @@ pub struct CordonSteps {
     pub taint: Option<Taint>,
 }
 
+/// Whether `node` carries `node.kubernetes.io/exclude-from-external-load-balancers=true`.
+pub fn excluded_from_load_balancers(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
 impl CordonSteps {
     /// What `node` still lacks (pure).
     pub fn needed(node: &Node, taint: Option<&Taint>) -> Self {
-        let labelled = node
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
-            .is_some_and(|v| v == "true");
+        let labelled = excluded_from_load_balancers(node);
         let cordoned = node
             .spec
             .as_ref()

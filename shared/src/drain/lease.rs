@@ -22,9 +22,10 @@ use super::cordon::{CordonReport, CordonSteps};
 use crate::aws::LifecycleActionRef;
 use crate::lifecycle::continuation::backoff_delay;
 
-/// How many times a write lost to a concurrent change is recomputed and retried. Node
-/// objects change often (kubelet status), so a conflict is normal, not an error.
-const CONFLICT_ATTEMPTS: u32 = 8;
+/// How many times a write to a Node lost to a concurrent change is recomputed and retried
+/// (the drain's checkpoint, the warm-pool undo). Node objects change often (kubelet status),
+/// so a conflict is normal, not an error.
+pub(crate) const CONFLICT_ATTEMPTS: u32 = 8;
 
 /// Calls in total for a checkpoint write the API server keeps refusing transiently, and the
 /// jittered backoff between them: about two seconds at most, so a renewal stays well inside
@@ -269,16 +270,18 @@ async fn get(nodes: &Api<Node>, name: &str) -> Result<Option<Node>, kube::Error>
 }
 
 fn too_many_conflicts(name: &str) -> kube::Error {
+    conflicts_exhausted(format!(
+        "the drain checkpoint on node {name} could not be written: it changed \
+         {CONFLICT_ATTEMPTS} times while being updated"
+    ))
+}
+
+/// The 409 a write to a Node ends with when it lost [`CONFLICT_ATTEMPTS`] times in a row.
+pub(crate) fn conflicts_exhausted(message: String) -> kube::Error {
     kube::Error::Api(
-        kube::core::Status::failure(
-            &format!(
-                "the drain checkpoint on node {name} could not be written: it changed \
-                 {CONFLICT_ATTEMPTS} times while being updated"
-            ),
-            "Conflict",
-        )
-        .with_code(409)
-        .boxed(),
+        kube::core::Status::failure(&message, "Conflict")
+            .with_code(409)
+            .boxed(),
     )
 }
 

@@ -21,15 +21,12 @@ use serde_json::{Value, json};
 
 use crate::aws::{AwsError, Instances};
 use crate::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use crate::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
-use crate::drain::lease::checkpoint_of;
+use crate::drain::cordon::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
+use crate::drain::lease::{CONFLICT_ATTEMPTS, checkpoint_of, conflicts_exhausted};
 use crate::lifecycle::continuation::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.
 const RUNNING_POLL: Duration = Duration::from_secs(2);
-
-/// How many times a restore that lost to a concurrent change of the node is recomputed.
-const CONFLICT_ATTEMPTS: u32 = 8;
 
 /// How a wait for a pooled instance to run ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,13 +127,7 @@ pub fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Restored)
         restored.unknown_changes = true;
         return Some((patch, restored));
     };
-    let labelled = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
-        .is_some_and(|v| v == "true");
-    if changed.labelled && labelled {
+    if changed.labelled && excluded_from_load_balancers(node) {
         patch["metadata"]["labels"] = json!({EXCLUDE_FROM_LOAD_BALANCERS_LABEL: null});
         restored.unlabelled = true;
     }
@@ -212,16 +203,9 @@ pub async fn restore_returning_node(
             Err(error) => return Err(error),
         }
     }
-    Err(kube::Error::Api(
-        kube::core::Status::failure(
-            &format!(
-                "node {name} changed {CONFLICT_ATTEMPTS} times while its drain was being undone"
-            ),
-            "Conflict",
-        )
-        .with_code(409)
-        .boxed(),
-    ))
+    Err(conflicts_exhausted(format!(
+        "node {name} changed {CONFLICT_ATTEMPTS} times while its drain was being undone"
+    )))
 }
 
 #[cfg(test)]
