@@ -94,6 +94,20 @@ struct Memory {
 /// The taint the cloud node lifecycle controller puts on a node whose instance is stopped.
 pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
+/// What the node lifecycle controller shows for a node whose kubelet stopped posting status
+/// (a stopped instance, a dead kubelet): `Ready=Unknown` since now.
+fn mark_status_unknown(node: &mut Value) {
+    let time = now_rfc3339();
+    node["status"]["conditions"] = json!([{
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": time,
+        "lastTransitionTime": time,
+    }]);
+}
+
 /// The emulated kubelet and controllers of one fake cluster.
 #[derive(Clone)]
 pub struct Simulation {
@@ -338,15 +352,7 @@ impl Simulation {
         let mut state = self.store.lock();
         let mut node = state.get(nodes, "", name)?;
         memory.node_ready_at.remove(name);
-        let time = now_rfc3339();
-        node["status"]["conditions"] = json!([{
-            "type": "Ready",
-            "status": "Unknown",
-            "reason": "NodeStatusUnknown",
-            "message": "Kubelet stopped posting node status.",
-            "lastHeartbeatTime": time,
-            "lastTransitionTime": time,
-        }]);
+        mark_status_unknown(&mut node);
         let mut taints = node["spec"]["taints"]
             .as_array()
             .cloned()
@@ -411,15 +417,7 @@ impl Simulation {
         let mut object = state.get(nodes, "", node)?;
         memory.node_ready_at.remove(node);
         memory.dead_kubelets.insert(node.to_owned());
-        let time = now_rfc3339();
-        object["status"]["conditions"] = json!([{
-            "type": "Ready",
-            "status": "Unknown",
-            "reason": "NodeStatusUnknown",
-            "message": "Kubelet stopped posting node status.",
-            "lastHeartbeatTime": time,
-            "lastTransitionTime": time,
-        }]);
+        mark_status_unknown(&mut object);
         update_full(&mut state, nodes, object);
         Ok(())
     }
