@@ -12,19 +12,16 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::aws::{
-    AutoScaling, AwsError, CompletionOutcome, Instances, LifecycleActionResult, Notifications,
-};
-use crate::cluster::ClusterAccessError;
+use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult, Notifications};
 use crate::lifecycle::connection::KubeConnection;
 use crate::lifecycle::continuation::{
-    ActionGone, ContinuationError, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget,
-    complete_action, hand_over,
+    ActionGone, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget, complete_action,
+    hand_over,
 };
-use crate::lifecycle::node::{NodeLookupError, find_node};
+use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
     Delivery, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleTransition,
-    NotificationError, parse_event,
+    parse_event,
 };
 use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_function_arn};
 use crate::lifecycle::settings::DrainSettings;
@@ -36,6 +33,7 @@ use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::lease::{self, Claim, LeaseHolder, Update};
 use super::metrics::DrainMetrics;
 use super::node_pods::NodePods;
+use super::report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport, RecordReport};
 use super::session::{
     DrainSession, SessionEnd, SessionSettings, SessionStats, StuckPod, StuckReason,
 };
@@ -76,196 +74,6 @@ impl<K, A, I, N> Drainer<K, A, I, N> {
             scope,
             hooks: HookTimings::new(),
             record_events: true,
-        }
-    }
-}
-
-/// What an invocation did, record by record: the Lambda response.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DrainReport {
-    pub records: Vec<RecordReport>,
-    #[serde(skip)]
-    pub outcomes: Vec<DeliveryOutcome>,
-}
-
-/// One record's outcome in the Lambda response.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct RecordReport {
-    /// The [`DeliveryOutcome`] variant: `Completed`, `Duplicate`, `HandedOver`, ...
-    pub outcome: &'static str,
-    /// The same in words, e.g. `completed CONTINUE (Drained, Completed)`.
-    pub summary: String,
-}
-
-/// What the handler did with one record.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeliveryOutcome {
-    /// `autoscaling:TEST_NOTIFICATION`: acknowledged.
-    TestNotification,
-    /// A launch notification, or a transition these functions do not handle: acknowledged.
-    OtherTransition(String),
-    /// The group belongs to another cluster or account: left alone.
-    Foreign(String),
-    /// The instance has no node: completed at once.
-    NoNode(CompletionOutcome),
-    /// Another invocation is draining this node: nothing done.
-    Duplicate { holder: String },
-    /// This action's drain was completed already.
-    AlreadyCompleted,
-    /// Drained (or out of time) and completed.
-    Completed {
-        result: LifecycleActionResult,
-        outcome: CompletionOutcome,
-        drain: DrainEnd,
-    },
-    /// Handed to a fresh invocation.
-    HandedOver { continuation: u32 },
-    /// Auto Scaling no longer has the action (completed elsewhere or expired): stopped.
-    ActionGone,
-    /// Our lease expired and another invocation took over: stopped.
-    LeaseLost,
-}
-
-impl DeliveryOutcome {
-    /// The variant's name, for the Lambda response and logs.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::TestNotification => "TestNotification",
-            Self::OtherTransition(_) => "OtherTransition",
-            Self::Foreign(_) => "Foreign",
-            Self::NoNode(_) => "NoNode",
-            Self::Duplicate { .. } => "Duplicate",
-            Self::AlreadyCompleted => "AlreadyCompleted",
-            Self::Completed { .. } => "Completed",
-            Self::HandedOver { .. } => "HandedOver",
-            Self::ActionGone => "ActionGone",
-            Self::LeaseLost => "LeaseLost",
-        }
-    }
-
-    /// One line for the Lambda response.
-    pub fn summary(&self) -> String {
-        match self {
-            Self::TestNotification => "TestNotification acknowledged".to_owned(),
-            Self::OtherTransition(t) => format!("{t} acknowledged (not handled here)"),
-            Self::Foreign(reason) => format!("left alone: {reason}"),
-            Self::NoNode(outcome) => format!("no node: completed ({outcome:?})"),
-            Self::Duplicate { holder } => format!("duplicate: {holder} is draining the node"),
-            Self::AlreadyCompleted => "already completed".to_owned(),
-            Self::Completed {
-                result,
-                outcome,
-                drain,
-            } => {
-                format!(
-                    "completed {} ({}, {outcome:?})",
-                    result.as_str(),
-                    drain.label()
-                )
-            }
-            Self::HandedOver { continuation } => {
-                format!("handed over (continuation {continuation})")
-            }
-            Self::ActionGone => "lifecycle action gone: stopped".to_owned(),
-            Self::LeaseLost => "lease lost to another invocation: stopped".to_owned(),
-        }
-    }
-}
-
-/// How the drain part ended, for completions.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DrainEnd {
-    /// Every pod left; settled.
-    Drained,
-    /// The node disappeared during the drain.
-    NodeGone,
-    /// Deadline passed; the remaining pods were deleted (force).
-    Forced(Vec<String>),
-    /// Deadline passed; these pods were still there (PodEvictionFailure).
-    EvictionFailure(Vec<String>),
-}
-
-impl DrainEnd {
-    pub fn label(&self) -> &'static str {
-        match self {
-            Self::Drained => "Drained",
-            Self::NodeGone => "NodeGone",
-            Self::Forced(_) => "Forced",
-            Self::EvictionFailure(_) => "PodEvictionFailure",
-        }
-    }
-}
-
-/// A record that could not be handled. The invocation fails (so Lambda retries it) after the
-/// other records were handled.
-#[derive(Debug, thiserror::Error)]
-pub enum DrainError {
-    #[error("malformed notification: {0}")]
-    Notification(#[from] NotificationError),
-    #[error("cannot reach the cluster's Kubernetes API: {0}")]
-    Cluster(#[from] ClusterAccessError),
-    #[error("cannot decide whether the Auto Scaling group is this cluster's: {0}")]
-    Scope(#[source] AwsError),
-    #[error("cannot find the node of instance {instance_id}: {source}")]
-    NodeLookup {
-        instance_id: String,
-        #[source]
-        source: NodeLookupError,
-    },
-    #[error("Kubernetes API call failed while draining node {node}: {source}")]
-    Kubernetes {
-        node: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("CompleteLifecycleAction failed for instance {instance_id}: {source}")]
-    Complete {
-        instance_id: String,
-        #[source]
-        source: AwsError,
-    },
-    #[error("cannot hand the drain of node {node} to a fresh invocation: {source}")]
-    HandOver {
-        node: String,
-        #[source]
-        source: ContinuationError,
-    },
-    #[error(
-        "the invocation has {remaining:?} left for draining after the hand-over margin of {margin:?} (HAND_OVER_MARGIN_SECONDS): raise the function's timeout or lower HAND_OVER_MARGIN_SECONDS; failing instead of handing over in a tight loop"
-    )]
-    NoTimeToWork {
-        remaining: std::time::Duration,
-        margin: std::time::Duration,
-    },
-    #[error("the drain deadline of node {node} passed and force is configured, but these pods could not be deleted yet (the invocation fails so it is retried): {}", .pods.join(", "))]
-    ForceIncomplete { node: String, pods: Vec<String> },
-    #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    Records(Vec<DrainError>),
-}
-
-impl DrainError {
-    /// A short name for logs and the Lambda error type.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Notification(_) => "MalformedNotification",
-            Self::Cluster(_) => "ClusterAccessFailed",
-            Self::Scope(_) => "ScopeCheckFailed",
-            Self::NodeLookup { .. } => "NodeLookupFailed",
-            Self::Kubernetes { .. } => "KubernetesApiFailed",
-            Self::Complete { .. } => "CompleteLifecycleActionFailed",
-            Self::HandOver { .. } => "HandOverFailed",
-            Self::ForceIncomplete { .. } => "ForcedDeletionIncomplete",
-            Self::NoTimeToWork { .. } => "HandOverMarginTooLarge",
-            Self::Records(_) => "RecordsFailed",
-        }
-    }
-}
-
-impl From<DrainError> for lambda_runtime::Diagnostic {
-    fn from(error: DrainError) -> Self {
-        lambda_runtime::Diagnostic {
-            error_type: error.kind().to_owned(),
-            error_message: error.to_string(),
         }
     }
 }

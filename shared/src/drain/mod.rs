@@ -37,12 +37,11 @@ pub mod lease;
 pub mod metrics;
 pub mod node_pods;
 pub mod plan;
+pub mod report;
 pub mod session;
 
-pub use drainer::{
-    DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, FUNCTION_NAME, Invocation,
-    RecordReport,
-};
+pub use drainer::{Drainer, FUNCTION_NAME, Invocation};
+pub use report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport, RecordReport};
 
 /// Handles one Lambda event with `drainer`: the terminating hook's whole invocation.
 pub async fn handle<K, A, I, N>(
