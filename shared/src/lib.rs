@@ -30,6 +30,8 @@ pub mod aws;
 #[cfg(feature = "runtime")]
 pub mod cluster;
 #[cfg(feature = "runtime")]
+pub mod diagnostic;
+#[cfg(feature = "runtime")]
 pub mod drain;
 #[cfg(feature = "runtime")]
 pub mod launch;

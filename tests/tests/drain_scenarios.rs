@@ -988,7 +988,7 @@ async fn expired_lifecycle_action_is_not_an_error() {
         },
     );
     let mut drainer = s.drainer(&[]);
-    drainer.autoscaling = expired.clone();
+    drainer.context.autoscaling = expired.clone();
     let report = drainer
         .handle_invocation(
             terminating_event(),
@@ -1006,7 +1006,7 @@ async fn expired_lifecycle_action_is_not_an_error() {
     // written, so the node is neither claimed nor cordoned nor drained.
     let s = reference_cluster(false, 100).await;
     let mut drainer = s.drainer(&[]);
-    drainer.autoscaling = expired.clone();
+    drainer.context.autoscaling = expired.clone();
     let report = drainer
         .handle_invocation(
             terminating_event(),

@@ -35,7 +35,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     );
     let drainer = &drainer;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        drain::handle(drainer, event.payload, &event.context).await
+        drainer.handle(event.payload, &event.context).await
     }))
     .await
 }

@@ -1,12 +1,24 @@
-//! The terminating hook's handler: one Lambda event in, every record handled, the lifecycle
-//! action completed when the node is drained (or cannot be).
+//! The terminating hook: one Lambda event in, every record handled, the lifecycle action
+//! completed when the node is drained (or cannot be).
 //!
-//! [`Drainer`] is built once per execution environment (clients, caches, settings) and
-//! borrowed by every invocation; [`Drainer::handle`] is the whole algorithm of one
-//! invocation, from notification to `CompleteLifecycleAction` or hand-over.
+//! The story of one drain, in [`Drainer::drain_node`]'s order:
+//! 1. **find** the instance's Node while proving the lifecycle action is still pending
+//!    ([`Drainer::find_node`]);
+//! 2. **claim** the drain on the Node, or resume it, or leave it to the invocation already
+//!    on it ([`Drainer::claim`]);
+//! 3. **announce** it: log lines and Events for the start and the cordon
+//!    ([`Drainer::announce`]);
+//! 4. **drive** the drain session until it ends, heartbeating meanwhile, with the deadline
+//!    policy of [`super::deadline`] ([`Drainer::drive`]);
+//! 5. **finish**: complete the action, hand over, or stop ([`Drainer::finish`]).
+//!
+//! [`Drainer`] is built once per execution environment and borrowed by every invocation;
+//! the per-record loop is the hooks' shared skeleton ([`crate::lifecycle::handler`]).
+
+use std::ops::ControlFlow;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::Api;
 use kube::runtime::events::{Recorder, Reporter};
 use serde_json::Value;
@@ -14,29 +26,26 @@ use tracing::Instrument;
 
 use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult, Notifications};
 use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{
-    ActionGone, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget, complete_action,
-    hand_over,
-};
+use crate::lifecycle::continuation::{ActionGone, HandOver, HeartbeatKeeper, complete_action};
+use crate::lifecycle::handler::{HookContext, Invocation, handle_records};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
     Delivery, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleTransition,
-    parse_event,
 };
-use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_function_arn};
+use crate::lifecycle::scope::ScopeDecision;
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
+use super::checkpoint::DrainCheckpoint;
+use super::cordon::CordonReport;
+use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
 use super::eviction::grace_to_send;
-use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::lease::{self, Claim, LeaseHolder, Update};
 use super::metrics::DrainMetrics;
 use super::node_pods::NodePods;
-use super::report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport, RecordReport};
-use super::session::{
-    DrainSession, SessionEnd, SessionSettings, SessionStats, StuckPod, StuckReason,
-};
+use super::report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport};
+use super::session::{DrainSession, SessionSettings, SessionStats};
 
 /// The function's name: the `Function` metric dimension and the Events' reporter.
 pub const FUNCTION_NAME: &str = "terminating-hook";
@@ -44,14 +53,7 @@ pub const FUNCTION_NAME: &str = "terminating-hook";
 /// Everything an invocation of the terminating hook needs, built once per execution
 /// environment and borrowed by every invocation.
 pub struct Drainer<K, A, I, N> {
-    /// The way to the cluster's API; asked for a client only when a record needs one.
-    pub kube: K,
-    pub autoscaling: A,
-    pub instances: I,
-    pub notifications: N,
-    pub settings: DrainSettings,
-    pub scope: GroupScope,
-    pub hooks: HookTimings,
+    pub context: HookContext<K, A, I, N, DrainSettings>,
     /// Whether Kubernetes Events are written (off only in tests that count API calls).
     pub record_events: bool,
 }
@@ -64,44 +66,84 @@ impl<K, A, I, N> Drainer<K, A, I, N> {
         notifications: N,
         settings: DrainSettings,
     ) -> Self {
-        let scope = GroupScope::from_settings(&settings.lifecycle);
         Self {
-            kube,
-            autoscaling,
-            instances,
-            notifications,
-            settings,
-            scope,
-            hooks: HookTimings::new(),
+            context: HookContext::new(kube, autoscaling, instances, notifications, settings),
             record_events: true,
         }
     }
+
+    fn settings(&self) -> &DrainSettings {
+        &self.context.settings
+    }
 }
 
-/// The invocation a record is handled in: who is working (the lease holder) and until when.
-/// Built from the Lambda context by [`Drainer::handle`]; tests build it directly to simulate
-/// short invocations.
-#[derive(Debug, Clone)]
-pub struct Invocation {
-    /// The Lambda request id: the lease holder's name. Lambda's own retries of a failed
-    /// invocation keep it, so a retry resumes its own lease at once.
-    pub request_id: String,
-    /// This function's account (from its ARN); `None` skips the account check.
-    pub function_account: Option<String>,
-    pub budget: InvocationBudget,
+/// One terminating notification being handled: the record, the invocation it is handled in,
+/// and the cluster's client and Events queue.
+struct DrainRequest<'a> {
+    delivery: &'a Delivery,
+    notification: &'a LifecycleNotification,
+    invocation: &'a Invocation,
+    client: &'a kube::Client,
+    /// Queued here, written by [`Drainer::terminating`] before it returns.
+    events: &'a DrainEvents,
 }
 
-impl Invocation {
-    pub fn from_context(
-        lambda: &lambda_runtime::Context,
-        hand_over_margin: std::time::Duration,
-    ) -> Self {
-        Self {
-            request_id: lambda.request_id.clone(),
-            function_account: account_id_from_function_arn(&lambda.invoked_function_arn),
-            budget: InvocationBudget::from_context(lambda, hand_over_margin),
+/// The drain as [`Drainer::claim`] took it.
+struct ClaimedDrain {
+    /// The node as the claim wrote it.
+    node: Node,
+    checkpoint: DrainCheckpoint,
+    resumed: bool,
+    cordon: CordonReport,
+}
+
+/// The node whose drain this invocation works on, and the lease it holds it with.
+struct NodeLease {
+    nodes: Api<Node>,
+    name: String,
+    holder: LeaseHolder,
+    /// The node as this invocation last wrote it: lease updates go against its
+    /// `resourceVersion` without reading first (see [`lease::update`]).
+    last_written: Option<Node>,
+}
+
+impl NodeLease {
+    /// Changes the checkpoint of the drain held.
+    async fn update(
+        &mut self,
+        change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
+    ) -> Result<Update, kube::Error> {
+        lease::update(
+            &self.nodes,
+            &self.name,
+            &self.holder,
+            &mut self.last_written,
+            change,
+        )
+        .await
+    }
+
+    /// Lets go of the lease so another invocation need not wait for it to expire.
+    async fn release(&mut self) {
+        let released = self
+            .update(|c, now| {
+                let mut next = c.handed_over(now);
+                next.continuations = c.continuations;
+                next
+            })
+            .await;
+        if let Err(error) = released {
+            tracing::debug!(%error, "could not release the drain lease; it expires by itself");
         }
     }
+}
+
+/// Where driving the session left the drain.
+struct Driven {
+    next: NextStep,
+    stats: SessionStats,
+    /// When the drain started (the first invocation's claim).
+    started_at: Timestamp,
 }
 
 impl<K, A, I, N> Drainer<K, A, I, N>
@@ -118,7 +160,8 @@ where
         event: Value,
         lambda: &lambda_runtime::Context,
     ) -> Result<DrainReport, DrainError> {
-        let invocation = Invocation::from_context(lambda, self.settings.lifecycle.hand_over_margin);
+        let margin = self.settings().lifecycle.hand_over_margin;
+        let invocation = Invocation::from_context(lambda, margin);
         self.handle_invocation(event, &invocation).await
     }
 
@@ -128,35 +171,11 @@ where
         event: Value,
         invocation: &Invocation,
     ) -> Result<DrainReport, DrainError> {
-        let mut outcomes = Vec::new();
-        let mut errors = Vec::new();
-        for parsed in parse_event(&event) {
-            let result = match parsed {
-                Ok(delivery) => self.handle_delivery(&delivery, invocation).await,
-                Err(error) => {
-                    tracing::error!(%error, "malformed notification: nothing done for this record");
-                    Err(DrainError::Notification(error))
-                }
-            };
-            match result {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(error) => errors.push(error),
-            }
-        }
-        match errors.len() {
-            0 => Ok(DrainReport {
-                records: outcomes
-                    .iter()
-                    .map(|o| RecordReport {
-                        outcome: o.name(),
-                        summary: o.summary(),
-                    })
-                    .collect(),
-                outcomes,
-            }),
-            1 => Err(errors.remove(0)),
-            _ => Err(DrainError::Records(errors)),
-        }
+        let records = handle_records(&event, |delivery| async move {
+            self.handle_delivery(&delivery, invocation).await
+        })
+        .await;
+        DrainReport::from_records(records)
     }
 
     async fn handle_delivery(
@@ -203,21 +222,17 @@ where
         .await
     }
 
+    /// A terminating notification: ours or not, then the drain, with its Events written
+    /// before returning.
     async fn terminating(
         &self,
         delivery: &Delivery,
         notification: &LifecycleNotification,
         invocation: &Invocation,
     ) -> Result<DeliveryOutcome, DrainError> {
-        let action = &notification.action;
         let decision = self
-            .scope
-            .decide_for_account(
-                &self.autoscaling,
-                invocation.function_account.as_deref(),
-                &notification.account_id,
-                &action.auto_scaling_group_name,
-            )
+            .context
+            .decide_scope(notification, invocation)
             .await
             .map_err(DrainError::Scope)?;
         if let ScopeDecision::Foreign(reason) = decision {
@@ -225,7 +240,7 @@ where
             return Ok(DeliveryOutcome::Foreign(reason.to_string()));
         }
 
-        let client = self.kube.client().await?;
+        let client = self.context.kube.client().await?;
         let events = if self.record_events {
             DrainEvents::new(Recorder::new(
                 client.clone(),
@@ -237,45 +252,77 @@ where
         } else {
             DrainEvents::disabled()
         };
-        let outcome =
-            Box::pin(self.drain_node(delivery, notification, invocation, &client, &events)).await;
+        let request = DrainRequest {
+            delivery,
+            notification,
+            invocation,
+            client: &client,
+            events: &events,
+        };
+        let outcome = Box::pin(self.drain_node(&request)).await;
         events.flush().await;
         outcome
     }
 
-    /// From the instance's Node to the completion or hand-over; Events are queued on
-    /// `events` and written by [`Self::terminating`] before it returns.
-    async fn drain_node(
+    /// From the instance's Node to the completion or hand-over: find, claim, announce,
+    /// drive, finish. Events are queued on `events` and written by [`Self::terminating`].
+    async fn drain_node(&self, request: &DrainRequest<'_>) -> Result<DeliveryOutcome, DrainError> {
+        let (node, mut keeper) = match self.find_node(request).await? {
+            ControlFlow::Continue(found) => found,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        let name = node.metadata.name.clone().unwrap_or_default();
+        // The node's pods are listed while the node is claimed and cordoned: a read, and the
+        // watch that follows the list sees every pod the claim's cordon did not stop.
+        let prefetch = PrefetchedPods::start(request.client, &name);
+        let mut lease = NodeLease {
+            nodes: Api::all(request.client.clone()),
+            name,
+            holder: LeaseHolder {
+                id: request.invocation.request_id.clone(),
+                lease_duration: self.settings().lease_duration,
+            },
+            last_written: None,
+        };
+        let claimed = match self.claim(&lease, node, request, &mut keeper).await? {
+            ControlFlow::Continue(claimed) => claimed,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        let node_reference =
+            DrainEvents::node_reference(&lease.name, claimed.node.metadata.uid.as_deref());
+        self.announce(&claimed, &lease.name, &node_reference, request);
+        let driven = self
+            .drive(claimed, prefetch, &mut lease, &mut keeper, request)
+            .await?;
+        let driven = match driven {
+            ControlFlow::Continue(driven) => driven,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        self.finish(driven, &mut lease, &node_reference, request, &mut keeper)
+            .await
+    }
+
+    /// The instance's Node, looked up while a heartbeat proves the action still pending.
+    ///
+    /// Auto Scaling is asked first: only a pending action (this token, this hook) may drain
+    /// a node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
+    /// not cordon and empty a live node. The heartbeat is the cheapest call that proves the
+    /// action exists, and it also restarts the hook's heartbeat timer. It runs concurrently
+    /// with the node lookup (which only reads); its answer is looked at before the first
+    /// write.
+    async fn find_node(
         &self,
-        delivery: &Delivery,
-        notification: &LifecycleNotification,
-        invocation: &Invocation,
-        client: &kube::Client,
-        events: &DrainEvents,
-    ) -> Result<DeliveryOutcome, DrainError> {
+        request: &DrainRequest<'_>,
+    ) -> Result<ControlFlow<DeliveryOutcome, (Node, HeartbeatKeeper)>, DrainError> {
+        let (notification, invocation) = (request.notification, request.invocation);
         let action = &notification.action;
-        // Ask Auto Scaling first: only a pending action (this token, this hook) may drain a
-        // node. A stale redelivery, a replayed or forged message, or a typo'd hook name must
-        // not cordon and empty a live node. The heartbeat is the cheapest call that proves
-        // the action exists, and it also restarts the hook's heartbeat timer. It runs
-        // concurrently with the node lookup (which only reads); its answer is looked at
-        // before the first write.
         let heartbeat = async {
-            let hook = self
-                .hooks
-                .get_or_default(
-                    &self.autoscaling,
-                    &action.auto_scaling_group_name,
-                    &action.lifecycle_hook_name,
-                )
-                .await;
-            let mut keeper =
-                HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time);
-            let beat = keeper.beat(&self.autoscaling).await;
+            let mut keeper = self.context.heartbeat_keeper(notification).await;
+            let beat = keeper.beat(&self.context.autoscaling).await;
             (keeper, beat)
         };
-        let (node, (mut keeper, beat)) = tokio::join!(
-            find_node(client, &self.instances, &action.instance_id),
+        let (node, (keeper, beat)) = tokio::join!(
+            find_node(request.client, &self.context.instances, &action.instance_id),
             heartbeat
         );
         let node = node.map_err(|source| DrainError::NodeLookup {
@@ -291,118 +338,146 @@ where
                 .complete(notification, LifecycleActionResult::Continue)
                 .await?;
             self.metrics(notification, None, "NoNode").emit();
-            return Ok(DeliveryOutcome::NoNode(outcome));
+            return Ok(ControlFlow::Break(DeliveryOutcome::NoNode(outcome)));
         };
-        let node_name = node.metadata.name.clone().unwrap_or_default();
-        tracing::Span::current().record("node", node_name.as_str());
+        let node_name = node.metadata.name.as_deref().unwrap_or_default();
+        tracing::Span::current().record("node", node_name);
         if !invocation.budget.has_working_slice() {
             let error = DrainError::NoTimeToWork {
                 remaining: invocation.budget.remaining(),
-                margin: self.settings.lifecycle.hand_over_margin,
+                margin: self.settings().lifecycle.hand_over_margin,
             };
             tracing::error!(step = "no_time_to_work", %error, "nothing done");
             return Err(error);
         }
-        let kube_error = |source| DrainError::Kubernetes {
-            node: node_name.clone(),
-            source,
-        };
-
         if beat.is_err() {
             tracing::info!(
                 step = "action_gone",
                 "Auto Scaling has no pending lifecycle action for this token: nothing drained"
             );
-            return Ok(DeliveryOutcome::ActionGone);
+            return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
         }
+        Ok(ControlFlow::Continue((node, keeper)))
+    }
 
-        // The node's pods are listed while the node is claimed and cordoned: a read, and the
-        // watch that follows the list sees every pod the claim's cordon did not stop.
-        let prefetch = PrefetchedPods::start(client, &node_name);
-        let holder = LeaseHolder {
-            id: invocation.request_id.clone(),
-            lease_duration: self.settings.lease_duration,
-        };
-        let nodes: Api<Node> = Api::all(client.clone());
-        let mut node = node;
+    /// Takes the drain on the node (cordoning it in the same write), resumes it, or leaves it
+    /// to the live invocation already on it.
+    async fn claim(
+        &self,
+        lease: &NodeLease,
+        mut node: Node,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<ControlFlow<DeliveryOutcome, ClaimedDrain>, DrainError> {
+        let (notification, invocation) = (request.notification, request.invocation);
         let mut waited_for_lease = false;
-        let taint = self.settings.taint.as_ref().map(|t| t.to_taint());
-        let (node, checkpoint, resumed, cordon) = loop {
+        let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
+        loop {
             let claim = lease::claim(
-                &nodes,
+                &lease.nodes,
                 node,
-                action,
-                &holder,
-                self.settings.drain_timeout,
+                &notification.action,
+                &lease.holder,
+                self.settings().drain_timeout,
                 taint.as_ref(),
             )
             .await
-            .map_err(kube_error)?;
-            match claim {
+            .map_err(|source| kube_error(&lease.name, source))?;
+            let (holder, until) = match claim {
                 Claim::Claimed {
                     node,
                     checkpoint,
                     resumed,
                     cordon,
-                } => break (*node, checkpoint, resumed, cordon),
-                Claim::HeldByOther { holder, until } => {
-                    // A live holder renews its lease; a dead one (killed mid-drain) does not.
-                    // Wait once for the lease to run out, within this invocation's budget,
-                    // then look again: a renewed lease means a duplicate, an expired one is
-                    // taken over, so a redelivery after a crash is never lost.
-                    let wait = lease_wait(until);
-                    if waited_for_lease || wait >= invocation.budget.remaining() {
-                        tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
-                        return Ok(DeliveryOutcome::Duplicate { holder });
-                    }
-                    tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
-                    waited_for_lease = true;
-                    // Heartbeats go on while waiting: the wait may be as long as the lease,
-                    // and the hook's heartbeat timeout may be shorter.
-                    if keeper
-                        .keep_alive(&self.autoscaling, tokio::time::sleep(wait))
-                        .await
-                        .is_err()
-                    {
-                        tracing::info!(
-                            step = "action_gone",
-                            "Auto Scaling no longer has this lifecycle action: stopping"
-                        );
-                        return Ok(DeliveryOutcome::ActionGone);
-                    }
-                    node = match nodes.get_opt(&node_name).await.map_err(kube_error)? {
-                        Some(node) => node,
-                        None => {
-                            let outcome = self
-                                .complete(notification, LifecycleActionResult::Continue)
-                                .await?;
-                            return Ok(DeliveryOutcome::NoNode(outcome));
-                        }
-                    };
+                } => {
+                    return Ok(ControlFlow::Continue(ClaimedDrain {
+                        node: *node,
+                        checkpoint,
+                        resumed,
+                        cordon,
+                    }));
                 }
+                Claim::HeldByOther { holder, until } => (holder, until),
                 Claim::AlreadyCompleted => {
                     tracing::info!(
                         step = "already_completed",
                         "this lifecycle action's drain is complete already"
                     );
-                    return Ok(DeliveryOutcome::AlreadyCompleted);
+                    return Ok(ControlFlow::Break(DeliveryOutcome::AlreadyCompleted));
                 }
                 Claim::NodeGone => {
                     tracing::info!(step = "no_node", "the node was deleted: completing");
-                    let outcome = self
-                        .complete(notification, LifecycleActionResult::Continue)
-                        .await?;
-                    return Ok(DeliveryOutcome::NoNode(outcome));
+                    return self.node_gone(notification).await.map(ControlFlow::Break);
                 }
+            };
+            // A live holder renews its lease; a dead one (killed mid-drain) does not. Wait
+            // once for the lease to run out, within this invocation's budget, then look
+            // again: a renewed lease means a duplicate, an expired one is taken over, so a
+            // redelivery after a crash is never lost.
+            let wait = lease_wait(until);
+            if waited_for_lease || wait >= invocation.budget.remaining() {
+                tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
+                return Ok(ControlFlow::Break(DeliveryOutcome::Duplicate { holder }));
             }
-        };
-        let node_reference = DrainEvents::node_reference(&node_name, node.metadata.uid.as_deref());
-        if resumed {
+            tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
+            waited_for_lease = true;
+            node = match self
+                .wait_for_lease(lease, wait, notification, keeper)
+                .await?
+            {
+                ControlFlow::Continue(node) => node,
+                ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
+            };
+        }
+    }
+
+    /// Waits `wait` for another holder's lease to run out, heartbeating (the wait may be as
+    /// long as the lease, the hook's heartbeat timeout shorter); then reads the node again.
+    async fn wait_for_lease(
+        &self,
+        lease: &NodeLease,
+        wait: std::time::Duration,
+        notification: &LifecycleNotification,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<ControlFlow<DeliveryOutcome, Node>, DrainError> {
+        if keeper
+            .keep_alive(&self.context.autoscaling, tokio::time::sleep(wait))
+            .await
+            .is_err()
+        {
+            tracing::info!(
+                step = "action_gone",
+                "Auto Scaling no longer has this lifecycle action: stopping"
+            );
+            return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
+        }
+        let node = lease
+            .nodes
+            .get_opt(&lease.name)
+            .await
+            .map_err(|source| kube_error(&lease.name, source))?;
+        match node {
+            Some(node) => Ok(ControlFlow::Continue(node)),
+            None => self.node_gone(notification).await.map(ControlFlow::Break),
+        }
+    }
+
+    /// Says that the drain started (or resumed) and what the cordon changed.
+    fn announce(
+        &self,
+        claimed: &ClaimedDrain,
+        node_name: &str,
+        node_reference: &ObjectReference,
+        request: &DrainRequest<'_>,
+    ) {
+        let (action, events) = (&request.notification.action, request.events);
+        let checkpoint = &claimed.checkpoint;
+        if claimed.resumed {
             tracing::info!(step = "resumed", started_at = %checkpoint.started_at, deadline = %checkpoint.deadline, continuations = checkpoint.continuations, "resuming the drain");
         } else {
             tracing::info!(step = "drain_started", deadline = %checkpoint.deadline, "drain started");
             events.normal(
-                &node_reference,
+                node_reference,
                 reason::DRAIN_STARTED,
                 format!(
                     "Draining node {node_name} for the termination of instance {} (Auto Scaling group {}, deadline {})",
@@ -410,6 +485,7 @@ where
                 ),
             );
         }
+        let cordon = &claimed.cordon;
         if cordon.changed_anything() {
             tracing::info!(
                 step = "cordoned",
@@ -419,34 +495,33 @@ where
                 "node excluded from load balancers and cordoned"
             );
             events.normal(
-                &node_reference,
+                node_reference,
                 reason::CORDONED,
                 format!("Node {node_name} excluded from external load balancers and marked unschedulable"),
             );
         }
+    }
 
-        let session_settings = SessionSettings {
-            settle: self.settings.settle,
-            eviction_concurrency: self.settings.eviction_concurrency,
-            backoff: Backoff {
-                base: self.settings.eviction_backoff,
-                max: self
-                    .settings
-                    .eviction_backoff_max
-                    .max(self.settings.eviction_backoff),
-            },
-            grace_period_seconds: self.settings.pod_grace_period.map(grace_to_send),
-            stuck_pod_after: self.settings.stuck_pod_after,
-        };
+    /// Runs the drain session (and the deadline policy) while heartbeating, until the
+    /// session ends or the invocation has to hand over.
+    async fn drive(
+        &self,
+        claimed: ClaimedDrain,
+        prefetch: PrefetchedPods,
+        lease: &mut NodeLease,
+        keeper: &mut HeartbeatKeeper,
+        request: &DrainRequest<'_>,
+    ) -> Result<ControlFlow<DeliveryOutcome, Driven>, DrainError> {
+        let session_settings = self.session_settings();
         let mut session = DrainSession {
-            client,
-            node_name: node_name.clone(),
-            node_uid: node.metadata.uid.clone(),
-            holder: &holder,
+            client: request.client,
+            node_name: lease.name.clone(),
+            node_uid: claimed.node.metadata.uid.clone(),
+            holder: &lease.holder,
             settings: &session_settings,
-            events,
-            checkpoint,
-            last_written: Some(node),
+            events: request.events,
+            checkpoint: claimed.checkpoint,
+            last_written: Some(claimed.node),
             stats: SessionStats::default(),
             node_not_ready_since: None,
             reported_stuck: Default::default(),
@@ -454,270 +529,175 @@ where
             first_listed: None,
             prefetched_pods: prefetch.take().await,
         };
-        let hand_over_at = invocation.budget.hand_over_at();
-        let driven = keeper
+        let policy = DeadlinePolicy {
+            force: self.settings().force,
+            timeout_result: self.settings().timeout_result,
+        };
+        let hand_over_at = request.invocation.budget.hand_over_at();
+        let ran = keeper
             .keep_alive(
-                &self.autoscaling,
-                Box::pin(self.drive(&mut session, events, hand_over_at)),
+                &self.context.autoscaling,
+                Box::pin(policy.run(&mut session, request.events, hand_over_at)),
             )
             .await;
         let stats = session.stats;
-        let mut last_written = session.last_written.take();
-        let end = match driven {
+        let started_at = session.checkpoint.started_at;
+        lease.last_written = session.last_written.take();
+        let next = match ran {
             Err(ActionGone) => {
                 tracing::warn!(
                     step = "action_gone",
                     "Auto Scaling no longer has this lifecycle action (completed elsewhere or timed out): stopping"
                 );
-                self.release(&nodes, &node_name, &holder, &mut last_written)
-                    .await;
-                self.metrics(notification, Some(stats), "ActionGone").emit();
-                return Ok(DeliveryOutcome::ActionGone);
-            }
-            Ok(result) => result.map_err(kube_error)?,
-        };
-        match end {
-            Driven::HandOver => {
-                let handed =
-                    match lease::update(&nodes, &node_name, &holder, &mut last_written, |c, now| {
-                        c.handed_over(now)
-                    })
-                    .await
-                    .map_err(kube_error)?
-                    {
-                        Update::Written(_) => true,
-                        Update::LeaseLost => false,
-                        Update::NodeGone => {
-                            let outcome = self
-                                .complete(notification, LifecycleActionResult::Continue)
-                                .await?;
-                            return Ok(DeliveryOutcome::NoNode(outcome));
-                        }
-                    };
-                if !handed {
-                    return Ok(DeliveryOutcome::LeaseLost);
-                }
-                let handed = hand_over(
-                    &self.autoscaling,
-                    &self.notifications,
-                    &mut keeper,
-                    delivery,
-                    self.settings.lifecycle.continuation_topic_arn.as_deref(),
-                )
-                .await
-                .map_err(|source| DrainError::HandOver {
-                    node: node_name.clone(),
-                    source,
-                })?;
-                self.metrics(notification, Some(stats), "HandedOver")
-                    .metric("Continuations", 1.0, crate::telemetry::Unit::Count)
+                lease.release().await;
+                self.metrics(request.notification, Some(stats), "ActionGone")
                     .emit();
-                match handed {
-                    HandOver::Published { continuation, .. } => {
-                        tracing::info!(
-                            step = "handed_over",
-                            continuation,
-                            pods_evicted = stats.pods_evicted,
-                            "invocation time nearly up: drain handed to a fresh invocation"
-                        );
-                        Ok(DeliveryOutcome::HandedOver { continuation })
-                    }
-                    HandOver::ActionGone => Ok(DeliveryOutcome::ActionGone),
-                }
+                return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
             }
-            Driven::ForceIncomplete(pods) => {
-                self.release(&nodes, &node_name, &holder, &mut last_written)
-                    .await;
+            Ok(next) => next.map_err(|source| kube_error(&lease.name, source))?,
+        };
+        Ok(ControlFlow::Continue(Driven {
+            next,
+            stats,
+            started_at,
+        }))
+    }
+
+    /// What the session came to: complete the action, hand over, or stop.
+    async fn finish(
+        &self,
+        driven: Driven,
+        lease: &mut NodeLease,
+        node_reference: &ObjectReference,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = request.notification;
+        let Driven {
+            next,
+            stats,
+            started_at,
+        } = driven;
+        match next {
+            NextStep::HandOver => self.hand_over(lease, request, keeper, stats).await,
+            NextStep::RetryForcedDeletion(pods) => {
+                lease.release().await;
                 self.metrics(notification, Some(stats), "ForceIncomplete")
                     .emit();
                 Err(DrainError::ForceIncomplete {
-                    node: node_name.clone(),
+                    node: lease.name.clone(),
                     pods,
                 })
             }
-            Driven::LeaseLost => {
+            NextStep::LeaseLost => {
                 tracing::info!(
                     step = "lease_lost",
                     "another invocation took over the drain: stopping"
                 );
                 Ok(DeliveryOutcome::LeaseLost)
             }
-            Driven::Finished(drain) => {
-                let result = match &drain {
-                    DrainEnd::EvictionFailure(_) => self.settings.timeout_result,
-                    _ => LifecycleActionResult::Continue,
-                };
-                let outcome = self.complete(notification, result).await?;
-                let started_at = session.checkpoint.started_at;
-                let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
-                let completed =
-                    lease::update(&nodes, &node_name, &holder, &mut last_written, |c, now| {
-                        let mut next = c.handed_over(now);
-                        next.continuations = c.continuations;
-                        // Without a settle period the drained time was not written yet.
-                        next.drained_at = c.drained_at.or(Some(now));
-                        next.completed_at = Some(now);
-                        // Scale-in with reuse: the node returns under its name; the mark
-                        // lets the launching hook recognise the return (README "Warm pools").
-                        if to_warm_pool {
-                            next.to_warm_pool_at = Some(now);
-                        }
-                        next
-                    })
-                    .await;
-                if to_warm_pool {
-                    tracing::info!(
-                        step = "to_warm_pool",
-                        recorded = completed.is_ok(),
-                        "the instance goes back to the warm pool: the node keeps its drain record so its return is recognised"
-                    );
-                }
-                if let Err(error) = completed {
-                    tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
-                }
-                let duration = Timestamp::now().duration_since(started_at);
-                tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
-                events.normal(
-                    &node_reference,
-                    reason::LIFECYCLE_ACTION_COMPLETED,
-                    format!(
-                        "Lifecycle action of instance {} completed with {} ({})",
-                        action.instance_id,
-                        result.as_str(),
-                        drain.label()
-                    ),
-                );
-                self.metrics(notification, Some(stats), drain.label())
-                    .metric(
-                        "DrainDuration",
-                        duration.as_secs_f64().max(0.0),
-                        crate::telemetry::Unit::Seconds,
-                    )
-                    .emit();
-                Ok(DeliveryOutcome::Completed {
-                    result,
-                    outcome,
-                    drain,
-                })
+            NextStep::Complete(drain) => {
+                let finished = (stats, started_at);
+                self.complete_drain(drain, finished, lease, node_reference, request)
+                    .await
             }
         }
     }
 
-    /// The session, plus what happens at the deadline (report, or force and settle).
-    async fn drive(
+    /// Releases the lease (as handed over) and publishes the notification again for a fresh
+    /// invocation.
+    async fn hand_over(
         &self,
-        session: &mut DrainSession<'_>,
-        events: &DrainEvents,
-        hand_over_at: tokio::time::Instant,
-    ) -> Result<Driven, kube::Error> {
-        let end = session.run(hand_over_at).await?;
-        let stuck = match end {
-            SessionEnd::Settled => return Ok(Driven::Finished(DrainEnd::Drained)),
-            SessionEnd::NodeGone => return Ok(Driven::Finished(DrainEnd::NodeGone)),
-            SessionEnd::HandOver => return Ok(Driven::HandOver),
-            SessionEnd::LeaseLost => return Ok(Driven::LeaseLost),
-            SessionEnd::PodsUnknown(cause) => {
-                let note = format!(
-                    "The drain deadline of node {} passed and its pods could not be listed ({cause}): they may still be running. Completing the lifecycle action with {}.",
-                    session.node_name,
-                    self.settings.timeout_result.as_str()
+        lease: &mut NodeLease,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+        stats: SessionStats,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = request.notification;
+        let update = lease.update(|c, now| c.handed_over(now)).await;
+        match update.map_err(|source| kube_error(&lease.name, source))? {
+            Update::Written(_) => {}
+            Update::LeaseLost => return Ok(DeliveryOutcome::LeaseLost),
+            Update::NodeGone => return self.node_gone(notification).await,
+        }
+        let handed = self
+            .context
+            .hand_over(keeper, request.delivery)
+            .await
+            .map_err(|source| DrainError::HandOver {
+                node: lease.name.clone(),
+                source,
+            })?;
+        self.metrics(notification, Some(stats), "HandedOver")
+            .metric("Continuations", 1.0, crate::telemetry::Unit::Count)
+            .emit();
+        match handed {
+            HandOver::Published { continuation, .. } => {
+                tracing::info!(
+                    step = "handed_over",
+                    continuation,
+                    pods_evicted = stats.pods_evicted,
+                    "invocation time nearly up: drain handed to a fresh invocation"
                 );
-                tracing::warn!(step = "pod_eviction_failure", cause, "{note}");
-                events.warning(
-                    &session.node_reference(),
-                    reason::POD_EVICTION_FAILURE,
-                    note,
-                );
-                return Ok(Driven::Finished(DrainEnd::EvictionFailure(vec![format!(
-                    "pods unknown: {cause}"
-                )])));
+                Ok(DeliveryOutcome::HandedOver { continuation })
             }
-            SessionEnd::DeadlinePassed(stuck) => stuck,
+            HandOver::ActionGone => Ok(DeliveryOutcome::ActionGone),
+        }
+    }
+
+    /// Completes the lifecycle action after the drain, records the completion on the node
+    /// (and a trip to the warm pool), and says so.
+    async fn complete_drain(
+        &self,
+        drain: DrainEnd,
+        (stats, started_at): (SessionStats, Timestamp),
+        lease: &mut NodeLease,
+        node_reference: &ObjectReference,
+        request: &DrainRequest<'_>,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = request.notification;
+        let result = match &drain {
+            DrainEnd::EvictionFailure(_) => self.settings().timeout_result,
+            _ => LifecycleActionResult::Continue,
         };
-        let listed: Vec<String> = stuck.iter().map(ToString::to_string).collect();
-        let node_reference = session.node_reference();
-        if !self.settings.force {
-            let note = format!(
-                "{} pod(s) could not be evicted from node {} before the drain deadline: {}. Completing the lifecycle action with {}.",
-                stuck.len(),
-                session.node_name,
-                listed.join(", "),
-                self.settings.timeout_result.as_str()
-            );
-            tracing::warn!(step = "pod_eviction_failure", pods = ?listed, "{note}");
-            events.warning(&node_reference, reason::POD_EVICTION_FAILURE, note);
-            return Ok(Driven::Finished(DrainEnd::EvictionFailure(listed)));
-        }
-        let (deleted, failed) = self.force_delete(session, &stuck).await;
-        let mut note = format!(
-            "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE): {}",
-            deleted.len(),
-            deleted.join(", ")
+        let outcome = self.complete(notification, result).await?;
+        let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
+        record_completion(lease, to_warm_pool).await;
+        let duration = Timestamp::now().duration_since(started_at);
+        tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
+        request.events.normal(
+            node_reference,
+            reason::LIFECYCLE_ACTION_COMPLETED,
+            format!(
+                "Lifecycle action of instance {} completed with {} ({})",
+                notification.action.instance_id,
+                result.as_str(),
+                drain.label()
+            ),
         );
-        if !failed.is_empty() {
-            note.push_str(&format!(
-                "; could not delete {} (retried by the next invocation): {}",
-                failed.len(),
-                failed.join(", ")
-            ));
-        }
-        tracing::warn!(step = "forced", pods = ?deleted, failed = ?failed, "{note}");
-        events.warning(&node_reference, reason::DRAIN_FORCED, note);
-        if !failed.is_empty() {
-            // Completing now would let the instance go with the pods still running, which
-            // is what force is configured to prevent: fail the invocation so it is retried.
-            return Ok(Driven::ForceIncomplete(failed));
-        }
-        if let Some(end) = session.mark_drained().await? {
-            return Ok(match end {
-                SessionEnd::LeaseLost => Driven::LeaseLost,
-                _ => Driven::Finished(DrainEnd::NodeGone),
-            });
-        }
-        Ok(match session.settle(hand_over_at).await? {
-            SessionEnd::HandOver => Driven::HandOver,
-            SessionEnd::LeaseLost => Driven::LeaseLost,
-            _ => Driven::Finished(DrainEnd::Forced(deleted)),
+        self.metrics(notification, Some(stats), drain.label())
+            .metric(
+                "DrainDuration",
+                duration.as_secs_f64().max(0.0),
+                crate::telemetry::Unit::Seconds,
+            )
+            .emit();
+        Ok(DeliveryOutcome::Completed {
+            result,
+            outcome,
+            drain,
         })
     }
 
-    /// Deletes the pods eviction could not move, `EVICTION_CONCURRENCY` at a time (each
-    /// retrying on its own): (deleted, failed after retries).
-    async fn force_delete(
+    /// The node is gone: the instance has nothing left to drain; complete.
+    async fn node_gone(
         &self,
-        session: &DrainSession<'_>,
-        stuck: &[StuckPod],
-    ) -> (Vec<String>, Vec<String>) {
-        use futures::StreamExt;
-        let grace = session.settings.grace_period_seconds;
-        // Pods already terminating are on their way; a second DELETE would change nothing.
-        let outcomes: Vec<(String, ForcedDeletion)> =
-            futures::stream::iter(stuck.iter().filter(|p| p.why != StuckReason::Terminating))
-                .map(|pod| async move {
-                    let outcome = delete_pod_with_retries(session.client, &pod.pod, grace).await;
-                    (pod.pod.to_string(), outcome)
-                })
-                .buffer_unordered(session.settings.eviction_concurrency.max(1))
-                .collect()
-                .await;
-        let mut deleted = Vec::new();
-        let mut failed = Vec::new();
-        for (pod, outcome) in outcomes {
-            match outcome {
-                ForcedDeletion::Deleted => deleted.push(pod),
-                ForcedDeletion::AlreadyGone => {}
-                ForcedDeletion::Refused(error) => {
-                    tracing::warn!(pod, %error, "the API server refused to delete the pod (check the role's force-delete group)");
-                }
-                ForcedDeletion::Failed(error) => {
-                    tracing::warn!(pod, %error, "could not delete the pod");
-                    failed.push(pod);
-                }
-            }
-        }
-        deleted.sort();
-        failed.sort();
-        (deleted, failed)
+        notification: &LifecycleNotification,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let outcome = self
+            .complete(notification, LifecycleActionResult::Continue)
+            .await?;
+        Ok(DeliveryOutcome::NoNode(outcome))
     }
 
     async fn complete(
@@ -725,7 +705,7 @@ where
         notification: &LifecycleNotification,
         result: LifecycleActionResult,
     ) -> Result<CompletionOutcome, DrainError> {
-        let outcome = complete_action(&self.autoscaling, &notification.action, result)
+        let outcome = complete_action(&self.context.autoscaling, &notification.action, result)
             .await
             .map_err(|source| DrainError::Complete {
                 instance_id: notification.action.instance_id.clone(),
@@ -741,22 +721,18 @@ where
         Ok(outcome)
     }
 
-    /// Lets go of the lease so another invocation need not wait for it to expire.
-    async fn release(
-        &self,
-        nodes: &Api<Node>,
-        node_name: &str,
-        holder: &LeaseHolder,
-        last_written: &mut Option<Node>,
-    ) {
-        let released = lease::update(nodes, node_name, holder, last_written, |c, now| {
-            let mut next = c.handed_over(now);
-            next.continuations = c.continuations;
-            next
-        })
-        .await;
-        if let Err(error) = released {
-            tracing::debug!(%error, "could not release the drain lease; it expires by itself");
+    /// The knobs of a session, from the settings.
+    fn session_settings(&self) -> SessionSettings {
+        let settings = self.settings();
+        SessionSettings {
+            settle: settings.settle,
+            eviction_concurrency: settings.eviction_concurrency,
+            backoff: Backoff {
+                base: settings.eviction_backoff,
+                max: settings.eviction_backoff_max.max(settings.eviction_backoff),
+            },
+            grace_period_seconds: settings.pod_grace_period.map(grace_to_send),
+            stuck_pod_after: settings.stuck_pod_after,
         }
     }
 
@@ -773,6 +749,43 @@ where
             outcome,
         )
         .metric_set()
+    }
+}
+
+/// Marks the drain completed on the node, and the trip to the warm pool when the instance
+/// goes there. A failure is logged, not fatal: a duplicate would find no active action.
+async fn record_completion(lease: &mut NodeLease, to_warm_pool: bool) {
+    let completed = lease
+        .update(|c, now| {
+            let mut next = c.handed_over(now);
+            next.continuations = c.continuations;
+            // Without a settle period the drained time was not written yet.
+            next.drained_at = c.drained_at.or(Some(now));
+            next.completed_at = Some(now);
+            // Scale-in with reuse: the node returns under its name; the mark lets the
+            // launching hook recognise the return (README "Warm pools").
+            if to_warm_pool {
+                next.to_warm_pool_at = Some(now);
+            }
+            next
+        })
+        .await;
+    if to_warm_pool {
+        tracing::info!(
+            step = "to_warm_pool",
+            recorded = completed.is_ok(),
+            "the instance goes back to the warm pool: the node keeps its drain record so its return is recognised"
+        );
+    }
+    if let Err(error) = completed {
+        tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
+    }
+}
+
+fn kube_error(node: &str, source: kube::Error) -> DrainError {
+    DrainError::Kubernetes {
+        node: node.to_owned(),
+        source,
     }
 }
 
@@ -822,15 +835,6 @@ impl Drop for PrefetchedPods {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// What driving the drain in this invocation came to.
-enum Driven {
-    Finished(DrainEnd),
-    HandOver,
-    LeaseLost,
-    /// Forced deletion of these pods kept failing: retry the invocation.
-    ForceIncomplete(Vec<String>),
 }
 
 /// How long until a lease that runs `until` has expired (plus a little slack for clock

@@ -28,6 +28,7 @@ pub mod budget_watch;
 pub mod budgets;
 pub mod checkpoint;
 pub mod cordon;
+pub mod deadline;
 pub mod drainer;
 pub mod events;
 pub mod eviction;
@@ -40,20 +41,6 @@ pub mod plan;
 pub mod report;
 pub mod session;
 
-pub use drainer::{Drainer, FUNCTION_NAME, Invocation};
+pub use crate::lifecycle::handler::Invocation;
+pub use drainer::{Drainer, FUNCTION_NAME};
 pub use report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport, RecordReport};
-
-/// Handles one Lambda event with `drainer`: the terminating hook's whole invocation.
-pub async fn handle<K, A, I, N>(
-    drainer: &Drainer<K, A, I, N>,
-    event: serde_json::Value,
-    lambda: &lambda_runtime::Context,
-) -> Result<DrainReport, DrainError>
-where
-    K: crate::lifecycle::connection::KubeConnection,
-    A: crate::aws::AutoScaling,
-    I: crate::aws::Instances,
-    N: crate::aws::Notifications,
-{
-    drainer.handle(event, lambda).await
-}

@@ -3,7 +3,9 @@
 
 use crate::aws::{AwsError, CompletionOutcome, LifecycleActionResult};
 use crate::cluster::ClusterAccessError;
+use crate::diagnostic::{FunctionError, diagnostic};
 use crate::lifecycle::continuation::ContinuationError;
+use crate::lifecycle::handler::HandledRecord;
 use crate::lifecycle::node::NodeLookupError;
 use crate::lifecycle::notification::NotificationError;
 
@@ -13,6 +15,37 @@ pub struct DrainReport {
     pub records: Vec<RecordReport>,
     #[serde(skip)]
     pub outcomes: Vec<DeliveryOutcome>,
+}
+
+impl DrainReport {
+    /// The report of an invocation's records; or its failure: the one record that failed,
+    /// or all those that did.
+    pub fn from_records(
+        records: Vec<HandledRecord<DeliveryOutcome, DrainError>>,
+    ) -> Result<Self, DrainError> {
+        let mut outcomes = Vec::new();
+        let mut errors = Vec::new();
+        for record in records {
+            match record.result {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(error) => errors.push(error),
+            }
+        }
+        match errors.len() {
+            0 => Ok(DrainReport {
+                records: outcomes
+                    .iter()
+                    .map(|o| RecordReport {
+                        outcome: o.name(),
+                        summary: o.summary(),
+                    })
+                    .collect(),
+                outcomes,
+            }),
+            1 => Err(errors.remove(0)),
+            _ => Err(DrainError::Records(errors)),
+        }
+    }
 }
 
 /// One record's outcome in the Lambda response.
@@ -170,9 +203,8 @@ pub enum DrainError {
     Records(Vec<DrainError>),
 }
 
-impl DrainError {
-    /// A short name for logs and the Lambda error type.
-    pub fn kind(&self) -> &'static str {
+impl FunctionError for DrainError {
+    fn kind(&self) -> &'static str {
         match self {
             Self::Notification(_) => "MalformedNotification",
             Self::Cluster(_) => "ClusterAccessFailed",
@@ -190,9 +222,6 @@ impl DrainError {
 
 impl From<DrainError> for lambda_runtime::Diagnostic {
     fn from(error: DrainError) -> Self {
-        lambda_runtime::Diagnostic {
-            error_type: error.kind().to_owned(),
-            error_message: error.to_string(),
-        }
+        diagnostic(&error)
     }
 }

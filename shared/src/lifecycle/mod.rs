@@ -9,6 +9,8 @@ pub mod connection;
 #[cfg(feature = "runtime")]
 pub mod continuation;
 #[cfg(feature = "runtime")]
+pub mod handler;
+#[cfg(feature = "runtime")]
 pub mod node;
 pub mod notification;
 #[cfg(feature = "runtime")]

@@ -1,0 +1,211 @@
+//! The skeleton both lifecycle hooks share: what they are built from ([`HookContext`]), the
+//! invocation a record is handled in ([`Invocation`]), and the loop that hands each record of
+//! a Lambda event to the hook ([`handle_records`]).
+//!
+//! What a hook does with one notification (drain, wait for Ready) and how it reports the
+//! records are its own: `crate::drain::Drainer`, `crate::launch::Launcher`.
+
+use std::future::Future;
+
+use serde_json::Value;
+
+use crate::aws::{AutoScaling, AwsError, Notifications};
+use crate::lifecycle::continuation::{
+    ContinuationError, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget, hand_over,
+};
+use crate::lifecycle::notification::{
+    Delivery, LifecycleMessage, LifecycleNotification, NotificationError, parse_event,
+};
+use crate::lifecycle::scope::{GroupScope, ScopeDecision, account_id_from_function_arn};
+use crate::lifecycle::settings::{DrainSettings, LaunchSettings, LifecycleSettings};
+
+/// A hook's settings: the part both hooks share, and its own.
+pub trait HookSettings {
+    fn lifecycle(&self) -> &LifecycleSettings;
+}
+
+impl HookSettings for DrainSettings {
+    fn lifecycle(&self) -> &LifecycleSettings {
+        &self.lifecycle
+    }
+}
+
+impl HookSettings for LaunchSettings {
+    fn lifecycle(&self) -> &LifecycleSettings {
+        &self.lifecycle
+    }
+}
+
+/// Everything an invocation of a hook needs, built once per execution environment (clients,
+/// caches, settings) and borrowed by every invocation.
+pub struct HookContext<K, A, I, N, S> {
+    /// The way to the cluster's API; asked for a client only when a record needs one.
+    pub kube: K,
+    pub autoscaling: A,
+    pub instances: I,
+    pub notifications: N,
+    pub settings: S,
+    pub scope: GroupScope,
+    pub hooks: HookTimings,
+}
+
+impl<K, A, I, N, S: HookSettings> HookContext<K, A, I, N, S> {
+    pub fn new(kube: K, autoscaling: A, instances: I, notifications: N, settings: S) -> Self {
+        let scope = GroupScope::from_settings(settings.lifecycle());
+        Self {
+            kube,
+            autoscaling,
+            instances,
+            notifications,
+            settings,
+            scope,
+            hooks: HookTimings::new(),
+        }
+    }
+}
+
+impl<K, A, I, N, S> HookContext<K, A, I, N, S>
+where
+    A: AutoScaling,
+    N: Notifications,
+    S: HookSettings,
+{
+    /// Whether the notification's group is this cluster's (and the function's account's).
+    pub async fn decide_scope(
+        &self,
+        notification: &LifecycleNotification,
+        invocation: &Invocation,
+    ) -> Result<ScopeDecision, AwsError> {
+        self.scope
+            .decide_for_account(
+                &self.autoscaling,
+                invocation.function_account.as_deref(),
+                &notification.account_id,
+                &notification.action.auto_scaling_group_name,
+            )
+            .await
+    }
+
+    /// The heartbeats of the notification's action, paced by its hook's heartbeat timeout.
+    pub async fn heartbeat_keeper(&self, notification: &LifecycleNotification) -> HeartbeatKeeper {
+        let action = &notification.action;
+        let hook = self
+            .hooks
+            .get_or_default(
+                &self.autoscaling,
+                &action.auto_scaling_group_name,
+                &action.lifecycle_hook_name,
+            )
+            .await;
+        HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time)
+    }
+
+    /// Hands `delivery` to a fresh invocation (see [`hand_over`]).
+    pub async fn hand_over(
+        &self,
+        keeper: &mut HeartbeatKeeper,
+        delivery: &Delivery,
+    ) -> Result<HandOver, ContinuationError> {
+        hand_over(
+            &self.autoscaling,
+            &self.notifications,
+            keeper,
+            delivery,
+            self.settings.lifecycle().continuation_topic_arn.as_deref(),
+        )
+        .await
+    }
+}
+
+/// The invocation a record is handled in: who is working (the drain's lease holder) and
+/// until when. Built from the Lambda context; tests build it directly to simulate short
+/// invocations.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The Lambda request id: the lease holder's name. Lambda's own retries of a failed
+    /// invocation keep it, so a retry resumes its own lease at once.
+    pub request_id: String,
+    /// This function's account (from its ARN); `None` skips the account check.
+    pub function_account: Option<String>,
+    pub budget: InvocationBudget,
+}
+
+impl Invocation {
+    pub fn from_context(
+        lambda: &lambda_runtime::Context,
+        hand_over_margin: std::time::Duration,
+    ) -> Self {
+        Self {
+            request_id: lambda.request_id.clone(),
+            function_account: account_id_from_function_arn(&lambda.invoked_function_arn),
+            budget: InvocationBudget::from_context(lambda, hand_over_margin),
+        }
+    }
+}
+
+/// One record of an event, handled: where it was, what it was about, and how it went.
+#[derive(Debug)]
+pub struct HandledRecord<O, E> {
+    /// Where the record was in the event: `record 0`, `EventBridge event`; `event` when the
+    /// event itself was not understood.
+    pub record: String,
+    pub instance_id: Option<String>,
+    pub auto_scaling_group: Option<String>,
+    pub result: Result<O, E>,
+}
+
+/// Hands every record of `event` to `handle`, one after the other; a record that cannot be
+/// parsed fails alone (logged, `E::from` its parse error) and the others are still handled.
+pub async fn handle_records<O, E, Fut>(
+    event: &Value,
+    mut handle: impl FnMut(Delivery) -> Fut,
+) -> Vec<HandledRecord<O, E>>
+where
+    Fut: Future<Output = Result<O, E>>,
+    E: From<NotificationError>,
+{
+    let mut records = Vec::new();
+    for parsed in parse_event(event) {
+        let record = match parsed {
+            Ok(delivery) => {
+                let (instance_id, auto_scaling_group) = subject_of(&delivery.message);
+                HandledRecord {
+                    record: delivery.location.to_string(),
+                    instance_id,
+                    auto_scaling_group,
+                    result: handle(delivery).await,
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "malformed notification: nothing done for this record");
+                HandledRecord {
+                    record: error
+                        .location()
+                        .map(|l| l.to_string())
+                        .unwrap_or_else(|| "event".to_owned()),
+                    instance_id: None,
+                    auto_scaling_group: None,
+                    result: Err(E::from(error)),
+                }
+            }
+        };
+        records.push(record);
+    }
+    records
+}
+
+/// The instance and the group a message is about, as far as it says.
+fn subject_of(message: &LifecycleMessage) -> (Option<String>, Option<String>) {
+    match message {
+        LifecycleMessage::Test(test) => (None, test.group_name.clone()),
+        LifecycleMessage::UnknownTransition {
+            group_name,
+            instance_id,
+            ..
+        } => (instance_id.clone(), group_name.clone()),
+        LifecycleMessage::Lifecycle(n) => (
+            Some(n.action.instance_id.clone()),
+            Some(n.action.auto_scaling_group_name.clone()),
+        ),
+    }
+}
