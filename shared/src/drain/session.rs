@@ -117,6 +117,58 @@ pub struct SessionSettings {
     pub stuck_pod_after: Duration,
 }
 
+/// What the eviction loop ([`DrainSession::evict_all`]) keeps between wake-ups.
+struct EvictionRound {
+    /// The watch of the node's pods.
+    pods: NodePods,
+    budget_watch: BudgetWatch,
+    queue: EvictionQueue,
+    deadline_at: Instant,
+    /// When a drain whose pods were never listed gives up (see [`UNLISTED_PODS_GRACE`]).
+    unlisted_deadline_at: Instant,
+    renew_at: Instant,
+    /// Pods already reported as left on the node (tolerating the cordon).
+    reported_latecomers: BTreeSet<PodKey>,
+    /// Pods already reported as selected by more than one budget.
+    reported_multiple: BTreeSet<PodKey>,
+    /// The plan of the pods as of a generation of the watch; `None` to plan again.
+    planned: Option<(u64, DrainPlan)>,
+}
+
+impl EvictionRound {
+    fn start(session: &mut DrainSession<'_>) -> Self {
+        let client = session.client.clone();
+        let pods = match session.prefetched_pods.take() {
+            Some(pods) => pods,
+            None => NodePods::watch(&client, &session.node_name),
+        };
+        let settings = session.settings;
+        let deadline_at = instant_at(session.checkpoint.deadline);
+        Self {
+            pods,
+            budget_watch: BudgetWatch::new(client, settings.backoff),
+            queue: EvictionQueue::new(
+                settings.backoff,
+                settings.eviction_concurrency,
+                settings.grace_period_seconds,
+            ),
+            deadline_at,
+            unlisted_deadline_at: deadline_at.max(Instant::now()) + UNLISTED_PODS_GRACE,
+            renew_at: Instant::now() + session.renew_interval(),
+            reported_latecomers: BTreeSet::new(),
+            reported_multiple: BTreeSet::new(),
+            planned: None,
+        }
+    }
+}
+
+/// Whether planning again found the node drained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replanned {
+    Drained,
+    Evicting,
+}
+
 /// One invocation working on one node's drain.
 pub struct DrainSession<'a> {
     pub client: &'a kube::Client,
@@ -296,21 +348,7 @@ impl DrainSession<'_> {
         hand_over_at: Instant,
     ) -> Result<Option<SessionEnd>, kube::Error> {
         let client = self.client.clone();
-        let mut pods = match self.prefetched_pods.take() {
-            Some(pods) => pods,
-            None => NodePods::watch(&client, &self.node_name),
-        };
-        let mut budget_watch = BudgetWatch::new(client.clone(), self.settings.backoff);
-        let mut queue = EvictionQueue::new(
-            self.settings.backoff,
-            self.settings.eviction_concurrency,
-            self.settings.grace_period_seconds,
-        );
-        let deadline_at = instant_at(self.checkpoint.deadline);
-        let unlisted_deadline_at = deadline_at.max(Instant::now()) + UNLISTED_PODS_GRACE;
-        let mut renew_at = Instant::now() + self.renew_interval();
-        let mut reported_latecomers: BTreeSet<PodKey> = BTreeSet::new();
-        let mut reported_multiple: BTreeSet<PodKey> = BTreeSet::new();
+        let mut round = EvictionRound::start(self);
         let evict = |key: PodKey, grace: Option<i64>| -> EvictionFuture {
             let client = client.clone();
             Box::pin(async move {
@@ -318,99 +356,133 @@ impl DrainSession<'_> {
                 (key, outcome)
             })
         };
-        // The plan of the pods as of a generation of the watch: re-planned only when the
-        // pods changed, since an eviction answer alone only frees a slot.
-        // Also re-planned when a waited-for deletion becomes stuck (`next_change_at`) and
-        // after a lease renewal (the node's readiness may have changed).
-        let mut planned: Option<(u64, DrainPlan)> = None;
         loop {
-            if pods.is_synced() {
-                let generation = pods.generation();
-                if planned.as_ref().is_none_or(|(seen, _)| *seen != generation) {
-                    if self.first_listed.is_none() {
-                        let uids = pods.pods().filter_map(|p| p.metadata.uid.clone()).collect();
-                        self.first_listed = Some(std::sync::Arc::new(uids));
-                    }
-                    let context = self.plan_context();
-                    let plan = DrainPlan::in_context(pods.pods(), &context);
-                    self.report_stuck(&plan);
-                    let latecomers: Vec<PodKey> = plan
-                        .tolerating_latecomers()
-                        .filter(|k| !reported_latecomers.contains(*k))
-                        .cloned()
-                        .collect();
-                    if !latecomers.is_empty() {
-                        tracing::info!(step = "left_tolerating_pods", node = %self.node_name, pods = ?latecomers.iter().map(ToString::to_string).collect::<Vec<_>>(), "pods bound after the cordon that tolerate it are left on the node (evicting them would bring them straight back)");
-                        reported_latecomers.extend(latecomers);
-                    }
-                    if plan.is_drained() {
-                        return Ok(None);
-                    }
-                    queue.retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
-                    budget_watch.retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
-                    planned = Some((generation, plan));
+            if round.pods.is_synced() {
+                if self.replan(&mut round) == Replanned::Drained {
+                    return Ok(None);
                 }
-                if let Some((_, plan)) = &planned {
-                    queue.offer(plan.to_evict_now(), Instant::now(), evict);
+                if let Some((_, plan)) = &round.planned {
+                    round
+                        .queue
+                        .offer(plan.to_evict_now(), Instant::now(), evict);
                 }
             }
-            let retry_at = queue.next_retry_at();
-            let replan_at = planned
-                .as_ref()
-                .and_then(|(_, plan)| plan.next_change_at)
-                .map(instant_at);
-            // Biased, in this order: the deadline and the hand-over win over everything; an
-            // eviction answer is read before more watch events (a busy watch must not starve
-            // the answers, whose connections would sit unread).
-            tokio::select! {
-                biased;
-                // Only once the pods are known: an invocation resuming after the deadline
-                // must report (or force) the pods that are there, not an empty view.
-                _ = sleep_until(deadline_at), if pods.is_synced() => {
-                    let stuck = self.stuck_pods(&pods, &queue).await;
-                    return Ok(Some(SessionEnd::DeadlinePassed(stuck)));
+            if let Some(end) = self.next_wake_up(&mut round, hand_over_at).await {
+                return Ok(Some(end));
+            }
+        }
+    }
+
+    /// Plans the watched pods again when they changed since the last plan (an eviction
+    /// answer alone only frees a slot), and reports what the new plan shows.
+    fn replan(&mut self, round: &mut EvictionRound) -> Replanned {
+        let pods = &round.pods;
+        let generation = pods.generation();
+        if round
+            .planned
+            .as_ref()
+            .is_some_and(|(seen, _)| *seen == generation)
+        {
+            return Replanned::Evicting;
+        }
+        if self.first_listed.is_none() {
+            let uids = pods.pods().filter_map(|p| p.metadata.uid.clone()).collect();
+            self.first_listed = Some(std::sync::Arc::new(uids));
+        }
+        let context = self.plan_context();
+        let plan = DrainPlan::in_context(pods.pods(), &context);
+        self.report_stuck(&plan);
+        let latecomers: Vec<PodKey> = plan
+            .tolerating_latecomers()
+            .filter(|k| !round.reported_latecomers.contains(*k))
+            .cloned()
+            .collect();
+        if !latecomers.is_empty() {
+            tracing::info!(step = "left_tolerating_pods", node = %self.node_name, pods = ?latecomers.iter().map(ToString::to_string).collect::<Vec<_>>(), "pods bound after the cordon that tolerate it are left on the node (evicting them would bring them straight back)");
+            round.reported_latecomers.extend(latecomers);
+        }
+        if plan.is_drained() {
+            return Replanned::Drained;
+        }
+        round
+            .queue
+            .retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+        round
+            .budget_watch
+            .retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
+        round.planned = Some((generation, plan));
+        Replanned::Evicting
+    }
+
+    /// Waits for the next thing the eviction loop acts on and acts on it; `Some` when the
+    /// session has to end.
+    async fn next_wake_up(
+        &mut self,
+        round: &mut EvictionRound,
+        hand_over_at: Instant,
+    ) -> Option<SessionEnd> {
+        let retry_at = round.queue.next_retry_at();
+        let replan_at = round
+            .planned
+            .as_ref()
+            .and_then(|(_, plan)| plan.next_change_at)
+            .map(instant_at);
+        let synced = round.pods.is_synced();
+        // Biased, in this order: the deadline and the hand-over win over everything; an
+        // eviction answer is read before more watch events (a busy watch must not starve
+        // the answers, whose connections would sit unread).
+        tokio::select! {
+            biased;
+            // Only once the pods are known: an invocation resuming after the deadline
+            // must report (or force) the pods that are there, not an empty view.
+            _ = sleep_until(round.deadline_at), if synced => {
+                let stuck = self.stuck_pods(&round.pods, &round.queue).await;
+                return Some(SessionEnd::DeadlinePassed(stuck));
+            }
+            // The pods were never listed: the deadline still counts.
+            _ = sleep_until(round.unlisted_deadline_at), if !synced => {
+                let cause = round
+                    .pods
+                    .last_error()
+                    .unwrap_or("no answer from the API server")
+                    .to_owned();
+                return Some(SessionEnd::PodsUnknown(cause));
+            }
+            _ = sleep_until(hand_over_at) => return Some(SessionEnd::HandOver),
+            _ = sleep_until(round.renew_at) => {
+                if let Some(end) = self.renew().await {
+                    return Some(end);
                 }
-                // The pods were never listed: the deadline still counts.
-                _ = sleep_until(unlisted_deadline_at), if !pods.is_synced() => {
-                    let cause = pods
-                        .last_error()
-                        .unwrap_or("no answer from the API server")
-                        .to_owned();
-                    return Ok(Some(SessionEnd::PodsUnknown(cause)));
+                round.renew_at = Instant::now() + self.renew_interval();
+                // The node's readiness may have changed.
+                round.planned = None;
+            }
+            (pod, outcome) = round.queue.next_answer() => {
+                self.on_answer(&mut round.queue, &mut round.budget_watch, &pod, outcome, &mut round.reported_multiple).await;
+                // Answers come in waves: take every one already here before offering
+                // the freed slots.
+                while let Some((pod, outcome)) = round.queue.ready_answer() {
+                    self.on_answer(&mut round.queue, &mut round.budget_watch, &pod, outcome, &mut round.reported_multiple).await;
                 }
-                _ = sleep_until(hand_over_at) => return Ok(Some(SessionEnd::HandOver)),
-                _ = sleep_until(renew_at) => {
-                    if let Some(end) = self.renew().await {
-                        return Ok(Some(end));
-                    }
-                    renew_at = Instant::now() + self.renew_interval();
-                    planned = None;
+            }
+            released = round.budget_watch.released() => {
+                for (pod, at) in &released {
+                    round.queue.retry_at(pod, *at);
                 }
-                (pod, outcome) = queue.next_answer() => {
-                    self.on_answer(&mut queue, &mut budget_watch, &pod, outcome, &mut reported_multiple).await;
-                    // Answers come in waves: take every one already here before offering
-                    // the freed slots.
-                    while let Some((pod, outcome)) = queue.ready_answer() {
-                        self.on_answer(&mut queue, &mut budget_watch, &pod, outcome, &mut reported_multiple).await;
-                    }
-                }
-                released = budget_watch.released() => {
-                    for (pod, at) in &released {
-                        queue.retry_at(pod, *at);
-                    }
-                }
-                _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
-                _ = sleep_until(replan_at.unwrap_or(hand_over_at)), if replan_at.is_some() => {
-                    planned = None;
-                }
-                changed = pods.changed() => {
-                    if let Err(error) = changed {
-                        tracing::warn!(%error, "restarting the watch of the node's pods");
-                        pods = NodePods::watch(&client, &self.node_name);
-                    }
+            }
+            _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
+            // A waited-for deletion becomes stuck: plan again.
+            _ = sleep_until(replan_at.unwrap_or(hand_over_at)), if replan_at.is_some() => {
+                round.planned = None;
+            }
+            changed = round.pods.changed() => {
+                if let Err(error) = changed {
+                    tracing::warn!(%error, "restarting the watch of the node's pods");
+                    round.pods = NodePods::watch(self.client, &self.node_name);
                 }
             }
         }
+        None
     }
 
     async fn on_answer(
