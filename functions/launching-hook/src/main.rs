@@ -6,7 +6,7 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use node_manager::aws::http_client::load_sdk_config;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotifications};
 use node_manager::cluster::ClusterAccess;
-use node_manager::launch::{self, LaunchContext};
+use node_manager::launch::{self, Launcher};
 use node_manager::lifecycle::connection::EksConnection;
 use node_manager::lifecycle::settings::LaunchSettings;
 use node_manager::settings::ProcessEnv;
@@ -26,16 +26,16 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         access,
         eks: SdkEks::new(&sdk_config),
     };
-    let context = LaunchContext::new(
+    let launcher = Launcher::new(
         connection,
         SdkAutoScaling::new(&sdk_config),
         SdkInstances::new(&sdk_config),
         SdkNotifications::new(&sdk_config),
         settings,
     );
-    let context = &context;
+    let launcher = &launcher;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        launch::handle(context, event.payload, &event.context).await
+        launcher.handle(event.payload, &event.context).await
     }))
     .await
 }

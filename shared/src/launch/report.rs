@@ -8,13 +8,59 @@ use serde::Serialize;
 use super::warm_pool::Restored;
 use crate::aws::AwsError;
 use crate::cluster::ClusterAccessError;
+use crate::diagnostic::{FunctionError, diagnostic};
 use crate::lifecycle::continuation::ContinuationError;
+use crate::lifecycle::handler::HandledRecord;
 use crate::lifecycle::notification::NotificationError;
 
 /// What the invocation did, record by record (the Lambda response).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LaunchReport {
     pub records: Vec<RecordReport>,
+}
+
+impl LaunchReport {
+    /// The report of every record, failed ones included; or, when any failed, the
+    /// invocation's failure naming them (each logged here).
+    pub fn from_records(
+        handled: Vec<HandledRecord<LaunchOutcome, LaunchError>>,
+        lambda_request_id: &str,
+    ) -> Result<Self, LaunchError> {
+        let total = handled.len();
+        let mut records = Vec::with_capacity(total);
+        let mut failures = Vec::new();
+        for handled in handled {
+            let outcome = match handled.result {
+                Ok(outcome) => outcome,
+                Err(error) => {
+                    tracing::error!(
+                        record = %handled.record,
+                        instance_id = handled.instance_id.as_deref().unwrap_or_default(),
+                        asg = handled.auto_scaling_group.as_deref().unwrap_or_default(),
+                        lambda_request_id,
+                        error_kind = error.kind(),
+                        error = %error,
+                        "record failed"
+                    );
+                    failures.push(format!("{}: {error}", handled.record));
+                    LaunchOutcome::Failed {
+                        error: error.to_string(),
+                    }
+                }
+            };
+            records.push(RecordReport {
+                record: handled.record,
+                instance_id: handled.instance_id,
+                auto_scaling_group: handled.auto_scaling_group,
+                outcome,
+            });
+        }
+        if failures.is_empty() {
+            Ok(LaunchReport { records })
+        } else {
+            Err(LaunchError::Records { total, failures })
+        }
+    }
 }
 
 /// What happened to one record.
@@ -132,9 +178,8 @@ pub enum LaunchError {
     Records { total: usize, failures: Vec<String> },
 }
 
-impl LaunchError {
-    /// A short name for logs and the Lambda error type.
-    pub fn kind(&self) -> &'static str {
+impl FunctionError for LaunchError {
+    fn kind(&self) -> &'static str {
         match self {
             Self::Malformed(_) => "MalformedNotification",
             Self::Scope(_) => "ScopeCheckFailed",
@@ -152,9 +197,6 @@ impl LaunchError {
 
 impl From<LaunchError> for lambda_runtime::Diagnostic {
     fn from(error: LaunchError) -> Self {
-        lambda_runtime::Diagnostic {
-            error_type: error.kind().to_owned(),
-            error_message: error.to_string(),
-        }
+        diagnostic(&error)
     }
 }

@@ -137,6 +137,9 @@ pub struct LaunchSettings {
     /// default it completes as soon as the instance runs: a pooled instance is stopped (or
     /// kept out of the cluster) and its node would never turn Ready.
     pub warm_pool_wait_for_node: bool,
+    /// `AWS_LAMBDA_FUNCTION_NAME` (set by Lambda): the reporting instance of the Events on
+    /// the node (unset: the function's own name).
+    pub function_name: Option<String>,
 }
 
 impl LaunchSettings {
@@ -146,6 +149,7 @@ impl LaunchSettings {
             launch_timeout: seconds(source, "LAUNCH_TIMEOUT_SECONDS", Duration::from_secs(600))?,
             timeout_result: result(source, "LAUNCH_TIMEOUT_RESULT")?,
             warm_pool_wait_for_node: source.flag("WARM_POOL_WAIT_FOR_NODE", false)?,
+            function_name: source.value("AWS_LAMBDA_FUNCTION_NAME"),
         })
     }
 }
