@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
-use node_manager::launch::{self, LaunchContext, LaunchError, LaunchOutcome};
+use node_manager::launch::{LaunchError, LaunchOutcome, Launcher};
 use node_manager::lifecycle::settings::LaunchSettings;
 use serde_json::{Value, json};
 
@@ -26,7 +26,7 @@ fn unreachable_client() -> kube::Client {
 struct Harness {
     asg: FakeAutoScaling,
     sns: FakeNotifications,
-    ctx: LaunchContext<kube::Client, FakeAutoScaling, FakeInstances, FakeNotifications>,
+    ctx: Launcher<kube::Client, FakeAutoScaling, FakeInstances, FakeNotifications>,
 }
 
 fn harness(extra: &[(&str, &str)]) -> Harness {
@@ -35,7 +35,7 @@ fn harness(extra: &[(&str, &str)]) -> Harness {
     let settings = LaunchSettings::from_source(env.as_slice()).unwrap();
     let asg = FakeAutoScaling::new();
     let sns = FakeNotifications::default();
-    let ctx = LaunchContext::new(
+    let ctx = Launcher::new(
         unreachable_client(),
         asg.clone(),
         FakeInstances::default(),
@@ -80,13 +80,11 @@ fn launching_with(edit: impl FnOnce(&mut Value)) -> Value {
 #[tokio::test]
 async fn test_notification_is_acknowledged() {
     let h = harness(&[]);
-    let report = launch::handle(
-        &h.ctx,
-        fixture("sns-test-notification.json"),
-        &lambda_context(),
-    )
-    .await
-    .unwrap();
+    let report = h
+        .ctx
+        .handle(fixture("sns-test-notification.json"), &lambda_context())
+        .await
+        .unwrap();
     assert_eq!(report.records.len(), 1);
     assert_eq!(report.records[0].outcome, LaunchOutcome::TestNotification);
     assert_untouched(&h);
@@ -98,9 +96,7 @@ async fn unknown_transition_is_acknowledged() {
     let event = launching_with(|m| {
         m["LifecycleTransition"] = "autoscaling:EC2_INSTANCE_WARMING".into();
     });
-    let report = launch::handle(&h.ctx, event, &lambda_context())
-        .await
-        .unwrap();
+    let report = h.ctx.handle(event, &lambda_context()).await.unwrap();
     assert_eq!(
         report.records[0].outcome,
         LaunchOutcome::UnknownTransition {
@@ -115,13 +111,11 @@ async fn terminating_notification_is_not_the_launching_hooks_business() {
     let h = harness(&[]);
     h.asg
         .add_group(GROUP, &[("eks:cluster-name", "ironman-2022")]);
-    let report = launch::handle(
-        &h.ctx,
-        fixture("sns-lifecycle-terminating.json"),
-        &lambda_context(),
-    )
-    .await
-    .unwrap();
+    let report = h
+        .ctx
+        .handle(fixture("sns-lifecycle-terminating.json"), &lambda_context())
+        .await
+        .unwrap();
     assert!(matches!(
         report.records[0].outcome,
         LaunchOutcome::OtherTransition { .. }
@@ -134,13 +128,11 @@ async fn another_clusters_group_is_left_alone() {
     let h = harness(&[]);
     h.asg
         .add_group(GROUP, &[("eks:cluster-name", "other-cluster")]);
-    let report = launch::handle(
-        &h.ctx,
-        fixture("sns-lifecycle-launching.json"),
-        &lambda_context(),
-    )
-    .await
-    .unwrap();
+    let report = h
+        .ctx
+        .handle(fixture("sns-lifecycle-launching.json"), &lambda_context())
+        .await
+        .unwrap();
     match &report.records[0].outcome {
         LaunchOutcome::NotOurs { reason } => assert!(reason.contains("no tag"), "{reason}"),
         other => panic!("expected NotOurs, got {other:?}"),
@@ -158,9 +150,7 @@ async fn another_accounts_notification_is_left_alone() {
     h.asg
         .add_group(GROUP, &[("eks:cluster-name", "ironman-2022")]);
     let event = launching_with(|m| m["AccountId"] = "222222222222".into());
-    let report = launch::handle(&h.ctx, event, &lambda_context())
-        .await
-        .unwrap();
+    let report = h.ctx.handle(event, &lambda_context()).await.unwrap();
     assert!(matches!(
         &report.records[0].outcome,
         LaunchOutcome::NotOurs { reason } if reason.contains("222222222222")
@@ -176,9 +166,7 @@ async fn malformed_message_is_a_clear_error() {
     let event = launching_with(|m| {
         m.as_object_mut().unwrap().remove("EC2InstanceId");
     });
-    let err = launch::handle(&h.ctx, event, &lambda_context())
-        .await
-        .unwrap_err();
+    let err = h.ctx.handle(event, &lambda_context()).await.unwrap_err();
     let text = err.to_string();
     assert!(matches!(err, LaunchError::Records { total: 1, .. }));
     assert!(
@@ -197,9 +185,7 @@ async fn a_malformed_record_does_not_hide_the_others() {
     let mut bad = good.clone();
     bad["Sns"]["Message"] = "{not json".into();
     let event = json!({"Records": [good, bad]});
-    let err = launch::handle(&h.ctx, event, &lambda_context())
-        .await
-        .unwrap_err();
+    let err = h.ctx.handle(event, &lambda_context()).await.unwrap_err();
     match err {
         LaunchError::Records { total, failures } => {
             assert_eq!(total, 2);
@@ -214,7 +200,9 @@ async fn a_malformed_record_does_not_hide_the_others() {
 #[tokio::test]
 async fn unrecognised_event_is_an_error() {
     let h = harness(&[]);
-    let err = launch::handle(&h.ctx, json!({"hello": "world"}), &lambda_context())
+    let err = h
+        .ctx
+        .handle(json!({"hello": "world"}), &lambda_context())
         .await
         .unwrap_err();
     assert!(err.to_string().contains("neither"), "{err}");

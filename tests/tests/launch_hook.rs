@@ -12,7 +12,7 @@ use kube::api::{Api, ListParams};
 use node_manager::aws::LifecycleActionResult;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotifications};
 use node_manager::cluster::ClusterAccess;
-use node_manager::launch::{self, LaunchContext, LaunchOutcome};
+use node_manager::launch::{self, LaunchOutcome, Launcher};
 use node_manager::lifecycle::connection::EksConnection;
 use node_manager::lifecycle::settings::LaunchSettings;
 use node_manager_testkit::account::FakeAccount;
@@ -27,7 +27,7 @@ const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
 const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
 const FUNCTION_GROUP: &str = "open-node-manager:launching-hook";
 
-type Context = LaunchContext<EksConnection<SdkEks>, SdkAutoScaling, SdkInstances, SdkNotifications>;
+type Context = Launcher<EksConnection<SdkEks>, SdkAutoScaling, SdkInstances, SdkNotifications>;
 
 struct Scenario {
     aws: FakeAws,
@@ -93,7 +93,7 @@ async fn scenario(settings: &[(&str, &str)], heartbeat: Duration) -> Scenario {
     let no_override: &[(&str, &str)] = &[];
     let access =
         ClusterAccess::new(&sdk_config, CLUSTER, launch::FUNCTION_NAME).with_settings(no_override);
-    let ctx = LaunchContext::new(
+    let ctx = Launcher::new(
         EksConnection {
             access,
             eks: SdkEks::new(&sdk_config),
@@ -198,7 +198,9 @@ async fn node_registering_late_is_completed_once_ready() {
         })
     };
     let started = std::time::Instant::now();
-    let report = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     server_store_node.await.unwrap();
@@ -247,19 +249,19 @@ async fn node_already_ready_is_completed_at_once() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let event = s.launch().await;
-    let report = launch::handle(
-        &s.ctx,
-        event.clone(),
-        &lambda_context(Duration::from_secs(60)),
-    )
-    .await
-    .unwrap();
+    let report = s
+        .ctx
+        .handle(event.clone(), &lambda_context(Duration::from_secs(60)))
+        .await
+        .unwrap();
     assert!(matches!(
         report.records[0].outcome,
         LaunchOutcome::Completed { .. }
     ));
     // A duplicate delivery finds the action done: success, no second completion.
-    let again = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+    let again = s
+        .ctx
+        .handle(event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert!(
@@ -284,7 +286,9 @@ async fn node_that_never_registers_gets_the_timeout_result() {
     .await;
     let event = s.launch().await;
     let started = std::time::Instant::now();
-    let report = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(900));
@@ -312,7 +316,9 @@ async fn node_registered_but_never_ready_times_out_with_continue() {
         )
         .unwrap();
     let event = s.launch().await;
-    let report = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert_eq!(
@@ -354,7 +360,9 @@ async fn a_wait_longer_than_an_invocation_is_handed_over_and_keeps_its_deadline(
     let mut event = first_event;
     let mut outcomes = Vec::new();
     for _ in 0..6 {
-        let report = launch::handle(&s.ctx, event.clone(), &lambda_context(invocation))
+        let report = s
+            .ctx
+            .handle(event.clone(), &lambda_context(invocation))
             .await
             .unwrap();
         let outcome = report.records[0].outcome.clone();
@@ -415,7 +423,9 @@ async fn other_clusters_group_and_test_notification_touch_nothing() {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let report = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert!(matches!(
@@ -432,7 +442,9 @@ async fn other_clusters_group_and_test_notification_touch_nothing() {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let report = launch::handle(&s.ctx, test_event, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(test_event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert_eq!(report.records[0].outcome, LaunchOutcome::TestNotification);
@@ -458,7 +470,9 @@ async fn unknown_transition_and_malformed_message_touch_nothing() {
     let mut edited = message.clone();
     edited["LifecycleTransition"] = "autoscaling:EC2_INSTANCE_WARMED".into();
     unknown["Records"][0]["Sns"]["Message"] = edited.to_string().into();
-    let report = launch::handle(&s.ctx, unknown, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(unknown, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert_eq!(
@@ -472,7 +486,9 @@ async fn unknown_transition_and_malformed_message_touch_nothing() {
     let mut edited = message;
     edited["Time"] = "yesterday".into();
     malformed["Records"][0]["Sns"]["Message"] = edited.to_string().into();
-    let error = launch::handle(&s.ctx, malformed, &lambda_context(Duration::from_secs(60)))
+    let error = s
+        .ctx
+        .handle(malformed, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap_err()
         .to_string();
@@ -503,7 +519,9 @@ async fn heartbeats_keep_a_short_hook_alive_while_waiting() {
             Some(Duration::from_millis(2500)),
         )
         .unwrap();
-    let report = launch::handle(&s.ctx, event, &lambda_context(Duration::from_secs(60)))
+    let report = s
+        .ctx
+        .handle(event, &lambda_context(Duration::from_secs(60)))
         .await
         .unwrap();
     assert!(
@@ -542,9 +560,9 @@ async fn concurrent_duplicate_deliveries_complete_once() {
         .unwrap();
     let context = lambda_context(Duration::from_secs(60));
     let (a, b, c) = tokio::join!(
-        launch::handle(&s.ctx, event.clone(), &context),
-        launch::handle(&s.ctx, event.clone(), &context),
-        launch::handle(&s.ctx, event, &context),
+        s.ctx.handle(event.clone(), &context),
+        s.ctx.handle(event.clone(), &context),
+        s.ctx.handle(event, &context),
     );
     let outcomes: Vec<LaunchOutcome> = [a, b, c]
         .into_iter()

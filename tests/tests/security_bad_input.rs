@@ -22,7 +22,7 @@ use node_manager::aws::{
     LifecycleHook, NodegroupDescription,
 };
 use node_manager::drain::{Drainer, Invocation};
-use node_manager::launch::{self, LaunchContext};
+use node_manager::launch::Launcher;
 use node_manager::lifecycle::continuation::InvocationBudget;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
@@ -388,7 +388,7 @@ async fn launching_hook_refuses_every_bad_payload_without_effect() {
     for payload in &payloads {
         let (autoscaling, pending) = autoscaling_world();
         let notifications = FakeNotifications::default();
-        let ctx = Arc::new(LaunchContext::new(
+        let ctx = Arc::new(Launcher::new(
             client.clone(),
             autoscaling.clone(),
             instances(),
@@ -398,7 +398,7 @@ async fn launching_hook_refuses_every_bad_payload_without_effect() {
         server.audit().clear();
         let outcome = run_one(payload, move |event| async move {
             let lambda = lambda_context("launching-hook", Duration::from_secs(10));
-            launch::handle(&ctx, event, &lambda)
+            ctx.handle(event, &lambda)
                 .await
                 .map(|report| serde_json::to_string(&report).unwrap_or_default())
                 .map_err(|error| error.to_string())

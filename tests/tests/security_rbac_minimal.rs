@@ -18,7 +18,7 @@ use node_manager::aws::{
     LifecycleHook, NodegroupDescription,
 };
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
-use node_manager::launch::{self, LaunchContext};
+use node_manager::launch::Launcher;
 use node_manager::lifecycle::continuation::InvocationBudget;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
@@ -457,7 +457,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         .as_slice(),
     )
     .unwrap();
-    let ctx = LaunchContext::new(
+    let ctx = Launcher::new(
         client,
         autoscaling.clone(),
         instances,
@@ -475,17 +475,17 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
             .as_millis(),
     )
     .unwrap();
-    let result = launch::handle(
-        &ctx,
-        event_for(
-            corpus::Target::LaunchingHook,
-            LAUNCH_INSTANCE,
-            "Launch-LC-Hook",
-            token,
-        ),
-        &lambda,
-    )
-    .await;
+    let result = ctx
+        .handle(
+            event_for(
+                corpus::Target::LaunchingHook,
+                LAUNCH_INSTANCE,
+                "Launch-LC-Hook",
+                token,
+            ),
+            &lambda,
+        )
+        .await;
     let completions = autoscaling.completions();
     FlowResult {
         name: "launch",

@@ -43,7 +43,7 @@ use node_manager::aws::{
     NodegroupDescription,
 };
 use node_manager::drain::{Drainer, Invocation};
-use node_manager::launch::{self, LaunchContext};
+use node_manager::launch::Launcher;
 use node_manager::lifecycle::continuation::InvocationBudget;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
@@ -641,7 +641,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
         .as_slice(),
     )
     .expect("launch settings");
-    let launcher = LaunchContext::new(
+    let launcher = Launcher::new(
         launch_client,
         autoscaling.clone(),
         instances.clone(),
@@ -773,7 +773,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
                                     .as_millis(),
                             )
                             .unwrap_or(u64::MAX);
-                            launch::handle(launcher, event.clone(), &ctx).await.is_ok()
+                            launcher.handle(event.clone(), &ctx).await.is_ok()
                         }
                     }
                 };
