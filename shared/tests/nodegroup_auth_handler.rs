@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use node_manager::aws::fake::{FakeEks, FakeInstanceProfiles, FakeInstances};
 use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
+use node_manager::diagnostic::FunctionError;
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
 use node_manager::nodegroup_auth::handler::{NodegroupAuth, NodegroupAuthError, Outcome};
@@ -617,7 +618,7 @@ async fn retries_exhausted_fails_the_invocation() {
         .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
         .await
         .unwrap_err();
-    assert_eq!(err.metric_label(), "RetriesExhausted");
+    assert_eq!(err.kind(), "RetriesExhausted");
     assert_eq!(w.store.map_roles().unwrap(), "");
 }
 

@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::aws::{AwsError, GroupInstance, InstanceHealth, InstanceReboot};
 use crate::cluster::ClusterAccessError;
+use crate::diagnostic::{FunctionError, diagnostic};
 use crate::drain::checkpoint::CHECKPOINT_ANNOTATION;
 use crate::drain::events::{DrainEvents, truncate_note};
 use crate::lifecycle::connection::KubeConnection;
@@ -69,8 +70,8 @@ pub enum RepairError {
     },
 }
 
-impl RepairError {
-    pub fn kind(&self) -> &'static str {
+impl FunctionError for RepairError {
+    fn kind(&self) -> &'static str {
         match self {
             Self::Cluster(_) => "ClusterAccessFailed",
             Self::ListNodes(_) => "ListNodesFailed",
@@ -82,10 +83,7 @@ impl RepairError {
 
 impl From<RepairError> for lambda_runtime::Diagnostic {
     fn from(error: RepairError) -> Self {
-        lambda_runtime::Diagnostic {
-            error_type: error.kind().to_owned(),
-            error_message: error.to_string(),
-        }
+        diagnostic(&error)
     }
 }
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::aws::{
     AuthenticationMode, AwsError, ClusterDescription, Eks, InstanceProfiles, InstancesByProfile,
 };
+use crate::diagnostic::{FunctionError, diagnostic};
 use crate::telemetry::{MetricSet, Unit};
 
 use super::access_entry::{self, AccessEntryOutcome};
@@ -74,9 +75,8 @@ pub enum NodegroupAuthError {
     Partial { failures: Vec<String> },
 }
 
-impl NodegroupAuthError {
-    /// A short name for metrics and the Lambda error type.
-    pub fn metric_label(&self) -> &'static str {
+impl FunctionError for NodegroupAuthError {
+    fn kind(&self) -> &'static str {
         match self {
             Self::Rejected(_) => "Rejected",
             Self::Account(_) => "Account",
@@ -89,6 +89,10 @@ impl NodegroupAuthError {
             Self::StillDeleting { .. } => "StillDeleting",
             Self::Partial { .. } => "Partial",
         }
+    }
+
+    fn error_type(&self) -> String {
+        format!("NodegroupAuth.{}", self.kind())
     }
 }
 
@@ -888,9 +892,6 @@ fn metric(target: &str, outcome: &str, name: &str) {
 
 impl From<NodegroupAuthError> for lambda_runtime::Diagnostic {
     fn from(error: NodegroupAuthError) -> Self {
-        lambda_runtime::Diagnostic {
-            error_type: format!("NodegroupAuth.{}", error.metric_label()),
-            error_message: error.to_string(),
-        }
+        diagnostic(&error)
     }
 }
