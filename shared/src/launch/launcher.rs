@@ -111,7 +111,9 @@ where
             LifecycleMessage::Lifecycle(notification)
                 if notification.transition == LifecycleTransition::Launching =>
             {
-                self.launch(invocation, delivery, notification).await
+                // Boxed: the wait's future is deep (watch, heartbeats, timers), and an
+                // unboxed one overflows the compiler's layout depth in the binary's `main`.
+                Box::pin(self.launch(invocation, delivery, notification)).await
             }
             LifecycleMessage::Lifecycle(notification) => {
                 log_step(
