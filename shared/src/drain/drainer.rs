@@ -1,16 +1,15 @@
 //! The terminating hook: one Lambda event in, every record handled, the lifecycle action
 //! completed when the node is drained (or cannot be).
 //!
-//! The story of one drain, in [`Drainer::drain_node`]'s order:
+//! The story of one drain, in `Drainer::drain_node`'s order:
 //! 1. **find** the instance's Node while proving the lifecycle action is still pending
-//!    ([`Drainer::find_node`]);
+//!    (`find_node`);
 //! 2. **claim** the drain on the Node, or resume it, or leave it to the invocation already
-//!    on it ([`Drainer::claim`]);
-//! 3. **announce** it: log lines and Events for the start and the cordon
-//!    ([`Drainer::announce`]);
+//!    on it (`claim`, over [`super::lease`]);
+//! 3. **announce** it: log lines and Events for the start and the cordon (`announce`);
 //! 4. **drive** the drain session until it ends, heartbeating meanwhile, with the deadline
-//!    policy of [`super::deadline`] ([`Drainer::drive`]);
-//! 5. **finish**: complete the action, hand over, or stop ([`Drainer::finish`]).
+//!    policy of [`super::deadline`] (`drive`);
+//! 5. **finish**: complete the action, hand over, or stop (`finish`, in `finish.rs`).
 //!
 //! [`Drainer`] is built once per execution environment and borrowed by every invocation;
 //! the per-record loop is the hooks' shared skeleton ([`crate::lifecycle::handler`]).
@@ -24,13 +23,13 @@ use kube::runtime::events::{Recorder, Reporter};
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult, Notifications};
+use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{ActionGone, HandOver, HeartbeatKeeper, complete_action};
+use crate::lifecycle::continuation::{ActionGone, HeartbeatKeeper};
 use crate::lifecycle::handler::{HookContext, Invocation, handle_records};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
-    Delivery, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleTransition,
+    Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,
 };
 use crate::lifecycle::scope::ScopeDecision;
 use crate::lifecycle::settings::DrainSettings;
@@ -41,10 +40,10 @@ use super::cordon::CordonReport;
 use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
 use super::eviction::grace_to_send;
-use super::lease::{self, Claim, LeaseHolder, Update};
+use super::lease::{self, Claim, LeaseHolder, NodeLease, lease_wait};
 use super::metrics::DrainMetrics;
-use super::node_pods::NodePods;
-use super::report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport};
+use super::node_pods::PrefetchedPods;
+use super::report::{DeliveryOutcome, DrainError, DrainReport};
 use super::session::{DrainSession, SessionSettings, SessionStats};
 
 /// The function's name: the `Function` metric dimension and the Events' reporter.
@@ -72,20 +71,20 @@ impl<K, A, I, N> Drainer<K, A, I, N> {
         }
     }
 
-    fn settings(&self) -> &DrainSettings {
+    pub(super) fn settings(&self) -> &DrainSettings {
         &self.context.settings
     }
 }
 
 /// One terminating notification being handled: the record, the invocation it is handled in,
 /// and the cluster's client and Events queue.
-struct DrainRequest<'a> {
-    delivery: &'a Delivery,
-    notification: &'a LifecycleNotification,
-    invocation: &'a Invocation,
-    client: &'a kube::Client,
+pub(super) struct DrainRequest<'a> {
+    pub(super) delivery: &'a Delivery,
+    pub(super) notification: &'a LifecycleNotification,
+    pub(super) invocation: &'a Invocation,
+    pub(super) client: &'a kube::Client,
     /// Queued here, written by [`Drainer::terminating`] before it returns.
-    events: &'a DrainEvents,
+    pub(super) events: &'a DrainEvents,
 }
 
 /// The drain as [`Drainer::claim`] took it.
@@ -97,53 +96,12 @@ struct ClaimedDrain {
     cordon: CordonReport,
 }
 
-/// The node whose drain this invocation works on, and the lease it holds it with.
-struct NodeLease {
-    nodes: Api<Node>,
-    name: String,
-    holder: LeaseHolder,
-    /// The node as this invocation last wrote it: lease updates go against its
-    /// `resourceVersion` without reading first (see [`lease::update`]).
-    last_written: Option<Node>,
-}
-
-impl NodeLease {
-    /// Changes the checkpoint of the drain held.
-    async fn update(
-        &mut self,
-        change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
-    ) -> Result<Update, kube::Error> {
-        lease::update(
-            &self.nodes,
-            &self.name,
-            &self.holder,
-            &mut self.last_written,
-            change,
-        )
-        .await
-    }
-
-    /// Lets go of the lease so another invocation need not wait for it to expire.
-    async fn release(&mut self) {
-        let released = self
-            .update(|c, now| {
-                let mut next = c.handed_over(now);
-                next.continuations = c.continuations;
-                next
-            })
-            .await;
-        if let Err(error) = released {
-            tracing::debug!(%error, "could not release the drain lease; it expires by itself");
-        }
-    }
-}
-
 /// Where driving the session left the drain.
-struct Driven {
-    next: NextStep,
-    stats: SessionStats,
+pub(super) struct Driven {
+    pub(super) next: NextStep,
+    pub(super) stats: SessionStats,
     /// When the drain started (the first invocation's claim).
-    started_at: Timestamp,
+    pub(super) started_at: Timestamp,
 }
 
 impl<K, A, I, N> Drainer<K, A, I, N>
@@ -563,164 +521,6 @@ where
         }))
     }
 
-    /// What the session came to: complete the action, hand over, or stop.
-    async fn finish(
-        &self,
-        driven: Driven,
-        lease: &mut NodeLease,
-        node_reference: &ObjectReference,
-        request: &DrainRequest<'_>,
-        keeper: &mut HeartbeatKeeper,
-    ) -> Result<DeliveryOutcome, DrainError> {
-        let notification = request.notification;
-        let Driven {
-            next,
-            stats,
-            started_at,
-        } = driven;
-        match next {
-            NextStep::HandOver => self.hand_over(lease, request, keeper, stats).await,
-            NextStep::RetryForcedDeletion(pods) => {
-                lease.release().await;
-                self.metrics(notification, Some(stats), "ForceIncomplete")
-                    .emit();
-                Err(DrainError::ForceIncomplete {
-                    node: lease.name.clone(),
-                    pods,
-                })
-            }
-            NextStep::LeaseLost => {
-                tracing::info!(
-                    step = "lease_lost",
-                    "another invocation took over the drain: stopping"
-                );
-                Ok(DeliveryOutcome::LeaseLost)
-            }
-            NextStep::Complete(drain) => {
-                let finished = (stats, started_at);
-                self.complete_drain(drain, finished, lease, node_reference, request)
-                    .await
-            }
-        }
-    }
-
-    /// Releases the lease (as handed over) and publishes the notification again for a fresh
-    /// invocation.
-    async fn hand_over(
-        &self,
-        lease: &mut NodeLease,
-        request: &DrainRequest<'_>,
-        keeper: &mut HeartbeatKeeper,
-        stats: SessionStats,
-    ) -> Result<DeliveryOutcome, DrainError> {
-        let notification = request.notification;
-        let update = lease.update(|c, now| c.handed_over(now)).await;
-        match update.map_err(|source| kube_error(&lease.name, source))? {
-            Update::Written(_) => {}
-            Update::LeaseLost => return Ok(DeliveryOutcome::LeaseLost),
-            Update::NodeGone => return self.node_gone(notification).await,
-        }
-        let handed = self
-            .context
-            .hand_over(keeper, request.delivery)
-            .await
-            .map_err(|source| DrainError::HandOver {
-                node: lease.name.clone(),
-                source,
-            })?;
-        self.metrics(notification, Some(stats), "HandedOver")
-            .metric("Continuations", 1.0, crate::telemetry::Unit::Count)
-            .emit();
-        match handed {
-            HandOver::Published { continuation, .. } => {
-                tracing::info!(
-                    step = "handed_over",
-                    continuation,
-                    pods_evicted = stats.pods_evicted,
-                    "invocation time nearly up: drain handed to a fresh invocation"
-                );
-                Ok(DeliveryOutcome::HandedOver { continuation })
-            }
-            HandOver::ActionGone => Ok(DeliveryOutcome::ActionGone),
-        }
-    }
-
-    /// Completes the lifecycle action after the drain, records the completion on the node
-    /// (and a trip to the warm pool), and says so.
-    async fn complete_drain(
-        &self,
-        drain: DrainEnd,
-        (stats, started_at): (SessionStats, Timestamp),
-        lease: &mut NodeLease,
-        node_reference: &ObjectReference,
-        request: &DrainRequest<'_>,
-    ) -> Result<DeliveryOutcome, DrainError> {
-        let notification = request.notification;
-        let result = match &drain {
-            DrainEnd::EvictionFailure(_) => self.settings().timeout_result,
-            _ => LifecycleActionResult::Continue,
-        };
-        let outcome = self.complete(notification, result).await?;
-        let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
-        record_completion(lease, to_warm_pool).await;
-        let duration = Timestamp::now().duration_since(started_at);
-        tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
-        request.events.normal(
-            node_reference,
-            reason::LIFECYCLE_ACTION_COMPLETED,
-            format!(
-                "Lifecycle action of instance {} completed with {} ({})",
-                notification.action.instance_id,
-                result.as_str(),
-                drain.label()
-            ),
-        );
-        self.metrics(notification, Some(stats), drain.label())
-            .metric(
-                "DrainDuration",
-                duration.as_secs_f64().max(0.0),
-                crate::telemetry::Unit::Seconds,
-            )
-            .emit();
-        Ok(DeliveryOutcome::Completed {
-            result,
-            outcome,
-            drain,
-        })
-    }
-
-    /// The node is gone: the instance has nothing left to drain; complete.
-    async fn node_gone(
-        &self,
-        notification: &LifecycleNotification,
-    ) -> Result<DeliveryOutcome, DrainError> {
-        let outcome = self
-            .complete(notification, LifecycleActionResult::Continue)
-            .await?;
-        Ok(DeliveryOutcome::NoNode(outcome))
-    }
-
-    async fn complete(
-        &self,
-        notification: &LifecycleNotification,
-        result: LifecycleActionResult,
-    ) -> Result<CompletionOutcome, DrainError> {
-        let outcome = complete_action(&self.context.autoscaling, &notification.action, result)
-            .await
-            .map_err(|source| DrainError::Complete {
-                instance_id: notification.action.instance_id.clone(),
-                source,
-            })?;
-        if outcome == CompletionOutcome::NoActiveAction {
-            tracing::info!(
-                step = "completed",
-                result = result.as_str(),
-                "no active lifecycle action: it was completed already or timed out"
-            );
-        }
-        Ok(outcome)
-    }
-
     /// The knobs of a session, from the settings.
     fn session_settings(&self) -> SessionSettings {
         let settings = self.settings();
@@ -736,7 +536,7 @@ where
         }
     }
 
-    fn metrics(
+    pub(super) fn metrics(
         &self,
         notification: &LifecycleNotification,
         stats: Option<SessionStats>,
@@ -752,96 +552,9 @@ where
     }
 }
 
-/// Marks the drain completed on the node, and the trip to the warm pool when the instance
-/// goes there. A failure is logged, not fatal: a duplicate would find no active action.
-async fn record_completion(lease: &mut NodeLease, to_warm_pool: bool) {
-    let completed = lease
-        .update(|c, now| {
-            let mut next = c.handed_over(now);
-            next.continuations = c.continuations;
-            // Without a settle period the drained time was not written yet.
-            next.drained_at = c.drained_at.or(Some(now));
-            next.completed_at = Some(now);
-            // Scale-in with reuse: the node returns under its name; the mark lets the
-            // launching hook recognise the return (README "Warm pools").
-            if to_warm_pool {
-                next.to_warm_pool_at = Some(now);
-            }
-            next
-        })
-        .await;
-    if to_warm_pool {
-        tracing::info!(
-            step = "to_warm_pool",
-            recorded = completed.is_ok(),
-            "the instance goes back to the warm pool: the node keeps its drain record so its return is recognised"
-        );
-    }
-    if let Err(error) = completed {
-        tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
-    }
-}
-
-fn kube_error(node: &str, source: kube::Error) -> DrainError {
+pub(super) fn kube_error(node: &str, source: kube::Error) -> DrainError {
     DrainError::Kubernetes {
         node: node.to_owned(),
         source,
     }
-}
-
-/// The watch of the node's pods, started in the background so its first list overlaps the
-/// claim; stopped when the drain does not start.
-struct PrefetchedPods {
-    task: tokio::task::JoinHandle<NodePods>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-}
-
-impl PrefetchedPods {
-    fn start(client: &kube::Client, node_name: &str) -> Self {
-        let mut pods = NodePods::watch(client, node_name);
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            // Until the list is complete or the session wants the watch (listed or not:
-            // `changed` is cancel-safe and the list in progress lives in the stream).
-            let listed = async {
-                while !pods.is_synced() {
-                    if pods.changed().await.is_err() {
-                        break;
-                    }
-                }
-            };
-            tokio::select! {
-                _ = listed => {}
-                _ = stopped => {}
-            }
-            pods
-        });
-        Self {
-            task,
-            stop: Some(stop),
-        }
-    }
-
-    /// The watch, at once; `None` if its task failed (the session starts its own).
-    async fn take(mut self) -> Option<NodePods> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.ok()
-    }
-}
-
-impl Drop for PrefetchedPods {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// How long until a lease that runs `until` has expired (plus a little slack for clock
-/// differences between invocations); zero when it has already.
-fn lease_wait(until: jiff::Timestamp) -> std::time::Duration {
-    let left = until.duration_since(jiff::Timestamp::now());
-    std::time::Duration::try_from(left)
-        .unwrap_or_default()
-        .saturating_add(std::time::Duration::from_millis(500))
 }

@@ -285,6 +285,56 @@ pub(crate) fn conflicts_exhausted(message: String) -> kube::Error {
     )
 }
 
+/// The node whose drain this invocation works on, and the lease it holds it with.
+pub(super) struct NodeLease {
+    pub(super) nodes: Api<Node>,
+    pub(super) name: String,
+    pub(super) holder: LeaseHolder,
+    /// The node as this invocation last wrote it: lease updates go against its
+    /// `resourceVersion` without reading first (see [`update`]).
+    pub(super) last_written: Option<Node>,
+}
+
+impl NodeLease {
+    /// Changes the checkpoint of the drain held.
+    pub(super) async fn update(
+        &mut self,
+        change: impl Fn(&DrainCheckpoint, Timestamp) -> DrainCheckpoint,
+    ) -> Result<Update, kube::Error> {
+        update(
+            &self.nodes,
+            &self.name,
+            &self.holder,
+            &mut self.last_written,
+            change,
+        )
+        .await
+    }
+
+    /// Lets go of the lease so another invocation need not wait for it to expire.
+    pub(super) async fn release(&mut self) {
+        let released = self
+            .update(|c, now| {
+                let mut next = c.handed_over(now);
+                next.continuations = c.continuations;
+                next
+            })
+            .await;
+        if let Err(error) = released {
+            tracing::debug!(%error, "could not release the drain lease; it expires by itself");
+        }
+    }
+}
+
+/// How long until a lease that runs `until` has expired (plus a little slack for clock
+/// differences between invocations); zero when it has already.
+pub(super) fn lease_wait(until: jiff::Timestamp) -> std::time::Duration {
+    let left = until.duration_since(jiff::Timestamp::now());
+    std::time::Duration::try_from(left)
+        .unwrap_or_default()
+        .saturating_add(std::time::Duration::from_millis(500))
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

@@ -12,13 +12,13 @@
 //!    [`eviction`], [`eviction_queue`] — retrying pods a PodDisruptionBudget refused when the
 //!    budget allows ([`budget_watch`]) — and watches them go with one watch — [`node_pods`];
 //! 6. at the deadline, reports the pods and budgets in the way ([`budgets`]) or deletes them
-//!    ([`force`]);
-//! 7. settles, then completes the lifecycle action — [`session`], [`drainer`];
+//!    ([`force`]), as [`deadline`] decides;
+//! 7. settles, then completes the lifecycle action — [`session`], [`drainer`] (`finish.rs`);
 //! 8. before the invocation runs out, hands over to a fresh one
 //!    ([`crate::lifecycle::continuation`]).
 //!
 //! What the user sees: Kubernetes [`events`], JSON log lines (one per step, field `step`)
-//! and [`metrics`].
+//! and [`metrics`]; the Lambda response and errors: [`report`].
 //!
 //! Not here: parsing notifications, deciding whether a group is ours, heartbeats and
 //! hand-over mechanics — [`crate::lifecycle`].
@@ -33,6 +33,7 @@ pub mod drainer;
 pub mod events;
 pub mod eviction;
 pub mod eviction_queue;
+mod finish;
 pub mod force;
 pub mod lease;
 pub mod metrics;

@@ -159,3 +159,51 @@ pub enum NodePodsError {
     #[error("the watch of the node's pods ended unexpectedly")]
     WatchEnded,
 }
+
+/// The watch of the node's pods, started in the background so its first list overlaps the
+/// claim; stopped when the drain does not start.
+pub(super) struct PrefetchedPods {
+    task: tokio::task::JoinHandle<NodePods>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl PrefetchedPods {
+    pub(super) fn start(client: &kube::Client, node_name: &str) -> Self {
+        let mut pods = NodePods::watch(client, node_name);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            // Until the list is complete or the session wants the watch (listed or not:
+            // `changed` is cancel-safe and the list in progress lives in the stream).
+            let listed = async {
+                while !pods.is_synced() {
+                    if pods.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = listed => {}
+                _ = stopped => {}
+            }
+            pods
+        });
+        Self {
+            task,
+            stop: Some(stop),
+        }
+    }
+
+    /// The watch, at once; `None` if its task failed (the session starts its own).
+    pub(super) async fn take(mut self) -> Option<NodePods> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.ok()
+    }
+}
+
+impl Drop for PrefetchedPods {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,213 @@
+//! How a drain ends in this invocation, once its session is over: the lifecycle action
+//! completed (and the completion recorded on the node), the drain handed to a fresh
+//! invocation, or the invocation stopped or failed for a retry.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+
+use super::deadline::NextStep;
+use super::drainer::{DrainRequest, Drainer, Driven, kube_error};
+use super::events::reason;
+use super::lease::{NodeLease, Update};
+use super::report::{DeliveryOutcome, DrainEnd, DrainError};
+use super::session::SessionStats;
+use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult, Notifications};
+use crate::lifecycle::connection::KubeConnection;
+use crate::lifecycle::continuation::{HandOver, HeartbeatKeeper, complete_action};
+use crate::lifecycle::notification::{InstancePlace, LifecycleNotification};
+
+impl<K, A, I, N> Drainer<K, A, I, N>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
+    /// What the session came to: complete the action, hand over, or stop.
+    pub(super) async fn finish(
+        &self,
+        driven: Driven,
+        lease: &mut NodeLease,
+        node_reference: &ObjectReference,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = request.notification;
+        let Driven {
+            next,
+            stats,
+            started_at,
+        } = driven;
+        match next {
+            NextStep::HandOver => self.hand_over(lease, request, keeper, stats).await,
+            NextStep::RetryForcedDeletion(pods) => {
+                lease.release().await;
+                self.metrics(notification, Some(stats), "ForceIncomplete")
+                    .emit();
+                Err(DrainError::ForceIncomplete {
+                    node: lease.name.clone(),
+                    pods,
+                })
+            }
+            NextStep::LeaseLost => {
+                tracing::info!(
+                    step = "lease_lost",
+                    "another invocation took over the drain: stopping"
+                );
+                Ok(DeliveryOutcome::LeaseLost)
+            }
+            NextStep::Complete(drain) => {
+                let finished = (stats, started_at);
+                self.complete_drain(drain, finished, lease, node_reference, request)
+                    .await
+            }
+        }
+    }
+
+    /// Releases the lease (as handed over) and publishes the notification again for a fresh
+    /// invocation.
+    async fn hand_over(
+        &self,
+        lease: &mut NodeLease,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+        stats: SessionStats,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = request.notification;
+        let update = lease.update(|c, now| c.handed_over(now)).await;
+        match update.map_err(|source| kube_error(&lease.name, source))? {
+            Update::Written(_) => {}
+            Update::LeaseLost => return Ok(DeliveryOutcome::LeaseLost),
+            Update::NodeGone => return self.node_gone(notification).await,
+        }
+        let handed = self
+            .context
+            .hand_over(keeper, request.delivery)
+            .await
+            .map_err(|source| DrainError::HandOver {
+                node: lease.name.clone(),
+                source,
+            })?;
+        self.metrics(notification, Some(stats), "HandedOver")
+            .metric("Continuations", 1.0, crate::telemetry::Unit::Count)
+            .emit();
+        match handed {
+            HandOver::Published { continuation, .. } => {
+                tracing::info!(
+                    step = "handed_over",
+                    continuation,
+                    pods_evicted = stats.pods_evicted,
+                    "invocation time nearly up: drain handed to a fresh invocation"
+                );
+                Ok(DeliveryOutcome::HandedOver { continuation })
+            }
+            HandOver::ActionGone => Ok(DeliveryOutcome::ActionGone),
+        }
+    }
+
+    /// Completes the lifecycle action after the drain, records the completion on the node
+    /// (and a trip to the warm pool), and says so.
+    async fn complete_drain(
+        &self,
+        drain: DrainEnd,
+        (stats, started_at): (SessionStats, Timestamp),
+        lease: &mut NodeLease,
+        node_reference: &ObjectReference,
+        request: &DrainRequest<'_>,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let notification = request.notification;
+        let result = match &drain {
+            DrainEnd::EvictionFailure(_) => self.settings().timeout_result,
+            _ => LifecycleActionResult::Continue,
+        };
+        let outcome = self.complete(notification, result).await?;
+        let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
+        record_completion(lease, to_warm_pool).await;
+        let duration = Timestamp::now().duration_since(started_at);
+        tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
+        request.events.normal(
+            node_reference,
+            reason::LIFECYCLE_ACTION_COMPLETED,
+            format!(
+                "Lifecycle action of instance {} completed with {} ({})",
+                notification.action.instance_id,
+                result.as_str(),
+                drain.label()
+            ),
+        );
+        self.metrics(notification, Some(stats), drain.label())
+            .metric(
+                "DrainDuration",
+                duration.as_secs_f64().max(0.0),
+                crate::telemetry::Unit::Seconds,
+            )
+            .emit();
+        Ok(DeliveryOutcome::Completed {
+            result,
+            outcome,
+            drain,
+        })
+    }
+
+    /// The node is gone: the instance has nothing left to drain; complete.
+    pub(super) async fn node_gone(
+        &self,
+        notification: &LifecycleNotification,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        let outcome = self
+            .complete(notification, LifecycleActionResult::Continue)
+            .await?;
+        Ok(DeliveryOutcome::NoNode(outcome))
+    }
+
+    pub(super) async fn complete(
+        &self,
+        notification: &LifecycleNotification,
+        result: LifecycleActionResult,
+    ) -> Result<CompletionOutcome, DrainError> {
+        let outcome = complete_action(&self.context.autoscaling, &notification.action, result)
+            .await
+            .map_err(|source| DrainError::Complete {
+                instance_id: notification.action.instance_id.clone(),
+                source,
+            })?;
+        if outcome == CompletionOutcome::NoActiveAction {
+            tracing::info!(
+                step = "completed",
+                result = result.as_str(),
+                "no active lifecycle action: it was completed already or timed out"
+            );
+        }
+        Ok(outcome)
+    }
+}
+
+/// Marks the drain completed on the node, and the trip to the warm pool when the instance
+/// goes there. A failure is logged, not fatal: a duplicate would find no active action.
+async fn record_completion(lease: &mut NodeLease, to_warm_pool: bool) {
+    let completed = lease
+        .update(|c, now| {
+            let mut next = c.handed_over(now);
+            next.continuations = c.continuations;
+            // Without a settle period the drained time was not written yet.
+            next.drained_at = c.drained_at.or(Some(now));
+            next.completed_at = Some(now);
+            // Scale-in with reuse: the node returns under its name; the mark lets the
+            // launching hook recognise the return (README "Warm pools").
+            if to_warm_pool {
+                next.to_warm_pool_at = Some(now);
+            }
+            next
+        })
+        .await;
+    if to_warm_pool {
+        tracing::info!(
+            step = "to_warm_pool",
+            recorded = completed.is_ok(),
+            "the instance goes back to the warm pool: the node keeps its drain record so its return is recognised"
+        );
+    }
+    if let Err(error) = completed {
+        tracing::warn!(%error, "could not mark the drain checkpoint completed (harmless: a duplicate would find no active action)");
+    }
+}
