@@ -143,7 +143,7 @@ where
 
     /// A launch into the warm pool: complete with CONTINUE once EC2 has the instance out of
     /// `pending` (Auto Scaling then stops, hibernates or keeps it running in the pool).
-    pub(super) async fn into_warm_pool(
+    pub(super) async fn complete_into_warm_pool(
         &self,
         invocation: &Invocation,
         notification: &LifecycleNotification,

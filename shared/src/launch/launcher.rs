@@ -147,7 +147,7 @@ where
                 None,
                 "launch into the warm pool: completing as soon as the instance runs, without waiting for a node (WARM_POOL_WAIT_FOR_NODE=false)",
             );
-            return self.into_warm_pool(invocation, notification).await;
+            return self.complete_into_warm_pool(invocation, notification).await;
         }
         if route.is_into_warm_pool() {
             log_step(
