@@ -20,13 +20,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::Api;
 use kube::runtime::events::{Recorder, Reporter};
-use serde_json::Value;
 use tracing::Instrument;
 
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::lifecycle::connection::KubeConnection;
 use crate::lifecycle::continuation::{ActionGone, HeartbeatKeeper};
-use crate::lifecycle::handler::{HookContext, Invocation, handle_records};
+use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,
@@ -104,35 +103,26 @@ pub(super) struct Driven {
     pub(super) started_at: Timestamp,
 }
 
-impl<K, A, I, N> Drainer<K, A, I, N>
+impl<K, A, I, N> HookHandler for Drainer<K, A, I, N>
 where
     K: KubeConnection,
     A: AutoScaling,
     I: Instances,
     N: Notifications,
 {
-    /// Handles every record of `event`. Records that fail are reported together after the
-    /// others were handled.
-    pub async fn handle(
-        &self,
-        event: Value,
-        lambda: &lambda_runtime::Context,
-    ) -> Result<DrainReport, DrainError> {
-        let margin = self.settings().lifecycle.hand_over_margin;
-        let invocation = Invocation::from_context(lambda, margin);
-        self.handle_invocation(event, &invocation).await
+    type Outcome = DeliveryOutcome;
+    type Error = DrainError;
+    type Report = DrainReport;
+
+    fn hand_over_margin(&self) -> std::time::Duration {
+        self.settings().lifecycle.hand_over_margin
     }
 
-    /// [`Self::handle`] for an invocation described directly (tests, local runs).
-    pub async fn handle_invocation(
+    fn report(
         &self,
-        event: Value,
-        invocation: &Invocation,
+        records: Vec<HandledRecord<DeliveryOutcome, DrainError>>,
+        _invocation: &Invocation,
     ) -> Result<DrainReport, DrainError> {
-        let records = handle_records(&event, |delivery| async move {
-            self.handle_delivery(&delivery, invocation).await
-        })
-        .await;
         DrainReport::from_records(records)
     }
 
@@ -179,7 +169,15 @@ where
         )
         .await
     }
+}
 
+impl<K, A, I, N> Drainer<K, A, I, N>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
     /// A terminating notification: ours or not, then the drain, with its Events written
     /// before returning.
     async fn terminating(

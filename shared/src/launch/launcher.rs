@@ -5,7 +5,6 @@
 use std::ops::ControlFlow;
 
 use kube::runtime::events::{Recorder, Reporter};
-use serde_json::Value;
 
 use super::FUNCTION_NAME;
 use super::report::{LaunchError, LaunchOutcome, LaunchReport};
@@ -13,7 +12,7 @@ use super::signals::log_step;
 use super::wait::WaitEnd;
 use crate::aws::{AutoScaling, Instances, Notifications};
 use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::handler::{HookContext, Invocation, handle_records};
+use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,
 };
@@ -44,35 +43,26 @@ impl<K, A, I, N> Launcher<K, A, I, N> {
     }
 }
 
-impl<K, A, I, N> Launcher<K, A, I, N>
+impl<K, A, I, N> HookHandler for Launcher<K, A, I, N>
 where
     K: KubeConnection,
     A: AutoScaling,
     I: Instances,
     N: Notifications,
 {
-    /// Handles every record of one Lambda event. Records that cannot be handled are reported
-    /// and make the invocation fail after the others were handled.
-    pub async fn handle(
-        &self,
-        event: Value,
-        lambda: &lambda_runtime::Context,
-    ) -> Result<LaunchReport, LaunchError> {
-        let margin = self.settings().lifecycle.hand_over_margin;
-        let invocation = Invocation::from_context(lambda, margin);
-        self.handle_invocation(event, &invocation).await
+    type Outcome = LaunchOutcome;
+    type Error = LaunchError;
+    type Report = LaunchReport;
+
+    fn hand_over_margin(&self) -> std::time::Duration {
+        self.settings().lifecycle.hand_over_margin
     }
 
-    /// [`Self::handle`] for an invocation described directly (tests, local runs).
-    pub async fn handle_invocation(
+    fn report(
         &self,
-        event: Value,
+        records: Vec<HandledRecord<LaunchOutcome, LaunchError>>,
         invocation: &Invocation,
     ) -> Result<LaunchReport, LaunchError> {
-        let records = handle_records(&event, |delivery| async move {
-            self.handle_delivery(&delivery, invocation).await
-        })
-        .await;
         LaunchReport::from_records(records, &invocation.request_id)
     }
 
@@ -127,7 +117,15 @@ where
             }
         }
     }
+}
 
+impl<K, A, I, N> Launcher<K, A, I, N>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
     /// One launch: ours or not; into the warm pool without a node; else wait for the node to
     /// be Ready and complete (undoing the scale-in's drain when it comes back from the pool).
     async fn launch(

@@ -143,6 +143,60 @@ impl Invocation {
     }
 }
 
+/// A lifecycle hook: what it does with one delivery, and how it reports an event's records.
+/// The invocation around them is the same for both hooks: [`HookHandler::handle`].
+pub trait HookHandler {
+    /// What became of one record.
+    type Outcome;
+    /// Why a record (or the invocation) failed.
+    type Error: From<NotificationError>;
+    /// The Lambda response.
+    type Report;
+
+    /// `HAND_OVER_MARGIN_SECONDS`: how long before the invocation's deadline work stops.
+    fn hand_over_margin(&self) -> std::time::Duration;
+
+    /// Handles one record.
+    fn handle_delivery(
+        &self,
+        delivery: &Delivery,
+        invocation: &Invocation,
+    ) -> impl Future<Output = Result<Self::Outcome, Self::Error>>;
+
+    /// The response for an event's handled records, or the invocation's failure.
+    fn report(
+        &self,
+        records: Vec<HandledRecord<Self::Outcome, Self::Error>>,
+        invocation: &Invocation,
+    ) -> Result<Self::Report, Self::Error>;
+
+    /// Handles every record of one Lambda event. Records that fail are reported after the
+    /// others were handled, and make the invocation fail.
+    fn handle(
+        &self,
+        event: Value,
+        lambda: &lambda_runtime::Context,
+    ) -> impl Future<Output = Result<Self::Report, Self::Error>> {
+        let invocation = Invocation::from_context(lambda, self.hand_over_margin());
+        async move { self.handle_invocation(event, &invocation).await }
+    }
+
+    /// [`Self::handle`] for an invocation described directly (tests, local runs).
+    fn handle_invocation(
+        &self,
+        event: Value,
+        invocation: &Invocation,
+    ) -> impl Future<Output = Result<Self::Report, Self::Error>> {
+        async move {
+            let records = handle_records(&event, |delivery| async move {
+                self.handle_delivery(&delivery, invocation).await
+            })
+            .await;
+            self.report(records, invocation)
+        }
+    }
+}
+
 /// One record of an event, handled: where it was, what it was about, and how it went.
 #[derive(Debug)]
 pub struct HandledRecord<O, E> {
