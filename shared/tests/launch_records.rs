@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
 use node_manager::launch::{LaunchError, LaunchOutcome, Launcher};
+use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::LaunchSettings;
 use serde_json::{Value, json};
 

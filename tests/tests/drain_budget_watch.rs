@@ -11,6 +11,7 @@ use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications}
 use node_manager::aws::{LifecycleActionRef, LifecycleActionResult, LifecycleHook};
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
 use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;

@@ -14,6 +14,7 @@ use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotificati
 use node_manager::cluster::ClusterAccess;
 use node_manager::launch::{self, LaunchOutcome, Launcher};
 use node_manager::lifecycle::connection::EksConnection;
+use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::LaunchSettings;
 use node_manager_testkit::account::FakeAccount;
 use node_manager_testkit::aws::{

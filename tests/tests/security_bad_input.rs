@@ -24,6 +24,7 @@ use node_manager::aws::{
 use node_manager::drain::{Drainer, Invocation};
 use node_manager::launch::Launcher;
 use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
 use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::handler::NodegroupAuth;

@@ -8,6 +8,7 @@ use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotificati
 use node_manager::cluster::ClusterAccess;
 use node_manager::drain::{self, Drainer};
 use node_manager::lifecycle::connection::EksConnection;
+use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager::settings::ProcessEnv;
 use serde_json::Value;
