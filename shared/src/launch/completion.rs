@@ -22,6 +22,17 @@ where
     A: AutoScaling,
     I: Instances,
 {
+    /// `CompleteLifecycleAction` with `result`.
+    async fn complete(
+        &self,
+        notification: &LifecycleNotification,
+        result: LifecycleActionResult,
+    ) -> Result<CompletionOutcome, LaunchError> {
+        complete_action(&self.context.autoscaling, &notification.action, result)
+            .await
+            .map_err(LaunchError::Complete)
+    }
+
     /// The node is Ready: complete with CONTINUE, and say so on the node.
     pub(super) async fn complete_ready(
         &self,
@@ -37,13 +48,9 @@ where
             Some(&node_name),
             "node is Ready; completing with CONTINUE",
         );
-        let outcome = complete_action(
-            &self.context.autoscaling,
-            action,
-            LifecycleActionResult::Continue,
-        )
-        .await
-        .map_err(LaunchError::Complete)?;
+        let outcome = self
+            .complete(notification, LifecycleActionResult::Continue)
+            .await?;
         let waited_seconds = seconds_since(notification.time);
         let outcome = match outcome {
             CompletionOutcome::Completed => {
@@ -110,9 +117,7 @@ where
             timeout_seconds = self.settings().launch_timeout.as_secs_f64(),
             "the node did not become Ready within the launch timeout; completing with the timeout result"
         );
-        complete_action(&self.context.autoscaling, action, result)
-            .await
-            .map_err(LaunchError::Complete)?;
+        self.complete(notification, result).await?;
         if let Some(node) = node {
             publish_event(
                 recorder,
@@ -165,13 +170,8 @@ where
                     result = self.settings().timeout_result.as_str(),
                     "the instance launching into the warm pool stayed pending past the launch timeout; completing with the timeout result"
                 );
-                complete_action(
-                    &self.context.autoscaling,
-                    action,
-                    self.settings().timeout_result,
-                )
-                .await
-                .map_err(LaunchError::Complete)?;
+                self.complete(notification, self.settings().timeout_result)
+                    .await?;
                 emit_metrics("TimedOut", notification, None, notification.continuation);
                 return Ok(LaunchOutcome::TimedOut {
                     result: self.settings().timeout_result.as_str().to_owned(),
@@ -180,13 +180,9 @@ where
             }
             RunningWait::StillPending => return Err(LaunchError::StillPending),
         };
-        let outcome = complete_action(
-            &self.context.autoscaling,
-            action,
-            LifecycleActionResult::Continue,
-        )
-        .await
-        .map_err(LaunchError::Complete)?;
+        let outcome = self
+            .complete(notification, LifecycleActionResult::Continue)
+            .await?;
         let completed = outcome == CompletionOutcome::Completed;
         tracing::info!(
             instance_id = %action.instance_id,
