@@ -13,6 +13,7 @@
 //! - [`node_repair`]: replacing or rebooting nodes whose health conditions stay bad.
 //! - [`aws`]: small traits over the AWS calls the domain makes, their SDK adapters and
 //!   in-memory fakes.
+//! - [`diagnostic`]: the one way a function's error becomes its Lambda error type and message.
 //!
 //! Not here: Lambda wiring (the `functions/` crates) and the fake cluster (the test kit).
 //!

@@ -1,4 +1,4 @@
-//! The launching hook end to end, in process: `node_manager::launch::handle` with the real SDK
+//! The launching hook end to end, in process: `node_manager::launch::Launcher` with the real SDK
 //! adapters against the fake AWS endpoints, and a real `kube::Client` (EKS token signed with
 //! the function role's credentials, mapped by an access entry to the shipped RBAC group)
 //! against the fake API server.

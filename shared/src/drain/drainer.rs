@@ -96,7 +96,7 @@ struct ClaimedDrain {
 }
 
 /// Where driving the session left the drain.
-pub(super) struct Driven {
+pub(super) struct DrainProgress {
     pub(super) next: NextStep,
     pub(super) stats: SessionStats,
     /// When the drain started (the first invocation's claim).
@@ -247,14 +247,14 @@ where
         let node_reference =
             DrainEvents::node_reference(&lease.name, claimed.node.metadata.uid.as_deref());
         self.announce(&claimed, &lease.name, &node_reference, request);
-        let driven = self
+        let progress = self
             .drive(claimed, prefetch, &mut lease, &mut keeper, request)
             .await?;
-        let driven = match driven {
-            ControlFlow::Continue(driven) => driven,
+        let progress = match progress {
+            ControlFlow::Continue(progress) => progress,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
-        self.finish(driven, &mut lease, &node_reference, request, &mut keeper)
+        self.finish(progress, &mut lease, &node_reference, request, &mut keeper)
             .await
     }
 
@@ -467,7 +467,7 @@ where
         lease: &mut NodeLease,
         keeper: &mut HeartbeatKeeper,
         request: &DrainRequest<'_>,
-    ) -> Result<ControlFlow<DeliveryOutcome, Driven>, DrainError> {
+    ) -> Result<ControlFlow<DeliveryOutcome, DrainProgress>, DrainError> {
         let session_settings = self.session_settings();
         let mut session = DrainSession {
             client: request.client,
@@ -512,7 +512,7 @@ where
             }
             Ok(next) => next.map_err(|source| kube_error(&lease.name, source))?,
         };
-        Ok(ControlFlow::Continue(Driven {
+        Ok(ControlFlow::Continue(DrainProgress {
             next,
             stats,
             started_at,

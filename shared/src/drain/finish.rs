@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::deadline::NextStep;
-use super::drainer::{DrainRequest, Drainer, Driven, kube_error};
+use super::drainer::{DrainProgress, DrainRequest, Drainer, kube_error};
 use super::events::reason;
 use super::lease::{NodeLease, Update};
 use super::report::{DeliveryOutcome, DrainEnd, DrainError};
@@ -26,18 +26,18 @@ where
     /// What the session came to: complete the action, hand over, or stop.
     pub(super) async fn finish(
         &self,
-        driven: Driven,
+        progress: DrainProgress,
         lease: &mut NodeLease,
         node_reference: &ObjectReference,
         request: &DrainRequest<'_>,
         keeper: &mut HeartbeatKeeper,
     ) -> Result<DeliveryOutcome, DrainError> {
         let notification = request.notification;
-        let Driven {
+        let DrainProgress {
             next,
             stats,
             started_at,
-        } = driven;
+        } = progress;
         match next {
             NextStep::HandOver => self.hand_over(lease, request, keeper, stats).await,
             NextStep::RetryForcedDeletion(pods) => {
