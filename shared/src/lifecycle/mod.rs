@@ -2,6 +2,8 @@
 //! is ours ([`scope`]), the hooks' settings ([`settings`]), the skeleton both hook functions
 //! share ([`handler`]: context, invocation, per-record loop), how a long wait is carried across
 //! invocations ([`continuation`]) and which Node an instance is ([`node`]).
+//!
+//! Shared by the terminating hook (`drain`) and the launching hook (`launch`).
 
 #[cfg(feature = "runtime")]
 pub mod connection;
