@@ -263,3 +263,91 @@ fn subject_of(message: &LifecycleMessage) -> (Option<String>, Option<String>) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Value {
+        let path = format!("{}/../tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Failed {
+        Malformed(String),
+        Handler,
+    }
+
+    impl From<NotificationError> for Failed {
+        fn from(error: NotificationError) -> Self {
+            Self::Malformed(error.to_string())
+        }
+    }
+
+    /// An event of a launch record, a record that is not a notification, a test notification.
+    fn mixed_event() -> Value {
+        let launch = fixture("sns-lifecycle-launching.json")["Records"][0].clone();
+        let test = fixture("sns-test-notification.json")["Records"][0].clone();
+        serde_json::json!({"Records": [launch, {"EventSource": "aws:sns", "Sns": {}}, test]})
+    }
+
+    #[tokio::test]
+    async fn every_record_is_handled_and_a_malformed_one_fails_alone() {
+        let mut seen = Vec::new();
+        let records: Vec<HandledRecord<String, Failed>> =
+            handle_records(&mixed_event(), |delivery| {
+                seen.push(delivery.location.to_string());
+                async move {
+                    match delivery.message {
+                        LifecycleMessage::Test(_) => Err(Failed::Handler),
+                        _ => Ok(delivery.location.to_string()),
+                    }
+                }
+            })
+            .await;
+        assert_eq!(seen, ["record 0", "record 2"]);
+        assert_eq!(records.len(), 3);
+
+        assert_eq!(records[0].record, "record 0");
+        assert_eq!(
+            records[0].instance_id.as_deref(),
+            Some("i-0a1b2c3d4e5f60718")
+        );
+        assert!(records[0].auto_scaling_group.is_some());
+        assert_eq!(records[0].result, Ok("record 0".to_owned()));
+
+        assert_eq!(records[1].record, "record 1");
+        assert_eq!(records[1].instance_id, None);
+        assert!(
+            matches!(&records[1].result, Err(Failed::Malformed(message)) if !message.is_empty()),
+            "{:?}",
+            records[1].result
+        );
+
+        assert_eq!(records[2].record, "record 2");
+        assert_eq!(records[2].instance_id, None);
+        assert_eq!(records[2].result, Err(Failed::Handler));
+    }
+
+    #[test]
+    fn the_invocation_is_named_after_the_request_and_the_function_account() {
+        let mut lambda = lambda_runtime::Context::default();
+        lambda.request_id = "req-1".to_owned();
+        lambda.invoked_function_arn =
+            "arn:aws:lambda:eu-west-1:111111111111:function:terminating-hook".to_owned();
+        lambda.deadline = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis()
+                + 60_000,
+        )
+        .unwrap();
+        let invocation = Invocation::from_context(&lambda, std::time::Duration::from_secs(10));
+        assert_eq!(invocation.request_id, "req-1");
+        assert_eq!(invocation.function_account.as_deref(), Some("111111111111"));
+        assert!(invocation.budget.remaining() <= std::time::Duration::from_secs(50));
+        assert!(invocation.budget.remaining() > std::time::Duration::from_secs(40));
+    }
+}
