@@ -266,6 +266,8 @@ fn subject_of(message: &LifecycleMessage) -> (Option<String>, Option<String>) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     fn fixture(name: &str) -> Value {
