@@ -277,6 +277,26 @@ mod tests {
     }
 
     #[test]
+    fn the_lambda_function_name_is_read_at_start_up() {
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c")];
+        assert_eq!(
+            LaunchSettings::from_source(env).unwrap().function_name,
+            None
+        );
+        let env: &[(&str, &str)] = &[
+            ("CLUSTER_NAME", "c"),
+            ("AWS_LAMBDA_FUNCTION_NAME", "prod-launching-hook"),
+        ];
+        assert_eq!(
+            LaunchSettings::from_source(env)
+                .unwrap()
+                .function_name
+                .as_deref(),
+            Some("prod-launching-hook")
+        );
+    }
+
+    #[test]
     fn values_are_read_and_bad_ones_named() {
         let env: &[(&str, &str)] = &[
             ("CLUSTER_NAME", "c"),
