@@ -11,6 +11,7 @@ use kube::api::ObjectMeta;
 use node_manager::nodegroup_auth::aws_auth::*;
 use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
 use node_manager::nodegroup_auth::role_mapping::{MapRoles, NODE_USERNAME, NodeOs};
+use node_manager::retry::RetryPolicy;
 
 const ROLE: &str = "arn:aws:iam::111111111111:role/node";
 

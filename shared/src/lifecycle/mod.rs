@@ -1,13 +1,22 @@
 //! Auto Scaling lifecycle notifications: what a message means ([`notification`]), whether it
-//! is ours ([`scope`]), the hooks' settings ([`settings`]), how a long wait is carried across
-//! invocations ([`continuation`]) and which Node an instance is ([`node`]).
+//! is ours ([`scope`]), the hooks' settings ([`settings`]), which Node an instance is
+//! ([`node`]), and how a long wait is carried across invocations: the time an invocation may
+//! use ([`budget`]), the hook's timeouts ([`hook_timings`]), heartbeats that keep the action
+//! alive ([`heartbeat`]), and the hand-over to a fresh invocation or the completion
+//! ([`hand_over`]).
 //!
 //! Shared by the terminating hook (`drain`) and the launching hook (`launch`).
 
 #[cfg(feature = "runtime")]
+pub mod budget;
+#[cfg(feature = "runtime")]
 pub mod connection;
 #[cfg(feature = "runtime")]
-pub mod continuation;
+pub mod hand_over;
+#[cfg(feature = "runtime")]
+pub mod heartbeat;
+#[cfg(feature = "runtime")]
+pub mod hook_timings;
 #[cfg(feature = "runtime")]
 pub mod node;
 pub mod notification;
@@ -15,3 +24,5 @@ pub mod notification;
 pub mod scope;
 #[cfg(feature = "runtime")]
 pub mod settings;
+#[cfg(all(test, feature = "runtime"))]
+mod test_support;
