@@ -8,11 +8,11 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
 use node_manager::aws::fake::{FakeEks, FakeInstanceProfiles, FakeInstances};
 use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
 use node_manager::nodegroup_auth::handler::{NodegroupAuth, NodegroupAuthError, Outcome};
 use node_manager::nodegroup_auth::role_mapping::MapRoles;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use serde_json::{Value, json};
 

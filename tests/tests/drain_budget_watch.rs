@@ -10,7 +10,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
 use node_manager::aws::{LifecycleActionRef, LifecycleActionResult, LifecycleHook};
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;

@@ -18,7 +18,7 @@ use node_manager::cluster::token::sign_token;
 use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::drain::{DeliveryOutcome, DrainEnd, DrainError, Drainer, Invocation};
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager_testkit::kube::{AuditEvent, FakeApiServer, FaultAction, FaultRule};
 use serde_json::{Value, json};

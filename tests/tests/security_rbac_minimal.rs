@@ -19,12 +19,12 @@ use node_manager::aws::{
 };
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
 use node_manager::launch::{self, LaunchContext};
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::handler::NodegroupAuth;
 use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;

@@ -16,11 +16,11 @@ use crate::aws::{
     AutoScaling, AwsError, CompletionOutcome, Instances, LifecycleActionResult, Notifications,
 };
 use crate::cluster::ClusterAccessError;
+use crate::lifecycle::budget::InvocationBudget;
 use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{
-    ActionGone, ContinuationError, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget,
-    complete_action, hand_over,
-};
+use crate::lifecycle::hand_over::{ContinuationError, HandOver, complete_action, hand_over};
+use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper};
+use crate::lifecycle::hook_timings::HookTimings;
 use crate::lifecycle::node::{NodeLookupError, find_node};
 use crate::lifecycle::notification::{
     Delivery, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleTransition,

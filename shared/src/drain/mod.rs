@@ -15,7 +15,7 @@
 //!    ([`force`]);
 //! 7. settles, then completes the lifecycle action — [`session`], [`drainer`];
 //! 8. before the invocation runs out, hands over to a fresh one
-//!    ([`crate::lifecycle::continuation`]).
+//!    ([`crate::lifecycle::hand_over`]).
 //!
 //! What the user sees: Kubernetes [`events`], JSON log lines (one per step, field `step`)
 //! and [`metrics`].

@@ -26,11 +26,11 @@ use crate::aws::{
     AutoScaling, AwsError, CompletionOutcome, Instances, LifecycleActionResult, Notifications,
 };
 use crate::cluster::ClusterAccessError;
+use crate::lifecycle::budget::{InvocationBudget, instant_at};
 use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{
-    ContinuationError, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget, complete_action,
-    hand_over, instant_at,
-};
+use crate::lifecycle::hand_over::{ContinuationError, HandOver, complete_action, hand_over};
+use crate::lifecycle::heartbeat::HeartbeatKeeper;
+use crate::lifecycle::hook_timings::HookTimings;
 use crate::lifecycle::node::{find_node, is_ready, private_dns_name};
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition, NotificationError,
