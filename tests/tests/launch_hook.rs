@@ -12,8 +12,8 @@ use kube::api::{Api, ListParams};
 use node_manager::aws::LifecycleActionResult;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotifications};
 use node_manager::cluster::ClusterAccess;
+use node_manager::cluster::connection::EksConnection;
 use node_manager::launch::{self, LaunchContext, LaunchOutcome};
-use node_manager::lifecycle::connection::EksConnection;
 use node_manager::lifecycle::settings::LaunchSettings;
 use node_manager_testkit::account::FakeAccount;
 use node_manager_testkit::aws::{

@@ -21,6 +21,7 @@
 pub mod bearer;
 pub mod client;
 pub mod clock;
+pub mod connection;
 pub mod discovery;
 pub mod error;
 pub mod token;

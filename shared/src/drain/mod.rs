@@ -51,7 +51,7 @@ pub async fn handle<K, A, I, N>(
     lambda: &lambda_runtime::Context,
 ) -> Result<DrainReport, DrainError>
 where
-    K: crate::lifecycle::connection::KubeConnection,
+    K: crate::cluster::connection::KubeConnection,
     A: crate::aws::AutoScaling,
     I: crate::aws::Instances,
     N: crate::aws::Notifications,

@@ -26,8 +26,8 @@ use crate::aws::{
     AutoScaling, AwsError, CompletionOutcome, Instances, LifecycleActionResult, Notifications,
 };
 use crate::cluster::ClusterAccessError;
+use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::budget::{InvocationBudget, instant_at};
-use crate::lifecycle::connection::KubeConnection;
 use crate::lifecycle::hand_over::{ContinuationError, HandOver, complete_action, hand_over};
 use crate::lifecycle::heartbeat::HeartbeatKeeper;
 use crate::lifecycle::hook_timings::HookTimings;

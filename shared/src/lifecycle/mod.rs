@@ -10,8 +10,6 @@
 #[cfg(feature = "runtime")]
 pub mod budget;
 #[cfg(feature = "runtime")]
-pub mod connection;
-#[cfg(feature = "runtime")]
 pub mod hand_over;
 #[cfg(feature = "runtime")]
 pub mod heartbeat;
