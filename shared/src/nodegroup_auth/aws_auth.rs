@@ -41,9 +41,15 @@ pub enum StoreError {
     Forbidden(String),
     #[error("Kubernetes API call failed: {0}")]
     Api(String),
+    /// The cluster's API could not be reached at all (discovery, credentials, token): the
+    /// connection's own words, which the handler reports as a cluster-access failure.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
-/// Access to the one ConfigMap, so the merge logic runs against the API server or a fake.
+/// Access to the one ConfigMap, so the merge logic runs against the API server
+/// ([`super::kube_store::KubeAwsAuthStore`]) or in memory (`InMemoryAwsAuthStore`, with the
+/// `fakes` feature).
 pub trait AwsAuthStore: Send + Sync {
     /// `None` when `aws-auth` does not exist.
     fn get(&self) -> impl Future<Output = Result<Option<ConfigMap>, StoreError>> + Send;
@@ -66,6 +72,35 @@ pub trait AwsAuthStore: Send + Sync {
         config_map: &ConfigMap,
         event: &AwsAuthEvent,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// A borrowed store is a store: the handler keeps its store and lends it to each edit.
+impl<S: AwsAuthStore> AwsAuthStore for &S {
+    fn get(&self) -> impl Future<Output = Result<Option<ConfigMap>, StoreError>> + Send {
+        (**self).get()
+    }
+
+    fn create(
+        &self,
+        config_map: &ConfigMap,
+    ) -> impl Future<Output = Result<ConfigMap, StoreError>> + Send {
+        (**self).create(config_map)
+    }
+
+    fn replace(
+        &self,
+        config_map: &ConfigMap,
+    ) -> impl Future<Output = Result<ConfigMap, StoreError>> + Send {
+        (**self).replace(config_map)
+    }
+
+    fn publish_event(
+        &self,
+        config_map: &ConfigMap,
+        event: &AwsAuthEvent,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).publish_event(config_map, event)
+    }
 }
 
 /// A Kubernetes Event about `aws-auth`, as `kubectl describe configmap aws-auth` shows it.
