@@ -13,7 +13,7 @@
 //! - [`node_repair`]: replacing or rebooting nodes whose health conditions stay bad.
 //! - [`retry`]: the one retry policy and backoff curve.
 //! - [`aws`]: small traits over the AWS calls the domain makes, their SDK adapters and
-//!   in-memory fakes.
+//!   in-memory implementations (those only with the `fakes` feature, for tests).
 //!
 //! Not here: Lambda wiring (the `functions/` crates) and the fake cluster (the test kit).
 //!

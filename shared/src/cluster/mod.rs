@@ -7,7 +7,7 @@
 //! retries a 401 once with a new one ([`bearer`]).
 //!
 //! ```no_run
-//! # async fn example(sdk_config: aws_types::SdkConfig, eks: node_manager::aws::fake::FakeEks)
+//! # async fn example(sdk_config: aws_types::SdkConfig, eks: impl node_manager::aws::Eks)
 //! # -> Result<(), node_manager::cluster::ClusterAccessError> {
 //! use node_manager::cluster::ClusterAccess;
 //!

@@ -17,7 +17,7 @@ pub mod access_entry;
 #[cfg(feature = "runtime")]
 pub mod aws_auth;
 pub mod event;
-#[cfg(feature = "runtime")]
+#[cfg(any(feature = "fakes", all(test, feature = "runtime")))]
 pub mod fake;
 #[cfg(feature = "runtime")]
 pub mod handler;
