@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
 use node_manager::launch::{self, LaunchContext, LaunchError, LaunchOutcome};
 use node_manager::lifecycle::settings::LaunchSettings;
 use serde_json::{Value, json};
@@ -24,21 +24,21 @@ fn unreachable_client() -> kube::Client {
 }
 
 struct Harness {
-    asg: FakeAutoScaling,
-    sns: FakeNotifications,
-    ctx: LaunchContext<kube::Client, FakeAutoScaling, FakeInstances, FakeNotifications>,
+    asg: InMemoryAutoScaling,
+    sns: InMemoryNotifications,
+    ctx: LaunchContext<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>,
 }
 
 fn harness(extra: &[(&str, &str)]) -> Harness {
     let mut env: Vec<(&str, &str)> = vec![("CLUSTER_NAME", "ironman-2022")];
     env.extend_from_slice(extra);
     let settings = LaunchSettings::from_source(env.as_slice()).unwrap();
-    let asg = FakeAutoScaling::new();
-    let sns = FakeNotifications::default();
+    let asg = InMemoryAutoScaling::new();
+    let sns = InMemoryNotifications::default();
     let ctx = LaunchContext::new(
         unreachable_client(),
         asg.clone(),
-        FakeInstances::default(),
+        InMemoryInstances::default(),
         sns.clone(),
         settings,
     );

@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use node_manager::aws::fake::{FakeAutoScaling, FakeEks, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{
+    InMemoryAutoScaling, InMemoryEks, InMemoryInstances, InMemoryNotifications,
+};
 use node_manager::aws::{
     AuthenticationMode, ClusterDescription, LifecycleActionRef, LifecycleActionResult,
     LifecycleHook, NodegroupDescription,
@@ -212,7 +214,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         &["open-node-manager:terminating-hook"]
     };
     let client = client(&server, "terminating-hook", groups).await;
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -226,7 +228,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         token: token.into(),
     };
     autoscaling.start_action(&action);
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let force_setting = if force { "true" } else { "false" };
     let settings = DrainSettings::from_source(
@@ -247,7 +249,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let invocation = Invocation {
@@ -347,7 +349,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         &["open-node-manager:terminating-hook"],
     )
     .await;
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -360,7 +362,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         instance_id: INSTANCE.into(),
         token: token.into(),
     });
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let settings = DrainSettings::from_source(
         [
@@ -379,7 +381,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let invocation = Invocation {
@@ -432,7 +434,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         &["open-node-manager:launching-hook"],
     )
     .await;
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -445,7 +447,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         instance_id: LAUNCH_INSTANCE.into(),
         token: token.into(),
     });
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(LAUNCH_INSTANCE, LAUNCH_NODE);
     let settings = LaunchSettings::from_source(
         [
@@ -461,7 +463,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let mut lambda = lambda_runtime::Context::default();
@@ -515,7 +517,7 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
         &["open-node-manager:nodegroup-auth"],
     )
     .await;
-    let eks = FakeEks::default();
+    let eks = InMemoryEks::default();
     eks.add_cluster(ClusterDescription {
         name: CLUSTER.into(),
         arn: format!("arn:aws:eks:eu-west-1:111111111111:cluster/{CLUSTER}"),
@@ -533,8 +535,8 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
     let function = NodegroupAuth::new(
         eks,
         KubeAwsAuthStore::new(client),
-        node_manager::aws::fake::FakeInstanceProfiles::default(),
-        node_manager::aws::fake::FakeInstances::default(),
+        node_manager::aws::in_memory::InMemoryInstanceProfiles::default(),
+        node_manager::aws::in_memory::InMemoryInstances::default(),
         NodegroupAuthSettings {
             scope: ClusterScope {
                 cluster_name: CLUSTER.into(),
@@ -579,7 +581,7 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
 /// Node repair (its own group): a node NotReady for an hour is replaced; the effect is the
 /// instance marked unhealthy, the repair record on the node and the NodeRepairStarted Event.
 async fn repair_flow(documents: &[Value]) -> FlowResult {
-    use node_manager::aws::fake::FakeInstanceHealth;
+    use node_manager::aws::in_memory::InMemoryInstanceHealth;
     use node_manager::node_repair::memory::REPAIR_ANNOTATION;
     use node_manager::node_repair::run::{self, RepairContext};
     use node_manager::node_repair::settings::RepairSettings;
@@ -606,7 +608,7 @@ async fn repair_flow(documents: &[Value]) -> FlowResult {
             });
         })
         .unwrap();
-    let health = FakeInstanceHealth::new();
+    let health = InMemoryInstanceHealth::new();
     health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
     health.add_instance(GROUP, INSTANCE);
     let env: &[(&str, &str)] = &[("CLUSTER_NAME", CLUSTER)];

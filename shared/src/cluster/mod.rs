@@ -188,7 +188,7 @@ impl ClusterAccess {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::fake::FakeEks;
+    use crate::aws::in_memory::InMemoryEks;
 
     /// Functions keep one `ClusterAccess` for all invocations and call it from Lambda
     /// handlers, whose futures must be `Send`.
@@ -199,7 +199,7 @@ mod tests {
         shareable::<ClusterAccess>();
         let access = ClusterAccess::new(&aws_types::SdkConfig::builder().build(), "c", "f")
             .with_settings(&[][..] as &[(&str, &str)]);
-        let eks = FakeEks::default();
+        let eks = InMemoryEks::default();
         send(access.cluster(&eks));
         send(access.client(&eks));
     }

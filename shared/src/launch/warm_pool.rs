@@ -217,7 +217,7 @@ mod tests {
 
     use super::*;
     use crate::aws::LifecycleActionRef;
-    use crate::aws::fake::FakeInstances;
+    use crate::aws::in_memory::InMemoryInstances;
     use crate::drain::checkpoint::{AddedTaint, OutOfService};
 
     const INSTANCE: &str = "i-0123456789abcdef0";
@@ -349,7 +349,7 @@ mod tests {
 
     #[tokio::test]
     async fn waits_while_pending_and_stops_at_the_bound() {
-        let instances = FakeInstances::default();
+        let instances = InMemoryInstances::default();
         instances.add(INSTANCE, "n1");
         let soon = tokio::time::Instant::now() + Duration::from_secs(60);
         assert_eq!(

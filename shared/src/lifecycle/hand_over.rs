@@ -98,13 +98,13 @@ mod tests {
 
     use super::*;
     use crate::aws::AwsErrorKind;
-    use crate::aws::fake::{FakeAutoScaling, FakeNotifications};
+    use crate::aws::in_memory::{InMemoryAutoScaling, InMemoryNotifications};
     use crate::lifecycle::notification::parse_event;
     use crate::lifecycle::test_support::{action, hook};
 
     #[tokio::test]
     async fn retries_only_what_may_succeed() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action());
         asg.faults
             .fail("CompleteLifecycleAction", AwsErrorKind::Transient, 1);
@@ -138,9 +138,9 @@ mod tests {
     async fn hand_over_beats_then_republishes_to_the_same_topic() {
         let delivery = delivery("sns-lifecycle-launching.json");
         let action = delivery.lifecycle().unwrap().action.clone();
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action);
-        let sns = FakeNotifications::default();
+        let sns = InMemoryNotifications::default();
         let mut keeper = HeartbeatKeeper::new(
             action.clone(),
             &hook(60, 6000),
@@ -175,8 +175,8 @@ mod tests {
     async fn hand_over_of_a_gone_action_publishes_nothing() {
         let delivery = delivery("sns-lifecycle-launching.json");
         let action = delivery.lifecycle().unwrap().action.clone();
-        let asg = FakeAutoScaling::new();
-        let sns = FakeNotifications::default();
+        let asg = InMemoryAutoScaling::new();
+        let sns = InMemoryNotifications::default();
         let mut keeper =
             HeartbeatKeeper::new(action, &hook(60, 6000), Timestamp::now(), Timestamp::now());
         let outcome = hand_over(&asg, &sns, &mut keeper, &delivery, None)
@@ -202,9 +202,9 @@ mod tests {
             }
         });
         let delivery = parse_event(&event).remove(0).unwrap();
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action());
-        let sns = FakeNotifications::default();
+        let sns = InMemoryNotifications::default();
         let mut keeper = HeartbeatKeeper::new(
             action(),
             &hook(60, 6000),

@@ -158,12 +158,12 @@ mod tests {
 
     use super::*;
     use crate::aws::AwsErrorKind;
-    use crate::aws::fake::FakeAutoScaling;
+    use crate::aws::in_memory::InMemoryAutoScaling;
     use crate::lifecycle::test_support::{action, fast_hook, ms};
 
     #[tokio::test]
     async fn heartbeats_every_half_timeout_while_work_runs() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action());
         let mut keeper = HeartbeatKeeper::new(
             action(),
@@ -187,7 +187,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_gone_action_stops_the_work() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         // Never started: the heartbeat finds no active action.
         let mut keeper = HeartbeatKeeper::new(
             action(),
@@ -203,7 +203,7 @@ mod tests {
 
     #[tokio::test]
     async fn no_heartbeat_after_the_global_deadline() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action());
         // Global timeout 80 ms: the beat due at 50 ms is sent, the one at 100 ms is not.
         let mut keeper = HeartbeatKeeper::new(
@@ -221,7 +221,7 @@ mod tests {
 
     #[tokio::test]
     async fn failing_heartbeats_do_not_stop_the_work() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action());
         asg.faults.fail(
             "RecordLifecycleActionHeartbeat",

@@ -101,12 +101,12 @@ mod tests {
 
     use super::*;
     use crate::aws::AwsErrorKind;
-    use crate::aws::fake::FakeAutoScaling;
+    use crate::aws::in_memory::InMemoryAutoScaling;
     use crate::lifecycle::test_support::hook;
 
     #[tokio::test]
     async fn hook_timings_are_read_once() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.add_hook("asg", hook(120, 12000));
         let timings = HookTimings::new();
         let first = timings.get(&asg, "asg", "Launch-LC-Hook").await.unwrap();
