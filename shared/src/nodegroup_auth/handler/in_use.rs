@@ -17,7 +17,7 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
 {
     /// The other node groups of the cluster whose role is `role` (any status: a node group
     /// that is itself being deleted still has draining nodes).
-    pub(super) async fn other_users(
+    async fn other_users(
         &self,
         origin: &Origin,
         cluster: &str,
@@ -44,7 +44,27 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
         Ok(users)
     }
 
-    pub(super) fn keep_in_use(
+    /// Whether another node group of the cluster uses `role`, which then stays mapped
+    /// whatever happens to this one (the report says by whom).
+    pub(super) async fn kept_for_other_users(
+        &self,
+        origin: &Origin,
+        cluster: &ClusterDescription,
+        nodegroup: &str,
+        role: &NodeRoleArn,
+        report: &mut NodegroupReport,
+    ) -> Result<bool, NodegroupAuthError> {
+        let users = self
+            .other_users(origin, &cluster.name, nodegroup, role)
+            .await?;
+        if users.is_empty() {
+            return Ok(false);
+        }
+        self.keep_in_use(cluster, role, &users, report);
+        Ok(true)
+    }
+
+    fn keep_in_use(
         &self,
         cluster: &ClusterDescription,
         role: &NodeRoleArn,

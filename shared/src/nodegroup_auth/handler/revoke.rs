@@ -47,11 +47,10 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
         };
         // Another node group using the role keeps the entry whatever happens to this one:
         // answer now rather than wait for the deletion to finish.
-        let users = self
-            .other_users(origin, &cluster.name, nodegroup, &role)
-            .await?;
-        if !users.is_empty() {
-            self.keep_in_use(cluster, &role, &users, &mut report);
+        if self
+            .kept_for_other_users(origin, cluster, nodegroup, &role, &mut report)
+            .await?
+        {
             return Ok(report);
         }
         // Its nodes are still draining and need the mapping until they are gone (unless
@@ -64,11 +63,10 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
             )));
         }
         // A node group created with the role while this one was deleting.
-        let users = self
-            .other_users(origin, &cluster.name, nodegroup, &role)
-            .await?;
-        if !users.is_empty() {
-            self.keep_in_use(cluster, &role, &users, &mut report);
+        if self
+            .kept_for_other_users(origin, cluster, nodegroup, &role, &mut report)
+            .await?
+        {
             return Ok(report);
         }
         // Self-managed or Karpenter instances of the cluster may run with the role too.
