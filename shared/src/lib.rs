@@ -11,8 +11,9 @@
 //! - [`launch`]: completing the launch hook once the node is Ready.
 //! - [`nodegroup_auth`]: the node role's `aws-auth` mapping or access entry.
 //! - [`node_repair`]: replacing or rebooting nodes whose health conditions stay bad.
+//! - [`retry`]: the one retry policy and backoff curve.
 //! - [`aws`]: small traits over the AWS calls the domain makes, their SDK adapters and
-//!   in-memory fakes.
+//!   in-memory implementations (those only with the `fakes` feature, for tests).
 //! - [`diagnostic`]: the one way a function's error becomes its Lambda error type and message.
 //!
 //! Not here: Lambda wiring (the `functions/` crates) and the fake cluster (the test kit).
@@ -40,6 +41,8 @@ pub mod lifecycle;
 #[cfg(feature = "runtime")]
 pub mod node_repair;
 pub mod nodegroup_auth;
+#[cfg(feature = "runtime")]
+pub mod retry;
 pub mod settings;
 #[cfg(feature = "runtime")]
 pub mod telemetry;

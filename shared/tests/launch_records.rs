@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
 use node_manager::launch::{LaunchError, LaunchOutcome, Launcher};
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::LaunchSettings;
@@ -25,21 +25,21 @@ fn unreachable_client() -> kube::Client {
 }
 
 struct Harness {
-    asg: FakeAutoScaling,
-    sns: FakeNotifications,
-    ctx: Launcher<kube::Client, FakeAutoScaling, FakeInstances, FakeNotifications>,
+    asg: InMemoryAutoScaling,
+    sns: InMemoryNotifications,
+    ctx: Launcher<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>,
 }
 
 fn harness(extra: &[(&str, &str)]) -> Harness {
     let mut env: Vec<(&str, &str)> = vec![("CLUSTER_NAME", "ironman-2022")];
     env.extend_from_slice(extra);
     let settings = LaunchSettings::from_source(env.as_slice()).unwrap();
-    let asg = FakeAutoScaling::new();
-    let sns = FakeNotifications::default();
+    let asg = InMemoryAutoScaling::new();
+    let sns = InMemoryNotifications::default();
     let ctx = Launcher::new(
         unreachable_client(),
         asg.clone(),
-        FakeInstances::default(),
+        InMemoryInstances::default(),
         sns.clone(),
         settings,
     );

@@ -9,8 +9,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 use node_manager::nodegroup_auth::aws_auth::*;
-use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
+use node_manager::nodegroup_auth::in_memory::InMemoryAwsAuthStore;
 use node_manager::nodegroup_auth::role_mapping::{MapRoles, NODE_USERNAME, NodeOs};
+use node_manager::retry::RetryPolicy;
 
 const ROLE: &str = "arn:aws:iam::111111111111:role/node";
 
@@ -38,11 +39,11 @@ fn aws_auth(data: &[(&str, &str)]) -> ConfigMap {
     }
 }
 
-fn mappings(store: &InMemoryAwsAuth) -> MapRoles {
+fn mappings(store: &InMemoryAwsAuthStore) -> MapRoles {
     MapRoles::parse(store.map_roles().as_deref()).unwrap()
 }
 
-fn count_for(store: &InMemoryAwsAuth, role: &str) -> usize {
+fn count_for(store: &InMemoryAwsAuthStore, role: &str) -> usize {
     mappings(store)
         .mappings()
         .iter()
@@ -52,7 +53,7 @@ fn count_for(store: &InMemoryAwsAuth, role: &str) -> usize {
 
 #[tokio::test]
 async fn creates_the_config_map_when_absent() {
-    let store = InMemoryAwsAuth::new();
+    let store = InMemoryAwsAuthStore::new();
     let editor = AwsAuthEditor::new(store.clone(), fast());
     let EditOutcome::Written(written) = editor
         .grant(ROLE, NodeOs::Linux.required_groups())
@@ -76,7 +77,7 @@ async fn creates_the_config_map_when_absent() {
 
 #[tokio::test]
 async fn losing_the_creation_race_merges_into_the_winner() {
-    let store = InMemoryAwsAuth::new();
+    let store = InMemoryAwsAuthStore::new();
     let other =
         "- rolearn: arn:aws:iam::111111111111:role/other\n  username: other\n  groups: [team]\n";
     store.race_next_write_with(aws_auth(&[("mapRoles", other), ("mapUsers", "[]")]));
@@ -118,7 +119,7 @@ async fn no_map_roles_key_and_every_other_key_byte_identical() {
         ..OwnerReference::default()
     }]);
     let before = cm.clone();
-    let store = InMemoryAwsAuth::with(cm);
+    let store = InMemoryAwsAuthStore::with(cm);
     let editor = AwsAuthEditor::new(store.clone(), fast());
     assert!(matches!(
         editor
@@ -144,7 +145,7 @@ async fn no_map_roles_key_and_every_other_key_byte_identical() {
 
 #[tokio::test]
 async fn second_delivery_is_a_no_op() {
-    let store = InMemoryAwsAuth::new();
+    let store = InMemoryAwsAuthStore::new();
     let editor = AwsAuthEditor::new(store.clone(), fast());
     editor
         .grant(ROLE, NodeOs::Linux.required_groups())
@@ -166,7 +167,7 @@ async fn second_delivery_is_a_no_op() {
 #[tokio::test]
 async fn malformed_map_roles_writes_nothing() {
     let broken = "- rolearn: arn:aws:iam::111111111111:role/a\n  username: a\n groups: [team]\n";
-    let store = InMemoryAwsAuth::with(aws_auth(&[("mapRoles", broken)]));
+    let store = InMemoryAwsAuthStore::with(aws_auth(&[("mapRoles", broken)]));
     let editor = AwsAuthEditor::new(store.clone(), fast());
     let err = editor
         .grant(ROLE, NodeOs::Linux.required_groups())
@@ -180,7 +181,7 @@ async fn malformed_map_roles_writes_nothing() {
 
 #[tokio::test]
 async fn conflicts_on_write_are_retried_with_a_fresh_read() {
-    let store = InMemoryAwsAuth::with(aws_auth(&[("mapRoles", "")]));
+    let store = InMemoryAwsAuthStore::with(aws_auth(&[("mapRoles", "")]));
     store.fail_replace(StoreError::Conflict, 2);
     let editor = AwsAuthEditor::new(store.clone(), fast());
     let EditOutcome::Written(written) = editor
@@ -197,7 +198,7 @@ async fn conflicts_on_write_are_retried_with_a_fresh_read() {
 
 #[tokio::test]
 async fn a_real_concurrent_write_is_merged_not_overwritten() {
-    let store = InMemoryAwsAuth::with(aws_auth(&[("mapRoles", "")]));
+    let store = InMemoryAwsAuthStore::with(aws_auth(&[("mapRoles", "")]));
     let theirs =
         "- rolearn: arn:aws:iam::111111111111:role/theirs\n  username: theirs\n  groups: [team]\n";
     store.race_next_write_with(aws_auth(&[("mapRoles", theirs)]));
@@ -216,7 +217,7 @@ async fn a_real_concurrent_write_is_merged_not_overwritten() {
 #[tokio::test]
 async fn retries_exhausted_is_an_error_and_leaves_no_partial_state() {
     let original = "- rolearn: arn:aws:iam::111111111111:role/a\n  username: a\n  groups: [team]\n";
-    let store = InMemoryAwsAuth::with(aws_auth(&[("mapRoles", original)]));
+    let store = InMemoryAwsAuthStore::with(aws_auth(&[("mapRoles", original)]));
     store.fail_replace(StoreError::Conflict, 100);
     let editor = AwsAuthEditor::new(
         store.clone(),
@@ -239,7 +240,7 @@ async fn retries_exhausted_is_an_error_and_leaves_no_partial_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn twenty_concurrent_creates_for_different_roles_all_land_once() {
-    let store = InMemoryAwsAuth::new();
+    let store = InMemoryAwsAuthStore::new();
     // On top of the real races between the twenty writers.
     store.fail_replace(StoreError::Conflict, 5);
     store.fail_create(StoreError::AlreadyExists, 1);
@@ -279,7 +280,7 @@ async fn twenty_concurrent_creates_for_different_roles_all_land_once() {
 async fn immutable_config_map_is_an_error() {
     let mut cm = aws_auth(&[("mapRoles", "")]);
     cm.immutable = Some(true);
-    let store = InMemoryAwsAuth::with(cm);
+    let store = InMemoryAwsAuthStore::with(cm);
     let editor = AwsAuthEditor::new(store.clone(), fast());
     assert!(matches!(
         editor.grant(ROLE, NodeOs::Linux.required_groups()).await,
@@ -290,7 +291,7 @@ async fn immutable_config_map_is_an_error() {
 
 #[tokio::test]
 async fn revoke_never_creates_and_removes_only_ours() {
-    let store = InMemoryAwsAuth::new();
+    let store = InMemoryAwsAuthStore::new();
     let editor = AwsAuthEditor::new(store.clone(), fast());
     assert_eq!(editor.revoke(ROLE).await.unwrap(), EditOutcome::Unchanged);
     assert!(store.current().is_none());
@@ -308,7 +309,7 @@ async fn revoke_never_creates_and_removes_only_ours() {
 #[tokio::test]
 async fn a_conflicting_entry_is_reported_and_not_written() {
     let text = "- rolearn: arn:aws:iam::111111111111:role/node\n  username: admin\n  groups: [system:masters]\n";
-    let store = InMemoryAwsAuth::with(aws_auth(&[("mapRoles", text)]));
+    let store = InMemoryAwsAuthStore::with(aws_auth(&[("mapRoles", text)]));
     let editor = AwsAuthEditor::new(store.clone(), fast());
     assert!(matches!(
         editor

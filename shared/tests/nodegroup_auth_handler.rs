@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use node_manager::aws::fake::{FakeEks, FakeInstanceProfiles, FakeInstances};
+use node_manager::aws::in_memory::{InMemoryEks, InMemoryInstanceProfiles, InMemoryInstances};
 use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
 use node_manager::diagnostic::FunctionError;
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
-use node_manager::nodegroup_auth::fake::InMemoryAwsAuth;
 use node_manager::nodegroup_auth::handler::{NodegroupAuth, NodegroupAuthError, Outcome};
+use node_manager::nodegroup_auth::in_memory::InMemoryAwsAuthStore;
 use node_manager::nodegroup_auth::role_mapping::MapRoles;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use serde_json::{Value, json};
 
@@ -46,11 +46,16 @@ fn settings() -> NodegroupAuthSettings {
 }
 
 struct World {
-    eks: FakeEks,
-    store: InMemoryAwsAuth,
-    profiles: FakeInstanceProfiles,
-    instances: FakeInstances,
-    function: NodegroupAuth<FakeEks, InMemoryAwsAuth, FakeInstanceProfiles, FakeInstances>,
+    eks: InMemoryEks,
+    store: InMemoryAwsAuthStore,
+    profiles: InMemoryInstanceProfiles,
+    instances: InMemoryInstances,
+    function: NodegroupAuth<
+        InMemoryEks,
+        InMemoryAwsAuthStore,
+        InMemoryInstanceProfiles,
+        InMemoryInstances,
+    >,
 }
 
 fn world(mode: AuthenticationMode) -> World {
@@ -58,7 +63,7 @@ fn world(mode: AuthenticationMode) -> World {
 }
 
 fn world_with(mode: AuthenticationMode, settings: NodegroupAuthSettings) -> World {
-    let eks = FakeEks::default();
+    let eks = InMemoryEks::default();
     eks.add_cluster(ClusterDescription {
         name: CLUSTER.into(),
         arn: format!("arn:aws:eks:eu-west-1:111111111111:cluster/{CLUSTER}"),
@@ -66,9 +71,9 @@ fn world_with(mode: AuthenticationMode, settings: NodegroupAuthSettings) -> Worl
         certificate_authority_data: String::new(),
         authentication_mode: mode,
     });
-    let store = InMemoryAwsAuth::new();
-    let profiles = FakeInstanceProfiles::default();
-    let instances = FakeInstances::default();
+    let store = InMemoryAwsAuthStore::new();
+    let profiles = InMemoryInstanceProfiles::default();
+    let instances = InMemoryInstances::default();
     World {
         function: NodegroupAuth::new(
             eks.clone(),
@@ -128,7 +133,7 @@ fn cloudtrail(event_name: &str, cluster: &str, nodegroup: &str, role: &str) -> V
     })
 }
 
-fn map_roles(store: &InMemoryAwsAuth) -> MapRoles {
+fn map_roles(store: &InMemoryAwsAuthStore) -> MapRoles {
     MapRoles::parse(store.map_roles().as_deref()).unwrap()
 }
 

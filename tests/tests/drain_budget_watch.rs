@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
 use node_manager::aws::{LifecycleActionRef, LifecycleActionResult, LifecycleHook};
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
@@ -126,7 +126,7 @@ async fn paced_drain(without_pdb_watch: bool, backoff: (&str, &str)) -> Outcome 
     let mut config = server.config_with_token(&token).await.unwrap();
     config.default_retry = false;
     let client = kube::Client::try_from(config).unwrap();
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -144,7 +144,7 @@ async fn paced_drain(without_pdb_watch: bool, backoff: (&str, &str)) -> Outcome 
         instance_id: INSTANCE.into(),
         token: TOKEN.into(),
     });
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let settings = DrainSettings::from_source(
         [
@@ -163,7 +163,7 @@ async fn paced_drain(without_pdb_watch: bool, backoff: (&str, &str)) -> Outcome 
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let invocation = Invocation {

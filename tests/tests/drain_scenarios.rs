@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use aws_credential_types::Credentials;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
-use node_manager::aws::fake::{FakeAutoScaling, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
 use node_manager::aws::{
     CompletionOutcome, LifecycleActionRef, LifecycleActionResult, LifecycleHook,
 };
@@ -18,7 +18,7 @@ use node_manager::cluster::token::sign_token;
 use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::drain::{DeliveryOutcome, DrainEnd, DrainError, Drainer, Invocation};
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager_testkit::kube::{AuditEvent, FakeApiServer, FaultAction, FaultRule};
@@ -37,15 +37,16 @@ const FIXTURE: &str = concat!(
 );
 const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 
-type TestDrainer = Drainer<kube::Client, FakeAutoScaling, FakeInstances, FakeNotifications>;
+type TestDrainer =
+    Drainer<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>;
 
 /// A fake cluster with the reference node, another node for replacements, and the
 /// terminating hook's identity (mapped to the RBAC groups through aws-auth).
 struct Scenario {
     server: FakeApiServer,
-    autoscaling: FakeAutoScaling,
-    instances: FakeInstances,
-    notifications: FakeNotifications,
+    autoscaling: InMemoryAutoScaling,
+    instances: InMemoryInstances,
+    notifications: InMemoryNotifications,
     function_client: kube::Client,
 }
 
@@ -91,7 +92,7 @@ impl Scenario {
         config.default_retry = false;
         let function_client = kube::Client::try_from(config).unwrap();
 
-        let autoscaling = FakeAutoScaling::new();
+        let autoscaling = InMemoryAutoScaling::new();
         autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
         autoscaling.add_hook(
             GROUP,
@@ -104,13 +105,13 @@ impl Scenario {
             },
         );
         autoscaling.start_action(&action());
-        let instances = FakeInstances::default();
+        let instances = InMemoryInstances::default();
         instances.add(INSTANCE, NODE);
         Self {
             server,
             autoscaling,
             instances,
-            notifications: FakeNotifications::default(),
+            notifications: InMemoryNotifications::default(),
             function_client,
         }
     }
@@ -976,7 +977,7 @@ async fn missing_node_completes_at_once_without_kubernetes_writes() {
 async fn expired_lifecycle_action_is_not_an_error() {
     // No node: the completion finds no active action, which means done.
     let s = Scenario::start(false).await;
-    let expired = FakeAutoScaling::new();
+    let expired = InMemoryAutoScaling::new();
     expired.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     expired.add_hook(
         GROUP,

@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Node;
 use node_manager::aws::AwsErrorKind;
-use node_manager::aws::fake::FakeInstances;
+use node_manager::aws::in_memory::InMemoryInstances;
 use node_manager::lifecycle::node::find_node;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use serde_json::json;
@@ -42,7 +42,7 @@ async fn named_after_the_dns_name_one_get() {
         "ip-10-0-1-11.eu-west-1.compute.internal",
         "i-0000000000000000a",
     );
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, DNS);
     let client = server.admin_client().await.unwrap();
 
@@ -61,7 +61,7 @@ async fn a_reused_name_is_not_trusted() {
     // The DNS name's node belongs to an older instance; ours registered under another name.
     add_node(&server, DNS, "i-0000000000000000b");
     add_node(&server, "custom-name", INSTANCE);
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, DNS);
     let client = server.admin_client().await.unwrap();
 
@@ -79,14 +79,14 @@ async fn ec2_failing_or_not_knowing_the_instance_falls_back_to_the_scan() {
     add_node(&server, "custom-name", INSTANCE);
     let client = server.admin_client().await.unwrap();
 
-    let unknown = FakeInstances::default();
+    let unknown = InMemoryInstances::default();
     let node = find_node(&client, &unknown, INSTANCE)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(node.metadata.name.as_deref(), Some("custom-name"));
 
-    let denied = FakeInstances::default();
+    let denied = InMemoryInstances::default();
     denied.add(INSTANCE, DNS);
     denied
         .faults
@@ -103,7 +103,7 @@ async fn ec2_failing_or_not_knowing_the_instance_falls_back_to_the_scan() {
 async fn no_node_is_none() {
     let server = server().await;
     add_node(&server, "other", "i-0000000000000000c");
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, DNS);
     let client = server.admin_client().await.unwrap();
     assert!(
@@ -127,7 +127,7 @@ async fn the_scan_pages_through_every_node() {
     add_node(&server, "node-zzzz", INSTANCE);
     let client = server.admin_client().await.unwrap();
 
-    let node = find_node(&client, &FakeInstances::default(), INSTANCE)
+    let node = find_node(&client, &InMemoryInstances::default(), INSTANCE)
         .await
         .unwrap()
         .unwrap();

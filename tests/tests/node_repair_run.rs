@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use node_manager::aws::fake::FakeInstanceHealth;
+use node_manager::aws::in_memory::InMemoryInstanceHealth;
 use node_manager::node_repair::memory::{REPAIR_ANNOTATION, RepairRecord};
 use node_manager::node_repair::policy::RepairAction;
 use node_manager::node_repair::run::{self, RepairContext, RepairReport};
@@ -31,7 +31,7 @@ fn instance(i: usize) -> String {
 
 struct World {
     server: FakeApiServer,
-    health: FakeInstanceHealth,
+    health: InMemoryInstanceHealth,
     client: kube::Client,
 }
 
@@ -50,7 +50,7 @@ impl World {
         server
             .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
             .unwrap();
-        let health = FakeInstanceHealth::new();
+        let health = InMemoryInstanceHealth::new();
         health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
         for i in 0..nodes {
             server
@@ -86,7 +86,7 @@ impl World {
     fn context(
         &self,
         env: &[(&str, &str)],
-    ) -> RepairContext<kube::Client, FakeInstanceHealth, FakeInstanceHealth> {
+    ) -> RepairContext<kube::Client, InMemoryInstanceHealth, InMemoryInstanceHealth> {
         let mut all: Vec<(&str, &str)> = vec![("CLUSTER_NAME", CLUSTER)];
         all.extend_from_slice(env);
         RepairContext {
@@ -187,7 +187,7 @@ async fn nodes_outside_our_groups_are_left_alone() {
     w.label(1, "eks.amazonaws.com/nodegroup", "managed-ng");
     w.label(2, "karpenter.sh/nodepool", "default");
     w.health.add_instance("eks-theirs", &instance(3));
-    let no_group = FakeInstanceHealth::new();
+    let no_group = InMemoryInstanceHealth::new();
     drop(no_group);
     w.health
         .set_instance("eks-gone", &instance(4), "InService", "HEALTHY");

@@ -11,14 +11,14 @@ use aws_credential_types::Credentials;
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use node_manager::aws::fake::{FakeEks, FakeInstanceProfiles, FakeInstances};
+use node_manager::aws::in_memory::{InMemoryEks, InMemoryInstanceProfiles, InMemoryInstances};
 use node_manager::aws::{AuthenticationMode, ClusterDescription, NodegroupDescription};
 use node_manager::cluster::token::sign_token;
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::handler::{NodegroupAuth, Outcome};
 use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
 use node_manager::nodegroup_auth::role_mapping::MapRoles;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use node_manager_testkit::account::{AccessEntryLookup, KubernetesIdentity};
 use node_manager_testkit::kube::FakeApiServer;
@@ -57,8 +57,9 @@ impl AccessEntryLookup for FunctionAccessEntry {
 
 struct Scenario {
     server: FakeApiServer,
-    eks: FakeEks,
-    function: NodegroupAuth<FakeEks, KubeAwsAuthStore, FakeInstanceProfiles, FakeInstances>,
+    eks: InMemoryEks,
+    function:
+        NodegroupAuth<InMemoryEks, KubeAwsAuthStore, InMemoryInstanceProfiles, InMemoryInstances>,
     admin: kube::Client,
 }
 
@@ -109,7 +110,7 @@ impl Scenario {
                 .unwrap();
         }
         let function_client = client_as(&server, "nodegroup-auth").await;
-        let eks = FakeEks::default();
+        let eks = InMemoryEks::default();
         eks.add_cluster(ClusterDescription {
             name: CLUSTER.into(),
             arn: format!("arn:aws:eks:eu-west-1:111111111111:cluster/{CLUSTER}"),
@@ -136,8 +137,8 @@ impl Scenario {
         let function = NodegroupAuth::new(
             eks.clone(),
             KubeAwsAuthStore::new(function_client),
-            FakeInstanceProfiles::default(),
-            FakeInstances::default(),
+            InMemoryInstanceProfiles::default(),
+            InMemoryInstances::default(),
             settings,
         );
         let admin = server.admin_client().await.unwrap();

@@ -16,20 +16,22 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use node_manager::aws::fake::{FakeAutoScaling, FakeEks, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{
+    InMemoryAutoScaling, InMemoryEks, InMemoryInstances, InMemoryNotifications,
+};
 use node_manager::aws::{
     AuthenticationMode, ClusterDescription, LifecycleActionRef, LifecycleActionResult,
     LifecycleHook, NodegroupDescription,
 };
 use node_manager::drain::{Drainer, Invocation};
 use node_manager::launch::Launcher;
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::handler::NodegroupAuth;
 use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use node_manager_testkit::kube::FakeApiServer;
 use node_manager_testkit::soak::corpus::{self, BadPayload, Target};
@@ -142,8 +144,8 @@ fn hook(name: &str, transition: &str) -> LifecycleHook {
 /// Auto Scaling with the reference group (this cluster's), a group of another cluster and an
 /// untagged group, each with both hooks and pending actions on both reference instances:
 /// a forged message that reached any of them would complete or heartbeat something.
-fn autoscaling_world() -> (FakeAutoScaling, Vec<LifecycleActionRef>) {
-    let autoscaling = FakeAutoScaling::new();
+fn autoscaling_world() -> (InMemoryAutoScaling, Vec<LifecycleActionRef>) {
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_group("foreign-asg", &[("eks:cluster-name", "other-cluster")]);
     autoscaling.add_group("untagged-asg", &[]);
@@ -212,16 +214,16 @@ async fn cluster_world(user: &str) -> (FakeApiServer, kube::Client) {
     (server, kube::Client::try_from(config).unwrap())
 }
 
-fn instances() -> FakeInstances {
-    let instances = FakeInstances::default();
+fn instances() -> InMemoryInstances {
+    let instances = InMemoryInstances::default();
     instances.add(TERMINATING_INSTANCE, TERMINATING_NODE);
     instances.add(LAUNCHING_INSTANCE, LAUNCHING_NODE);
     instances
 }
 
 fn aws_effects(
-    autoscaling: &FakeAutoScaling,
-    notifications: &FakeNotifications,
+    autoscaling: &InMemoryAutoScaling,
+    notifications: &InMemoryNotifications,
     pending: &[LifecycleActionRef],
 ) -> Vec<String> {
     let mut effects = Vec::new();
@@ -308,7 +310,7 @@ async fn terminating_hook_corpus(payloads: Vec<BadPayload>) {
     let mut findings = Findings::default();
     for payload in &payloads {
         let (autoscaling, pending) = autoscaling_world();
-        let notifications = FakeNotifications::default();
+        let notifications = InMemoryNotifications::default();
         let mut drainer = Drainer::new(
             client.clone(),
             autoscaling.clone(),
@@ -388,7 +390,7 @@ async fn launching_hook_refuses_every_bad_payload_without_effect() {
     let mut findings = Findings::default();
     for payload in &payloads {
         let (autoscaling, pending) = autoscaling_world();
-        let notifications = FakeNotifications::default();
+        let notifications = InMemoryNotifications::default();
         let ctx = Arc::new(Launcher::new(
             client.clone(),
             autoscaling.clone(),
@@ -488,7 +490,7 @@ async fn nodegroup_auth_corpus_against(mode: AuthenticationMode) {
     };
     let mut findings = Findings::default();
     for payload in &payloads {
-        let eks = FakeEks::default();
+        let eks = InMemoryEks::default();
         eks.add_cluster(ClusterDescription {
             name: CLUSTER.into(),
             arn: format!("arn:aws:eks:eu-west-1:{ACCOUNT}:cluster/{CLUSTER}"),
@@ -517,8 +519,8 @@ async fn nodegroup_auth_corpus_against(mode: AuthenticationMode) {
         let function = Arc::new(NodegroupAuth::new(
             eks.clone(),
             KubeAwsAuthStore::new(client.clone()),
-            node_manager::aws::fake::FakeInstanceProfiles::default(),
-            node_manager::aws::fake::FakeInstances::default(),
+            node_manager::aws::in_memory::InMemoryInstanceProfiles::default(),
+            node_manager::aws::in_memory::InMemoryInstances::default(),
             settings.clone(),
         ));
         server.audit().clear();

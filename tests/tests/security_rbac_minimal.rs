@@ -12,20 +12,22 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use node_manager::aws::fake::{FakeAutoScaling, FakeEks, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{
+    InMemoryAutoScaling, InMemoryEks, InMemoryInstances, InMemoryNotifications,
+};
 use node_manager::aws::{
     AuthenticationMode, ClusterDescription, LifecycleActionRef, LifecycleActionResult,
     LifecycleHook, NodegroupDescription,
 };
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
 use node_manager::launch::Launcher;
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::handler::NodegroupAuth;
 use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;
@@ -213,7 +215,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         &["open-node-manager:terminating-hook"]
     };
     let client = client(&server, "terminating-hook", groups).await;
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -227,7 +229,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         token: token.into(),
     };
     autoscaling.start_action(&action);
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let force_setting = if force { "true" } else { "false" };
     let settings = DrainSettings::from_source(
@@ -248,7 +250,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let invocation = Invocation {
@@ -348,7 +350,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         &["open-node-manager:terminating-hook"],
     )
     .await;
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -361,7 +363,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         instance_id: INSTANCE.into(),
         token: token.into(),
     });
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let settings = DrainSettings::from_source(
         [
@@ -380,7 +382,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let invocation = Invocation {
@@ -433,7 +435,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         &["open-node-manager:launching-hook"],
     )
     .await;
-    let autoscaling = FakeAutoScaling::new();
+    let autoscaling = InMemoryAutoScaling::new();
     autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     autoscaling.add_hook(
         GROUP,
@@ -446,7 +448,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         instance_id: LAUNCH_INSTANCE.into(),
         token: token.into(),
     });
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     instances.add(LAUNCH_INSTANCE, LAUNCH_NODE);
     let settings = LaunchSettings::from_source(
         [
@@ -462,7 +464,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         client,
         autoscaling.clone(),
         instances,
-        FakeNotifications::default(),
+        InMemoryNotifications::default(),
         settings,
     );
     let mut lambda = lambda_runtime::Context::default();
@@ -516,7 +518,7 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
         &["open-node-manager:nodegroup-auth"],
     )
     .await;
-    let eks = FakeEks::default();
+    let eks = InMemoryEks::default();
     eks.add_cluster(ClusterDescription {
         name: CLUSTER.into(),
         arn: format!("arn:aws:eks:eu-west-1:111111111111:cluster/{CLUSTER}"),
@@ -534,8 +536,8 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
     let function = NodegroupAuth::new(
         eks,
         KubeAwsAuthStore::new(client),
-        node_manager::aws::fake::FakeInstanceProfiles::default(),
-        node_manager::aws::fake::FakeInstances::default(),
+        node_manager::aws::in_memory::InMemoryInstanceProfiles::default(),
+        node_manager::aws::in_memory::InMemoryInstances::default(),
         NodegroupAuthSettings {
             scope: ClusterScope {
                 cluster_name: CLUSTER.into(),
@@ -580,7 +582,7 @@ async fn aws_auth_flow(documents: &[Value], exists: bool) -> FlowResult {
 /// Node repair (its own group): a node NotReady for an hour is replaced; the effect is the
 /// instance marked unhealthy, the repair record on the node and the NodeRepairStarted Event.
 async fn repair_flow(documents: &[Value]) -> FlowResult {
-    use node_manager::aws::fake::FakeInstanceHealth;
+    use node_manager::aws::in_memory::InMemoryInstanceHealth;
     use node_manager::node_repair::memory::REPAIR_ANNOTATION;
     use node_manager::node_repair::run::{self, RepairContext};
     use node_manager::node_repair::settings::RepairSettings;
@@ -607,7 +609,7 @@ async fn repair_flow(documents: &[Value]) -> FlowResult {
             });
         })
         .unwrap();
-    let health = FakeInstanceHealth::new();
+    let health = InMemoryInstanceHealth::new();
     health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
     health.add_instance(GROUP, INSTANCE);
     let env: &[(&str, &str)] = &[("CLUSTER_NAME", CLUSTER)];

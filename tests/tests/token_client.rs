@@ -11,7 +11,7 @@ use aws_credential_types::provider::SharedCredentialsProvider;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use node_manager::aws::fake::FakeEks;
+use node_manager::aws::in_memory::InMemoryEks;
 use node_manager::aws::{AuthenticationMode, AwsErrorKind, ClusterDescription};
 use node_manager::cluster::{Clock as _, ClusterAccess, ClusterAccessError, ManualClock};
 use node_manager_testkit::account::{FakeAccount, FakeCredentials};
@@ -122,7 +122,7 @@ struct Harness {
     access: ClusterAccess,
     server: TokenCheckingServer,
     clock: ManualClock,
-    eks: FakeEks,
+    eks: InMemoryEks,
 }
 
 async fn harness() -> Harness {
@@ -137,7 +137,7 @@ async fn harness() -> Harness {
         access,
         server,
         clock,
-        eks: FakeEks::default(),
+        eks: InMemoryEks::default(),
     }
 }
 
@@ -224,7 +224,7 @@ fn access_without_override() -> ClusterAccess {
 async fn discovery_calls_describe_cluster_once_per_environment() {
     let certs = node_manager_testkit::kube::tls::ClusterCertificates::generate().unwrap();
     let ca_data = base64_of(&certs.ca_pem);
-    let eks = FakeEks::default();
+    let eks = InMemoryEks::default();
     eks.add_cluster(described(
         "https://ABCDEF.gr7.eu-west-1.eks.amazonaws.com",
         &ca_data,
@@ -248,7 +248,7 @@ async fn discovery_calls_describe_cluster_once_per_environment() {
 
 #[tokio::test]
 async fn discovery_failures_say_what_to_fix_and_are_not_cached() {
-    let eks = FakeEks::default();
+    let eks = InMemoryEks::default();
     let access = access_without_override();
     let error = access.cluster(&eks).await.unwrap_err();
     assert!(
@@ -285,7 +285,7 @@ async fn a_missing_region_is_named() {
         .build();
     let access = ClusterAccess::new(&config, CLUSTER, FUNCTION)
         .with_settings(&[("CLUSTER_ENDPOINT", "http://127.0.0.1:1")][..]);
-    let Err(error) = access.client(&FakeEks::default()).await else {
+    let Err(error) = access.client(&InMemoryEks::default()).await else {
         panic!("a client without a region");
     };
     assert!(
@@ -338,7 +338,7 @@ async fn reaches_the_fake_api_server_over_tls_with_only_the_cluster_ca() {
                 ("CLUSTER_CA_DATA", server.ca_data().as_str()),
             ][..],
         );
-    let client = access.client(&FakeEks::default()).await.unwrap();
+    let client = access.client(&InMemoryEks::default()).await.unwrap();
     client.apiserver_version().await.unwrap();
     let agent = format!(
         "open-node-manager/{} ({FUNCTION})",
@@ -363,7 +363,7 @@ async fn reaches_the_fake_api_server_over_tls_with_only_the_cluster_ca() {
                 ("CLUSTER_CA_DATA", base64_of(&other.ca_pem).as_str()),
             ][..],
         );
-    let client = distrusting.client(&FakeEks::default()).await.unwrap();
+    let client = distrusting.client(&InMemoryEks::default()).await.unwrap();
     let error = client.apiserver_version().await.unwrap_err();
     let problem = distrusting.access_problem(&error).unwrap();
     assert!(
@@ -381,7 +381,7 @@ async fn an_unreachable_api_server_is_named_with_what_to_check() {
     let role = account.add_role_credentials("node-manager");
     let access = ClusterAccess::new(&sdk_config(&role, "eu-west-1"), CLUSTER, FUNCTION)
         .with_settings(&[("CLUSTER_ENDPOINT", closed.as_str())][..]);
-    let client = access.client(&FakeEks::default()).await.unwrap();
+    let client = access.client(&InMemoryEks::default()).await.unwrap();
     let error = client.apiserver_version().await.unwrap_err();
     let problem = access.access_problem(&error).unwrap();
     assert!(

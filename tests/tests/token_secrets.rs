@@ -11,7 +11,7 @@ use aws_credential_types::Credentials;
 use aws_credential_types::provider::SharedCredentialsProvider;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use node_manager::aws::fake::FakeEks;
+use node_manager::aws::in_memory::InMemoryEks;
 use node_manager::cluster::{ClusterAccess, sign_token};
 use node_manager_testkit::account::{FakeAccount, FakeCredentials};
 use node_manager_testkit::token_verifier::verify_token;
@@ -122,7 +122,7 @@ async fn logs_hold_no_token_secret_key_or_session_token() {
     let access = ClusterAccess::new(&sdk_config, CLUSTER, "secrets-test")
         .with_settings(&[("CLUSTER_ENDPOINT", url.as_str())][..]);
     tracing::info!(?access, "cluster access");
-    let client = access.client(&FakeEks::default()).await.unwrap();
+    let client = access.client(&InMemoryEks::default()).await.unwrap();
     let version = client.apiserver_version().await.unwrap();
     assert_eq!(version.git_version, "v1.33.0");
     drop(client);

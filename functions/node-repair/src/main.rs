@@ -6,7 +6,7 @@ use lambda_runtime::{LambdaEvent, service_fn};
 use node_manager::aws::http_client::load_sdk_config;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances};
 use node_manager::cluster::ClusterAccess;
-use node_manager::lifecycle::connection::EksConnection;
+use node_manager::cluster::connection::EksConnection;
 use node_manager::node_repair::FUNCTION_NAME;
 use node_manager::node_repair::run::{self, RepairContext};
 use node_manager::node_repair::settings::RepairSettings;

@@ -7,8 +7,9 @@ use node_manager::aws::http_client::load_sdk_config;
 use node_manager::aws::iam::SigV4Iam;
 use node_manager::aws::sdk::{SdkEks, SdkInstances};
 use node_manager::cluster::ClusterAccess;
+use node_manager::cluster::connection::EksConnection;
 use node_manager::nodegroup_auth::handler::{FUNCTION_NAME, NodegroupAuth};
-use node_manager::nodegroup_auth::kube_store::ClusterAwsAuth;
+use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
 use node_manager::settings::ProcessEnv;
 use serde_json::Value;
@@ -19,17 +20,17 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let settings = NodegroupAuthSettings::from_source(&ProcessEnv)?;
     let sdk_config = load_sdk_config().await;
     let eks = SdkEks::new(&sdk_config);
-    let access = ClusterAwsAuth {
+    let aws_auth = KubeAwsAuthStore::new(EksConnection {
         access: ClusterAccess::new(
             &sdk_config,
             settings.scope.cluster_name.clone(),
             FUNCTION_NAME,
         ),
         eks: eks.clone(),
-    };
+    });
     let function = NodegroupAuth::new(
         eks,
-        access,
+        aws_auth,
         SigV4Iam::new(&sdk_config),
         SdkInstances::new(&sdk_config),
         settings,

@@ -26,7 +26,7 @@ use aws_types::service_config::ServiceConfigKey;
 use super::partition::iam_endpoint;
 use super::sdk::kind_of;
 use super::{AwsError, AwsErrorKind, InstanceProfiles};
-use crate::lifecycle::continuation::{RetryPolicy, with_retries};
+use crate::retry::{RetryPolicy, with_retries};
 
 const OPERATION: &str = "ListInstanceProfilesForRole";
 /// At most this many pages are read (1000 profiles each is far beyond any role).
@@ -34,9 +34,9 @@ const MAX_PAGES: usize = 20;
 /// Throttling, 5xx and transport errors are tried again as the SDK's standard retry mode
 /// does for the SDK clients (three attempts in all).
 const RETRY: RetryPolicy = RetryPolicy {
-    attempts: 3,
-    base: std::time::Duration::from_millis(200),
-    cap: std::time::Duration::from_secs(2),
+    max_attempts: 3,
+    base_delay: std::time::Duration::from_millis(200),
+    max_delay: std::time::Duration::from_secs(2),
 };
 
 /// IAM over a hand-signed Query-protocol request.

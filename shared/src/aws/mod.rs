@@ -1,15 +1,16 @@
 //! The AWS calls the domain makes, as one small trait per capability.
 //!
-//! Each trait has an SDK adapter (`sdk`) and an in-memory fake (`fake`), so domain logic is
-//! tested without I/O and the binaries pick the real one. Errors are folded into [`AwsError`]
+//! Each trait has an SDK adapter (`sdk`) and, with the `fakes` feature (tests only), an
+//! in-memory implementation (`in_memory`), so domain logic is tested without I/O and the binaries
+//! pick the real one. Errors are folded into [`AwsError`]
 //! whose [`AwsErrorKind`] is what a caller acts on (retry, treat as done, give up).
 
-#[cfg(feature = "runtime")]
-pub mod fake;
 #[cfg(feature = "runtime")]
 pub mod http_client;
 #[cfg(feature = "runtime")]
 pub mod iam;
+#[cfg(any(feature = "fakes", all(test, feature = "runtime")))]
+pub mod in_memory;
 pub mod partition;
 #[cfg(feature = "runtime")]
 pub mod sdk;

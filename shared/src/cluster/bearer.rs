@@ -17,6 +17,7 @@ use tower::{BoxError, Service, ServiceExt as _};
 
 use super::clock::Clock;
 use super::error::ClusterAccessError;
+use super::error::error_chain;
 use super::token::{EksToken, sign_token};
 
 /// A token is replaced this long before its 14-minute expiry, so a request never leaves
@@ -126,17 +127,6 @@ impl TokenSource {
         );
         Ok(SignedHeader { token, header })
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Adds the bearer token to each request and retries a 401 once with a new token.

@@ -5,6 +5,19 @@ use crate::settings::SettingsError;
 
 use super::token::TokenError;
 
+/// `error` and its sources, `outer: inner: innermost`: the credential providers put the
+/// actionable part (which file, which role) in a source that `Display` alone leaves out.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Why the cluster or its Kubernetes API cannot be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterAccessError {
@@ -141,5 +154,21 @@ impl ClusterAccessError {
             },
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn the_chain_names_every_source() {
+        let error = Outer(std::io::Error::other("profile file not found"));
+        assert_eq!(error_chain(&error), "outer: profile file not found");
+        assert_eq!(error_chain(&std::io::Error::other("alone")), "alone");
     }
 }

@@ -7,7 +7,7 @@
 //! retries a 401 once with a new one ([`bearer`]).
 //!
 //! ```no_run
-//! # async fn example(sdk_config: aws_types::SdkConfig, eks: node_manager::aws::fake::FakeEks)
+//! # async fn example(sdk_config: aws_types::SdkConfig, eks: impl node_manager::aws::Eks)
 //! # -> Result<(), node_manager::cluster::ClusterAccessError> {
 //! use node_manager::cluster::ClusterAccess;
 //!
@@ -21,6 +21,7 @@
 pub mod bearer;
 pub mod client;
 pub mod clock;
+pub mod connection;
 pub mod discovery;
 pub mod error;
 pub mod token;
@@ -187,7 +188,7 @@ impl ClusterAccess {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::aws::fake::FakeEks;
+    use crate::aws::in_memory::InMemoryEks;
 
     /// Functions keep one `ClusterAccess` for all invocations and call it from Lambda
     /// handlers, whose futures must be `Send`.
@@ -198,7 +199,7 @@ mod tests {
         shareable::<ClusterAccess>();
         let access = ClusterAccess::new(&aws_types::SdkConfig::builder().build(), "c", "f")
             .with_settings(&[][..] as &[(&str, &str)]);
-        let eks = FakeEks::default();
+        let eks = InMemoryEks::default();
         send(access.cluster(&eks));
         send(access.client(&eks));
     }

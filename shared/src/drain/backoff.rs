@@ -3,11 +3,11 @@
 //!
 //! Jitter matters here: a node's pods are often replicas of one Deployment behind one PDB,
 //! and retrying them in lock-step just collides on the PDB again. The jittered curve itself is
-//! the lifecycle module's ([`backoff_delay`]); this adds the server's say.
+//! the crate's one backoff ([`backoff_delay`]); this adds the server's say.
 
 use std::time::Duration;
 
-use crate::lifecycle::continuation::backoff_delay;
+use crate::retry::backoff_delay;
 
 /// Exponential backoff between `base` and `max` with equal jitter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,9 +23,9 @@ use kube::runtime::events::{Recorder, Reporter};
 use tracing::Instrument;
 
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
-use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{ActionGone, HeartbeatKeeper};
+use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
+use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,

@@ -12,8 +12,9 @@ use super::lease::{NodeLease, Update};
 use super::report::{DeliveryOutcome, DrainEnd, DrainError};
 use super::session::SessionStats;
 use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult, Notifications};
-use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{HandOver, HeartbeatKeeper, complete_action};
+use crate::cluster::connection::KubeConnection;
+use crate::lifecycle::hand_over::{HandOver, complete_action};
+use crate::lifecycle::heartbeat::HeartbeatKeeper;
 use crate::lifecycle::notification::{InstancePlace, LifecycleNotification};
 
 impl<K, A, I, N> Drainer<K, A, I, N>

@@ -20,7 +20,7 @@ use serde_json::json;
 use super::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision};
 use super::cordon::{CordonReport, CordonSteps};
 use crate::aws::LifecycleActionRef;
-use crate::lifecycle::continuation::backoff_delay;
+use crate::retry::backoff_delay;
 
 /// How many times a write to a Node lost to a concurrent change is recomputed and retried
 /// (the drain's checkpoint, the warm-pool undo). Node objects change often (kubelet status),

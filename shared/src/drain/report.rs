@@ -4,7 +4,7 @@
 use crate::aws::{AwsError, CompletionOutcome, LifecycleActionResult};
 use crate::cluster::ClusterAccessError;
 use crate::diagnostic::{FunctionError, diagnostic};
-use crate::lifecycle::continuation::ContinuationError;
+use crate::lifecycle::hand_over::ContinuationError;
 use crate::lifecycle::handler::HandledRecord;
 use crate::lifecycle::node::NodeLookupError;
 use crate::lifecycle::notification::NotificationError;

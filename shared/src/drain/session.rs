@@ -25,7 +25,8 @@ use super::eviction_queue::{EvictionFuture, EvictionQueue, Recorded};
 use super::lease::{self, LeaseHolder, Update};
 use super::node_pods::NodePods;
 use super::plan::{DrainPlan, PlanContext, PodKey};
-use crate::lifecycle::continuation::{backoff_delay, instant_at};
+use crate::lifecycle::budget::instant_at;
+use crate::retry::backoff_delay;
 
 /// How long after the drain deadline the session still waits for a first list of the node's
 /// pods before it reports the drain failed with the list's error: a resumed invocation must

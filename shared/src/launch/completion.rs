@@ -13,7 +13,8 @@ use super::warm_pool::{
     Restore, Restored, RunningWait, restore_returning_node, wait_until_running,
 };
 use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult};
-use crate::lifecycle::continuation::{complete_action, instant_at};
+use crate::lifecycle::budget::instant_at;
+use crate::lifecycle::hand_over::complete_action;
 use crate::lifecycle::handler::Invocation;
 use crate::lifecycle::notification::LifecycleNotification;
 

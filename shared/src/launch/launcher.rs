@@ -11,7 +11,7 @@ use super::report::{LaunchError, LaunchOutcome, LaunchReport};
 use super::signals::log_step;
 use super::wait::WaitEnd;
 use crate::aws::{AutoScaling, Instances, Notifications};
-use crate::lifecycle::connection::KubeConnection;
+use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,

@@ -9,7 +9,7 @@ use super::warm_pool::Restored;
 use crate::aws::AwsError;
 use crate::cluster::ClusterAccessError;
 use crate::diagnostic::{FunctionError, diagnostic};
-use crate::lifecycle::continuation::ContinuationError;
+use crate::lifecycle::hand_over::ContinuationError;
 use crate::lifecycle::handler::HandledRecord;
 use crate::lifecycle::notification::NotificationError;
 

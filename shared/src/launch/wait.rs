@@ -13,9 +13,11 @@ use super::readiness::{NodeSighting, wait_until_ready};
 use super::report::{LaunchError, LaunchOutcome};
 use super::signals::{emit_metrics, log_step};
 use crate::aws::{AutoScaling, Instances, Notifications};
-use crate::lifecycle::connection::KubeConnection;
-use crate::lifecycle::continuation::{HandOver, HeartbeatKeeper, instant_at};
+use crate::cluster::connection::KubeConnection;
+use crate::lifecycle::budget::instant_at;
+use crate::lifecycle::hand_over::HandOver;
 use crate::lifecycle::handler::Invocation;
+use crate::lifecycle::heartbeat::HeartbeatKeeper;
 use crate::lifecycle::node::{find_node, is_ready, private_dns_name};
 use crate::lifecycle::notification::{Delivery, LifecycleNotification};
 

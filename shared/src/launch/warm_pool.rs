@@ -23,7 +23,7 @@ use crate::aws::{AwsError, Instances};
 use crate::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use crate::drain::cordon::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
 use crate::drain::lease::{CONFLICT_ATTEMPTS, checkpoint_of, conflicts_exhausted};
-use crate::lifecycle::continuation::{RetryPolicy, with_retries};
+use crate::retry::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.
 const RUNNING_POLL: Duration = Duration::from_secs(2);
@@ -47,7 +47,7 @@ pub async fn wait_until_running(
     stop_at: tokio::time::Instant,
 ) -> Result<RunningWait, AwsError> {
     loop {
-        let state = with_retries(&RetryPolicy::default(), || {
+        let state = with_retries(&RetryPolicy::AWS_CALL, || {
             instances.instance_state(instance_id)
         })
         .await?;
@@ -217,7 +217,7 @@ mod tests {
 
     use super::*;
     use crate::aws::LifecycleActionRef;
-    use crate::aws::fake::FakeInstances;
+    use crate::aws::in_memory::InMemoryInstances;
     use crate::drain::checkpoint::{AddedTaint, OutOfService};
 
     const INSTANCE: &str = "i-0123456789abcdef0";
@@ -349,7 +349,7 @@ mod tests {
 
     #[tokio::test]
     async fn waits_while_pending_and_stops_at_the_bound() {
-        let instances = FakeInstances::default();
+        let instances = InMemoryInstances::default();
         instances.add(INSTANCE, "n1");
         let soon = tokio::time::Instant::now() + Duration::from_secs(60);
         assert_eq!(

@@ -10,9 +10,10 @@ use std::future::Future;
 use serde_json::Value;
 
 use crate::aws::{AutoScaling, AwsError, Notifications};
-use crate::lifecycle::continuation::{
-    ContinuationError, HandOver, HeartbeatKeeper, HookTimings, InvocationBudget, hand_over,
-};
+use crate::lifecycle::budget::InvocationBudget;
+use crate::lifecycle::hand_over::{ContinuationError, HandOver, hand_over};
+use crate::lifecycle::heartbeat::HeartbeatKeeper;
+use crate::lifecycle::hook_timings::HookTimings;
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, NotificationError, parse_event,
 };

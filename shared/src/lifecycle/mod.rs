@@ -1,16 +1,23 @@
 //! Auto Scaling lifecycle notifications: what a message means ([`notification`]), whether it
 //! is ours ([`scope`]), the hooks' settings ([`settings`]), the skeleton both hook functions
-//! share ([`handler`]: context, invocation, per-record loop), how a long wait is carried across
-//! invocations ([`continuation`]) and which Node an instance is ([`node`]).
+//! share ([`handler`]: context, invocation, per-record loop), which Node an instance is
+//! ([`node`]), and how a long wait is carried across invocations: the time an invocation may
+//! use ([`budget`]), the hook's timeouts ([`hook_timings`]), heartbeats that keep the action
+//! alive ([`heartbeat`]), and the hand-over to a fresh invocation or the completion
+//! ([`hand_over`]).
 //!
 //! Shared by the terminating hook (`drain`) and the launching hook (`launch`).
 
 #[cfg(feature = "runtime")]
-pub mod connection;
+pub mod budget;
 #[cfg(feature = "runtime")]
-pub mod continuation;
+pub mod hand_over;
 #[cfg(feature = "runtime")]
 pub mod handler;
+#[cfg(feature = "runtime")]
+pub mod heartbeat;
+#[cfg(feature = "runtime")]
+pub mod hook_timings;
 #[cfg(feature = "runtime")]
 pub mod node;
 pub mod notification;
@@ -18,3 +25,5 @@ pub mod notification;
 pub mod scope;
 #[cfg(feature = "runtime")]
 pub mod settings;
+#[cfg(all(test, feature = "runtime"))]
+mod test_support;

@@ -11,7 +11,7 @@ use kube::api::{Api, ListParams};
 
 use crate::aws::{AwsError, Instances};
 
-use super::continuation::{RetryPolicy, with_retries};
+use crate::retry::{RetryPolicy, with_retries};
 
 /// Nodes read per page of the fallback scan.
 const SCAN_PAGE_SIZE: u32 = 500;
@@ -73,7 +73,7 @@ pub fn is_ready(node: &Node) -> bool {
 /// The instance's private DNS name, `None` when EC2 does not know it or cannot be asked (the
 /// scan still finds the node then).
 pub async fn private_dns_name(instances: &impl Instances, instance_id: &str) -> Option<String> {
-    match with_retries(&RetryPolicy::default(), || {
+    match with_retries(&RetryPolicy::AWS_CALL, || {
         instances.private_dns_name(instance_id)
     })
     .await

@@ -187,7 +187,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-    use crate::aws::fake::FakeAutoScaling;
+    use crate::aws::in_memory::InMemoryAutoScaling;
 
     fn cluster() -> ClusterScope {
         ClusterScope {
@@ -231,7 +231,7 @@ mod tests {
 
     #[tokio::test]
     async fn decisions_are_cached_per_group() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.add_group("ours", &[("eks:cluster-name", "ironman-2022")]);
         asg.add_group("theirs", &[("eks:cluster-name", "other")]);
         let scope = GroupScope::new(cluster(), vec![], Some("111111111111".into()));
@@ -267,7 +267,7 @@ mod tests {
 
     #[tokio::test]
     async fn other_accounts_and_missing_groups_are_foreign() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.add_group("ours", &[("eks:cluster-name", "ironman-2022")]);
         let scope = GroupScope::new(
             cluster(),

@@ -16,10 +16,10 @@ use serde_json::{Value, json};
 
 use crate::aws::{AwsError, GroupInstance, InstanceHealth, InstanceReboot};
 use crate::cluster::ClusterAccessError;
+use crate::cluster::connection::KubeConnection;
 use crate::diagnostic::{FunctionError, diagnostic};
 use crate::drain::checkpoint::CHECKPOINT_ANNOTATION;
 use crate::drain::events::{DrainEvents, truncate_note};
-use crate::lifecycle::connection::KubeConnection;
 use crate::lifecycle::node::node_instance_id;
 use crate::lifecycle::scope::{ScopeDecision, decide_by_tags};
 use crate::telemetry::{MetricSet, Unit};

@@ -3,17 +3,17 @@
 //! Every write is a PUT carrying the `resourceVersion` that was read, so a concurrent writer
 //! (another invocation, eksctl, Terraform, EKS itself) makes it fail with 409 instead of
 //! being overwritten; the edit is then recomputed from a fresh read, a bounded number of
-//! times with jittered backoff. The ConfigMap is created only when it is absent, and a lost
+//! times with jittered backoff ([`RetryPolicy::AWS_AUTH_WRITE`]). The ConfigMap is created only when it is absent, and a lost
 //! creation race reads the winner's object and merges into it. It is never deleted.
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ObjectMeta;
-use rand::Rng;
 use sha2::{Digest, Sha256};
+
+use crate::retry::RetryPolicy;
 
 use super::role_mapping::{
     GrantDecision, MapRoles, MapRolesError, MappingChange, MappingConflict, RevokeDecision,
@@ -41,9 +41,15 @@ pub enum StoreError {
     Forbidden(String),
     #[error("Kubernetes API call failed: {0}")]
     Api(String),
+    /// The cluster's API could not be reached at all (discovery, credentials, token): the
+    /// connection's own words, which the handler reports as a cluster-access failure.
+    #[error("{0}")]
+    Unreachable(String),
 }
 
-/// Access to the one ConfigMap, so the merge logic runs against the API server or a fake.
+/// Access to the one ConfigMap, so the merge logic runs against the API server
+/// ([`super::kube_store::KubeAwsAuthStore`]) or in memory (`InMemoryAwsAuthStore`, with the
+/// `fakes` feature).
 pub trait AwsAuthStore: Send + Sync {
     /// `None` when `aws-auth` does not exist.
     fn get(&self) -> impl Future<Output = Result<Option<ConfigMap>, StoreError>> + Send;
@@ -68,6 +74,35 @@ pub trait AwsAuthStore: Send + Sync {
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
+/// A borrowed store is a store: the handler keeps its store and lends it to each edit.
+impl<S: AwsAuthStore> AwsAuthStore for &S {
+    fn get(&self) -> impl Future<Output = Result<Option<ConfigMap>, StoreError>> + Send {
+        (**self).get()
+    }
+
+    fn create(
+        &self,
+        config_map: &ConfigMap,
+    ) -> impl Future<Output = Result<ConfigMap, StoreError>> + Send {
+        (**self).create(config_map)
+    }
+
+    fn replace(
+        &self,
+        config_map: &ConfigMap,
+    ) -> impl Future<Output = Result<ConfigMap, StoreError>> + Send {
+        (**self).replace(config_map)
+    }
+
+    fn publish_event(
+        &self,
+        config_map: &ConfigMap,
+        event: &AwsAuthEvent,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).publish_event(config_map, event)
+    }
+}
+
 /// A Kubernetes Event about `aws-auth`, as `kubectl describe configmap aws-auth` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AwsAuthEvent {
@@ -77,37 +112,6 @@ pub struct AwsAuthEvent {
     /// `Grant` or `Revoke`.
     pub action: &'static str,
     pub note: String,
-}
-
-/// How often and how patiently to retry a write that lost a race.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// Reads (and writes) at most this many times in all.
-    pub max_attempts: u32,
-    /// The first backoff's upper bound; it doubles per attempt ("full jitter").
-    pub base_delay: Duration,
-    pub max_delay: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 12,
-            base_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(5),
-        }
-    }
-}
-
-impl RetryPolicy {
-    fn backoff(&self, attempt: u32) -> Duration {
-        let cap = self
-            .base_delay
-            .saturating_mul(1u32 << attempt.min(16))
-            .min(self.max_delay);
-        let millis = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX);
-        Duration::from_millis(rand::rng().random_range(0..=millis))
-    }
 }
 
 /// Why `aws-auth` could not be brought to the intended state.
@@ -207,7 +211,7 @@ impl<S: AwsAuthStore> AwsAuthEditor<S> {
         let mut conflicts = 0;
         for attempt in 0..self.retry.max_attempts {
             if attempt > 0 {
-                tokio::time::sleep(self.retry.backoff(attempt - 1)).await;
+                tokio::time::sleep(self.retry.delay(attempt - 1)).await;
             }
             let current = self.store.get().await.map_err(AwsAuthError::Store)?;
             if current.as_ref().and_then(|cm| cm.immutable) == Some(true) {

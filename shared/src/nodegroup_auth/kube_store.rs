@@ -1,33 +1,51 @@
 //! [`AwsAuthStore`] against the cluster's API server.
+//!
+//! The store holds a [`KubeConnection`], not a client: the cluster is reached only when an
+//! invocation needs `aws-auth`, so an `API`-mode cluster is never contacted.
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Resource;
 use kube::api::{Api, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Client, Resource};
+
+use crate::cluster::connection::KubeConnection;
 
 use super::aws_auth::{AWS_AUTH_NAME, AWS_AUTH_NAMESPACE, AwsAuthEvent, AwsAuthStore, StoreError};
 
 /// The name Events are reported under (`reportingController`).
 pub const REPORTING_CONTROLLER: &str = "node-manager/nodegroup-auth";
 
-/// `kube-system/aws-auth` through a `kube::Client`.
+/// `kube-system/aws-auth` through the cluster's API: the function's [`EksConnection`]
+/// (discovered on first use), or a ready `kube::Client` (tests, local runs).
+///
+/// [`EksConnection`]: crate::cluster::connection::EksConnection
 #[derive(Clone)]
-pub struct KubeAwsAuthStore {
-    api: Api<ConfigMap>,
-    recorder: Recorder,
+pub struct KubeAwsAuthStore<K = kube::Client> {
+    connection: K,
+    reporter: Reporter,
 }
 
-impl KubeAwsAuthStore {
-    pub fn new(client: Client) -> Self {
-        let reporter = Reporter {
-            controller: REPORTING_CONTROLLER.to_owned(),
-            // The log stream names the Lambda execution environment, like a pod name would.
-            instance: std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").ok(),
-        };
+impl<K: KubeConnection> KubeAwsAuthStore<K> {
+    pub fn new(connection: K) -> Self {
         Self {
-            api: Api::namespaced(client.clone(), AWS_AUTH_NAMESPACE),
-            recorder: Recorder::new(client, reporter),
+            connection,
+            reporter: Reporter {
+                controller: REPORTING_CONTROLLER.to_owned(),
+                // The log stream names the Lambda execution environment, like a pod name would.
+                instance: std::env::var("AWS_LAMBDA_LOG_STREAM_NAME").ok(),
+            },
         }
+    }
+
+    async fn client(&self) -> Result<kube::Client, StoreError> {
+        self.connection
+            .client()
+            .await
+            .map_err(|err| StoreError::Unreachable(err.to_string()))
+    }
+
+    async fn api(&self) -> Result<Api<ConfigMap>, StoreError> {
+        Ok(Api::namespaced(self.client().await?, AWS_AUTH_NAMESPACE))
     }
 }
 
@@ -45,23 +63,26 @@ fn store_error(verb: &str, err: kube::Error) -> StoreError {
     }
 }
 
-impl AwsAuthStore for KubeAwsAuthStore {
+impl<K: KubeConnection> AwsAuthStore for KubeAwsAuthStore<K> {
     async fn get(&self) -> Result<Option<ConfigMap>, StoreError> {
-        self.api
+        self.api()
+            .await?
             .get_opt(AWS_AUTH_NAME)
             .await
             .map_err(|err| store_error("get", err))
     }
 
     async fn create(&self, config_map: &ConfigMap) -> Result<ConfigMap, StoreError> {
-        self.api
+        self.api()
+            .await?
             .create(&PostParams::default(), config_map)
             .await
             .map_err(|err| store_error("create", err))
     }
 
     async fn replace(&self, config_map: &ConfigMap) -> Result<ConfigMap, StoreError> {
-        self.api
+        self.api()
+            .await?
             .replace(AWS_AUTH_NAME, &PostParams::default(), config_map)
             .await
             .map_err(|err| store_error("update", err))
@@ -84,35 +105,9 @@ impl AwsAuthStore for KubeAwsAuthStore {
             action: event.action.to_owned(),
             secondary: None,
         };
-        self.recorder
+        Recorder::new(self.client().await?, self.reporter.clone())
             .publish(&event, &reference)
             .await
             .map_err(|err| store_error("create events", err))
-    }
-}
-
-/// [`AwsAuthAccess`] through the cluster access of `node_manager::cluster`: the client is
-/// built (and its token signed) only when an invocation needs `aws-auth`.
-pub struct ClusterAwsAuth<E> {
-    pub access: crate::cluster::ClusterAccess,
-    pub eks: E,
-}
-
-impl<E: crate::aws::Eks> super::handler::AwsAuthAccess for ClusterAwsAuth<E> {
-    type Store = KubeAwsAuthStore;
-    type Error = crate::cluster::ClusterAccessError;
-
-    async fn aws_auth(&self) -> Result<KubeAwsAuthStore, Self::Error> {
-        Ok(KubeAwsAuthStore::new(self.access.client(&self.eks).await?))
-    }
-}
-
-/// A store built from an existing client is its own access (tests, local runs).
-impl super::handler::AwsAuthAccess for KubeAwsAuthStore {
-    type Store = KubeAwsAuthStore;
-    type Error = std::convert::Infallible;
-
-    async fn aws_auth(&self) -> Result<KubeAwsAuthStore, Self::Error> {
-        Ok(self.clone())
     }
 }

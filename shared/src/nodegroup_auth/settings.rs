@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::settings::{ClusterScope, SettingsError, SettingsSource};
 
-use super::aws_auth::RetryPolicy;
+use crate::retry::RetryPolicy;
 
 /// Everything the function is configured with (see the README's settings table).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl NodegroupAuthSettings {
                 expected: "a 12-digit AWS account id",
             });
         }
-        let defaults = RetryPolicy::default();
+        let defaults = RetryPolicy::AWS_AUTH_WRITE;
         let max_attempts = source.parsed(
             "AWS_AUTH_MAX_ATTEMPTS",
             defaults.max_attempts,
@@ -136,7 +136,7 @@ mod tests {
             ("AWS_REGION", "eu-west-1"),
         ];
         let settings = NodegroupAuthSettings::from_source(env).unwrap();
-        assert_eq!(settings.retry, RetryPolicy::default());
+        assert_eq!(settings.retry, RetryPolicy::AWS_AUTH_WRITE);
         assert!(!settings.aws_auth_with_access_entries);
         assert_eq!(settings.delete_wait, Duration::from_secs(600));
         assert_eq!(settings.account_for(ARN).unwrap(), "111111111111");

@@ -36,7 +36,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use node_manager::aws::fake::{FakeAutoScaling, FakeEks, FakeInstances, FakeNotifications};
+use node_manager::aws::in_memory::{
+    InMemoryAutoScaling, InMemoryEks, InMemoryInstances, InMemoryNotifications,
+};
 use node_manager::aws::{
     AuthenticationMode, AutoScaling, AwsError, AwsErrorKind, ClusterDescription, CompletionOutcome,
     HeartbeatOutcome, LifecycleActionRef, LifecycleActionResult, LifecycleHook,
@@ -44,14 +46,14 @@ use node_manager::aws::{
 };
 use node_manager::drain::{Drainer, Invocation};
 use node_manager::launch::Launcher;
-use node_manager::lifecycle::continuation::InvocationBudget;
+use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
-use node_manager::nodegroup_auth::aws_auth::RetryPolicy;
 use node_manager::nodegroup_auth::handler::NodegroupAuth;
 use node_manager::nodegroup_auth::kube_store::KubeAwsAuthStore;
 use node_manager::nodegroup_auth::role_mapping::MapRoles;
 use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
+use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -156,7 +158,7 @@ type CompletionSeen = (
 /// still had pods that were not on their way out (a completion before the drain finished).
 #[derive(Clone)]
 struct WatchedAutoScaling {
-    inner: FakeAutoScaling,
+    inner: InMemoryAutoScaling,
     store: Store,
     node_of: Arc<BTreeMap<String, String>>,
     completions: Arc<Mutex<Vec<CompletionSeen>>>,
@@ -343,7 +345,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     // Nodes.
     let nodes = rng.random_range(2..=4usize);
     report.nodes = nodes;
-    let instances = FakeInstances::default();
+    let instances = InMemoryInstances::default();
     let mut node_of = BTreeMap::new();
     for i in 0..nodes {
         server
@@ -437,7 +439,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     report.pods = store.list::<Pod>().len();
 
     // Auto Scaling: the group, its hooks, the actions.
-    let inner = FakeAutoScaling::new();
+    let inner = InMemoryAutoScaling::new();
     inner.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
     inner.add_hook(
         GROUP,
@@ -623,7 +625,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
         .as_slice(),
     )
     .expect("drain settings");
-    let notifications = FakeNotifications::default();
+    let notifications = InMemoryNotifications::default();
     let mut drainer = Drainer::new(
         drain_client,
         autoscaling.clone(),
@@ -1014,7 +1016,7 @@ async fn soak_aws_auth(
             .expect("aws-auth");
     }
     let had_admin = store.find::<ConfigMap>("kube-system", "aws-auth").is_some();
-    let eks = FakeEks::default();
+    let eks = InMemoryEks::default();
     eks.add_cluster(ClusterDescription {
         name: CLUSTER.into(),
         arn: format!("arn:aws:eks:eu-west-1:{ACCOUNT}:cluster/{CLUSTER}"),
@@ -1041,8 +1043,8 @@ async fn soak_aws_auth(
     let function = NodegroupAuth::new(
         eks,
         KubeAwsAuthStore::new(client),
-        node_manager::aws::fake::FakeInstanceProfiles::default(),
-        node_manager::aws::fake::FakeInstances::default(),
+        node_manager::aws::in_memory::InMemoryInstanceProfiles::default(),
+        node_manager::aws::in_memory::InMemoryInstances::default(),
         NodegroupAuthSettings {
             scope: ClusterScope {
                 cluster_name: CLUSTER.into(),

@@ -10,6 +10,7 @@ use std::time::SystemTime;
 use aws_config::BehaviorVersion;
 use aws_credential_types::provider::{ProvideCredentials as _, SharedCredentialsProvider};
 use aws_types::region::Region;
+use node_manager::cluster::error::error_chain;
 use node_manager::cluster::token::{EksToken, TokenError, sign_token};
 use serde::Serialize;
 
@@ -195,17 +196,6 @@ pub async fn run(args: &Args) -> Result<Output, EksTokenError> {
         stdout: ExecCredential::new(&api_version, &token).render()?,
         warnings: warning.into_iter().collect(),
     })
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! Where a hook function gets its Kubernetes client.
+//! Where a function gets its Kubernetes client: the one connection type of the hooks, node
+//! repair and nodegroup-auth.
 //!
 //! The function reaches the cluster through [`ClusterAccess`] (discovered on first use, so
 //! a test notification or another cluster's group needs no cluster access at all); tests hand

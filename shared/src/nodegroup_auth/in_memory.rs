@@ -26,7 +26,7 @@ struct State {
 
 /// `kube-system/aws-auth` in memory.
 #[derive(Debug, Default, Clone)]
-pub struct InMemoryAwsAuth {
+pub struct InMemoryAwsAuthStore {
     state: Arc<Mutex<State>>,
 }
 
@@ -36,7 +36,7 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl InMemoryAwsAuth {
+impl InMemoryAwsAuthStore {
     pub fn new() -> Self {
         Self::default()
     }
@@ -105,7 +105,7 @@ impl InMemoryAwsAuth {
     }
 }
 
-impl AwsAuthStore for InMemoryAwsAuth {
+impl AwsAuthStore for InMemoryAwsAuthStore {
     async fn get(&self) -> Result<Option<ConfigMap>, StoreError> {
         let object = {
             let mut state = lock(&self.state);

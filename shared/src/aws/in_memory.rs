@@ -2,7 +2,7 @@
 //!
 //! They keep just enough state to behave like the service (a completed lifecycle action is
 //! gone; an access entry exists once) and record every call so tests can assert on them.
-//! Faults are injected per operation with [`FakeFaults`].
+//! Faults are injected per operation with [`InMemoryFaults`].
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -11,11 +11,11 @@ use super::*;
 
 /// Errors queued per operation name; each call pops one before doing anything.
 #[derive(Debug, Default, Clone)]
-pub struct FakeFaults {
+pub struct InMemoryFaults {
     queued: Arc<Mutex<HashMap<&'static str, VecDeque<AwsErrorKind>>>>,
 }
 
-impl FakeFaults {
+impl InMemoryFaults {
     /// The next `times` calls of `operation` fail with `kind`.
     pub fn fail(&self, operation: &'static str, kind: AwsErrorKind, times: usize) {
         let mut queued = lock(&self.queued);
@@ -60,12 +60,12 @@ struct AutoScalingState {
 
 /// Auto Scaling with pending lifecycle actions, hooks and group tags.
 #[derive(Debug, Default, Clone)]
-pub struct FakeAutoScaling {
+pub struct InMemoryAutoScaling {
     state: Arc<Mutex<AutoScalingState>>,
-    pub faults: FakeFaults,
+    pub faults: InMemoryFaults,
 }
 
-impl FakeAutoScaling {
+impl InMemoryAutoScaling {
     pub fn new() -> Self {
         Self::default()
     }
@@ -113,7 +113,7 @@ fn key(action: &LifecycleActionRef) -> (String, String, String) {
     )
 }
 
-impl AutoScaling for FakeAutoScaling {
+impl AutoScaling for InMemoryAutoScaling {
     async fn complete_lifecycle_action(
         &self,
         action: &LifecycleActionRef,
@@ -175,16 +175,16 @@ type ProfiledInstance = (String, BTreeMap<String, String>);
 
 /// EC2 instances, their private DNS names and states.
 #[derive(Debug, Default, Clone)]
-pub struct FakeInstances {
+pub struct InMemoryInstances {
     names: Arc<Mutex<HashMap<String, String>>>,
     /// States set by a test; an added instance without one is `running`.
     states: Arc<Mutex<HashMap<String, String>>>,
     /// Instance id → (instance profile ARN, tags), for instances added with a profile.
     profiles: Arc<Mutex<BTreeMap<String, ProfiledInstance>>>,
-    pub faults: FakeFaults,
+    pub faults: InMemoryFaults,
 }
 
-impl FakeInstances {
+impl InMemoryInstances {
     pub fn add(&self, instance_id: &str, private_dns_name: &str) {
         lock(&self.names).insert(instance_id.to_owned(), private_dns_name.to_owned());
     }
@@ -215,7 +215,7 @@ impl FakeInstances {
     }
 }
 
-impl InstancesByProfile for FakeInstances {
+impl InstancesByProfile for InMemoryInstances {
     async fn live_cluster_instances_with_profiles(
         &self,
         cluster_name: &str,
@@ -242,12 +242,12 @@ impl InstancesByProfile for FakeInstances {
 
 /// IAM instance profiles per role.
 #[derive(Debug, Default, Clone)]
-pub struct FakeInstanceProfiles {
+pub struct InMemoryInstanceProfiles {
     by_role: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
-    pub faults: FakeFaults,
+    pub faults: InMemoryFaults,
 }
 
-impl FakeInstanceProfiles {
+impl InMemoryInstanceProfiles {
     /// Puts role `role_name` into the instance profile `instance_profile_arn`.
     pub fn add(&self, role_name: &str, instance_profile_arn: &str) {
         lock(&self.by_role)
@@ -257,7 +257,7 @@ impl FakeInstanceProfiles {
     }
 }
 
-impl InstanceProfiles for FakeInstanceProfiles {
+impl InstanceProfiles for InMemoryInstanceProfiles {
     async fn instance_profiles_for_role(&self, role_name: &str) -> Result<Vec<String>, AwsError> {
         self.faults.take("ListInstanceProfilesForRole")?;
         Ok(lock(&self.by_role)
@@ -267,7 +267,7 @@ impl InstanceProfiles for FakeInstanceProfiles {
     }
 }
 
-impl Instances for FakeInstances {
+impl Instances for InMemoryInstances {
     async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
         self.faults.take("DescribeInstances")?;
         Ok(lock(&self.names).get(instance_id).cloned())
@@ -294,12 +294,12 @@ pub struct PublishedMessage {
 
 /// SNS that records what is published.
 #[derive(Debug, Default, Clone)]
-pub struct FakeNotifications {
+pub struct InMemoryNotifications {
     published: Arc<Mutex<Vec<PublishedMessage>>>,
-    pub faults: FakeFaults,
+    pub faults: InMemoryFaults,
 }
 
-impl FakeNotifications {
+impl InMemoryNotifications {
     pub fn published(&self) -> Vec<PublishedMessage> {
         lock(&self.published).clone()
     }
@@ -310,7 +310,7 @@ impl FakeNotifications {
     }
 }
 
-impl Notifications for FakeNotifications {
+impl Notifications for InMemoryNotifications {
     async fn publish(
         &self,
         topic_arn: &str,
@@ -339,12 +339,12 @@ struct EksState {
 
 /// EKS clusters, node groups and access entries.
 #[derive(Debug, Default, Clone)]
-pub struct FakeEks {
+pub struct InMemoryEks {
     state: Arc<Mutex<EksState>>,
-    pub faults: FakeFaults,
+    pub faults: InMemoryFaults,
 }
 
-impl FakeEks {
+impl InMemoryEks {
     pub fn add_cluster(&self, cluster: ClusterDescription) {
         lock(&self.state)
             .clusters
@@ -387,7 +387,7 @@ impl FakeEks {
     }
 }
 
-impl Eks for FakeEks {
+impl Eks for InMemoryEks {
     async fn describe_cluster(
         &self,
         cluster_name: &str,
@@ -490,7 +490,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lifecycle_action_completes_once() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action("t1"));
         let first = asg
             .complete_lifecycle_action(&action("t1"), LifecycleActionResult::Continue)
@@ -507,7 +507,7 @@ mod tests {
 
     #[tokio::test]
     async fn wrong_token_and_injected_faults() {
-        let asg = FakeAutoScaling::new();
+        let asg = InMemoryAutoScaling::new();
         asg.start_action(&action("t1"));
         asg.faults
             .fail("CompleteLifecycleAction", AwsErrorKind::Transient, 1);
@@ -527,7 +527,7 @@ mod tests {
 
     #[tokio::test]
     async fn access_entry_exists_once() {
-        let eks = FakeEks::default();
+        let eks = InMemoryEks::default();
         let arn = "arn:aws:iam::111111111111:role/node";
         assert_eq!(
             eks.create_access_entry("c", arn, AccessEntryType::Ec2Linux)
@@ -560,12 +560,12 @@ struct InstanceHealthState {
 /// Auto Scaling membership and health plus EC2 reboots, for node repair: marking an instance
 /// unhealthy moves it to `Terminating` as Auto Scaling would.
 #[derive(Debug, Default, Clone)]
-pub struct FakeInstanceHealth {
+pub struct InMemoryInstanceHealth {
     state: Arc<Mutex<InstanceHealthState>>,
-    pub faults: FakeFaults,
+    pub faults: InMemoryFaults,
 }
 
-impl FakeInstanceHealth {
+impl InMemoryInstanceHealth {
     pub fn new() -> Self {
         Self::default()
     }
@@ -615,7 +615,7 @@ impl FakeInstanceHealth {
     }
 }
 
-impl InstanceHealth for FakeInstanceHealth {
+impl InstanceHealth for InMemoryInstanceHealth {
     async fn describe_group_instances(
         &self,
         instance_ids: &[String],
@@ -665,7 +665,7 @@ impl InstanceHealth for FakeInstanceHealth {
     }
 }
 
-impl InstanceReboot for FakeInstanceHealth {
+impl InstanceReboot for InMemoryInstanceHealth {
     async fn reboot_instance(&self, instance_id: &str) -> Result<(), AwsError> {
         self.faults.take("RebootInstances")?;
         lock(&self.state).rebooted.push(instance_id.to_owned());

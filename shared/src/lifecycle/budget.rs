@@ -1,0 +1,113 @@
+//! The part of an invocation the work may use.
+//!
+//! A Lambda invocation ends after at most 15 minutes, but a lifecycle hook may wait for hours.
+//! The work therefore runs inside an [`InvocationBudget`]: when it is spent, the work stops and
+//! hands over ([`super::hand_over`]) to a fresh invocation. Deadlines that must outlive an
+//! invocation are counted from the notification's own time, which the republished message
+//! carries unchanged; [`instant_at`] puts such a wall-clock time on the monotonic clock.
+
+use std::time::{Duration, SystemTime};
+
+use jiff::Timestamp;
+use tokio::time::Instant;
+
+/// Lambda's own limit, used when the context has no deadline (local runs).
+const LAMBDA_MAX_DURATION: Duration = Duration::from_secs(900);
+
+/// The part of this invocation the work may use: up to the Lambda deadline minus a margin
+/// kept for handing over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvocationBudget {
+    hand_over_at: Instant,
+}
+
+impl InvocationBudget {
+    pub fn from_context(context: &lambda_runtime::Context, margin: Duration) -> Self {
+        let remaining = if context.deadline == 0 {
+            LAMBDA_MAX_DURATION
+        } else {
+            context
+                .deadline()
+                .duration_since(SystemTime::now())
+                .unwrap_or(Duration::ZERO)
+        };
+        Self::new(remaining, margin)
+    }
+
+    /// `remaining`: time until the invocation's deadline.
+    pub fn new(remaining: Duration, margin: Duration) -> Self {
+        Self {
+            hand_over_at: Instant::now() + remaining.saturating_sub(margin),
+        }
+    }
+
+    /// When the work must stop and hand over.
+    pub fn hand_over_at(&self) -> Instant {
+        self.hand_over_at
+    }
+
+    /// Time left before the hand-over.
+    pub fn remaining(&self) -> Duration {
+        self.hand_over_at.saturating_duration_since(Instant::now())
+    }
+
+    pub fn is_spent(&self) -> bool {
+        Instant::now() >= self.hand_over_at
+    }
+
+    /// Whether at least [`MIN_WORKING_SLICE`] is left before the hand-over: with less, an
+    /// invocation would hand over at once and the notification loop through SNS without any
+    /// work done (a `HAND_OVER_MARGIN_SECONDS` as large as the function's timeout).
+    pub fn has_working_slice(&self) -> bool {
+        self.remaining() >= MIN_WORKING_SLICE
+    }
+}
+
+/// The least time an invocation must have for work before its hand-over time.
+pub const MIN_WORKING_SLICE: Duration = Duration::from_secs(1);
+
+/// The `Instant` at which wall-clock time `at` arrives (now, when it is past).
+pub fn instant_at(at: Timestamp) -> Instant {
+    let now = Timestamp::now();
+    let ahead = now.duration_until(at).try_into().unwrap_or(Duration::ZERO);
+    Instant::now() + ahead
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::lifecycle::test_support::ms;
+
+    #[tokio::test]
+    async fn budget_counts_down_to_the_margin() {
+        let budget = InvocationBudget::new(ms(100), ms(60));
+        assert!(budget.remaining() <= ms(40) && budget.remaining() > ms(30));
+        assert!(!budget.is_spent());
+        tokio::time::sleep(ms(45)).await;
+        assert!(budget.is_spent());
+        assert_eq!(budget.remaining(), Duration::ZERO);
+        let short = InvocationBudget::new(ms(10), ms(30));
+        assert!(short.is_spent());
+    }
+
+    #[test]
+    fn budget_from_a_lambda_context() {
+        let mut context = lambda_runtime::Context::default();
+        let deadline = SystemTime::now() + Duration::from_secs(120);
+        context.deadline = u64::try_from(
+            deadline
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_millis(),
+        )
+        .unwrap();
+        let budget = InvocationBudget::from_context(&context, Duration::from_secs(20));
+        let remaining = budget.remaining();
+        assert!(
+            remaining <= Duration::from_secs(100) && remaining > Duration::from_secs(95),
+            "{remaining:?}"
+        );
+    }
+}
