@@ -21,7 +21,7 @@ pub mod rbac;
 pub mod selectors;
 pub mod strategic_merge;
 
-// The server (owner: B1).
+// The server.
 mod api;
 pub mod audit;
 pub mod authn;
