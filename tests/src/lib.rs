@@ -14,6 +14,7 @@ pub mod aws;
 pub mod bench;
 pub mod binaries;
 pub mod e2e;
+pub mod fixtures;
 pub mod kube;
 pub mod lambda_api;
 pub mod sandbox;

@@ -23,7 +23,10 @@ fn fails_start_up_naming_the_cluster_setting(function: &str) {
         .expect("the function binary starts");
     let started = Instant::now();
     while child.try_wait().expect("process status").is_none() {
-        assert!(started.elapsed() < HANG_AFTER, "{function}: the binary hung");
+        assert!(
+            started.elapsed() < HANG_AFTER,
+            "{function}: the binary hung"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let output = child.wait_with_output().expect("output");

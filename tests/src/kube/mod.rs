@@ -32,7 +32,6 @@ mod event_views;
 mod eviction_api;
 pub mod faults;
 pub mod fields;
-pub mod fixtures;
 pub mod patch;
 pub mod resources;
 mod reviews;
