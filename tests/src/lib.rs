@@ -14,6 +14,8 @@ pub mod aws;
 pub mod bench;
 pub mod binaries;
 pub mod e2e;
+pub mod fixtures;
+pub mod identity;
 pub mod kube;
 pub mod lambda_api;
 pub mod sandbox;

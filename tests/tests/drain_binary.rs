@@ -13,6 +13,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::{AuditEvent, Store};
 use node_manager_testkit::soak::corpus::fixture;
 use serde_json::{Value, json};
@@ -20,53 +21,6 @@ use serde_json::{Value, json};
 /// Not the terminating fixture's instance, so that the fixture finds no node.
 const INSTANCE: &str = "i-0b1c2d3e4f5061728";
 const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-
-const WORKLOAD: &str = r#"
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: aws-node, namespace: kube-system}
-spec:
-  selector: {matchLabels: {k8s-app: aws-node}}
-  template:
-    metadata: {labels: {k8s-app: aws-node}}
-    spec:
-      priorityClassName: system-node-critical
-      containers: [{name: aws-node, image: amazon-k8s-cni}]
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: kube-proxy, namespace: kube-system}
-spec:
-  selector: {matchLabels: {k8s-app: kube-proxy}}
-  template:
-    metadata: {labels: {k8s-app: kube-proxy}}
-    spec:
-      priorityClassName: system-node-critical
-      containers: [{name: kube-proxy, image: kube-proxy}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: coredns, namespace: kube-system}
-spec:
-  replicas: 1
-  selector: {matchLabels: {k8s-app: kube-dns}}
-  template:
-    metadata: {labels: {k8s-app: kube-dns}}
-    spec:
-      priorityClassName: system-cluster-critical
-      containers: [{name: coredns, image: coredns}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: nginx, namespace: default}
-spec:
-  replicas: 4
-  selector: {matchLabels: {app: nginx}}
-  template:
-    metadata: {labels: {app: nginx}}
-    spec:
-      containers: [{name: nginx, image: nginx}]
-"#;
 
 fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
     store
@@ -86,7 +40,7 @@ fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
 }
 
 /// The terminating hook (JSON logs, `settings` added to its environment) with the reference
-/// node running [`WORKLOAD`], and a second node for the evicted pods to move to.
+/// node running the EKS system workloads and 4 nginx pods, and a second node for the evicted pods to move to.
 async fn drain_world(settings: &[(&str, &str)]) -> FunctionWorld {
     let mut builder = FunctionWorld::builder()
         .functions(&[Target::TerminatingHook])
@@ -102,7 +56,13 @@ async fn drain_world(settings: &[(&str, &str)]) -> FunctionWorld {
         builder = builder.env(key, value);
     }
     let w = builder.start().await;
-    w.server.store().apply_yaml(WORKLOAD).unwrap();
+    let store = w.server.store();
+    fixtures::create_eks_system_workloads(store).unwrap();
+    let nginx = Workload::new("default", "nginx")
+        .replicas(4)
+        .container("nginx", "nginx")
+        .grace_period_seconds(None);
+    store.create(&nginx.deployment()).unwrap();
     let node = w.node.clone();
     w.server
         .wait_for("the reference pods run", Duration::from_secs(10), |store| {

@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
 use aws_credential_types::Credentials;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
@@ -21,6 +22,8 @@ use node_manager::drain::{DeliveryOutcome, DrainEnd, DrainError, Drainer, Invoca
 use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
+use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::kube::store::StoredKind;
 use node_manager_testkit::kube::{AuditEvent, FakeApiServer, FaultAction, FaultRule};
 use serde_json::{Value, json};
 
@@ -145,8 +148,8 @@ impl Scenario {
             .unwrap();
     }
 
-    fn apply(&self, yaml: &str) {
-        self.server.store().apply_yaml(yaml).unwrap();
+    fn create<K: StoredKind>(&self, object: &K) {
+        self.server.store().create(object).unwrap();
     }
 
     fn pods_on(&self, node: &str) -> Vec<Pod> {
@@ -279,72 +282,21 @@ fn invocation(request_id: &str, budget: Duration) -> Invocation {
     }
 }
 
-const DAEMON_SETS_AND_COREDNS: &str = r#"
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: aws-node, namespace: kube-system}
-spec:
-  selector: {matchLabels: {k8s-app: aws-node}}
-  template:
-    metadata: {labels: {k8s-app: aws-node}}
-    spec:
-      priorityClassName: system-node-critical
-      containers: [{name: aws-node, image: amazon-k8s-cni}]
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {name: kube-proxy, namespace: kube-system}
-spec:
-  selector: {matchLabels: {k8s-app: kube-proxy}}
-  template:
-    metadata: {labels: {k8s-app: kube-proxy}}
-    spec:
-      priorityClassName: system-node-critical
-      containers: [{name: kube-proxy, image: kube-proxy}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: coredns, namespace: kube-system}
-spec:
-  replicas: 1
-  selector: {matchLabels: {k8s-app: kube-dns}}
-  template:
-    metadata: {labels: {k8s-app: kube-dns}}
-    spec:
-      priorityClassName: system-cluster-critical
-      containers: [{name: coredns, image: coredns}]
-"#;
-
-fn nginx(replicas: u32, grace_seconds: u32) -> String {
-    format!(
-        r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: nginx, namespace: default}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: nginx}}}}
-  template:
-    metadata: {{labels: {{app: nginx}}}}
-    spec:
-      terminationGracePeriodSeconds: {grace_seconds}
-      containers: [{{name: nginx, image: nginx}}]
-"#
-    )
-}
-
-fn pdb(name: &str, min_available: u32) -> String {
-    format!(
-        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  minAvailable: {min_available}\n  selector: {{matchLabels: {{app: nginx}}}}\n"
-    )
+/// `replicas` nginx pods behind `app=nginx`, each with `grace_seconds` to stop.
+fn nginx(replicas: i32, grace_seconds: i64) -> Deployment {
+    Workload::new("default", "nginx")
+        .replicas(replicas)
+        .container("nginx", "nginx")
+        .grace_period_seconds(Some(grace_seconds))
+        .deployment()
 }
 
 /// The reference workload on the node: nginx (4 replicas), coredns, aws-node, kube-proxy,
 /// all Running; then a second node joins to take the replacements.
-async fn reference_cluster(force_group: bool, nginx_grace: u32) -> Scenario {
+async fn reference_cluster(force_group: bool, nginx_grace: i64) -> Scenario {
     let s = Scenario::start(force_group).await.with_nodes().await;
-    s.apply(DAEMON_SETS_AND_COREDNS);
-    s.apply(&nginx(4, nginx_grace));
+    fixtures::create_eks_system_workloads(s.server.store()).unwrap();
+    s.create(&nginx(4, nginx_grace));
     s.wait_until("the reference pods run on the node", || {
         s.running_pods_on(NODE, "nginx-") == 4
             && s.running_pods_on(NODE, "coredns-") == 1
@@ -542,7 +494,12 @@ fn refused_evictions(s: &Scenario, code: u16) -> usize {
 #[tokio::test]
 async fn pdb_min_available_holds_the_drain_until_replacements_are_ready() {
     let s = reference_cluster(false, 30).await;
-    s.apply(&pdb("nginx", 3));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx",
+        3,
+        &[("app", "nginx")],
+    ));
     let drainer = s.drainer(&[]);
     let report = drainer
         .handle_invocation(
@@ -582,7 +539,12 @@ async fn pdb_min_available_holds_the_drain_until_replacements_are_ready() {
 #[tokio::test]
 async fn unsatisfiable_pdb_is_reported_at_the_deadline_and_the_action_completed() {
     let s = reference_cluster(false, 30).await;
-    s.apply(&pdb("nginx-strict", 4));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
     let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2")]);
     let report = drainer
         .handle_invocation(
@@ -640,7 +602,12 @@ async fn unsatisfiable_pdb_is_reported_at_the_deadline_and_the_action_completed(
 #[tokio::test]
 async fn unsatisfiable_pdb_with_force_deletes_the_pods_at_the_deadline() {
     let s = reference_cluster(true, 30).await;
-    s.apply(&pdb("nginx-strict", 4));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
     let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
     let report = drainer
         .handle_invocation(
@@ -681,7 +648,12 @@ async fn unsatisfiable_pdb_with_force_deletes_the_pods_at_the_deadline() {
 #[tokio::test]
 async fn forced_deletions_are_retried_and_never_given_up_on_with_pods_running() {
     let s = reference_cluster(true, 30).await;
-    s.apply(&pdb("nginx-strict", 4));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
     let settings = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
 
     // Two dropped connections: retried within the invocation.
@@ -725,7 +697,12 @@ async fn forced_deletions_are_retried_and_never_given_up_on_with_pods_running() 
 #[tokio::test]
 async fn a_forced_drain_whose_deletions_keep_failing_is_retried_not_completed() {
     let s = reference_cluster(true, 30).await;
-    s.apply(&pdb("nginx-strict", 4));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
     let settings = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
     let outage = s.server.faults().add(
         FaultRule::new(FaultAction::ServiceUnavailable)
@@ -776,8 +753,18 @@ async fn a_forced_drain_whose_deletions_keep_failing_is_retried_not_completed() 
 #[tokio::test]
 async fn two_pdbs_on_one_pod_are_reported_not_a_crash() {
     let s = reference_cluster(false, 30).await;
-    s.apply(&pdb("nginx-a", 1));
-    s.apply(&pdb("nginx-b", 1));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-a",
+        1,
+        &[("app", "nginx")],
+    ));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-b",
+        1,
+        &[("app", "nginx")],
+    ));
     let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2")]);
     let report = drainer
         .handle_invocation(
@@ -824,7 +811,12 @@ async fn a_drain_longer_than_an_invocation_is_handed_over_and_completed_once() {
     // 200 s grace periods last 2 s in the fake cluster; each invocation gets 1.3 s, just
     // over the minimum working slice (an invocation with less fails instead of working).
     let s = reference_cluster(false, 200).await;
-    s.apply(&pdb("nginx", 3));
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx",
+        3,
+        &[("app", "nginx")],
+    ));
     let drainer = s.drainer(&[("SETTLE_SECONDS", "0.5")]);
     let mut event = terminating_event();
     let mut deadline = None;

@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use node_manager_testkit::kube::{
-    FakeApiServer, FaultAction, FaultRule, SimulationTimings, fixtures,
-};
+use node_manager_testkit::fixtures;
+use node_manager_testkit::kube::{FakeApiServer, FaultAction, FaultRule, SimulationTimings};
 use serde_json::json;
 
 fn status_of(error: kube::Error) -> kube::core::Status {

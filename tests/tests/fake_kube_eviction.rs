@@ -7,7 +7,8 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, EvictParams, Patch, PatchParams};
-use node_manager_testkit::kube::{FakeApiServer, fixtures};
+use node_manager_testkit::fixtures;
+use node_manager_testkit::kube::FakeApiServer;
 use serde_json::json;
 
 const WEB: &[(&str, &str)] = &[("app", "web")];

@@ -12,7 +12,8 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{DaemonSet, ReplicaSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use node_manager_testkit::kube::{FakeApiServer, SimulationTimings, fixtures};
+use node_manager_testkit::fixtures;
+use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 
 const WEB: &[(&str, &str)] = &[("app", "web")];
 const AGENT: &[(&str, &str)] = &[("app", "agent")];

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
-use node_manager_testkit::kube::{FakeApiServer, SimulationTimings, fixtures};
+use node_manager_testkit::fixtures;
+use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 
 /// Simple GETs over plain HTTP from a minimal keep-alive client (hyper, 16 connections), so
 /// that the figure is the server's, not kube::Client's deserialization.

@@ -7,7 +7,8 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, WatchEvent, WatchParams};
 use kube::runtime::watcher;
-use node_manager_testkit::kube::{FakeApiServer, SimulationTimings, fixtures};
+use node_manager_testkit::fixtures;
+use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use serde_json::json;
 
 async fn server() -> FakeApiServer {

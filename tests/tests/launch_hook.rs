@@ -21,6 +21,7 @@ use node_manager_testkit::aws::{
     FakeAutoScalingGroup, FakeAws, FakeCluster, FakeLifecycleHook, SnsSubscription,
 };
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
+use node_manager_testkit::soak::corpus;
 use serde_json::Value;
 
 const CLUSTER: &str = "ironman-2022";
@@ -464,8 +465,7 @@ async fn other_clusters_group_and_test_notification_touch_nothing() {
 async fn unknown_transition_and_malformed_message_touch_nothing() {
     let mut s = scenario(&[], Duration::from_secs(300)).await;
     let event = s.launch().await;
-    let message: Value =
-        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    let message = corpus::message_of(&event);
 
     let mut unknown = event.clone();
     let mut edited = message.clone();

@@ -27,17 +27,27 @@ fn map_roles(server: &FakeApiServer) -> MapRoles {
     .unwrap()
 }
 
+/// `nodegroup-auth` (info logs) on a cluster in authentication `mode`, with `settings` added
+/// to its environment.
+async fn nodegroup_auth_world(mode: &str, settings: &[(&str, &str)]) -> FunctionWorld {
+    let mut builder = FunctionWorld::builder()
+        .functions(&[Target::NodegroupAuth])
+        .authentication_mode(mode)
+        .log_level("info");
+    for (key, value) in settings {
+        builder = builder.env(key, value);
+    }
+    builder.start().await
+}
+
 #[tokio::test]
 async fn nodegroup_auth_binary_handles_the_fixtures() {
     // In CONFIG_MAP mode the function itself is known through aws-auth.
-    let w = FunctionWorld::builder()
-        .functions(&[Target::NodegroupAuth])
-        .authentication_mode("CONFIG_MAP")
-        .env("DELETE_WAIT_SECONDS", "5")
-        .env("DELETE_POLL_SECONDS", "1")
-        .log_level("info")
-        .start()
-        .await;
+    let w = nodegroup_auth_world(
+        "CONFIG_MAP",
+        &[("DELETE_WAIT_SECONDS", "5"), ("DELETE_POLL_SECONDS", "1")],
+    )
+    .await;
     let (aws, server) = (&w.aws, &w.server);
     let function = w.function(Target::NodegroupAuth);
     let function_role = &function.credentials.principal_arn;
@@ -164,13 +174,7 @@ fn warnings(server: &FakeApiServer, reason: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn nodegroup_auth_binary_never_unmaps_a_role_live_instances_run_with() {
-    let w = FunctionWorld::builder()
-        .functions(&[Target::NodegroupAuth])
-        .authentication_mode("CONFIG_MAP")
-        .env("DELETE_WAIT_SECONDS", "0")
-        .log_level("info")
-        .start()
-        .await;
+    let w = nodegroup_auth_world("CONFIG_MAP", &[("DELETE_WAIT_SECONDS", "0")]).await;
     let (aws, server) = (&w.aws, &w.server);
     let function = w.function(Target::NodegroupAuth);
     let region = aws.account().region.clone();
@@ -257,13 +261,7 @@ async fn nodegroup_auth_binary_never_unmaps_a_role_live_instances_run_with() {
 
 #[tokio::test]
 async fn nodegroup_auth_binary_keeps_the_access_entry_of_a_role_live_instances_run_with() {
-    let w = FunctionWorld::builder()
-        .functions(&[Target::NodegroupAuth])
-        .authentication_mode("API")
-        .env("DELETE_WAIT_SECONDS", "0")
-        .log_level("info")
-        .start()
-        .await;
+    let w = nodegroup_auth_world("API", &[("DELETE_WAIT_SECONDS", "0")]).await;
     let aws = &w.aws;
     let function = w.function(Target::NodegroupAuth);
     let region = aws.account().region.clone();

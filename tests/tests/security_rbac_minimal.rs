@@ -12,12 +12,10 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
-use node_manager::aws::in_memory::{
-    InMemoryAutoScaling, InMemoryEks, InMemoryInstances, InMemoryNotifications,
-};
+use node_manager::aws::in_memory::{InMemoryEks, InMemoryInstances, InMemoryNotifications};
 use node_manager::aws::{
-    AuthenticationMode, ClusterDescription, LifecycleActionRef, LifecycleActionResult,
-    LifecycleHook, NodegroupDescription,
+    AuthenticationMode, ClusterDescription, LifecycleActionResult, LifecycleHook,
+    NodegroupDescription,
 };
 use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
 use node_manager::launch::Launcher;
@@ -31,6 +29,7 @@ use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;
+use node_manager_testkit::{fixtures, identity};
 use serde_json::{Value, json};
 
 const CLUSTER: &str = "ironman-2022";
@@ -79,23 +78,7 @@ fn rules(documents: &[Value]) -> Vec<(usize, usize, String)> {
 }
 
 fn hook(name: &str, transition: &str) -> LifecycleHook {
-    LifecycleHook {
-        name: name.into(),
-        transition: transition.into(),
-        heartbeat_timeout: Duration::from_secs(300),
-        global_timeout: Duration::from_secs(3600),
-        default_result: LifecycleActionResult::Abandon,
-    }
-}
-
-fn event_for(target: corpus::Target, instance: &str, hook_name: &str, token: &str) -> Value {
-    let base = corpus::fresh_lifecycle_event(target);
-    let mut message = corpus::message_of(&base);
-    message["AutoScalingGroupName"] = json!(GROUP);
-    message["EC2InstanceId"] = json!(instance);
-    message["LifecycleHookName"] = json!(hook_name);
-    message["LifecycleActionToken"] = json!(token);
-    corpus::with_message(&base, &message.to_string())
+    fixtures::lifecycle_hook(name, transition, Duration::from_secs(300))
 }
 
 /// A fresh cluster authorizing with `documents`; two Ready nodes.
@@ -144,10 +127,7 @@ async fn cluster_with_pod_start(documents: &[Value], pod_start: Duration) -> Fak
 }
 
 async fn client(server: &FakeApiServer, user: &str, groups: &[&str]) -> kube::Client {
-    let token = server.add_static_token(user, groups);
-    let mut config = server.config_with_token(&token).await.unwrap();
-    config.default_retry = false;
-    kube::Client::try_from(config).unwrap()
+    identity::client_as(server, user, groups).await.unwrap()
 }
 
 fn forbidden(server: &FakeApiServer, user: &str) -> Vec<String> {
@@ -215,20 +195,13 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
         &["open-node-manager:terminating-hook"]
     };
     let client = client(&server, "terminating-hook", groups).await;
-    let autoscaling = InMemoryAutoScaling::new();
-    autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
-    autoscaling.add_hook(
+    let (autoscaling, action) = fixtures::group_with_pending_action(
+        CLUSTER,
         GROUP,
         hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
+        INSTANCE,
+        "c613620e-07e2-4ed2-a9e2-ef8258911ade",
     );
-    let token = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
-    let action = LifecycleActionRef {
-        auto_scaling_group_name: GROUP.into(),
-        lifecycle_hook_name: "Terminate-LC-Hook".into(),
-        instance_id: INSTANCE.into(),
-        token: token.into(),
-    };
-    autoscaling.start_action(&action);
     let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let force_setting = if force { "true" } else { "false" };
@@ -260,12 +233,7 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
     };
     let result = drainer
         .handle_invocation(
-            event_for(
-                corpus::Target::TerminatingHook,
-                INSTANCE,
-                "Terminate-LC-Hook",
-                token,
-            ),
+            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
             &invocation,
         )
         .await;
@@ -350,19 +318,13 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         &["open-node-manager:terminating-hook"],
     )
     .await;
-    let autoscaling = InMemoryAutoScaling::new();
-    autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
-    autoscaling.add_hook(
+    let (autoscaling, action) = fixtures::group_with_pending_action(
+        CLUSTER,
         GROUP,
         hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
+        INSTANCE,
+        "5f0c1a2b-3d4e-4f60-8a9b-0c1d2e3f4a5b",
     );
-    let token = "5f0c1a2b-3d4e-4f60-8a9b-0c1d2e3f4a5b";
-    autoscaling.start_action(&LifecycleActionRef {
-        auto_scaling_group_name: GROUP.into(),
-        lifecycle_hook_name: "Terminate-LC-Hook".into(),
-        instance_id: INSTANCE.into(),
-        token: token.into(),
-    });
     let instances = InMemoryInstances::default();
     instances.add(INSTANCE, NODE);
     let settings = DrainSettings::from_source(
@@ -392,12 +354,7 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
     };
     let result = drainer
         .handle_invocation(
-            event_for(
-                corpus::Target::TerminatingHook,
-                INSTANCE,
-                "Terminate-LC-Hook",
-                token,
-            ),
+            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
             &invocation,
         )
         .await;
@@ -435,19 +392,13 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
         &["open-node-manager:launching-hook"],
     )
     .await;
-    let autoscaling = InMemoryAutoScaling::new();
-    autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
-    autoscaling.add_hook(
+    let (autoscaling, action) = fixtures::group_with_pending_action(
+        CLUSTER,
         GROUP,
         hook("Launch-LC-Hook", "autoscaling:EC2_INSTANCE_LAUNCHING"),
+        LAUNCH_INSTANCE,
+        "71514b9d-6a40-4b26-8523-05e7ee35fa40",
     );
-    let token = "71514b9d-6a40-4b26-8523-05e7ee35fa40";
-    autoscaling.start_action(&LifecycleActionRef {
-        auto_scaling_group_name: GROUP.into(),
-        lifecycle_hook_name: "Launch-LC-Hook".into(),
-        instance_id: LAUNCH_INSTANCE.into(),
-        token: token.into(),
-    });
     let instances = InMemoryInstances::default();
     instances.add(LAUNCH_INSTANCE, LAUNCH_NODE);
     let settings = LaunchSettings::from_source(
@@ -480,12 +431,7 @@ async fn launch_flow(documents: &[Value]) -> FlowResult {
     .unwrap();
     let result = ctx
         .handle(
-            event_for(
-                corpus::Target::LaunchingHook,
-                LAUNCH_INSTANCE,
-                "Launch-LC-Hook",
-                token,
-            ),
+            fixtures::lifecycle_notification(corpus::Target::LaunchingHook, &action),
             &lambda,
         )
         .await;

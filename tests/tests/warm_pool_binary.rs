@@ -16,6 +16,7 @@ use node_manager_testkit::aws::{InstanceState, WarmPoolState};
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
 use node_manager_testkit::kube::SimulationTimings;
 use node_manager_testkit::kube::simulation::SHUTDOWN_TAINT;
+use node_manager_testkit::soak::corpus;
 use serde_json::Value;
 
 const POOLED: &str = "i-0b1c2d3e4f5a60719";
@@ -95,8 +96,7 @@ async fn a_launch_into_the_warm_pool_completes_once_the_instance_runs_without_a_
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let message: Value =
-        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    let message = corpus::message_of(&event);
     assert_eq!(message["Origin"], "EC2");
     assert_eq!(message["Destination"], "WarmPool");
     let answer = lambda.response_to(&event).await;
@@ -198,8 +198,7 @@ async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let message: Value =
-        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    let message = corpus::message_of(&event);
     assert_eq!(message["Origin"], "AutoScalingGroup");
     assert_eq!(message["Destination"], "WarmPool");
     let answer = w
@@ -242,8 +241,7 @@ async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let message: Value =
-        serde_json::from_str(event["Records"][0]["Sns"]["Message"].as_str().unwrap()).unwrap();
+    let message = corpus::message_of(&event);
     assert_eq!(message["Origin"], "WarmPool");
     assert_eq!(message["Destination"], "AutoScalingGroup");
     let answer = w.function(Target::LaunchingHook).response_to(&event).await;

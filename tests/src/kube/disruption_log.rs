@@ -517,9 +517,10 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::fixtures;
+    use crate::kube::FakeApiServer;
     use crate::kube::eviction_api::evict;
     use crate::kube::store::Store;
-    use crate::kube::{FakeApiServer, fixtures};
 
     const WEB: &[(&str, &str)] = &[("app", "web")];
 

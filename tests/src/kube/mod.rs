@@ -21,7 +21,7 @@ pub mod rbac;
 pub mod selectors;
 pub mod strategic_merge;
 
-// The server (owner: B1).
+// The server.
 mod api;
 pub mod audit;
 pub mod authn;
@@ -32,7 +32,6 @@ mod event_views;
 mod eviction_api;
 pub mod faults;
 pub mod fields;
-pub mod fixtures;
 pub mod patch;
 pub mod resources;
 mod reviews;

@@ -7,7 +7,12 @@
 //! the effect it should. The functions find the cluster with `DescribeCluster` and sign real
 //! EKS tokens; nothing in them knows it is not talking to AWS.
 
+mod functions;
+mod report;
 pub mod scenario;
+mod seeding;
+mod serving;
+mod steps;
 pub mod timeline;
 mod world;
 

@@ -1,0 +1,299 @@
+//! Seeding a sandbox: the EKS cluster, its node groups' Auto Scaling groups with both hooks,
+//! the lifecycle topic and the instances (AWS side); the functions' identities; and the nodes,
+//! namespaces, workloads, pods and PDBs the scenario places (Kubernetes side).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
+use node_manager::aws::LifecycleActionResult;
+use serde_json::json;
+
+use super::SandboxError;
+use super::scenario::{NodegroupSpec, Workload};
+use super::world::{FUNCTIONS, Sandbox, SimulatedNode, TOPIC_NAME, setup, warm_pool_state};
+use crate::account::FakeCredentials;
+use crate::aws::{
+    FakeAutoScalingGroup, FakeCluster, FakeInstance, FakeLifecycleHook, FakeNodegroup,
+};
+use crate::fixtures;
+use crate::kube::Store;
+
+impl Sandbox {
+    /// Each function has its own IAM role, mapped to the functions' Kubernetes group the way
+    /// the operator's guide says: an `aws-auth` entry and/or a STANDARD access entry.
+    pub(super) fn grant_function_identities(
+        &self,
+    ) -> Result<BTreeMap<&'static str, FakeCredentials>, SandboxError> {
+        let mut credentials = BTreeMap::new();
+        let mut map_roles = String::new();
+        for function in FUNCTIONS {
+            let role = format!("open-node-manager-{function}");
+            let creds = self.account.add_role_credentials(&role);
+            map_roles.push_str(&format!(
+                "- rolearn: {}\n  username: open-node-manager:{function}\n  groups:\n    - open-node-manager:{function}\n",
+                creds.principal_arn
+            ));
+            if self.uses_access_entries() {
+                self.aws
+                    .eks()
+                    .add_access_entry(
+                        &self.scenario.cluster,
+                        &creds.principal_arn,
+                        "STANDARD",
+                        Some(&format!("open-node-manager:{function}")),
+                        &[format!("open-node-manager:{function}").as_str()],
+                    )
+                    .map_err(setup("access entry for a function role"))?;
+            }
+            credentials.insert(function, creds);
+        }
+        if self.uses_config_map() {
+            self.server
+                .store()
+                .apply_value(json!({
+                    "apiVersion": "v1",
+                    "kind": "ConfigMap",
+                    "metadata": { "name": "aws-auth", "namespace": "kube-system" },
+                    "data": { "mapRoles": map_roles, "mapUsers": "[]\n" },
+                }))
+                .map_err(setup("aws-auth"))?;
+        }
+        Ok(credentials)
+    }
+
+    /// The cluster, its node groups, their Auto Scaling groups with both hooks, the lifecycle
+    /// topic, and an EC2 instance per seeded node.
+    pub(super) fn seed_aws(&mut self) -> Result<(), SandboxError> {
+        let eks = self.aws.eks();
+        eks.add_cluster(
+            FakeCluster::new(
+                &self.scenario.cluster,
+                self.server.url(),
+                &self.server.ca_data(),
+            )
+            .authentication_mode(Some(self.mode())),
+        );
+        self.aws.sns().create_topic(TOPIC_NAME);
+        for (group_index, spec) in self.scenario.nodegroups.clone().iter().enumerate() {
+            self.seed_nodegroup(spec)?;
+            let mut nodes = Vec::new();
+            for _ in 0..spec.nodes {
+                let node = self.new_node(
+                    group_index,
+                    self.next_instance
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                );
+                self.add_instance(spec, &node)?;
+                nodes.push(node);
+            }
+            self.nodes.insert(spec.name.clone(), nodes);
+        }
+        Ok(())
+    }
+
+    /// Node group `spec` in EKS, and its Auto Scaling group with a warm pool if it has one
+    /// and both lifecycle hooks notifying the topic.
+    fn seed_nodegroup(&self, spec: &NodegroupSpec) -> Result<(), SandboxError> {
+        let cluster = &self.scenario.cluster;
+        self.aws
+            .eks()
+            .add_nodegroup(
+                cluster,
+                FakeNodegroup::new(&spec.name, &self.role_arn(spec))
+                    .ami_type(&spec.ami_type)
+                    .auto_scaling_group(&spec.auto_scaling_group),
+            )
+            .map_err(setup("node group"))?;
+        let mut group = FakeAutoScalingGroup::new(&spec.auto_scaling_group)
+            .tag("eks:nodegroup-name", &spec.name)
+            .availability_zones(&[&format!("{}a", self.scenario.region)])
+            // The seeded nodes are minutes old in the story, not seconds.
+            .health_check_grace_period(Duration::ZERO);
+        if spec.tagged_for_cluster {
+            group = group.tag("eks:cluster-name", cluster);
+        }
+        let autoscaling = self.aws.autoscaling();
+        autoscaling.add_group(group);
+        if let Some(state) = warm_pool_state(spec) {
+            autoscaling.set_warm_pool(&spec.auto_scaling_group, state);
+        }
+        let heartbeat = Duration::from_secs(self.scenario.timings.heartbeat_timeout_seconds);
+        for hook in [
+            FakeLifecycleHook::launching("Launch-LC-Hook"),
+            FakeLifecycleHook::terminating("Terminate-LC-Hook"),
+        ] {
+            autoscaling
+                .add_hook(
+                    &spec.auto_scaling_group,
+                    hook.heartbeat_timeout(heartbeat)
+                        .default_result(LifecycleActionResult::Continue)
+                        .notification_target(&self.topic_arn()),
+                )
+                .map_err(setup("lifecycle hook"))?;
+        }
+        Ok(())
+    }
+
+    /// The EC2 instance behind `node`, in service in node group `spec`'s Auto Scaling group.
+    pub(super) fn add_instance(
+        &self,
+        spec: &NodegroupSpec,
+        node: &SimulatedNode,
+    ) -> Result<(), SandboxError> {
+        self.aws.ec2().add_instance(
+            FakeInstance::new(&node.instance_id, &self.scenario.region)
+                .private_dns_name(&node.name)
+                .availability_zone(&node.availability_zone)
+                .tag("eks:nodegroup-name", &spec.name),
+        );
+        self.aws
+            .autoscaling()
+            .add_instance(
+                &spec.auto_scaling_group,
+                &node.instance_id,
+                &node.availability_zone,
+            )
+            .map_err(setup("Auto Scaling instance"))
+    }
+
+    /// Nodes, namespaces and workloads, with pods placed as the scenario says.
+    pub(super) fn seed_cluster(&self) -> Result<(), SandboxError> {
+        let store = self.server.store();
+        for (nodegroup, nodes) in &self.nodes {
+            for node in nodes {
+                let object = fixtures::with_labels(
+                    fixtures::node(&node.name, &node.provider_id()),
+                    &[
+                        ("eks.amazonaws.com/nodegroup", nodegroup),
+                        ("topology.kubernetes.io/zone", &node.availability_zone),
+                        ("node.kubernetes.io/instance-type", "m5.large"),
+                    ],
+                );
+                store.create(&object).map_err(setup("node"))?;
+            }
+        }
+        let seeded: Vec<&SimulatedNode> = self.nodes.values().flatten().collect();
+        for workload in &self.scenario.workloads {
+            seed_workload(store, workload, &seeded)?;
+        }
+        Ok(())
+    }
+
+    /// Waits (up to ten seconds) for every seeded pod to be Ready.
+    pub(super) async fn wait_for_seeded_pods(&self) {
+        for _ in 0..200 {
+            let pods = self.server.store().list::<Pod>();
+            if !pods.is_empty() && pods.iter().all(fixtures::pod_is_ready) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// `workload`'s namespace, controller(s), pods on the `seeded` nodes it is placed on, and PDB.
+fn seed_workload(
+    store: &Store,
+    workload: &Workload,
+    seeded: &[&SimulatedNode],
+) -> Result<(), SandboxError> {
+    let ns = workload.namespace.as_str();
+    if store.get_value("v1", "Namespace", "", ns).is_err() {
+        store
+            .apply_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
+            .map_err(setup("namespace"))?;
+    }
+    let image = format!("public.ecr.aws/sandbox/{}:latest", workload.name);
+    let pods = fixtures::Workload::new(ns, &workload.name)
+        .container(&workload.name, &image)
+        .priority_class_name(workload.priority_class_name.as_deref());
+    if workload.kind == "DaemonSet" {
+        store
+            .create(&pods.daemon_set())
+            .map_err(setup("DaemonSet"))?;
+        return Ok(());
+    }
+    seed_deployment(store, workload, &pods, seeded)?;
+    if let Some(pdb) = &workload.pdb {
+        let budget = fixtures::pdb(
+            ns,
+            &workload.name,
+            &[("app", &workload.name)],
+            pdb.min_available.map(|min| json!(min)),
+            pdb.max_unavailable.map(|max| json!(max)),
+        );
+        store
+            .create(&budget)
+            .map_err(setup("PodDisruptionBudget"))?;
+    }
+    Ok(())
+}
+
+/// A Deployment, its ReplicaSet and their pods, each on the node the scenario places it on.
+fn seed_deployment(
+    store: &Store,
+    workload: &Workload,
+    pods: &fixtures::Workload,
+    seeded: &[&SimulatedNode],
+) -> Result<(), SandboxError> {
+    let ns = workload.namespace.as_str();
+    // Zero replicas until the pods are placed (below): the simulated controllers run
+    // meanwhile, and would otherwise create pods of their own for the replicas not seeded
+    // yet, wherever their scheduler likes.
+    let unscaled = pods.clone().replicas(0);
+    let deployment = store
+        .create(&unscaled.deployment())
+        .map_err(setup("Deployment"))?;
+    let rs_name = format!("{}-7c5ddbdf54", workload.name);
+    let replica_set = store
+        .create(&fixtures::owned_by(
+            unscaled.replica_set_named(&rs_name),
+            &deployment,
+        ))
+        .map_err(setup("ReplicaSet"))?;
+    for replica in 0..workload.replicas {
+        let node_index = workload
+            .placement
+            .get(replica)
+            .copied()
+            .unwrap_or(replica % seeded.len().max(1));
+        let Some(node) = seeded.get(node_index) else {
+            return Err(SandboxError::Scenario(format!(
+                "workload {ns}/{} has no node to run on",
+                workload.name
+            )));
+        };
+        let name = format!("{rs_name}-{}", pod_suffix(&workload.name, replica));
+        store
+            .create(&fixtures::owned_by(
+                pods.running_pod(&name, &node.name),
+                &replica_set,
+            ))
+            .map_err(setup("pod"))?;
+    }
+    let replicas = i32::try_from(workload.replicas).unwrap_or(i32::MAX);
+    store
+        .modify::<ReplicaSet>(ns, &rs_name, |rs| {
+            rs.spec.get_or_insert_default().replicas = Some(replicas);
+        })
+        .map_err(setup("ReplicaSet"))?;
+    store
+        .modify::<Deployment>(ns, &workload.name, |d| {
+            d.spec.get_or_insert_default().replicas = Some(replicas);
+        })
+        .map_err(setup("Deployment"))?;
+    Ok(())
+}
+
+/// A stable, pod-name-like suffix for replica `index` of `workload`.
+fn pod_suffix(workload: &str, index: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let seed = workload.bytes().fold(index.wrapping_mul(31), |acc, b| {
+        acc.wrapping_mul(131).wrapping_add(b as usize)
+    });
+    (0..5)
+        .map(|i| ALPHABET[(seed >> (i * 5)) % ALPHABET.len()] as char)
+        .collect()
+}
