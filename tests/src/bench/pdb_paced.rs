@@ -12,6 +12,7 @@ use crate::kube::{AuditEvent, RateLimit};
 use crate::sandbox::Sandbox;
 
 use super::drain::{EVICTION_CONCURRENCY, kubectl_available, kubectl_drain, scale_in, start};
+use super::timeline::{Gaps, Recorder};
 
 /// Replicas per Deployment: every Deployment needs this many waves.
 pub const REPLICAS_PER_DEPLOYMENT: usize = 10;
@@ -40,6 +41,8 @@ pub struct PacedFigures {
     pub requests: usize,
     pub kubectl: Option<Duration>,
     pub kubectl_runs: usize,
+    /// Where the waves' time went, over every run.
+    pub gaps: Gaps,
 }
 
 /// The wave bound: every Deployment needs `replicas` sequential evictions, each waiting for
@@ -70,7 +73,8 @@ fn scenario(
             .map(|r| place(d, r).to_string())
             .collect();
         workloads.push_str(&format!(
-            "  - {{ kind: Deployment, namespace: bench, name: app-{d:03}, replicas: {REPLICAS_PER_DEPLOYMENT}, placement: [{}], pdb: {{ maxUnavailable: 1 }} }}\n",
+            "  - {{ kind: Deployment, namespace: bench, name: {}, replicas: {REPLICAS_PER_DEPLOYMENT}, placement: [{}], pdb: {{ maxUnavailable: 1 }} }}\n",
+            deployment_name(d),
             placement.join(", ")
         ));
     }
@@ -86,6 +90,11 @@ fn scenario(
         seconds(ready),
         seconds(grace) / DECLARED_GRACE_SECONDS,
     )
+}
+
+/// Deployment `d`'s name, also its PodDisruptionBudget's and its pods' name prefix.
+fn deployment_name(d: usize) -> String {
+    format!("app-{d:03}")
 }
 
 fn parse_time(stamp: &str) -> Option<jiff::Timestamp> {
@@ -119,14 +128,23 @@ pub async fn pdb_paced_drain(
     let mut firsts = Vec::new();
     let mut refused = Vec::new();
     let mut requests = Vec::new();
+    let mut gaps = Gaps::default();
+    let budgets: Vec<String> = (0..deployments).map(deployment_name).collect();
     for _ in 0..runs.max(1) {
         let sandbox = start(&yaml).await?;
+        let recorder = Recorder::start(sandbox.server())?;
         let notified = jiff::Timestamp::now();
         let wall = scale_in(&sandbox, "the PDB-paced drain").await;
         let hook_requests = sandbox
             .server()
             .audit()
             .filter(|e| e.user_agent.contains("terminating-hook"));
+        let evictions: Vec<AuditEvent> = hook_requests
+            .iter()
+            .filter(|e| is_eviction(e))
+            .cloned()
+            .collect();
+        gaps.extend(recorder.finish(&evictions, &budgets));
         sandbox.shutdown().await;
         walls.push(wall?);
         let first = hook_requests
@@ -165,6 +183,7 @@ pub async fn pdb_paced_drain(
         requests: requests[(requests.len() - 1) / 2],
         kubectl_runs: kubectl.len(),
         kubectl: (!kubectl.is_empty()).then(|| super::median(&mut kubectl)),
+        gaps,
     })
 }
 

@@ -212,6 +212,7 @@ async fn pdb_paced(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> 
         "| pods | wall (ms) | wave bound (ms) | vs bound | notification → first eviction (ms) | evictions refused | requests | kubectl drain (ms) | kubectl / ours |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
+    let mut timelines = Vec::new();
     for &pods in sizes {
         let f = bench::pdb_paced_drain(pods, grace, ready, runs, kubectl_runs).await?;
         let kubectl = f.kubectl.map(ms).unwrap_or_else(|| "-".to_owned());
@@ -228,8 +229,12 @@ async fn pdb_paced(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> 
             f.refused,
             f.requests,
         );
+        timelines.push(format!("- {pods} pods: {}", f.gaps.summary()));
     }
-    println!();
+    println!(
+        "\nWhere the waves' time went (every run):\n\n{}\n",
+        timelines.join("\n")
+    );
     Ok(())
 }
 
