@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::kube::{AuditEvent, RateLimit};
+use crate::kube::{AuditEvent, RateLimit, StepTimes};
 use crate::sandbox::Sandbox;
 
 use super::drain::{EVICTION_CONCURRENCY, kubectl_available, kubectl_drain, scale_in, start};
@@ -43,6 +43,8 @@ pub struct PacedFigures {
     pub kubectl_runs: usize,
     /// Where the waves' time went, over every run.
     pub gaps: Gaps,
+    /// The fake's simulated controllers' steps, over every run.
+    pub steps: StepTimes,
 }
 
 /// The wave bound: every Deployment needs `replicas` sequential evictions, each waiting for
@@ -129,6 +131,7 @@ pub async fn pdb_paced_drain(
     let mut refused = Vec::new();
     let mut requests = Vec::new();
     let mut gaps = Gaps::default();
+    let mut steps = StepTimes::default();
     let budgets: Vec<String> = (0..deployments).map(deployment_name).collect();
     for _ in 0..runs.max(1) {
         let sandbox = start(&yaml).await?;
@@ -145,6 +148,7 @@ pub async fn pdb_paced_drain(
             .cloned()
             .collect();
         gaps.extend(recorder.finish(&evictions, &budgets));
+        steps.merge(sandbox.server().simulation().step_times());
         sandbox.shutdown().await;
         walls.push(wall?);
         let first = hook_requests
@@ -184,6 +188,7 @@ pub async fn pdb_paced_drain(
         kubectl_runs: kubectl.len(),
         kubectl: (!kubectl.is_empty()).then(|| super::median(&mut kubectl)),
         gaps,
+        steps,
     })
 }
 
@@ -204,6 +209,11 @@ pub fn mass_throttle(mode: super::Mode) -> RateLimit {
         },
     }
 }
+
+/// Environment variable naming a file the mass scale-in writes the fake API server's audit
+/// log to (JSON lines, one file per run: `<path>.unthrottled`, `<path>.throttled`), to see
+/// where a run's time went.
+pub const AUDIT_LOG_VARIABLE: &str = "BENCH_AUDIT_LOG";
 
 /// What a mass scale-in measured.
 #[derive(Debug, Clone)]
@@ -232,6 +242,10 @@ pub struct MassFigures {
     pub completions_per_instance: BTreeMap<usize, usize>,
     /// No pod but DaemonSet pods left running on a drained node.
     pub all_drained: bool,
+    /// Where the waves' time went.
+    pub gaps: Gaps,
+    /// The fake's simulated controllers' steps during the run.
+    pub steps: StepTimes,
 }
 
 impl MassFigures {
@@ -270,6 +284,8 @@ pub async fn mass_scale_in(
     }
     sandbox.server().audit().clear();
     sandbox.server().disruption_log().clear();
+    let recorder = Recorder::start(sandbox.server())?;
+    let steps_before = sandbox.server().simulation().step_times();
     let instances: Vec<String> = (0..nodes)
         .filter_map(|i| sandbox.seeded_node("ng", i).map(|(_, instance)| instance))
         .collect();
@@ -304,11 +320,34 @@ pub async fn mass_scale_in(
         pdb_violations: 0,
         completions_per_instance: BTreeMap::new(),
         all_drained: false,
+        gaps: Gaps::default(),
+        steps: StepTimes::default(),
     };
     let all_completed = completed.iter().all(Option::is_some);
     if all_completed {
         measure_mass(&sandbox, &instances, &mut figures);
     }
+    if let Some(path) = std::env::var_os(AUDIT_LOG_VARIABLE) {
+        let path = format!(
+            "{}.{}",
+            path.to_string_lossy(),
+            if throttle.is_some() { "throttled" } else { "unthrottled" }
+        );
+        std::fs::write(&path, sandbox.server().audit().json_lines())
+            .map_err(|e| format!("writing the audit log to {path}: {e}"))?;
+    }
+    let evictions = sandbox
+        .server()
+        .audit()
+        .filter(|e| e.user_agent.contains("terminating-hook") && is_eviction(e));
+    let budgets: Vec<String> = (0..deployments).map(deployment_name).collect();
+    figures.gaps = recorder.finish(&evictions, &budgets);
+    let steps_after = sandbox.server().simulation().step_times();
+    figures.steps = StepTimes {
+        count: steps_after.count - steps_before.count,
+        total: steps_after.total.saturating_sub(steps_before.total),
+        longest: steps_after.longest,
+    };
     sandbox.shutdown().await;
     if !all_completed {
         return Err("a terminated instance's lifecycle action was not completed".to_owned());

@@ -229,13 +229,27 @@ async fn pdb_paced(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> 
             f.refused,
             f.requests,
         );
-        timelines.push(format!("- {pods} pods: {}", f.gaps.summary()));
+        timelines.push(format!(
+            "- {pods} pods: {}; the fake's steps: {}",
+            f.gaps.summary(),
+            steps(f.steps)
+        ));
     }
     println!(
         "\nWhere the waves' time went (every run):\n\n{}\n",
         timelines.join("\n")
     );
     Ok(())
+}
+
+/// The fake's simulated controllers' steps, for the "where the time went" lines.
+fn steps(steps: node_manager_testkit::kube::StepTimes) -> String {
+    format!(
+        "{} steps, mean {} ms, longest {} ms",
+        steps.count,
+        ms(steps.mean()),
+        ms(steps.longest)
+    )
 }
 
 async fn mass_scale_in(mode: Mode) -> Result<(), String> {
@@ -253,6 +267,7 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut failed = Vec::new();
+    let mut timelines = Vec::new();
     for limit in [None, Some(throttle)] {
         let f = bench::mass_scale_in(nodes, pods_per_node, survivors, grace, ready, limit).await?;
         let server = match limit {
@@ -277,11 +292,16 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
             f.one_completion_each(),
             f.all_drained,
         );
+        timelines.push(format!(
+            "- {server}: {}; the fake's steps: {}",
+            f.gaps.summary(),
+            steps(f.steps)
+        ));
         if f.pdb_violations > 0 || !f.one_completion_each() || !f.all_drained {
             failed.push(server);
         }
     }
-    println!();
+    println!("\nWhere the waves' time went:\n\n{}\n", timelines.join("\n"));
     if failed.is_empty() {
         Ok(())
     } else {

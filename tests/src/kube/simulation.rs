@@ -89,10 +89,40 @@ struct Memory {
     recheck_at: Option<jiff::Timestamp>,
     /// Budgets whose status the disruption controller recomputed, in total.
     budgets_synced: u64,
+    steps: StepTimes,
     /// Resource version the garbage collector last looked at deletions from.
     collected_rv: u64,
     /// Nodes whose kubelet was stopped ([`Simulation::kill_kubelet`]).
     dead_kubelets: HashSet<String>,
+}
+
+/// How long the steps took (each holds the store lock, so every request waits for it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    pub count: u64,
+    pub total: Duration,
+    pub longest: Duration,
+}
+
+impl StepTimes {
+    /// Adds another run's steps.
+    pub fn merge(&mut self, other: StepTimes) {
+        self.count += other.count;
+        self.total += other.total;
+        self.longest = self.longest.max(other.longest);
+    }
+
+    fn record(&mut self, took: Duration) {
+        self.count += 1;
+        self.total += took;
+        self.longest = self.longest.max(took);
+    }
+
+    pub fn mean(&self) -> Duration {
+        self.total
+            .checked_div(u32::try_from(self.count).unwrap_or(u32::MAX))
+            .unwrap_or_default()
+    }
 }
 
 /// The taint the cloud node lifecycle controller puts on a node whose instance is stopped.
@@ -440,6 +470,11 @@ impl Simulation {
         self.memory().budgets_synced
     }
 
+    /// How long the steps so far took.
+    pub fn step_times(&self) -> StepTimes {
+        self.memory().steps
+    }
+
     /// Whether the kubelet of `node` was stopped with [`Simulation::kill_kubelet`].
     pub fn is_kubelet_dead(&self, node: &str) -> bool {
         self.memory().dead_kubelets.contains(node)
@@ -476,6 +511,7 @@ impl Simulation {
         self.kubelet_starts_pods(&mut state, &mut memory, now);
         self.workload_status(&mut state);
         self.disruption_controller(&mut state, &mut memory);
+        memory.steps.record(now.elapsed());
     }
 
     /// Cascading deletion (background propagation): objects whose controller was deleted go
