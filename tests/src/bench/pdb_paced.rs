@@ -331,7 +331,11 @@ pub async fn mass_scale_in(
         let path = format!(
             "{}.{}",
             path.to_string_lossy(),
-            if throttle.is_some() { "throttled" } else { "unthrottled" }
+            if throttle.is_some() {
+                "throttled"
+            } else {
+                "unthrottled"
+            }
         );
         std::fs::write(&path, sandbox.server().audit().json_lines())
             .map_err(|e| format!("writing the audit log to {path}: {e}"))?;

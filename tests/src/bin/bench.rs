@@ -301,7 +301,10 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
             failed.push(server);
         }
     }
-    println!("\nWhere the waves' time went:\n\n{}\n", timelines.join("\n"));
+    println!(
+        "\nWhere the waves' time went:\n\n{}\n",
+        timelines.join("\n")
+    );
     if failed.is_empty() {
         Ok(())
     } else {

@@ -87,6 +87,9 @@ struct Memory {
     /// Resource version the disruption controller last synced at, and when to resync anyway.
     synced_rv: u64,
     recheck_at: Option<jiff::Timestamp>,
+    /// When each budget with a pending `disruptedPods` entry must be recomputed even if
+    /// nothing it depends on changes (the earliest of them is `recheck_at`).
+    rechecks: HashMap<(String, String), jiff::Timestamp>,
     /// Budgets whose status the disruption controller recomputed, in total.
     budgets_synced: u64,
     steps: StepTimes,
@@ -1008,7 +1011,9 @@ impl Simulation {
         } else {
             state.changes_since(memory.synced_rv)
         };
-        let pdbs: Vec<(Value, LabelQuery)> = state
+        // Each budget's selector, read from the stored JSON: cloning and decoding every
+        // budget on every step is what the dirty check spares.
+        let pdbs: Vec<(String, String, LabelQuery)> = state
             .iter(pdbs_resource, None)
             .map(|pdb| {
                 let selector = pdb
@@ -1019,32 +1024,35 @@ impl Simulation {
                     .ok()
                     .and_then(|s| LabelQuery::from_optional_label_selector(s.as_ref()).ok())
                     .unwrap_or_else(LabelQuery::nothing);
-                (pdb.clone(), selector)
+                (
+                    meta_str(pdb, "namespace").to_owned(),
+                    meta_str(pdb, "name").to_owned(),
+                    selector,
+                )
             })
             .collect();
-        let dirty: Vec<bool> = match &changes {
-            None => vec![true; pdbs.len()],
-            Some(changes) => pdbs
-                .iter()
-                .map(|(pdb, selector)| changes.iter().any(|c| affects(c, pdb, selector)))
-                .collect(),
-        };
-        let mut recheck_at: Option<jiff::Timestamp> = None;
         let timeout = jiff::SignedDuration::try_from(self.timings.disrupted_pod_timeout)
             .unwrap_or(disruption::DELETION_TIMEOUT);
-        for ((pdb_value, selector), dirty) in pdbs.into_iter().zip(dirty) {
+        memory.rechecks.retain(|key, _| {
+            pdbs.iter()
+                .any(|(ns, name, _)| (ns, name) == (&key.0, &key.1))
+        });
+        for (namespace, name, selector) in pdbs {
+            let dirty = changes.as_ref().is_none_or(|changes| {
+                changes
+                    .iter()
+                    .any(|c| affects(c, &namespace, &name, &selector))
+            });
+            if !dirty {
+                continue;
+            }
+            let Ok(pdb_value) = state.get(pdbs_resource, &namespace, &name) else {
+                continue;
+            };
             let Ok(pdb) = serde_json::from_value::<PodDisruptionBudget>(pdb_value.clone()) else {
                 continue;
             };
-            if !dirty {
-                // Unchanged inputs: only its pending recheck carries over.
-                if let Some(at) = pending_recheck(&pdb, timeout) {
-                    recheck_at = Some(recheck_at.map_or(at, |current| current.min(at)));
-                }
-                continue;
-            }
             memory.budgets_synced += 1;
-            let namespace = meta_str(&pdb_value, "namespace").to_owned();
             // Only the pods the selector matches count (compute_pdb_status filters the
             // same way); matching the stored labels first spares deserialising the rest.
             let pods: Vec<Pod> = state
@@ -1059,9 +1067,11 @@ impl Simulation {
                 now,
                 timeout,
             );
-            if let Some(at) = update.recheck_at {
-                recheck_at = Some(recheck_at.map_or(at, |current| current.min(at)));
-            }
+            let key = (namespace, name);
+            match update.recheck_at {
+                Some(at) => memory.rechecks.insert(key, at),
+                None => memory.rechecks.remove(&key),
+            };
             if disruption::status_needs_write(&pdb, &update.status) {
                 let mut object = pdb_value;
                 match serde_json::to_value(&update.status) {
@@ -1071,6 +1081,7 @@ impl Simulation {
                 update_full(state, pdbs_resource, object);
             }
         }
+        let recheck_at = memory.rechecks.values().min().copied();
         memory.recheck_at = recheck_at;
         memory.synced_rv = state.resource_version();
     }
@@ -1083,18 +1094,17 @@ fn labels_json(object: &Value) -> Option<&serde_json::Map<String, Value>> {
         .and_then(Value::as_object)
 }
 
-/// Whether `change` can alter the status of `pdb` (selecting `selector`): a change of the
+/// Whether `change` can alter the status of budget `namespace/name` (selecting `selector`): a change of the
 /// PDB itself, of a pod of its namespace it selects before or after the change, or of the
 /// replica count of a workload in its namespace (its `expectedPods`).
-fn affects(change: &Change, pdb: &Value, selector: &LabelQuery) -> bool {
+fn affects(change: &Change, namespace: &str, name: &str, selector: &LabelQuery) -> bool {
     let object = &change.object;
-    let namespace = meta_str(pdb, "namespace");
     if meta_str(object, "namespace") != namespace {
         return false;
     }
     let previous = change.previous.as_ref();
     match (change.resource.group, change.resource.plural) {
-        ("policy", "poddisruptionbudgets") => meta_str(object, "name") == meta_str(pdb, "name"),
+        ("policy", "poddisruptionbudgets") => meta_str(object, "name") == name,
         ("", "pods") => {
             selector.matches_json_labels(labels_json(object))
                 || previous.is_some_and(|p| selector.matches_json_labels(labels_json(p)))
@@ -1105,21 +1115,6 @@ fn affects(change: &Change, pdb: &Value, selector: &LabelQuery) -> bool {
         }
         _ => false,
     }
-}
-
-/// When an unchanged PDB's earliest `disruptedPods` entry expires, so that a budget whose
-/// inputs did not change is still recomputed then.
-fn pending_recheck(
-    pdb: &PodDisruptionBudget,
-    timeout: jiff::SignedDuration,
-) -> Option<jiff::Timestamp> {
-    pdb.status
-        .as_ref()?
-        .disrupted_pods
-        .as_ref()?
-        .values()
-        .filter_map(|since| since.0.checked_add(timeout).ok())
-        .min()
 }
 
 /// Resolves a pod's controller to the object whose replica count the PDB expects.
