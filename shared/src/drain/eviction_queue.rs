@@ -316,7 +316,7 @@ mod tests {
             retry_after: None,
             message: "too many requests".into(),
         };
-        let mut answer = |q: &mut EvictionQueue, outcome: &EvictionOutcome| {
+        let answer = |q: &mut EvictionQueue, outcome: &EvictionOutcome| {
             let calls = Calls::default();
             q.retry_at(&pods[0].key, now);
             q.offer(&pods, now, answering(outcome.clone(), calls));
