@@ -22,7 +22,9 @@ pub type EvictionFuture = Pin<Box<dyn Future<Output = (PodKey, EvictionOutcome)>
 
 #[derive(Debug, Clone, Default)]
 struct Entry {
-    /// Refusals so far (the backoff exponent).
+    /// Refusals in a row of the same kind as the last one (the backoff exponent): a pod
+    /// refused by its budget several times and then throttled by the API server starts the
+    /// throttle's backoff afresh, instead of sleeping as long as its budget refusals earned.
     refusals: u32,
     not_before: Option<Instant>,
     in_flight: bool,
@@ -133,6 +135,13 @@ impl EvictionQueue {
             } else {
                 Recorded::Leaving
             };
+        }
+        if entry
+            .last_refusal
+            .as_ref()
+            .is_some_and(|last| std::mem::discriminant(last) != std::mem::discriminant(&outcome))
+        {
+            entry.refusals = 0;
         }
         // An operator has to act on a rejection (RBAC, admission): retry at the slowest pace.
         let attempt = if matches!(outcome, EvictionOutcome::Rejected { .. }) {
@@ -291,5 +300,50 @@ mod tests {
         assert_eq!(refusals, [("a".to_owned(), refused)]);
         q.retain_present(|_| false);
         assert_eq!(q.refusals().count(), 1, "in flight entries are kept");
+    }
+
+    #[tokio::test]
+    async fn a_throttled_pod_backs_off_afresh_after_budget_refusals() {
+        let pods = [pod("a")];
+        let mut q = queue(4, None);
+        let now = Instant::now();
+        let by_budget = EvictionOutcome::BlockedByBudget {
+            budgets: vec!["web".into()],
+            retry_after: None,
+            message: "disruption budget".into(),
+        };
+        let throttled = EvictionOutcome::Transient {
+            retry_after: None,
+            message: "too many requests".into(),
+        };
+        let answer = |q: &mut EvictionQueue, outcome: &EvictionOutcome| {
+            let calls = Calls::default();
+            q.retry_at(&pods[0].key, now);
+            q.offer(&pods, now, answering(outcome.clone(), calls));
+            let Recorded::RetryAt(at) = q.record(&pods[0].key, outcome.clone(), now) else {
+                panic!("expected a retry")
+            };
+            at - now
+        };
+        for _ in 0..4 {
+            answer(&mut q, &by_budget);
+        }
+        // The fifth budget refusal in a row would wait 4-8 s (capped at 8); the first
+        // throttle waits as a first retry does: 0.5-1 s.
+        let first_throttle = answer(&mut q, &throttled);
+        assert!(
+            first_throttle <= Duration::from_secs(1),
+            "{first_throttle:?}"
+        );
+        let second_throttle = answer(&mut q, &throttled);
+        assert!(
+            second_throttle >= Duration::from_secs(1),
+            "throttles in a row back off: {second_throttle:?}"
+        );
+        let back_to_budget = answer(&mut q, &by_budget);
+        assert!(
+            back_to_budget <= Duration::from_secs(1),
+            "{back_to_budget:?}"
+        );
     }
 }

@@ -10,6 +10,7 @@ mod aws_auth;
 mod cold_start;
 pub mod drain;
 pub mod pdb_paced;
+pub mod timeline;
 
 use std::time::Duration;
 

@@ -8,10 +8,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::kube::{AuditEvent, RateLimit};
+use crate::kube::{AuditEvent, RateLimit, StepTimes};
 use crate::sandbox::Sandbox;
 
 use super::drain::{EVICTION_CONCURRENCY, kubectl_available, kubectl_drain, scale_in, start};
+use super::timeline::{Gaps, Recorder};
 
 /// Replicas per Deployment: every Deployment needs this many waves.
 pub const REPLICAS_PER_DEPLOYMENT: usize = 10;
@@ -40,6 +41,10 @@ pub struct PacedFigures {
     pub requests: usize,
     pub kubectl: Option<Duration>,
     pub kubectl_runs: usize,
+    /// Where the waves' time went, over every run.
+    pub gaps: Gaps,
+    /// The fake's simulated controllers' steps, over every run.
+    pub steps: StepTimes,
 }
 
 /// The wave bound: every Deployment needs `replicas` sequential evictions, each waiting for
@@ -70,7 +75,8 @@ fn scenario(
             .map(|r| place(d, r).to_string())
             .collect();
         workloads.push_str(&format!(
-            "  - {{ kind: Deployment, namespace: bench, name: app-{d:03}, replicas: {REPLICAS_PER_DEPLOYMENT}, placement: [{}], pdb: {{ maxUnavailable: 1 }} }}\n",
+            "  - {{ kind: Deployment, namespace: bench, name: {}, replicas: {REPLICAS_PER_DEPLOYMENT}, placement: [{}], pdb: {{ maxUnavailable: 1 }} }}\n",
+            deployment_name(d),
             placement.join(", ")
         ));
     }
@@ -86,6 +92,11 @@ fn scenario(
         seconds(ready),
         seconds(grace) / DECLARED_GRACE_SECONDS,
     )
+}
+
+/// Deployment `d`'s name, also its PodDisruptionBudget's and its pods' name prefix.
+fn deployment_name(d: usize) -> String {
+    format!("app-{d:03}")
 }
 
 fn parse_time(stamp: &str) -> Option<jiff::Timestamp> {
@@ -119,14 +130,25 @@ pub async fn pdb_paced_drain(
     let mut firsts = Vec::new();
     let mut refused = Vec::new();
     let mut requests = Vec::new();
+    let mut gaps = Gaps::default();
+    let mut steps = StepTimes::default();
+    let budgets: Vec<String> = (0..deployments).map(deployment_name).collect();
     for _ in 0..runs.max(1) {
         let sandbox = start(&yaml).await?;
+        let recorder = Recorder::start(sandbox.server())?;
         let notified = jiff::Timestamp::now();
         let wall = scale_in(&sandbox, "the PDB-paced drain").await;
         let hook_requests = sandbox
             .server()
             .audit()
             .filter(|e| e.user_agent.contains("terminating-hook"));
+        let evictions: Vec<AuditEvent> = hook_requests
+            .iter()
+            .filter(|e| is_eviction(e))
+            .cloned()
+            .collect();
+        gaps.extend(recorder.finish(&evictions, &budgets));
+        steps.merge(sandbox.server().simulation().step_times());
         sandbox.shutdown().await;
         walls.push(wall?);
         let first = hook_requests
@@ -165,6 +187,8 @@ pub async fn pdb_paced_drain(
         requests: requests[(requests.len() - 1) / 2],
         kubectl_runs: kubectl.len(),
         kubectl: (!kubectl.is_empty()).then(|| super::median(&mut kubectl)),
+        gaps,
+        steps,
     })
 }
 
@@ -185,6 +209,11 @@ pub fn mass_throttle(mode: super::Mode) -> RateLimit {
         },
     }
 }
+
+/// Environment variable naming a file the mass scale-in writes the fake API server's audit
+/// log to (JSON lines, one file per run: `<path>.unthrottled`, `<path>.throttled`), to see
+/// where a run's time went.
+pub const AUDIT_LOG_VARIABLE: &str = "BENCH_AUDIT_LOG";
 
 /// What a mass scale-in measured.
 #[derive(Debug, Clone)]
@@ -213,6 +242,10 @@ pub struct MassFigures {
     pub completions_per_instance: BTreeMap<usize, usize>,
     /// No pod but DaemonSet pods left running on a drained node.
     pub all_drained: bool,
+    /// Where the waves' time went.
+    pub gaps: Gaps,
+    /// The fake's simulated controllers' steps during the run.
+    pub steps: StepTimes,
 }
 
 impl MassFigures {
@@ -251,6 +284,8 @@ pub async fn mass_scale_in(
     }
     sandbox.server().audit().clear();
     sandbox.server().disruption_log().clear();
+    let recorder = Recorder::start(sandbox.server())?;
+    let steps_before = sandbox.server().simulation().step_times();
     let instances: Vec<String> = (0..nodes)
         .filter_map(|i| sandbox.seeded_node("ng", i).map(|(_, instance)| instance))
         .collect();
@@ -285,11 +320,38 @@ pub async fn mass_scale_in(
         pdb_violations: 0,
         completions_per_instance: BTreeMap::new(),
         all_drained: false,
+        gaps: Gaps::default(),
+        steps: StepTimes::default(),
     };
     let all_completed = completed.iter().all(Option::is_some);
     if all_completed {
         measure_mass(&sandbox, &instances, &mut figures);
     }
+    if let Some(path) = std::env::var_os(AUDIT_LOG_VARIABLE) {
+        let path = format!(
+            "{}.{}",
+            path.to_string_lossy(),
+            if throttle.is_some() {
+                "throttled"
+            } else {
+                "unthrottled"
+            }
+        );
+        std::fs::write(&path, sandbox.server().audit().json_lines())
+            .map_err(|e| format!("writing the audit log to {path}: {e}"))?;
+    }
+    let evictions = sandbox
+        .server()
+        .audit()
+        .filter(|e| e.user_agent.contains("terminating-hook") && is_eviction(e));
+    let budgets: Vec<String> = (0..deployments).map(deployment_name).collect();
+    figures.gaps = recorder.finish(&evictions, &budgets);
+    let steps_after = sandbox.server().simulation().step_times();
+    figures.steps = StepTimes {
+        count: steps_after.count - steps_before.count,
+        total: steps_after.total.saturating_sub(steps_before.total),
+        longest: steps_after.longest,
+    };
     sandbox.shutdown().await;
     if !all_completed {
         return Err("a terminated instance's lifecycle action was not completed".to_owned());

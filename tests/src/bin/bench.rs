@@ -212,6 +212,7 @@ async fn pdb_paced(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> 
         "| pods | wall (ms) | wave bound (ms) | vs bound | notification → first eviction (ms) | evictions refused | requests | kubectl drain (ms) | kubectl / ours |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
+    let mut timelines = Vec::new();
     for &pods in sizes {
         let f = bench::pdb_paced_drain(pods, grace, ready, runs, kubectl_runs).await?;
         let kubectl = f.kubectl.map(ms).unwrap_or_else(|| "-".to_owned());
@@ -228,9 +229,27 @@ async fn pdb_paced(mode: Mode, sizes: &[usize], kubectl_runs: Option<usize>) -> 
             f.refused,
             f.requests,
         );
+        timelines.push(format!(
+            "- {pods} pods: {}; the fake's steps: {}",
+            f.gaps.summary(),
+            steps(f.steps)
+        ));
     }
-    println!();
+    println!(
+        "\nWhere the waves' time went (every run):\n\n{}\n",
+        timelines.join("\n")
+    );
     Ok(())
+}
+
+/// The fake's simulated controllers' steps, for the "where the time went" lines.
+fn steps(steps: node_manager_testkit::kube::StepTimes) -> String {
+    format!(
+        "{} steps, mean {} ms, longest {} ms",
+        steps.count,
+        ms(steps.mean()),
+        ms(steps.longest)
+    )
 }
 
 async fn mass_scale_in(mode: Mode) -> Result<(), String> {
@@ -248,6 +267,7 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut failed = Vec::new();
+    let mut timelines = Vec::new();
     for limit in [None, Some(throttle)] {
         let f = bench::mass_scale_in(nodes, pods_per_node, survivors, grace, ready, limit).await?;
         let server = match limit {
@@ -272,11 +292,19 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
             f.one_completion_each(),
             f.all_drained,
         );
+        timelines.push(format!(
+            "- {server}: {}; the fake's steps: {}",
+            f.gaps.summary(),
+            steps(f.steps)
+        ));
         if f.pdb_violations > 0 || !f.one_completion_each() || !f.all_drained {
             failed.push(server);
         }
     }
-    println!();
+    println!(
+        "\nWhere the waves' time went:\n\n{}\n",
+        timelines.join("\n")
+    );
     if failed.is_empty() {
         Ok(())
     } else {

@@ -830,6 +830,20 @@ impl State {
             .collect()
     }
 
+    /// Every change committed after `resource_version`, or `None` when the history no
+    /// longer reaches back that far.
+    pub(crate) fn changes_since(&self, resource_version: u64) -> Option<Vec<Arc<Change>>> {
+        let oldest = self.history.front().map_or(self.rv, |c| c.resource_version);
+        (resource_version + 1 >= oldest).then(|| {
+            self.history
+                .iter()
+                .rev()
+                .take_while(|c| c.resource_version > resource_version)
+                .cloned()
+                .collect()
+        })
+    }
+
     /// Changes since `resource_version` for a watch, and a receiver for the ones to come,
     /// taken under the same lock so that no change is missed or seen twice.
     pub(crate) fn watch_from(&self, resource_version: u64) -> Result<WatchStart, ApiError> {
