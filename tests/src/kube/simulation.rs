@@ -1167,7 +1167,7 @@ fn controller_scale(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::kube::fixtures;
+    use crate::fixtures;
     use k8s_openapi::api::apps::v1::ReplicaSet;
 
     const NS: &str = "default";
