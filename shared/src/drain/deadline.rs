@@ -7,7 +7,8 @@ use tokio::time::Instant;
 use super::events::{DrainEvents, reason};
 use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::report::DrainEnd;
-use super::session::{DrainSession, SessionEnd, StuckPod, StuckReason};
+use super::session::{DrainSession, SessionEnd};
+use super::stuck::{StuckPod, StuckReason};
 use crate::aws::LifecycleActionResult;
 
 /// What the invocation does once its session ended.

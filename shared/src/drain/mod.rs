@@ -11,11 +11,11 @@
 //! 5. evicts them within a concurrency bound, retrying refusals with [`backoff`] —
 //!    [`eviction`], [`eviction_queue`] — retrying pods a PodDisruptionBudget refused when the
 //!    budget allows ([`budget_watch`]) — and watches them go with one watch — [`node_pods`];
-//! 6. at the deadline, reports the pods and budgets in the way ([`budgets`]) or deletes them
-//!    ([`force`]), as [`deadline`] decides;
+//! 6. at the deadline, reports the pods and budgets in the way ([`stuck`], [`budgets`]) or
+//!    deletes them ([`force`]), as [`deadline`] decides;
 //! 7. settles, then completes the lifecycle action — [`session`], [`drainer`] (`finish.rs`);
 //! 8. before the invocation runs out, hands over to a fresh one
-//!    ([`crate::lifecycle::continuation`]).
+//!    ([`crate::lifecycle::hand_over`]).
 //!
 //! What the user sees: Kubernetes [`events`], JSON log lines (one per step, field `step`)
 //! and [`metrics`]; the Lambda response and errors: [`report`].
@@ -33,6 +33,7 @@ pub mod drainer;
 pub mod events;
 pub mod eviction;
 pub mod eviction_queue;
+mod eviction_round;
 mod finish;
 pub mod force;
 pub mod lease;
@@ -41,6 +42,7 @@ pub mod node_pods;
 pub mod plan;
 pub mod report;
 pub mod session;
+pub mod stuck;
 
 pub use crate::lifecycle::handler::Invocation;
 pub use drainer::{Drainer, FUNCTION_NAME};

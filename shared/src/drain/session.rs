@@ -1,13 +1,12 @@
 //! One invocation's share of a drain: from the claimed checkpoint until the node is empty and
 //! settled, the drain deadline passes, or the invocation has to hand over.
 //!
-//! Everything the loop waits for sits in one `select!`: the watch of the node's pods, the
-//! eviction answers, the next retry, the lease renewal, the drain deadline and the hand-over
-//! time. Each wake-up recomputes the [`DrainPlan`] from the watched pods and offers the
-//! current tier to the [`EvictionQueue`], so the loop holds no state a restart could lose
-//! beyond what the checkpoint and the cluster already say.
+//! [`DrainSession::run`] evicts (the loop is in `eviction_round.rs`), marks the node drained,
+//! settles and checks once more for pods bound meanwhile; the lease on the node is renewed
+//! throughout. The session holds no state a restart could lose beyond what the checkpoint
+//! and the cluster already say. Pods it cannot get off the node: [`super::stuck`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -16,23 +15,14 @@ use kube::Api;
 use tokio::time::{Instant, sleep_until};
 
 use super::backoff::Backoff;
-use super::budget_watch::{BudgetWatch, Waiting};
-use super::budgets;
 use super::checkpoint::DrainCheckpoint;
 use super::events::{DrainEvents, reason};
-use super::eviction::{self, EvictionOutcome};
-use super::eviction_queue::{EvictionFuture, EvictionQueue, Recorded};
 use super::lease::{self, LeaseHolder, Update};
 use super::node_pods::NodePods;
 use super::plan::{DrainPlan, PlanContext, PodKey};
+use super::stuck::StuckPod;
 use crate::lifecycle::budget::instant_at;
 use crate::retry::backoff_delay;
-
-/// How long after the drain deadline the session still waits for a first list of the node's
-/// pods before it reports the drain failed with the list's error: a resumed invocation must
-/// report the pods that are there, but a list that never succeeds (RBAC without `list pods`,
-/// an API server down) must not hold the action forever.
-const UNLISTED_PODS_GRACE: Duration = Duration::from_secs(5);
 
 /// How a drain session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,54 +42,6 @@ pub enum SessionEnd {
     NodeGone,
 }
 
-/// A pod still on the node at the deadline, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StuckPod {
-    pub pod: PodKey,
-    /// Budgets that select the pod (from the namespace's budgets or the refusal).
-    pub budgets: Vec<String>,
-    pub why: StuckReason,
-}
-
-/// Why a pod was still there at the deadline.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StuckReason {
-    /// Its eviction was refused; the last answer.
-    Refused(EvictionOutcome),
-    /// It was being deleted and did not finish.
-    Terminating,
-    /// Its eviction request was still unanswered (a client that retries 429s itself hides
-    /// the refusals until it gives up).
-    InFlight,
-    /// Not tried: it waited for an earlier tier (critical pods wait for the ordinary ones).
-    NotReached,
-}
-
-impl std::fmt::Display for StuckPod {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.pod)?;
-        match (&self.why, self.budgets.as_slice()) {
-            (StuckReason::Terminating, _) => write!(f, " (still terminating)"),
-            (StuckReason::NotReached, _) => {
-                write!(f, " (not evicted yet: waits for the pods before it)")
-            }
-            (StuckReason::InFlight, []) => write!(f, " (eviction unanswered)"),
-            (StuckReason::InFlight, budgets) => write!(
-                f,
-                " (eviction unanswered; PodDisruptionBudget {})",
-                budgets.join(", ")
-            ),
-            (StuckReason::Refused(_), [one]) => write!(f, " (PodDisruptionBudget {one})"),
-            (StuckReason::Refused(_), [_, _, ..]) => write!(
-                f,
-                " (PodDisruptionBudgets {}: more than one selects it, eviction cannot work)",
-                self.budgets.join(", ")
-            ),
-            (StuckReason::Refused(refusal), []) => write!(f, " ({})", refusal.label()),
-        }
-    }
-}
-
 /// Counters for metrics and logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SessionStats {
@@ -116,58 +58,6 @@ pub struct SessionSettings {
     pub grace_period_seconds: Option<i64>,
     /// `STUCK_POD_SECONDS`: see [`PlanContext::stuck_after`].
     pub stuck_pod_after: Duration,
-}
-
-/// What the eviction loop ([`DrainSession::evict_all`]) keeps between wake-ups.
-struct EvictionRound {
-    /// The watch of the node's pods.
-    pods: NodePods,
-    budget_watch: BudgetWatch,
-    queue: EvictionQueue,
-    deadline_at: Instant,
-    /// When a drain whose pods were never listed gives up (see [`UNLISTED_PODS_GRACE`]).
-    unlisted_deadline_at: Instant,
-    renew_at: Instant,
-    /// Pods already reported as left on the node (tolerating the cordon).
-    reported_latecomers: BTreeSet<PodKey>,
-    /// Pods already reported as selected by more than one budget.
-    reported_multiple: BTreeSet<PodKey>,
-    /// The plan of the pods as of a generation of the watch; `None` to plan again.
-    planned: Option<(u64, DrainPlan)>,
-}
-
-impl EvictionRound {
-    fn start(session: &mut DrainSession<'_>) -> Self {
-        let client = session.client.clone();
-        let pods = match session.prefetched_pods.take() {
-            Some(pods) => pods,
-            None => NodePods::watch(&client, &session.node_name),
-        };
-        let settings = session.settings;
-        let deadline_at = instant_at(session.checkpoint.deadline);
-        Self {
-            pods,
-            budget_watch: BudgetWatch::new(client, settings.backoff),
-            queue: EvictionQueue::new(
-                settings.backoff,
-                settings.eviction_concurrency,
-                settings.grace_period_seconds,
-            ),
-            deadline_at,
-            unlisted_deadline_at: deadline_at.max(Instant::now()) + UNLISTED_PODS_GRACE,
-            renew_at: Instant::now() + session.renew_interval(),
-            reported_latecomers: BTreeSet::new(),
-            reported_multiple: BTreeSet::new(),
-            planned: None,
-        }
-    }
-}
-
-/// Whether planning again found the node drained.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Replanned {
-    Drained,
-    Evicting,
 }
 
 /// One invocation working on one node's drain.
@@ -260,7 +150,7 @@ impl DrainSession<'_> {
     }
 
     /// What the plan needs besides the pods, as of now.
-    fn plan_context(&mut self) -> PlanContext {
+    pub(super) fn plan_context(&mut self) -> PlanContext {
         if let Some(node) = &self.last_written {
             self.node_not_ready_since = not_ready_since(node);
         }
@@ -271,34 +161,6 @@ impl DrainSession<'_> {
             first_listed: self.first_listed.clone(),
             stuck_after: self.settings.stuck_pod_after,
         }
-    }
-
-    /// Reports the stuck deletions of `plan` not reported yet: a log line and a Warning Event
-    /// on the node naming them.
-    fn report_stuck(&mut self, plan: &DrainPlan) {
-        let new: Vec<PodKey> = plan
-            .stuck()
-            .filter(|k| !self.reported_stuck.contains(*k))
-            .cloned()
-            .collect();
-        if new.is_empty() {
-            return;
-        }
-        let names: Vec<String> = new.iter().map(ToString::to_string).collect();
-        let why = match self.node_not_ready_since {
-            Some(since) => format!("node not Ready since {since}"),
-            None => "their deletion is overdue".to_owned(),
-        };
-        let note = format!(
-            "No longer waiting for {} pod(s) whose deletion is stuck ({why}; STUCK_POD_SECONDS {}): {}. The drain goes on; they go with the instance.",
-            new.len(),
-            self.settings.stuck_pod_after.as_secs_f64(),
-            names.join(", ")
-        );
-        tracing::warn!(step = "stuck_pods", node = %self.node_name, pods = ?names, "{note}");
-        self.events
-            .warning(&self.node_reference(), reason::POD_DELETION_STUCK, note);
-        self.reported_stuck.extend(new);
     }
 
     /// Records that the node is drained (also after forced deletion), so the settle period
@@ -343,281 +205,9 @@ impl DrainSession<'_> {
         }
     }
 
-    /// Evicts until the node is empty (`None`) or the session has to end (`Some`).
-    async fn evict_all(
-        &mut self,
-        hand_over_at: Instant,
-    ) -> Result<Option<SessionEnd>, kube::Error> {
-        let client = self.client.clone();
-        let mut round = EvictionRound::start(self);
-        let evict = |key: PodKey, grace: Option<i64>| -> EvictionFuture {
-            let client = client.clone();
-            Box::pin(async move {
-                let outcome = eviction::evict(&client, &key, grace).await;
-                (key, outcome)
-            })
-        };
-        loop {
-            if round.pods.is_synced() {
-                if self.replan(&mut round) == Replanned::Drained {
-                    return Ok(None);
-                }
-                if let Some((_, plan)) = &round.planned {
-                    round
-                        .queue
-                        .offer(plan.to_evict_now(), Instant::now(), evict);
-                }
-            }
-            if let Some(end) = self.next_wake_up(&mut round, hand_over_at).await {
-                return Ok(Some(end));
-            }
-        }
-    }
-
-    /// Plans the watched pods again when they changed since the last plan (an eviction
-    /// answer alone only frees a slot), and reports what the new plan shows.
-    fn replan(&mut self, round: &mut EvictionRound) -> Replanned {
-        let pods = &round.pods;
-        let generation = pods.generation();
-        if round
-            .planned
-            .as_ref()
-            .is_some_and(|(seen, _)| *seen == generation)
-        {
-            return Replanned::Evicting;
-        }
-        if self.first_listed.is_none() {
-            let uids = pods.pods().filter_map(|p| p.metadata.uid.clone()).collect();
-            self.first_listed = Some(std::sync::Arc::new(uids));
-        }
-        let context = self.plan_context();
-        let plan = DrainPlan::in_context(pods.pods(), &context);
-        self.report_stuck(&plan);
-        let latecomers: Vec<PodKey> = plan
-            .tolerating_latecomers()
-            .filter(|k| !round.reported_latecomers.contains(*k))
-            .cloned()
-            .collect();
-        if !latecomers.is_empty() {
-            tracing::info!(step = "left_tolerating_pods", node = %self.node_name, pods = ?latecomers.iter().map(ToString::to_string).collect::<Vec<_>>(), "pods bound after the cordon that tolerate it are left on the node (evicting them would bring them straight back)");
-            round.reported_latecomers.extend(latecomers);
-        }
-        if plan.is_drained() {
-            return Replanned::Drained;
-        }
-        round
-            .queue
-            .retain_present(|k| pods.contains(&k.namespace, &k.name, &k.uid));
-        round
-            .budget_watch
-            .retain_waiting(|k| pods.contains(&k.namespace, &k.name, &k.uid));
-        round.planned = Some((generation, plan));
-        Replanned::Evicting
-    }
-
-    /// Waits for the next thing the eviction loop acts on and acts on it; `Some` when the
-    /// session has to end.
-    async fn next_wake_up(
-        &mut self,
-        round: &mut EvictionRound,
-        hand_over_at: Instant,
-    ) -> Option<SessionEnd> {
-        let retry_at = round.queue.next_retry_at();
-        let replan_at = round
-            .planned
-            .as_ref()
-            .and_then(|(_, plan)| plan.next_change_at)
-            .map(instant_at);
-        let synced = round.pods.is_synced();
-        // Biased, in this order: the deadline and the hand-over win over everything; an
-        // eviction answer is read before more watch events (a busy watch must not starve
-        // the answers, whose connections would sit unread).
-        tokio::select! {
-            biased;
-            // Only once the pods are known: an invocation resuming after the deadline
-            // must report (or force) the pods that are there, not an empty view.
-            _ = sleep_until(round.deadline_at), if synced => {
-                let stuck = self.stuck_pods(&round.pods, &round.queue).await;
-                return Some(SessionEnd::DeadlinePassed(stuck));
-            }
-            // The pods were never listed: the deadline still counts.
-            _ = sleep_until(round.unlisted_deadline_at), if !synced => {
-                let cause = round
-                    .pods
-                    .last_error()
-                    .unwrap_or("no answer from the API server")
-                    .to_owned();
-                return Some(SessionEnd::PodsUnknown(cause));
-            }
-            _ = sleep_until(hand_over_at) => return Some(SessionEnd::HandOver),
-            _ = sleep_until(round.renew_at) => {
-                if let Some(end) = self.renew().await {
-                    return Some(end);
-                }
-                round.renew_at = Instant::now() + self.renew_interval();
-                // The node's readiness may have changed.
-                round.planned = None;
-            }
-            (pod, outcome) = round.queue.next_answer() => {
-                self.on_answer(&mut round.queue, &mut round.budget_watch, &pod, outcome, &mut round.reported_multiple).await;
-                // Answers come in waves: take every one already here before offering
-                // the freed slots.
-                while let Some((pod, outcome)) = round.queue.ready_answer() {
-                    self.on_answer(&mut round.queue, &mut round.budget_watch, &pod, outcome, &mut round.reported_multiple).await;
-                }
-            }
-            released = round.budget_watch.released() => {
-                for (pod, at) in &released {
-                    round.queue.retry_at(pod, *at);
-                }
-            }
-            _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
-            // A waited-for deletion becomes stuck: plan again.
-            _ = sleep_until(replan_at.unwrap_or(hand_over_at)), if replan_at.is_some() => {
-                round.planned = None;
-            }
-            changed = round.pods.changed() => {
-                if let Err(error) = changed {
-                    tracing::warn!(%error, "restarting the watch of the node's pods");
-                    round.pods = NodePods::watch(self.client, &self.node_name);
-                }
-            }
-        }
-        None
-    }
-
-    async fn on_answer(
-        &mut self,
-        queue: &mut EvictionQueue,
-        budget_watch: &mut BudgetWatch,
-        pod: &PodKey,
-        outcome: EvictionOutcome,
-        reported_multiple: &mut BTreeSet<PodKey>,
-    ) {
-        let label = outcome.label();
-        let multiple = matches!(outcome, EvictionOutcome::MultipleBudgets { .. });
-        let detail = match &outcome {
-            EvictionOutcome::BlockedByBudget { message, .. }
-            | EvictionOutcome::MultipleBudgets { message }
-            | EvictionOutcome::Transient { message, .. }
-            | EvictionOutcome::Conflict { message }
-            | EvictionOutcome::Rejected { message, .. } => message.clone(),
-            _ => String::new(),
-        };
-        let refusal = outcome.clone();
-        match queue.record(pod, outcome, Instant::now()) {
-            Recorded::Evicted => {
-                self.stats.pods_evicted += 1;
-                tracing::info!(step = "evicted", node = %self.node_name, pod = %pod, "pod evicted");
-            }
-            Recorded::Leaving => {
-                tracing::info!(step = "evicted", node = %self.node_name, pod = %pod, outcome = label, "pod already leaving");
-            }
-            Recorded::RetryAt(at) => {
-                self.stats.eviction_retries += 1;
-                let now = Instant::now();
-                let (at, paced_by) = match budget_watch.after_refusal(queue, pod, &refusal, now) {
-                    Waiting::OnBudget(at) => (at, "budget"),
-                    Waiting::OnTimer => (at, "timer"),
-                };
-                let retry_in = at.saturating_duration_since(now);
-                tracing::info!(step = "eviction_refused", node = %self.node_name, pod = %pod, outcome = label, retry_in_ms = retry_in.as_millis() as u64, paced_by, detail = %detail, "eviction refused; will retry");
-                if multiple && reported_multiple.insert(pod.clone()) {
-                    let names = self.budgets_of(pod).await;
-                    let note = format!(
-                        "Cannot evict: more than one PodDisruptionBudget selects this pod ({}); \
-                         the eviction API refuses such pods. Retrying until the drain deadline.",
-                        if names.is_empty() {
-                            "names unknown".to_owned()
-                        } else {
-                            names.join(", ")
-                        }
-                    );
-                    tracing::warn!(step = "eviction_refused", node = %self.node_name, pod = %pod, budgets = ?names, "{note}");
-                    self.events.warning(
-                        &DrainEvents::pod_reference(pod),
-                        reason::EVICTION_BLOCKED,
-                        note,
-                    );
-                }
-            }
-        }
-    }
-
-    /// The budgets that select `pod`, from its namespace's list; empty when unknown.
-    async fn budgets_of(&self, pod: &PodKey) -> Vec<String> {
-        let api: Api<k8s_openapi::api::core::v1::Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace);
-        let labels = match api.get_opt(&pod.name).await {
-            Ok(Some(p)) => p.metadata.labels.unwrap_or_default(),
-            _ => return Vec::new(),
-        };
-        match budgets::list(self.client, &pod.namespace).await {
-            Ok(list) => budgets::covering(&list, &labels),
-            Err(error) => {
-                tracing::debug!(%error, "could not list PodDisruptionBudgets");
-                Vec::new()
-            }
-        }
-    }
-
-    async fn stuck_pods(&mut self, pods: &NodePods, queue: &EvictionQueue) -> Vec<StuckPod> {
-        let context = self.plan_context();
-        let plan = DrainPlan::in_context(pods.pods(), &context);
-        let refusals: BTreeMap<&PodKey, &EvictionOutcome> = queue.refusals().collect();
-        let mut namespaces: BTreeMap<
-            String,
-            Vec<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
-        > = BTreeMap::new();
-        let labels_of: BTreeMap<PodKey, BTreeMap<String, String>> = pods
-            .pods()
-            .filter_map(|p| {
-                Some((
-                    PodKey::of(p)?,
-                    p.metadata.labels.clone().unwrap_or_default(),
-                ))
-            })
-            .collect();
-        let mut stuck = Vec::new();
-        for key in plan.remaining() {
-            if !namespaces.contains_key(&key.namespace) {
-                let list = budgets::list(self.client, &key.namespace)
-                    .await
-                    .unwrap_or_else(|error| {
-                        tracing::debug!(%error, "could not list PodDisruptionBudgets");
-                        Vec::new()
-                    });
-                namespaces.insert(key.namespace.clone(), list);
-            }
-            let refusal = refusals.get(key).map(|r| (*r).clone());
-            let terminating = queue.is_leaving(key) || plan.is_terminating(key);
-            let mut names = labels_of
-                .get(key)
-                .map(|labels| budgets::covering(&namespaces[&key.namespace], labels))
-                .unwrap_or_default();
-            if names.is_empty()
-                && let Some(EvictionOutcome::BlockedByBudget { budgets, .. }) = &refusal
-            {
-                names = budgets.clone();
-            }
-            let why = match refusal {
-                _ if terminating => StuckReason::Terminating,
-                Some(refusal) => StuckReason::Refused(refusal),
-                None if queue.is_in_flight(key) => StuckReason::InFlight,
-                None => StuckReason::NotReached,
-            };
-            stuck.push(StuckPod {
-                pod: key.clone(),
-                budgets: names,
-                why,
-            });
-        }
-        stuck
-    }
-
     /// When to renew the lease next: every third of the lease; after failed renewals
     /// sooner, jittered, growing back to that interval.
-    fn renew_interval(&self) -> Duration {
+    pub(super) fn renew_interval(&self) -> Duration {
         let interval = (self.holder.lease_duration / 3).max(Duration::from_millis(10));
         match self.renew_failures {
             0 => interval,
@@ -631,7 +221,7 @@ impl DrainSession<'_> {
     /// only a competitor's claim (its name in the checkpoint) takes the drain away, and the
     /// next successful write renews it. Writes the drain cannot go on without (the drained
     /// mark, the hand-over) fail the invocation instead, so Lambda retries it.
-    async fn renew(&mut self) -> Option<SessionEnd> {
+    pub(super) async fn renew(&mut self) -> Option<SessionEnd> {
         let holder = self.holder.clone();
         match self
             .update(move |c, now| c.renewed(&holder.id, now, holder.lease_duration))
@@ -696,52 +286,4 @@ pub fn not_ready_since(node: &Node) -> Option<Timestamp> {
             .as_ref()
             .map_or_else(Timestamp::now, |t| t.0),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(name: &str) -> PodKey {
-        PodKey {
-            namespace: "default".into(),
-            name: name.into(),
-            uid: "u".into(),
-        }
-    }
-
-    #[test]
-    fn stuck_pods_say_why() {
-        let refused = EvictionOutcome::BlockedByBudget {
-            budgets: vec!["web".into()],
-            retry_after: None,
-            message: String::new(),
-        };
-        let one = StuckPod {
-            pod: key("a"),
-            budgets: vec!["web".into()],
-            why: StuckReason::Refused(refused),
-        };
-        assert_eq!(one.to_string(), "default/a (PodDisruptionBudget web)");
-        let two = StuckPod {
-            pod: key("b"),
-            budgets: vec!["x".into(), "y".into()],
-            why: StuckReason::Refused(EvictionOutcome::MultipleBudgets {
-                message: String::new(),
-            }),
-        };
-        assert!(two.to_string().contains("PodDisruptionBudgets x, y"));
-        let terminating = StuckPod {
-            pod: key("c"),
-            budgets: vec![],
-            why: StuckReason::Terminating,
-        };
-        assert_eq!(terminating.to_string(), "default/c (still terminating)");
-        let later = StuckPod {
-            pod: key("d"),
-            budgets: vec![],
-            why: StuckReason::NotReached,
-        };
-        assert!(later.to_string().contains("not evicted yet"));
-    }
 }
