@@ -166,7 +166,7 @@ pub(super) fn our_groups<'a>(
 
 /// The hooks' scope rules: the allow-list, else a tag naming this cluster.
 fn group_scope(settings: &RepairSettings, group: &GroupHealthSettings) -> ScopeDecision {
-    if settings.allowed_groups.iter().any(|g| *g == group.name) {
+    if settings.allowed_groups.contains(&group.name) {
         ScopeDecision::Ours {
             evidence: "AUTO_SCALING_GROUP_NAMES".to_owned(),
         }
