@@ -199,6 +199,8 @@ fn plus(at: Timestamp, duration: Duration) -> Timestamp {
     at.checked_add(duration).unwrap_or(Timestamp::MAX)
 }
 
+/// How `node` stands at `now`, and whether a repair of it is under way (it counts against
+/// the parallel limit).
 fn assess(
     policy: &RepairPolicy,
     group: &GroupObservation,
@@ -208,63 +210,17 @@ fn assess(
     if node.draining {
         return (Assessment::Final(Verdict::Draining), false);
     }
-    let terminating = node.lifecycle_state.starts_with("Terminating");
-    let marked = node.health_status.eq_ignore_ascii_case("unhealthy");
-    if terminating || marked {
-        let detail = format!(
-            "instance {} is {} and {} in its group",
-            node.instance_id, node.lifecycle_state, node.health_status
-        );
+    if let Some(detail) = repair_under_way(node, now) {
         return (Assessment::Final(Verdict::RepairInFlight { detail }), true);
     }
-    if let Some(last) = &node.last_repair
-        && last.action == RepairAction::Replace
-        && now < plus(last.at, REPLACE_PENDING)
-    {
-        let detail = format!("replacement requested at {}", last.at);
-        return (Assessment::Final(Verdict::RepairInFlight { detail }), true);
-    }
-
-    let mut reported = None;
-    let mut best: Option<(Problem, RepairAction, Timestamp, bool)> = None;
-    for condition in &node.conditions {
-        if !is_unhealthy_status(&condition.type_, &condition.status) {
-            continue;
-        }
-        let Some(rule) = policy.rule_for(&condition.type_, condition.reason.as_deref()) else {
-            continue;
-        };
-        let problem = Problem {
-            condition: condition.type_.clone(),
-            status: condition.status.clone(),
-            reason: condition.reason.clone(),
-            since: condition.last_transition.unwrap_or(now),
-        };
-        if rule.action == RepairAction::NoAction {
-            reported.get_or_insert(problem);
-            continue;
-        }
-        // A repair restarts the clock: a reboot gets the full wait to take effect.
-        let (start, after_repair) = match &node.last_repair {
-            Some(last) if last.at > problem.since => (last.at, true),
-            _ => (problem.since, false),
-        };
-        let due = plus(start, rule.wait);
-        let mut action = rule.action;
-        if action == RepairAction::Reboot
-            && let Some(last) = &node.last_repair
-            && last.action == RepairAction::Reboot
-            && problem.since < plus(last.at, REBOOT_ESCALATION_WINDOW)
-        {
-            // Rebooted already and still (or again) broken: replace.
-            action = RepairAction::Replace;
-        }
-        if best.as_ref().is_none_or(|(_, _, d, _)| due < *d) {
-            best = Some((problem, action, due, after_repair));
-        }
-    }
-
-    let Some((problem, action, due, after_repair)) = best else {
+    let (planned, reported) = plan_repair(policy, node, now);
+    let Some(PlannedRepair {
+        problem,
+        action,
+        due,
+        after_repair,
+    }) = planned
+    else {
         return match reported {
             Some(problem) => (Assessment::Final(Verdict::NoAction { problem }), false),
             None => (Assessment::Final(Verdict::Healthy), false),
@@ -302,6 +258,88 @@ fn assess(
     )
 }
 
+/// What says a repair of `node` is under way already: its instance terminating or marked
+/// unhealthy in its group, or a replacement we requested recently.
+fn repair_under_way(node: &NodeObservation, now: Timestamp) -> Option<String> {
+    let terminating = node.lifecycle_state.starts_with("Terminating");
+    let marked = node.health_status.eq_ignore_ascii_case("unhealthy");
+    if terminating || marked {
+        return Some(format!(
+            "instance {} is {} and {} in its group",
+            node.instance_id, node.lifecycle_state, node.health_status
+        ));
+    }
+    if let Some(last) = &node.last_repair
+        && last.action == RepairAction::Replace
+        && now < plus(last.at, REPLACE_PENDING)
+    {
+        return Some(format!("replacement requested at {}", last.at));
+    }
+    None
+}
+
+/// The repair a node's unhealthy condition calls for.
+struct PlannedRepair {
+    problem: Problem,
+    action: RepairAction,
+    due: Timestamp,
+    /// The wait runs from our last repair rather than from the problem's start.
+    after_repair: bool,
+}
+
+/// The repair due first among `node`'s unhealthy conditions, and the first problem the
+/// policy only reports (`NoAction`).
+fn plan_repair(
+    policy: &RepairPolicy,
+    node: &NodeObservation,
+    now: Timestamp,
+) -> (Option<PlannedRepair>, Option<Problem>) {
+    let mut reported = None;
+    let mut best: Option<PlannedRepair> = None;
+    for condition in &node.conditions {
+        if !is_unhealthy_status(&condition.type_, &condition.status) {
+            continue;
+        }
+        let Some(rule) = policy.rule_for(&condition.type_, condition.reason.as_deref()) else {
+            continue;
+        };
+        let problem = Problem {
+            condition: condition.type_.clone(),
+            status: condition.status.clone(),
+            reason: condition.reason.clone(),
+            since: condition.last_transition.unwrap_or(now),
+        };
+        if rule.action == RepairAction::NoAction {
+            reported.get_or_insert(problem);
+            continue;
+        }
+        // A repair restarts the clock: a reboot gets the full wait to take effect.
+        let (start, after_repair) = match &node.last_repair {
+            Some(last) if last.at > problem.since => (last.at, true),
+            _ => (problem.since, false),
+        };
+        let due = plus(start, rule.wait);
+        let mut action = rule.action;
+        if action == RepairAction::Reboot
+            && let Some(last) = &node.last_repair
+            && last.action == RepairAction::Reboot
+            && problem.since < plus(last.at, REBOOT_ESCALATION_WINDOW)
+        {
+            // Rebooted already and still (or again) broken: replace.
+            action = RepairAction::Replace;
+        }
+        if best.as_ref().is_none_or(|b| due < b.due) {
+            best = Some(PlannedRepair {
+                problem,
+                action,
+                due,
+                after_repair,
+            });
+        }
+    }
+    (best, reported)
+}
+
 fn describe_limit(limit: Limit, kind: &str) -> String {
     match limit {
         Limit::Count(n) => format!("{kind}Count={n}"),
@@ -330,73 +368,25 @@ pub fn decide_group(
         .count();
     let in_flight = assessed.iter().filter(|(_, in_flight)| *in_flight).count();
 
-    let over_threshold = match policy.max_unhealthy {
-        Limit::Count(n) => unhealthy > n as usize,
-        Limit::Percentage(p) => {
-            total > PERCENTAGE_THRESHOLD_MIN_GROUP && unhealthy * 100 > p as usize * total
-        }
-    };
-    let paused_by = over_threshold.then(|| {
-        format!(
-            "{} ({unhealthy} of {total} nodes unhealthy)",
-            describe_limit(policy.max_unhealthy, "maxUnhealthyNodeThreshold")
-        )
-    });
+    let paused_by = pausing_limit(policy, unhealthy, total);
     let allowed = policy.max_parallel.of(unhealthy).max(1);
-    let mut slots = allowed.saturating_sub(in_flight);
+    let slots = allowed.saturating_sub(in_flight);
     let parallel_limit = format!(
         "{} ({in_flight} repairs under way, {allowed} allowed)",
         describe_limit(policy.max_parallel, "maxParallelNodesRepaired")
     );
-
-    // The longest-due nodes are repaired first.
-    let mut due_order: Vec<(usize, Timestamp)> = assessed
-        .iter()
-        .enumerate()
-        .filter_map(|(i, (a, _))| match a {
-            Assessment::Due { due, .. } => Some((i, *due)),
-            Assessment::Final(_) => None,
-        })
-        .collect();
-    due_order.sort_by_key(|(i, due)| (*due, *i));
-    let mut chosen = vec![false; total];
-    for (i, _) in due_order {
-        if paused_by.is_none() && slots > 0 {
-            chosen[i] = true;
-            slots -= 1;
-        }
-    }
+    let chosen = match paused_by {
+        Some(_) => vec![false; total],
+        None => longest_due_first(&assessed, slots),
+    };
 
     let verdicts = assessed
         .into_iter()
-        .enumerate()
-        .map(|(i, (a, _))| {
-            let verdict = match a {
-                Assessment::Final(v) => v,
-                Assessment::Due {
-                    problem,
-                    action,
-                    attempt,
-                    ..
-                } => match &paused_by {
-                    Some(limit) => Verdict::Paused {
-                        problem,
-                        action,
-                        limit: limit.clone(),
-                    },
-                    None if chosen[i] => Verdict::Repair {
-                        problem,
-                        action,
-                        attempt,
-                    },
-                    None => Verdict::Queued {
-                        problem,
-                        action,
-                        limit: parallel_limit.clone(),
-                    },
-                },
-            };
-            (group.nodes[i].node.clone(), verdict)
+        .zip(chosen)
+        .zip(&group.nodes)
+        .map(|(((assessment, _), chosen), node)| {
+            let verdict = limited(assessment, paused_by.as_deref(), chosen, &parallel_limit);
+            (node.node.clone(), verdict)
         })
         .collect();
     GroupDecision {
@@ -407,6 +397,78 @@ pub fn decide_group(
         paused_by,
         verdicts,
     }
+}
+
+/// A node's verdict once the group's limits are applied: a due repair is paused with its
+/// group, started when `chosen`, else queued behind the parallel limit.
+fn limited(
+    assessment: Assessment,
+    paused_by: Option<&str>,
+    chosen: bool,
+    parallel_limit: &str,
+) -> Verdict {
+    match assessment {
+        Assessment::Final(verdict) => verdict,
+        Assessment::Due {
+            problem,
+            action,
+            attempt,
+            ..
+        } => match paused_by {
+            Some(limit) => Verdict::Paused {
+                problem,
+                action,
+                limit: limit.to_owned(),
+            },
+            None if chosen => Verdict::Repair {
+                problem,
+                action,
+                attempt,
+            },
+            None => Verdict::Queued {
+                problem,
+                action,
+                limit: parallel_limit.to_owned(),
+            },
+        },
+    }
+}
+
+/// The unhealthy-node threshold, in words, when `unhealthy` of `total` nodes exceed it.
+fn pausing_limit(policy: &RepairPolicy, unhealthy: usize, total: usize) -> Option<String> {
+    let over_threshold = match policy.max_unhealthy {
+        Limit::Count(n) => unhealthy > n as usize,
+        Limit::Percentage(p) => {
+            total > PERCENTAGE_THRESHOLD_MIN_GROUP && unhealthy * 100 > p as usize * total
+        }
+    };
+    over_threshold.then(|| {
+        format!(
+            "{} ({unhealthy} of {total} nodes unhealthy)",
+            describe_limit(policy.max_unhealthy, "maxUnhealthyNodeThreshold")
+        )
+    })
+}
+
+/// Which due nodes get one of the `slots` repairs: the longest-due first.
+fn longest_due_first(assessed: &[(Assessment, bool)], mut slots: usize) -> Vec<bool> {
+    let mut due_order: Vec<(usize, Timestamp)> = assessed
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (a, _))| match a {
+            Assessment::Due { due, .. } => Some((i, *due)),
+            Assessment::Final(_) => None,
+        })
+        .collect();
+    due_order.sort_by_key(|(i, due)| (*due, *i));
+    let mut chosen = vec![false; assessed.len()];
+    for (i, _) in due_order {
+        if slots > 0 {
+            chosen[i] = true;
+            slots -= 1;
+        }
+    }
+    chosen
 }
 
 #[cfg(test)]

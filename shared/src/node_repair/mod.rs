@@ -9,16 +9,24 @@
 //! hook drains it) and launches a replacement (our launching hook completes it); `Reboot`
 //! reboots it. The node remembers its last repair in an annotation ([`memory`]).
 //!
+//! - [`run`]: one scheduled run, the story: list the nodes → keep ours → decide per group →
+//!   act → report.
+//! - [`scope`]: which nodes are ours (not a managed node group's, not Karpenter's, on an
+//!   instance of one of our Auto Scaling groups) and what the run saw of them.
 //! - [`policy`]: conditions, waits, actions and safety limits (EKS's defaults, overridable).
 //! - [`decision`]: the pure decision.
+//! - [`act`]: the repairs (record on the node, AWS action) and their Events.
+//! - [`report`]: the run's answer, its error, its log lines and metrics.
 //! - [`memory`]: the repair record on the Node.
-//! - [`settings`]: the environment.
-//! - [`run`]: one scheduled run: read, decide, act, report.
+//! - [`settings`]: the environment, read once at start-up.
 
+pub mod act;
 pub mod decision;
 pub mod memory;
 pub mod policy;
+pub mod report;
 pub mod run;
+pub mod scope;
 pub mod settings;
 
 /// The function name used for metrics and as the Events' reporting controller.

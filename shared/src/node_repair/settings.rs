@@ -25,6 +25,9 @@ pub struct RepairSettings {
     pub dry_run: bool,
     /// `REPAIR_CONFIG` (EKS's defaults): limits and overrides, see [`RepairPolicy`].
     pub policy: RepairPolicy,
+    /// `AWS_LAMBDA_FUNCTION_NAME` (set by Lambda): the reporting instance of the Events on
+    /// the nodes (unset: the function's own name).
+    pub function_name: Option<String>,
 }
 
 impl RepairSettings {
@@ -40,6 +43,7 @@ impl RepairSettings {
             allowed_groups: source.list("AUTO_SCALING_GROUP_NAMES"),
             dry_run: source.flag("REPAIR_DRY_RUN", false)?,
             policy,
+            function_name: source.value("AWS_LAMBDA_FUNCTION_NAME"),
         })
     }
 }
@@ -71,5 +75,25 @@ mod tests {
         let env: &[(&str, &str)] = &[("REPAIR_DRY_RUN", "true")];
         let error = RepairSettings::from_source(env).unwrap_err().to_string();
         assert!(error.contains("CLUSTER_NAME"), "{error}");
+    }
+
+    #[test]
+    fn the_lambda_function_name_is_read_at_start_up() {
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c")];
+        assert_eq!(
+            RepairSettings::from_source(env).unwrap().function_name,
+            None
+        );
+        let env: &[(&str, &str)] = &[
+            ("CLUSTER_NAME", "c"),
+            ("AWS_LAMBDA_FUNCTION_NAME", "prod-node-repair"),
+        ];
+        assert_eq!(
+            RepairSettings::from_source(env)
+                .unwrap()
+                .function_name
+                .as_deref(),
+            Some("prod-node-repair")
+        );
     }
 }
