@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use node_manager::aws::LifecycleActionResult;
 use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
-use node_manager_testkit::aws::{InstanceState, WarmPoolState};
+use node_manager_testkit::aws::{InstanceState, SnsSubscription, WarmPoolState};
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
 use node_manager_testkit::kube::SimulationTimings;
 use node_manager_testkit::kube::simulation::SHUTDOWN_TAINT;
@@ -65,6 +65,37 @@ fn function_writes(w: &FunctionWorld) -> Vec<String> {
         .into_iter()
         .map(|e| format!("{} {}", e.verb, e.request_uri))
         .collect()
+}
+
+/// The functions' writes to Nodes.
+fn node_writes(w: &FunctionWorld) -> Vec<String> {
+    function_writes(w)
+        .into_iter()
+        .filter(|write| write.contains("/nodes/"))
+        .collect()
+}
+
+/// Scale-out from the pool: the instance starts, its kubelet re-registers the old name (Ready
+/// after `ready_after`), and the launching hook answers the notification. Returns the
+/// notification and the answer.
+async fn scale_out_from_pool(
+    w: &FunctionWorld,
+    subscription: &mut SnsSubscription,
+    ready_after: Duration,
+) -> (Value, Value) {
+    w.aws
+        .autoscaling()
+        .launch_from_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    w.server
+        .restart_node(&w.node, &w.provider_id(), Some(ready_after))
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w.function(Target::LaunchingHook).response_to(&event).await;
+    (event, answer)
 }
 
 #[tokio::test]
@@ -230,21 +261,11 @@ async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
     w.server.stop_node(&w.node).unwrap();
     assert!(has_taint(&node_of(w), SHUTDOWN_TAINT));
 
-    // Scale-out from the pool: the instance starts, its kubelet re-registers the old name.
-    aws.autoscaling()
-        .launch_from_warm_pool(GROUP, &w.instance)
-        .unwrap();
-    w.server
-        .restart_node(&w.node, &w.provider_id(), Some(Duration::from_millis(500)))
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (event, answer) =
+        scale_out_from_pool(w, &mut subscription, Duration::from_millis(500)).await;
     let message = corpus::message_of(&event);
     assert_eq!(message["Origin"], "WarmPool");
     assert_eq!(message["Destination"], "AutoScalingGroup");
-    let answer = w.function(Target::LaunchingHook).response_to(&event).await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert_eq!(
         aws.autoscaling()
@@ -308,19 +329,13 @@ async fn a_node_back_from_the_warm_pool_gets_the_drain_undone_and_is_schedulable
     );
 
     // A redelivery of the same launch changes nothing more.
-    let node_writes = |w: &FunctionWorld| {
-        function_writes(w)
-            .into_iter()
-            .filter(|w| w.contains("/nodes/"))
-            .count()
-    };
-    let before = node_writes(&w);
+    let before = node_writes(&w).len();
     let again = w.function(Target::LaunchingHook).response_to(&launch).await;
     assert_eq!(
         again["records"][0]["outcome"], "AlreadyCompleted",
         "{again}"
     );
-    assert_eq!(node_writes(&w), before);
+    assert_eq!(node_writes(&w).len(), before);
 }
 
 #[tokio::test]
@@ -376,23 +391,10 @@ async fn a_node_that_returns_without_our_drain_is_left_alone() {
         .unwrap();
     w.server.stop_node(&w.node).unwrap();
     aws.autoscaling().set_time_scale(1.0);
-    aws.autoscaling()
-        .launch_from_warm_pool(GROUP, &w.instance)
-        .unwrap();
-    w.server
-        .restart_node(&w.node, &w.provider_id(), Some(Duration::from_millis(300)))
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let answer = w.function(Target::LaunchingHook).response_to(&event).await;
+    let (_, answer) = scale_out_from_pool(&w, &mut subscription, Duration::from_millis(300)).await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(answer["records"][0].get("restored").is_none(), "{answer}");
     assert!(unschedulable(&node_of(&w)), "not ours to uncordon");
-    let node_writes: Vec<_> = function_writes(&w)
-        .into_iter()
-        .filter(|w| w.contains("/nodes/"))
-        .collect();
+    let node_writes = node_writes(&w);
     assert!(node_writes.is_empty(), "{node_writes:?}");
 }
