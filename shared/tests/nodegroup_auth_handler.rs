@@ -629,21 +629,7 @@ async fn retries_exhausted_fails_the_invocation() {
 
 #[tokio::test]
 async fn a_zero_delete_wait_unmaps_at_once() {
-    let w = world_with(
-        AuthenticationMode::ConfigMap,
-        NodegroupAuthSettings {
-            delete_wait: Duration::ZERO,
-            ..settings()
-        },
-    );
-    w.eks
-        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "ACTIVE"));
-    w.function
-        .handle(&fixture("eventbridge-create-nodegroup.json"), FUNCTION_ARN)
-        .await
-        .unwrap();
-    w.eks
-        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let w = mapped_then_deleting(AuthenticationMode::ConfigMap).await;
     let report = w
         .function
         .handle(&fixture("eventbridge-delete-nodegroup.json"), FUNCTION_ARN)
@@ -913,6 +899,13 @@ async fn mapped_then_deleting(mode: AuthenticationMode) -> World {
         .unwrap();
     w.eks
         .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    w
+}
+
+/// [`mapped_then_deleting`], with the role in an instance profile: the in-use check then asks
+/// EC2 for the profile's live instances.
+async fn mapped_then_deleting_with_profile(mode: AuthenticationMode) -> World {
+    let w = mapped_then_deleting(mode).await;
     w.profiles.add(ROLE_NAME, PROFILE);
     w
 }
@@ -928,7 +921,7 @@ async fn delete(w: &World) -> node_manager::nodegroup_auth::handler::NodegroupRe
 
 #[tokio::test]
 async fn delete_keeps_the_mapping_while_a_tagged_instance_runs_with_the_role() {
-    let w = mapped_then_deleting(AuthenticationMode::ConfigMap).await;
+    let w = mapped_then_deleting_with_profile(AuthenticationMode::ConfigMap).await;
     w.instances.set_profile(
         "i-0selfmanaged",
         PROFILE,
@@ -950,7 +943,7 @@ async fn delete_keeps_the_mapping_while_a_tagged_instance_runs_with_the_role() {
 
 #[tokio::test]
 async fn api_mode_delete_keeps_the_access_entry_while_a_stopped_instance_has_the_role() {
-    let w = mapped_then_deleting(AuthenticationMode::Api).await;
+    let w = mapped_then_deleting_with_profile(AuthenticationMode::Api).await;
     w.instances
         .set_profile("i-0stopped", PROFILE, &[("eks:cluster-name", CLUSTER)]);
     w.instances.set_state("i-0stopped", "stopped");
@@ -964,7 +957,7 @@ async fn api_mode_delete_keeps_the_access_entry_while_a_stopped_instance_has_the
 #[tokio::test]
 async fn terminated_and_other_cluster_instances_do_not_keep_the_role() {
     for mode in [AuthenticationMode::ConfigMap, AuthenticationMode::Api] {
-        let w = mapped_then_deleting(mode).await;
+        let w = mapped_then_deleting_with_profile(mode).await;
         w.instances
             .set_profile("i-0terminated", PROFILE, &[("eks:cluster-name", CLUSTER)]);
         w.instances.set_state("i-0terminated", "terminated");
@@ -1000,7 +993,7 @@ async fn terminated_and_other_cluster_instances_do_not_keep_the_role() {
 #[tokio::test]
 async fn an_iam_or_ec2_failure_keeps_the_mapping() {
     for operation in ["ListInstanceProfilesForRole", "DescribeInstances"] {
-        let w = mapped_then_deleting(AuthenticationMode::ConfigMap).await;
+        let w = mapped_then_deleting_with_profile(AuthenticationMode::ConfigMap).await;
         let faults = if operation == "DescribeInstances" {
             &w.instances.faults
         } else {
