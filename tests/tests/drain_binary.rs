@@ -98,19 +98,7 @@ fn evictable_pods(w: &FunctionWorld) -> BTreeSet<String> {
 /// Terminates the reference instance and delivers Auto Scaling's notification to the
 /// terminating hook, which must complete the action.
 async fn terminate(w: &FunctionWorld) {
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let answer = w
-        .function(Target::TerminatingHook)
-        .response_to(&event)
-        .await;
+    let answer = terminate_and_answer(w).await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
 }
 
