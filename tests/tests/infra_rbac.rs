@@ -237,7 +237,9 @@ fn the_terminating_hook_gets_exactly_what_it_uses() {
     assert_exactly(
         TERMINATING_GROUP,
         &[
-            grant("*", "", "nodes", &["get", "list", "watch", "patch"], &[]),
+            // No watch: the drain reads its node by name or by list, and watches only pods
+            // and budgets.
+            grant("*", "", "nodes", &["get", "list", "patch"], &[]),
             grant("*", "", "pods", &["get", "list", "watch"], &[]),
             grant("*", "", "pods/eviction", &["create"], &[]),
             grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
