@@ -1009,3 +1009,114 @@ async fn an_iam_or_ec2_failure_keeps_the_mapping() {
         assert_eq!(event.reason, "NodeRoleUsageUnknown");
     }
 }
+
+/// Two ACTIVE node groups with the same role, the role mapped (ConfigMap mode).
+async fn two_node_groups_of_one_role() -> World {
+    let w = world(AuthenticationMode::ConfigMap);
+    for name in ["demo-ng", "other-ng"] {
+        w.eks
+            .add_nodegroup(nodegroup(name, ROLE, "AL2_x86_64", "ACTIVE"));
+    }
+    w.function
+        .handle(
+            &json!({"clusterName": CLUSTER, "reconcile": "all"}),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+    w
+}
+
+async fn delete_of(
+    w: &World,
+    name: &str,
+) -> node_manager::nodegroup_auth::handler::NodegroupReport {
+    let mut report = w
+        .function
+        .handle(
+            &cloudtrail("DeleteNodegroup", CLUSTER, name, ROLE),
+            FUNCTION_ARN,
+        )
+        .await
+        .unwrap();
+    report.nodegroups.remove(0)
+}
+
+/// EKS removes the node groups a little after their delete events arrive.
+fn gone_soon(w: &World, names: &[&'static str]) {
+    let eks = w.eks.clone();
+    let names = names.to_vec();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for name in names {
+            eks.remove_nodegroup(CLUSTER, name);
+        }
+    });
+}
+
+#[tokio::test]
+async fn the_second_of_two_deletes_unmaps_a_role_the_first_kept_for_it() {
+    let w = two_node_groups_of_one_role().await;
+    // demo-ng's delete is handled while other-ng is ACTIVE: kept for other-ng.
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let first = delete_of(&w, "demo-ng").await;
+    assert_eq!(first.aws_auth, Some(Outcome::KeptInUse));
+    // other-ng is deleted while demo-ng is still DELETING: demo-ng will not use the role
+    // again, and its own delete was answered already, so this one must unmap it.
+    w.eks
+        .add_nodegroup(nodegroup("other-ng", ROLE, "AL2_x86_64", "DELETING"));
+    gone_soon(&w, &["demo-ng", "other-ng"]);
+    let second = delete_of(&w, "other-ng").await;
+    assert_eq!(second.aws_auth, Some(Outcome::Unmapped), "{second:?}");
+    assert!(map_roles(&w.store).effective(ROLE).is_none());
+}
+
+#[tokio::test]
+async fn two_deletes_handled_together_unmap_the_role_whichever_ends_first() {
+    for (first, second) in [("demo-ng", "other-ng"), ("other-ng", "demo-ng")] {
+        let w = two_node_groups_of_one_role().await;
+        for name in [first, second] {
+            w.eks
+                .add_nodegroup(nodegroup(name, ROLE, "AL2_x86_64", "DELETING"));
+        }
+        gone_soon(&w, &[first, second]);
+        let (a, b) = tokio::join!(delete_of(&w, first), delete_of(&w, second));
+        assert!(
+            [&a, &b]
+                .iter()
+                .any(|r| r.aws_auth == Some(Outcome::Unmapped)),
+            "{first} then {second}: {a:?} {b:?}"
+        );
+        assert!(
+            map_roles(&w.store).effective(ROLE).is_none(),
+            "{first} then {second}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_node_group_whose_delete_failed_keeps_the_role_until_its_own_delete() {
+    let w = two_node_groups_of_one_role().await;
+    // demo-ng's delete failed (it still exists, with its nodes); other-ng is being deleted.
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETE_FAILED"));
+    w.eks
+        .add_nodegroup(nodegroup("other-ng", ROLE, "AL2_x86_64", "DELETING"));
+    let kept = delete_of(&w, "other-ng").await;
+    assert_eq!(kept.aws_auth, Some(Outcome::KeptInUse));
+    assert!(
+        kept.note.as_deref().unwrap().contains("demo-ng"),
+        "{kept:?}"
+    );
+    assert!(map_roles(&w.store).effective(ROLE).is_some());
+    // other-ng is gone; the operator retries demo-ng's delete: that event unmaps the role.
+    w.eks.remove_nodegroup(CLUSTER, "other-ng");
+    w.eks
+        .add_nodegroup(nodegroup("demo-ng", ROLE, "AL2_x86_64", "DELETING"));
+    gone_soon(&w, &["demo-ng"]);
+    let unmapped = delete_of(&w, "demo-ng").await;
+    assert_eq!(unmapped.aws_auth, Some(Outcome::Unmapped), "{unmapped:?}");
+    assert!(map_roles(&w.store).effective(ROLE).is_none());
+}

@@ -312,3 +312,133 @@ async fn nodegroup_auth_binary_keeps_the_access_entry_of_a_role_live_instances_r
     );
     assert!(aws.eks().access_entry(CLUSTER, NODE_ROLE).is_none());
 }
+
+/// The delete event of node group `name` (the fixture's, renamed).
+fn delete_event(name: &str) -> serde_json::Value {
+    let mut event = fixture("eventbridge-delete-nodegroup.json");
+    event["detail"]["requestParameters"]["nodegroupName"] = json!(name);
+    event["detail"]["responseElements"]["nodegroup"]["nodegroupName"] = json!(name);
+    event
+}
+
+/// Two node groups of one role, each with a live instance (through the role's instance
+/// profile), the role mapped by demo-ng's create; the delete wait polls every second.
+async fn two_node_groups_of_one_role() -> FunctionWorld {
+    let w = nodegroup_auth_world(
+        "CONFIG_MAP",
+        &[("DELETE_WAIT_SECONDS", "10"), ("DELETE_POLL_SECONDS", "1")],
+    )
+    .await;
+    let aws = &w.aws;
+    let answer = w
+        .function(Target::NodegroupAuth)
+        .response_to(&fixture("eventbridge-create-nodegroup.json"))
+        .await;
+    assert_eq!(answer["nodegroups"][0]["awsAuth"], "mapped", "{answer}");
+    aws.eks()
+        .add_nodegroup(CLUSTER, FakeNodegroup::new("other-ng", NODE_ROLE))
+        .unwrap();
+    let role_name = NODE_ROLE.rsplit('/').next().unwrap();
+    let profile = aws
+        .iam()
+        .add_instance_profile(role_name, "node-group-nodes");
+    let region = aws.account().region.clone();
+    for group in ["demo-ng", "other-ng"] {
+        aws.ec2().add_instance(
+            FakeInstance::new(&instance_of(group), &region)
+                .instance_profile(&profile)
+                .tag("eks:cluster-name", CLUSTER)
+                .tag("eks:nodegroup-name", group),
+        );
+    }
+    w
+}
+
+/// The live instance of node group `group` in [`two_node_groups_of_one_role`].
+fn instance_of(group: &str) -> String {
+    if group == "demo-ng" {
+        "i-0d0d0d0d0d0d0d0d0".to_owned()
+    } else {
+        "i-0e0e0e0e0e0e0e0e0".to_owned()
+    }
+}
+
+fn mark_deleting(w: &FunctionWorld, group: &str) {
+    w.aws
+        .eks()
+        .add_nodegroup(
+            CLUSTER,
+            FakeNodegroup::new(group, NODE_ROLE).status("DELETING"),
+        )
+        .unwrap();
+}
+
+/// As EKS does a little after the delete event: `groups` gone with their instances.
+fn gone_soon(w: &FunctionWorld, groups: &[&'static str]) -> tokio::task::JoinHandle<()> {
+    let (eks, ec2) = (w.aws.eks(), w.aws.ec2());
+    let groups = groups.to_vec();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        for group in groups {
+            ec2.set_state(&instance_of(group), InstanceState::Terminated);
+            eks.remove_nodegroup(CLUSTER, group);
+        }
+    })
+}
+
+#[tokio::test]
+async fn nodegroup_auth_binary_unmaps_a_shared_role_when_the_second_of_two_deleted_groups_goes() {
+    for (first, second) in [("demo-ng", "other-ng"), ("other-ng", "demo-ng")] {
+        let w = two_node_groups_of_one_role().await;
+        let function = w.function(Target::NodegroupAuth);
+        // The first delete is handled while the other node group is ACTIVE: kept for it.
+        mark_deleting(&w, first);
+        let answer = function.response_to(&delete_event(first)).await;
+        assert_eq!(
+            answer["nodegroups"][0]["awsAuth"], "kept-in-use",
+            "{first}: {answer}"
+        );
+        assert!(answer.to_string().contains(second), "{answer}");
+        // The second is deleted while the first is still DELETING: the first is no future
+        // user of the role, and its own delete was answered already; once both are gone
+        // with their instances, the second delete removes the entry.
+        mark_deleting(&w, second);
+        let removal = gone_soon(&w, &[first, second]);
+        let answer = function.response_to(&delete_event(second)).await;
+        removal.await.unwrap();
+        assert_eq!(
+            answer["nodegroups"][0]["awsAuth"], "unmapped",
+            "{first} then {second}: {answer}"
+        );
+        assert!(map_roles(&w.server).effective(NODE_ROLE).is_none());
+    }
+}
+
+#[tokio::test]
+async fn nodegroup_auth_binary_keeps_a_shared_role_for_the_live_nodes_of_a_deleting_group() {
+    let w = two_node_groups_of_one_role().await;
+    let function = w.function(Target::NodegroupAuth);
+    // Both node groups are being deleted before either event is handled.
+    mark_deleting(&w, "demo-ng");
+    mark_deleting(&w, "other-ng");
+    // demo-ng goes first; other-ng's node still runs with the role: kept for that instance.
+    let removal = gone_soon(&w, &["demo-ng"]);
+    let answer = function.response_to(&delete_event("demo-ng")).await;
+    removal.await.unwrap();
+    assert_eq!(
+        answer["nodegroups"][0]["awsAuth"], "kept-in-use",
+        "{answer}"
+    );
+    assert_eq!(
+        answer["nodegroups"][0]["instances"],
+        json!([instance_of("other-ng")]),
+        "{answer}"
+    );
+    assert!(map_roles(&w.server).effective(NODE_ROLE).is_some());
+    // other-ng goes with its node: its delete removes the entry.
+    let removal = gone_soon(&w, &["other-ng"]);
+    let answer = function.response_to(&delete_event("other-ng")).await;
+    removal.await.unwrap();
+    assert_eq!(answer["nodegroups"][0]["awsAuth"], "unmapped", "{answer}");
+    assert!(map_roles(&w.server).effective(NODE_ROLE).is_none());
+}

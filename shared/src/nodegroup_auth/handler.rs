@@ -30,6 +30,9 @@ use self::report::{metric, publish};
 /// The function name in metrics.
 pub const FUNCTION_NAME: &str = "nodegroup-auth";
 
+/// The status EKS gives a node group from its `DeleteNodegroup` until it is gone.
+const DELETING: &str = "DELETING";
+
 /// How many instance ids an answer names when live instances keep a role mapped.
 pub const MAX_REPORTED_INSTANCES: usize = 5;
 

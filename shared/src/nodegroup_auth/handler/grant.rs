@@ -11,7 +11,7 @@ use crate::nodegroup_auth::role_arn::NodeRoleArn;
 use crate::nodegroup_auth::role_mapping::NodeOs;
 
 use super::report::{AuthReport, NodegroupReport, Outcome, aws_auth_failed, metric, publish};
-use super::{NodegroupAuth, NodegroupAuthError};
+use super::{DELETING, NodegroupAuth, NodegroupAuthError};
 
 impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
     NodegroupAuth<E, S, P, I>
@@ -60,7 +60,7 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
         else {
             return Ok(report.noted("the node group does not exist (any more); nothing to map"));
         };
-        if description.status == "DELETING" {
+        if description.status == DELETING {
             return Ok(report.noted("the node group is being deleted; nothing to map"));
         }
         let role = self.role(origin, nodegroup, &description.node_role)?;

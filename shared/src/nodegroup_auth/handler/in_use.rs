@@ -10,13 +10,19 @@ use crate::nodegroup_auth::event::Origin;
 use crate::nodegroup_auth::role_arn::NodeRoleArn;
 
 use super::report::{NodegroupReport, Outcome, metric};
-use super::{MAX_REPORTED_INSTANCES, NodegroupAuth, NodegroupAuthError};
+use super::{DELETING, MAX_REPORTED_INSTANCES, NodegroupAuth, NodegroupAuthError};
 
 impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
     NodegroupAuth<E, S, P, I>
 {
-    /// The other node groups of the cluster whose role is `role` (any status: a node group
-    /// that is itself being deleted still has draining nodes).
+    /// The other node groups of the cluster whose role is `role` and that will still need it:
+    /// every status but `DELETING`. A node group being deleted is no future user: its own
+    /// delete event unmaps the role once nothing else uses it, and when that event was
+    /// handled first (kept because this node group used the role), only this one can remove
+    /// the entry. Counting it would keep the role mapped forever. Its nodes that still run
+    /// are protected by the live-instance check ([`Self::kept_for_live_instances`]), which
+    /// comes after the wait. A `DELETE_FAILED` node group counts: it still exists with its
+    /// nodes, and the delete an operator retries sends a new event that unmaps the role then.
     async fn other_users(
         &self,
         origin: &Origin,
@@ -32,6 +38,9 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
             let Some(other) = self.eks.describe_nodegroup(cluster, &name).await? else {
                 continue;
             };
+            if other.status == DELETING {
+                continue;
+            }
             let same =
                 match NodeRoleArn::parse(&other.node_role, &origin.account_id, &origin.region) {
                     Ok(other_role) => other_role.same_role(role),

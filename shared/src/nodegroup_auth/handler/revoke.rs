@@ -11,7 +11,7 @@ use crate::nodegroup_auth::event::Origin;
 use crate::nodegroup_auth::role_arn::NodeRoleArn;
 
 use super::report::{NodegroupReport, Outcome, aws_auth_failed, metric};
-use super::{NodegroupAuth, NodegroupAuthError};
+use super::{DELETING, NodegroupAuth, NodegroupAuthError};
 
 impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
     NodegroupAuth<E, S, P, I>
@@ -30,7 +30,7 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
             .describe_nodegroup(&cluster.name, nodegroup)
             .await?
         {
-            Some(description) if description.status != "DELETING" => {
+            Some(description) if description.status != DELETING => {
                 return Ok(report.noted(format!(
                     "the node group exists with status {}; its role stays mapped",
                     description.status
@@ -165,7 +165,7 @@ impl<E: Eks, S: AwsAuthStore, P: InstanceProfiles, I: InstancesByProfile>
             tokio::time::sleep(self.settings.delete_poll_interval).await;
             match self.eks.describe_nodegroup(cluster, nodegroup).await? {
                 None => return Ok(None),
-                Some(description) if description.status != "DELETING" => {
+                Some(description) if description.status != DELETING => {
                     return Ok(Some(description.status));
                 }
                 Some(_) => {}
