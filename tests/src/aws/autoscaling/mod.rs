@@ -1,0 +1,270 @@
+//! Fake Auto Scaling: groups, lifecycle hooks and the lifecycle-action state machine.
+//!
+//! A lifecycle action lives from the moment an instance enters `Pending:Wait` or
+//! `Terminating:Wait` until it is completed by a call or times out. Each heartbeat restarts
+//! the heartbeat timeout; the global timeout (`min(100 × heartbeat, 48 h)` unless set) does not
+//! move. On expiry the hook's default result is applied, exactly as Auto Scaling does, and from
+//! then on every call about the action fails with "No active Lifecycle Action found".
+//! Timeouts are declared in AWS terms (what `DescribeLifecycleHooks` reports) and run scaled by
+//! [`FakeAutoScaling::set_time_scale`], so a one-hour hook can expire in a test in 100 ms.
+//!
+//! One file per job: `hooks` (hooks and the transitions they pause, and the records of
+//! their actions), `lifecycle` (the lifecycle-action state machine: start, timers, end),
+//! `notifications` (the messages Auto Scaling publishes), `warm_pool`, `health` (instance
+//! health for node repair) and `operations` (the Query-protocol operations: parameters in,
+//! XML out). This file holds the groups, the shared state and the handle.
+
+mod health;
+mod hooks;
+mod lifecycle;
+mod notifications;
+mod operations;
+mod warm_pool;
+
+pub use self::health::HealthReplacement;
+pub use self::hooks::{
+    CompletedBy, FakeLifecycleHook, HeartbeatRecord, LifecycleCompletion, LifecycleNotice,
+    LifecycleTransition,
+};
+pub(crate) use self::operations::dispatch;
+pub use self::warm_pool::WarmPoolState;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use node_manager::aws::LifecycleActionResult;
+use tokio::time::Instant;
+
+use super::protocol;
+use super::{FakeAwsError, Shared, lock};
+
+/// Where a lifecycle action moves an instance: the notification's `Origin` and `Destination`
+/// (`EC2`, `AutoScalingGroup`, `WarmPool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Route {
+    origin: &'static str,
+    destination: &'static str,
+    /// The lifecycle state the instance waits in.
+    wait_state: &'static str,
+}
+
+impl Route {
+    const WARM_POOL: &'static str = "WarmPool";
+
+    fn plain(transition: LifecycleTransition) -> Self {
+        let (origin, destination) = match transition {
+            LifecycleTransition::Launching => ("EC2", "AutoScalingGroup"),
+            LifecycleTransition::Terminating => ("AutoScalingGroup", "EC2"),
+        };
+        Self {
+            origin,
+            destination,
+            wait_state: transition.wait_state(),
+        }
+    }
+}
+
+/// An Auto Scaling group as a test declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeAutoScalingGroup {
+    pub name: String,
+    pub min_size: u32,
+    pub max_size: u32,
+    pub desired_capacity: u32,
+    pub availability_zones: Vec<String>,
+    /// Tags, as `DescribeAutoScalingGroups` returns them (all `PropagateAtLaunch=true`).
+    pub tags: BTreeMap<String, String>,
+    /// `HealthCheckGracePeriod` as reported (15 s unless set).
+    pub health_check_grace_period: Duration,
+}
+
+impl FakeAutoScalingGroup {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            min_size: 0,
+            max_size: 10,
+            desired_capacity: 0,
+            availability_zones: Vec::new(),
+            tags: BTreeMap::new(),
+            health_check_grace_period: Duration::from_secs(15),
+        }
+    }
+
+    pub fn health_check_grace_period(mut self, grace_period: Duration) -> Self {
+        self.health_check_grace_period = grace_period;
+        self
+    }
+
+    pub fn tag(mut self, key: &str, value: &str) -> Self {
+        self.tags.insert(key.to_owned(), value.to_owned());
+        self
+    }
+
+    pub fn availability_zones(mut self, zones: &[&str]) -> Self {
+        self.availability_zones = zones.iter().map(|z| (*z).to_owned()).collect();
+        self
+    }
+
+    pub fn size(mut self, min: u32, desired: u32, max: u32) -> Self {
+        self.min_size = min;
+        self.desired_capacity = desired;
+        self.max_size = max;
+        self
+    }
+}
+
+struct GroupRecord {
+    group: FakeAutoScalingGroup,
+    arn: String,
+    created: jiff::Timestamp,
+    hooks: BTreeMap<String, FakeLifecycleHook>,
+    /// Instance id → (lifecycle state, availability zone).
+    instances: BTreeMap<String, (String, String)>,
+}
+
+struct ActiveAction {
+    group_name: String,
+    hook_name: String,
+    instance_id: String,
+    token: String,
+    transition: LifecycleTransition,
+    route: Route,
+    default_result: LifecycleActionResult,
+    started: Instant,
+    heartbeat_deadline: Instant,
+    global_deadline: Instant,
+    /// The scaled heartbeat timeout, re-armed by each heartbeat.
+    heartbeat_timeout: Duration,
+    heartbeats: u32,
+}
+
+pub(crate) struct AsgState {
+    groups: BTreeMap<String, GroupRecord>,
+    /// Groups with a warm pool, and the state its instances wait in.
+    warm_pools: BTreeMap<String, WarmPoolState>,
+    active: Vec<ActiveAction>,
+    completions: Vec<LifecycleCompletion>,
+    heartbeats: Vec<HeartbeatRecord>,
+    time_scale: f64,
+    /// Node repair: instances marked `Unhealthy` by `SetInstanceHealth`.
+    unhealthy: std::collections::BTreeSet<String>,
+    /// Node repair: replacements launched for unhealthy instances, oldest first.
+    health_replacements: Vec<HealthReplacement>,
+}
+
+pub(crate) struct AutoScalingShared {
+    state: Mutex<AsgState>,
+    /// Bumped on every completion, so waiters wake.
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for AutoScalingShared {
+    fn default() -> Self {
+        Self {
+            state: Mutex::new(AsgState {
+                groups: BTreeMap::new(),
+                warm_pools: BTreeMap::new(),
+                active: Vec::new(),
+                completions: Vec::new(),
+                heartbeats: Vec::new(),
+                time_scale: 1.0,
+                unhealthy: std::collections::BTreeSet::new(),
+                health_replacements: Vec::new(),
+            }),
+            changed: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+/// Handle on the fake Auto Scaling.
+#[derive(Clone)]
+pub struct FakeAutoScaling {
+    shared: Arc<Shared>,
+}
+
+impl FakeAutoScaling {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, AsgState> {
+        lock(&self.shared.autoscaling.state)
+    }
+
+    /// Real duration = declared duration × `scale` for actions started (and heartbeats
+    /// recorded) from now on. `0.001` turns an hour into 3.6 s.
+    pub fn set_time_scale(&self, scale: f64) {
+        self.state().time_scale = scale.max(0.0);
+    }
+
+    /// Adds (or replaces) a group; its hooks and instances are kept on replace.
+    pub fn add_group(&self, group: FakeAutoScalingGroup) {
+        let account = &self.shared.account;
+        let mut state = self.state();
+        let arn = format!(
+            "arn:{}:autoscaling:{}:{}:autoScalingGroup:{}:autoScalingGroupName/{}",
+            account.partition,
+            account.region,
+            account.account_id,
+            protocol::uuid_v4(),
+            group.name
+        );
+        match state.groups.get_mut(&group.name) {
+            Some(record) => record.group = group,
+            None => {
+                state.groups.insert(
+                    group.name.clone(),
+                    GroupRecord {
+                        group,
+                        arn,
+                        created: jiff::Timestamp::now(),
+                        hooks: BTreeMap::new(),
+                        instances: BTreeMap::new(),
+                    },
+                );
+            }
+        }
+    }
+
+    /// Adds (or replaces) a lifecycle hook of `group_name`.
+    pub fn add_hook(&self, group_name: &str, hook: FakeLifecycleHook) -> Result<(), FakeAwsError> {
+        let mut state = self.state();
+        let record = state
+            .groups
+            .get_mut(group_name)
+            .ok_or_else(|| FakeAwsError::UnknownGroup(group_name.to_owned()))?;
+        record.hooks.insert(hook.name.clone(), hook);
+        Ok(())
+    }
+
+    /// Puts an instance in the group as `InService`, without any lifecycle action.
+    pub fn add_instance(
+        &self,
+        group_name: &str,
+        instance_id: &str,
+        availability_zone: &str,
+    ) -> Result<(), FakeAwsError> {
+        let mut state = self.state();
+        let record = state
+            .groups
+            .get_mut(group_name)
+            .ok_or_else(|| FakeAwsError::UnknownGroup(group_name.to_owned()))?;
+        record.instances.insert(
+            instance_id.to_owned(),
+            ("InService".to_owned(), availability_zone.to_owned()),
+        );
+        Ok(())
+    }
+
+    /// The instance's lifecycle state in the group (`Pending:Wait`, `InService`,
+    /// `Terminating:Wait`, ...), `None` once it left the group.
+    pub fn instance_state(&self, group_name: &str, instance_id: &str) -> Option<String> {
+        self.state()
+            .groups
+            .get(group_name)
+            .and_then(|record| record.instances.get(instance_id))
+            .map(|(state, _)| state.clone())
+    }
+}

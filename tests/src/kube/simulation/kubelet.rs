@@ -1,0 +1,154 @@
+//! The kubelet's part of a step: it confirms the deletions whose grace period has passed,
+//! turns registered nodes Ready when their time comes, and starts the pods bound to Ready
+//! nodes after the start delay. A dead kubelet ([`Simulation::kill_kubelet`]) does none of it.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use super::{
+    Memory, Simulation, being_deleted, condition_true, resource, spec_str, status_str, update_full,
+};
+use crate::kube::store::{State, meta_str, now_rfc3339};
+
+impl Simulation {
+    pub(super) fn kubelet_removes_terminated_pods(
+        &self,
+        state: &mut State,
+        memory: &Memory,
+        now: Instant,
+    ) {
+        let pods = resource("", "pods");
+        let due: Vec<(String, String)> = state
+            .iter(pods, None)
+            .filter(|pod| being_deleted(pod))
+            // A dead kubelet never confirms a deletion.
+            .filter(|pod| !memory.dead_kubelets.contains(spec_str(pod, "nodeName")))
+            .filter(|pod| {
+                let no_finalizers = pod
+                    .get("metadata")
+                    .and_then(|m| m.get("finalizers"))
+                    .and_then(Value::as_array)
+                    .is_none_or(Vec::is_empty);
+                let uid = meta_str(pod, "uid");
+                no_finalizers
+                    && state
+                        .deletion_deadlines
+                        .get(uid)
+                        .is_none_or(|deadline| *deadline <= now)
+            })
+            .map(|pod| {
+                (
+                    meta_str(pod, "namespace").to_owned(),
+                    meta_str(pod, "name").to_owned(),
+                )
+            })
+            .collect();
+        for (namespace, name) in due {
+            state.remove(pods, &namespace, &name);
+        }
+    }
+
+    pub(super) fn kubelet_turns_nodes_ready(
+        &self,
+        state: &mut State,
+        memory: &mut Memory,
+        now: Instant,
+    ) {
+        let nodes = resource("", "nodes");
+        let ready: Vec<String> = memory
+            .node_ready_at
+            .iter()
+            .filter(|(_, at)| **at <= now)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in ready {
+            memory.node_ready_at.remove(&name);
+            let Ok(mut node) = state.get(nodes, "", &name) else {
+                continue;
+            };
+            let time = now_rfc3339();
+            node["status"]["conditions"] = json!([{
+                "type": "Ready",
+                "status": "True",
+                "reason": "KubeletReady",
+                "message": "kubelet is posting ready status",
+                "lastHeartbeatTime": time,
+                "lastTransitionTime": time,
+            }]);
+            update_full(state, nodes, node);
+        }
+    }
+
+    /// Bound Pending pods on Ready nodes become Running and Ready after the start delay.
+    pub(super) fn kubelet_starts_pods(&self, state: &mut State, memory: &mut Memory, now: Instant) {
+        let pods = resource("", "pods");
+        let nodes = resource("", "nodes");
+        let ready_nodes: HashSet<String> = state
+            .iter(nodes, None)
+            .filter(|n| condition_true(n, "Ready"))
+            .map(|n| meta_str(n, "name").to_owned())
+            .collect();
+        let mut starting = Vec::new();
+        let mut seen = HashSet::new();
+        for pod in state.iter(pods, None) {
+            let phase = status_str(pod, "phase");
+            if !(phase.is_empty() || phase == "Pending") || being_deleted(pod) {
+                continue;
+            }
+            if !ready_nodes.contains(spec_str(pod, "nodeName")) {
+                continue;
+            }
+            let uid = meta_str(pod, "uid").to_owned();
+            seen.insert(uid.clone());
+            let bound_at = *memory.pod_bound_at.entry(uid).or_insert(now);
+            if now.duration_since(bound_at) >= self.timings.pod_start_delay {
+                starting.push(pod.clone());
+            }
+        }
+        memory.pod_bound_at.retain(|uid, _| seen.contains(uid));
+        for mut pod in starting {
+            memory.pod_bound_at.remove(meta_str(&pod, "uid"));
+            let time = now_rfc3339();
+            let condition = |kind: &str| json!({ "type": kind, "status": "True", "lastProbeTime": null, "lastTransitionTime": time });
+            let containers: Vec<Value> = pod
+                .get("spec")
+                .and_then(|s| s.get("containers"))
+                .and_then(Value::as_array)
+                .map(|containers| {
+                    containers
+                        .iter()
+                        .map(|c| {
+                            json!({
+                                "name": c.get("name").cloned().unwrap_or(json!("main")),
+                                "image": c.get("image").cloned().unwrap_or(json!("")),
+                                "imageID": "",
+                                "ready": true,
+                                "started": true,
+                                "restartCount": 0,
+                                "state": { "running": { "startedAt": time } },
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            pod["status"] = json!({
+                "phase": "Running",
+                "conditions": [
+                    condition("PodReadyToStartContainers"),
+                    condition("Initialized"),
+                    condition("Ready"),
+                    condition("ContainersReady"),
+                    condition("PodScheduled"),
+                ],
+                "hostIP": "10.0.0.1",
+                "podIP": "10.0.1.1",
+                "startTime": time,
+                "containerStatuses": containers,
+                "qosClass": "BestEffort",
+            });
+            update_full(state, pods, pod);
+        }
+    }
+}
