@@ -155,7 +155,10 @@ fn the_checker_sees_a_dead_link_and_github_anchors() {
         anchor_of("3. Attach the hooks to each self-managed node group's Auto Scaling group"),
         "3-attach-the-hooks-to-each-self-managed-node-groups-auto-scaling-group"
     );
-    assert_eq!(anchor_of("`eks-token`: kubectl credentials"), "eks-token-kubectl-credentials");
+    assert_eq!(
+        anchor_of("`eks-token`: kubectl credentials"),
+        "eks-token-kubectl-credentials"
+    );
     assert_eq!(
         link_targets("see [a](x.md) and [b](y.md#z)."),
         ["x.md", "y.md#z"]

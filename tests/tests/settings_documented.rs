@@ -15,8 +15,17 @@ use std::path::{Path, PathBuf};
 
 /// Calls whose first name argument (after an optional `source,`) is an environment variable.
 const READERS: &[&str] = &[
-    "required(", "value(", "list(", "flag(", "parsed(", "seconds(", "result(", "millis(",
-    "var(", "var_os(", "env(",
+    "required(",
+    "value(",
+    "list(",
+    "flag(",
+    "parsed(",
+    "seconds(",
+    "result(",
+    "millis(",
+    "var(",
+    "var_os(",
+    "env(",
 ];
 
 fn repo_root() -> PathBuf {
@@ -76,7 +85,10 @@ fn upper_case_literals(text: &str) -> BTreeSet<String> {
 fn string_consts(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .filter_map(|line| {
-            let rest = line.trim().trim_start_matches("pub ").strip_prefix("const ")?;
+            let rest = line
+                .trim()
+                .trim_start_matches("pub ")
+                .strip_prefix("const ")?;
             let (name, rest) = rest.split_once(": &str = \"")?;
             let (value, _) = rest.split_once('"')?;
             Some((name.trim().to_owned(), value.to_owned()))
