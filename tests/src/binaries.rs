@@ -5,9 +5,9 @@
 //! (`<target>/<profile>/deps/<test>-<hash>`), so `CARGO_TARGET_DIR` and the profile in use are
 //! honoured without asking cargo. `NODE_MANAGER_BIN_DIR` overrides the directory (e.g. release
 //! binaries for a benchmark). A missing binary is built once per process with
-//! `cargo build --workspace --bins`; cargo's own lock serialises concurrent test processes.
+//! `cargo build --workspace --bins --tests`; cargo's own lock serialises concurrent test processes.
 //!
-//! A binary that exists is used as is: run `cargo build --workspace --bins` before the tests
+//! A binary that exists is used as is: run `cargo build --workspace --bins --tests` before the tests
 //! (or call [`build_workspace_binaries`]) when the functions changed since the last build.
 
 use std::path::{Path, PathBuf};
@@ -88,7 +88,7 @@ pub fn try_function_binary(name: &str) -> Result<PathBuf, BinaryError> {
     } else {
         Err(BinaryError::Missing {
             path,
-            hint: " after `cargo build --workspace --bins`: is it a binary of this workspace?",
+            hint: " after `cargo build --workspace --bins --tests`: is it a binary of this workspace?",
         })
     }
 }
@@ -101,7 +101,7 @@ pub fn function_binary(name: &str) -> PathBuf {
     }
 }
 
-/// Runs `cargo build --workspace --bins` (with `--release` for a release profile) into the
+/// Runs `cargo build --workspace --bins --tests` (with `--release` for a release profile) into the
 /// target directory of the running executable, at most once per process.
 pub fn build_workspace_binaries() -> Result<(), BinaryError> {
     let mut guard = BUILD.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,7 +120,13 @@ pub fn build_workspace_binaries() -> Result<(), BinaryError> {
 
 fn run_cargo_build(profile: &Path) -> Result<(), BinaryError> {
     let mut command = cargo_build(profile);
-    command.args(["--workspace", "--bins"]);
+    // `--tests` makes cargo resolve features exactly as `cargo nextest run --workspace` did
+    // (dev-dependencies enable features of shared crates such as the AWS SDK's): without it
+    // this build is a second feature set that recompiles the SDK crates for minutes, longer
+    // than nextest lets the test that asked for a binary live, so the test was killed, its
+    // build with it, and the next test started the same build again. With it, after the test
+    // build, only the binaries are linked.
+    command.args(["--workspace", "--bins", "--tests"]);
     finish(command)
 }
 
