@@ -283,13 +283,16 @@ where
         );
         // Without proof that the action is pending nothing is written for it (not even a
         // completion): the invocation fails with the reason, and Lambda retries it.
-        if let Err(PendingUnproven::Unanswered(source)) = beat {
-            tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
-            return Err(DrainError::ActionUnproven {
-                instance_id: action.instance_id.clone(),
-                source,
-            });
-        }
+        let beat = match beat {
+            Err(PendingUnproven::Unanswered(source)) => {
+                tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
+                return Err(DrainError::ActionUnproven {
+                    instance_id: action.instance_id.clone(),
+                    source,
+                });
+            }
+            other => other,
+        };
         let node = node.map_err(|source| DrainError::NodeLookup {
             instance_id: action.instance_id.clone(),
             source,
