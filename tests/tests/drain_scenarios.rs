@@ -1109,3 +1109,249 @@ async fn foreign_group_test_notification_unknown_transition_and_malformed_input(
     assert!(s.autoscaling.completions().is_empty());
     assert!(s.autoscaling.is_pending(&action()));
 }
+
+#[tokio::test]
+async fn a_heartbeat_that_proves_nothing_fails_the_invocation_and_writes_nothing() {
+    // Denied, then throttled past the retries: neither says the action is pending, so the
+    // node must not be claimed, cordoned or drained, and the action not completed.
+    let s = reference_cluster(false, 100).await;
+    let drainer = s.drainer(&[]);
+    for (kind, times) in [
+        (node_manager::aws::AwsErrorKind::AccessDenied, 1),
+        (
+            node_manager::aws::AwsErrorKind::Transient,
+            usize::try_from(node_manager::retry::RetryPolicy::AWS_CALL.max_attempts).unwrap(),
+        ),
+    ] {
+        s.autoscaling
+            .faults
+            .fail("RecordLifecycleActionHeartbeat", kind, times);
+        let failed = drainer
+            .handle_invocation(
+                terminating_event(),
+                &invocation("req-1", Duration::from_secs(60)),
+            )
+            .await;
+        assert!(
+            matches!(&failed, Err(DrainError::ActionUnproven { source, .. }) if source.kind == kind),
+            "{failed:?}"
+        );
+        assert!(
+            failed
+                .unwrap_err()
+                .to_string()
+                .contains("cannot prove the lifecycle action"),
+        );
+    }
+    assert!(s.autoscaling.completions().is_empty());
+    assert!(s.autoscaling.is_pending(&action()));
+    assert!(s.checkpoint().is_none(), "no drain checkpoint was written");
+    let writes: Vec<AuditEvent> = s
+        .function_requests()
+        .into_iter()
+        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
+        .collect();
+    assert!(writes.is_empty(), "{writes:#?}");
+    assert_eq!(s.running_pods_on(NODE, "nginx-"), 4);
+}
+
+/// The hook of `group` with `heartbeat_timeout`.
+fn terminating_hook(heartbeat_timeout: Duration) -> LifecycleHook {
+    LifecycleHook {
+        name: HOOK.into(),
+        transition: "autoscaling:EC2_INSTANCE_TERMINATING".into(),
+        heartbeat_timeout,
+        global_timeout: Duration::from_secs(3600),
+        default_result: LifecycleActionResult::Continue,
+    }
+}
+
+#[tokio::test]
+async fn hook_timings_and_group_scope_are_read_again_for_a_new_action() {
+    const LATE_GROUP: &str = "late-tagged-ng";
+    const NODELESS: &str = "i-0000000000000dead";
+    let s = Scenario::start(false).await.with_nodes().await;
+    s.autoscaling
+        .add_hook(GROUP, terminating_hook(Duration::from_secs(4)));
+    s.autoscaling.add_group(LATE_GROUP, &[("team", "a")]);
+    s.autoscaling
+        .add_hook(LATE_GROUP, terminating_hook(Duration::from_secs(4)));
+    // One execution environment for every action below.
+    let drainer = s.drainer(&[("SETTLE_SECONDS", "1")]);
+    let run = |event: Value| {
+        let drainer = &drainer;
+        async move {
+            drainer
+                .handle_invocation(event, &invocation("req-1", Duration::from_secs(60)))
+                .await
+                .unwrap()
+                .outcomes
+        }
+    };
+    let nodeless_action = |group: &str, token: &str| {
+        let action = LifecycleActionRef {
+            auto_scaling_group_name: group.into(),
+            lifecycle_hook_name: HOOK.into(),
+            instance_id: NODELESS.into(),
+            token: token.into(),
+        };
+        s.autoscaling.start_action(&action);
+        let (group, token) = (group.to_owned(), token.to_owned());
+        event_with_changed_message(move |m| {
+            m["AutoScalingGroupName"] = json!(group);
+            m["EC2InstanceId"] = json!(NODELESS);
+            m["LifecycleActionToken"] = json!(token);
+        })
+    };
+
+    // First actions: the hook's timings (4 s) are read; the untagged group is foreign.
+    assert!(matches!(
+        run(nodeless_action(GROUP, "token-first")).await.as_slice(),
+        [DeliveryOutcome::NoNode(CompletionOutcome::Completed)]
+    ));
+    assert!(matches!(
+        run(nodeless_action(LATE_GROUP, "token-late-first"))
+            .await
+            .as_slice(),
+        [DeliveryOutcome::Foreign(_)]
+    ));
+
+    // The operator lowers the heartbeat timeout and tags the group.
+    s.autoscaling
+        .add_hook(GROUP, terminating_hook(Duration::from_millis(200)));
+    s.autoscaling
+        .add_group(LATE_GROUP, &[("eks:cluster-name", CLUSTER)]);
+
+    // The next action is paced by the new timeout: a drain of about a second (the settle
+    // period) heartbeats every 100 ms, not once every 2 s.
+    let outcomes = run(terminating_event()).await;
+    assert!(
+        matches!(outcomes.as_slice(), [DeliveryOutcome::Completed { .. }]),
+        "{outcomes:?}"
+    );
+    let beats = s
+        .autoscaling
+        .heartbeats()
+        .iter()
+        .filter(|a| a.token == TOKEN)
+        .count();
+    assert!(beats >= 5, "{beats} heartbeat(s) in a 1 s drain");
+    // The group's next action is in scope.
+    let outcomes = run(nodeless_action(LATE_GROUP, "token-late-second")).await;
+    assert!(
+        matches!(
+            outcomes.as_slice(),
+            [DeliveryOutcome::NoNode(CompletionOutcome::Completed)]
+        ),
+        "{outcomes:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_forced_drain_says_which_deletions_were_refused() {
+    // The role lacks the force-delete group: every DELETE is refused (403).
+    let s = reference_cluster(false, 30).await;
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
+    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    let [
+        DeliveryOutcome::Completed {
+            drain: DrainEnd::ForceRefused { deleted, refused },
+            ..
+        },
+    ] = report.outcomes.as_slice()
+    else {
+        panic!("{:?}", report.outcomes)
+    };
+    assert!(deleted.is_empty(), "{deleted:?}");
+    assert_eq!(refused.len(), 5, "{refused:?}");
+    assert_eq!(report.records[0].outcome, "Completed");
+    assert!(report.records[0].summary.contains("ForceRefused"));
+    assert_eq!(s.running_pods_on(NODE, "nginx-"), 4, "they still run");
+    completed_once(&s, LifecycleActionResult::Continue);
+}
+
+#[tokio::test]
+async fn a_forced_drain_waits_for_its_deletions_and_says_which_still_terminate() {
+    let s = reference_cluster(true, 30).await;
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
+    // A 30 s grace period (scaled to 0.3 s) fits the invocation: waited for, then Forced.
+    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            report.outcomes.as_slice(),
+            [DeliveryOutcome::Completed { drain: DrainEnd::Forced(deleted), .. }] if deleted.len() == 5
+        ),
+        "{:?}",
+        report.outcomes
+    );
+    assert!(
+        s.pods_on(NODE).iter().all(|p| !p
+            .metadata
+            .name
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("nginx-")),
+        "completed only once the forced pods were gone"
+    );
+
+    // A 3000 s grace period (30 s scaled) does not fit a 4 s invocation: still terminating.
+    let s = reference_cluster(true, 30).await;
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
+    let drainer = s.drainer(&[
+        ("DRAIN_TIMEOUT_SECONDS", "2"),
+        ("DRAIN_FORCE", "true"),
+        ("POD_GRACE_PERIOD_SECONDS", "3000"),
+    ]);
+    let report = drainer
+        .handle_invocation(
+            terminating_event(),
+            &invocation("req-1", Duration::from_secs(4)),
+        )
+        .await
+        .unwrap();
+    let [
+        DeliveryOutcome::Completed {
+            drain:
+                DrainEnd::ForcedStillTerminating {
+                    deleted,
+                    terminating,
+                },
+            ..
+        },
+    ] = report.outcomes.as_slice()
+    else {
+        panic!("{:?}", report.outcomes)
+    };
+    assert_eq!(deleted.len(), 5, "{deleted:?}");
+    assert_eq!(terminating, deleted);
+    completed_once(&s, LifecycleActionResult::Continue);
+}

@@ -2,10 +2,13 @@
 //! drain deadline: report the pods still there (PodEvictionFailure, completed with
 //! `DRAIN_TIMEOUT_RESULT`), or with `DRAIN_FORCE` delete them ([`super::force`]) and settle.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::events::{DrainEvents, reason};
 use super::force::{ForcedDeletion, delete_pod_with_retries};
+use super::plan::PodKey;
 use super::report::DrainEnd;
 use super::session::{DrainSession, SessionEnd};
 use super::stuck::{StuckPod, StuckReason};
@@ -106,8 +109,10 @@ impl DeadlinePolicy {
         NextStep::Complete(DrainEnd::EvictionFailure(listed))
     }
 
-    /// With force: delete the pods eviction could not move, then record the node drained
-    /// and settle.
+    /// With force: delete the pods eviction could not move, wait (within the time left)
+    /// for them to be gone, then record the node drained and settle. What really happened
+    /// is reported: pods whose deletion was refused, and pods still terminating when time
+    /// ran out, are not reported as forced out.
     async fn force_and_settle(
         &self,
         session: &mut DrainSession<'_>,
@@ -115,26 +120,76 @@ impl DeadlinePolicy {
         stuck: &[StuckPod],
         hand_over_at: Instant,
     ) -> Result<NextStep, kube::Error> {
-        let (deleted, failed) = force_delete(session, stuck).await;
+        let forced = force_delete(session, stuck).await;
+        let (deleted, refused, failed) = (
+            names(&forced.deleted),
+            names(&forced.refused),
+            names(&forced.failed),
+        );
+        if !failed.is_empty() {
+            let note = format!(
+                "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE); could not delete {} (retried by the next invocation): {}",
+                deleted.len(),
+                failed.len(),
+                failed.join(", ")
+            );
+            tracing::warn!(step = "forced", pods = ?deleted, failed = ?failed, "{note}");
+            events.warning(&session.node_reference(), reason::DRAIN_FORCED, note);
+            // Completing now would let the instance go with the pods still running, which
+            // is what force is configured to prevent: fail the invocation so it is retried.
+            return Ok(NextStep::RetryForcedDeletion(failed));
+        }
+        // Deleted pods (and those terminating already) keep running through their grace
+        // period: wait for them, renewing the lease, until the invocation must stop.
+        let mut leaving = forced.deleted.clone();
+        leaving.extend(forced.terminating.iter().cloned());
+        // The settle period still has to fit before the hand-over.
+        let wait_until = hand_over_at
+            .checked_sub(session.settings.settle)
+            .unwrap_or(hand_over_at);
+        let terminating = match wait_until_gone(session, leaving, wait_until).await? {
+            Ok(left) => names(&left),
+            Err(end) => {
+                return Ok(match end {
+                    SessionEnd::LeaseLost => NextStep::LeaseLost,
+                    _ => NextStep::Complete(DrainEnd::NodeGone),
+                });
+            }
+        };
+        let end = if !refused.is_empty() {
+            DrainEnd::ForceRefused {
+                deleted: deleted.clone(),
+                refused: refused.clone(),
+            }
+        } else if !terminating.is_empty() {
+            DrainEnd::ForcedStillTerminating {
+                deleted: deleted.clone(),
+                terminating: terminating.clone(),
+            }
+        } else {
+            DrainEnd::Forced(deleted.clone())
+        };
         let mut note = format!(
             "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE): {}",
             deleted.len(),
             deleted.join(", ")
         );
-        if !failed.is_empty() {
+        if !refused.is_empty() {
             note.push_str(&format!(
-                "; could not delete {} (retried by the next invocation): {}",
-                failed.len(),
-                failed.join(", ")
+                "; the API server refused to delete {} (they still run; check the role's force-delete group): {}",
+                refused.len(),
+                refused.join(", ")
             ));
         }
-        tracing::warn!(step = "forced", pods = ?deleted, failed = ?failed, "{note}");
-        events.warning(&session.node_reference(), reason::DRAIN_FORCED, note);
-        if !failed.is_empty() {
-            // Completing now would let the instance go with the pods still running, which
-            // is what force is configured to prevent: fail the invocation so it is retried.
-            return Ok(NextStep::RetryForcedDeletion(failed));
+        if !terminating.is_empty() {
+            note.push_str(&format!(
+                "; {} still terminating when the invocation's time ran out: {}",
+                terminating.len(),
+                terminating.join(", ")
+            ));
         }
+        tracing::warn!(step = "forced", outcome = end.label(), pods = ?deleted, refused = ?refused, terminating = ?terminating, "{note}");
+        events.warning(&session.node_reference(), reason::DRAIN_FORCED, note);
         if let Some(end) = session.mark_drained().await? {
             return Ok(match end {
                 SessionEnd::LeaseLost => NextStep::LeaseLost,
@@ -144,45 +199,106 @@ impl DeadlinePolicy {
         Ok(match session.settle(hand_over_at).await? {
             SessionEnd::HandOver => NextStep::HandOver,
             SessionEnd::LeaseLost => NextStep::LeaseLost,
-            _ => NextStep::Complete(DrainEnd::Forced(deleted)),
+            _ => NextStep::Complete(end),
         })
     }
 }
 
+/// What the forced deletions came to, pod by pod.
+#[derive(Debug, Default)]
+struct ForcedDeletions {
+    deleted: Vec<PodKey>,
+    /// Refused for good (403, ...): still running.
+    refused: Vec<PodKey>,
+    /// Still failing after the retries: the invocation fails so it is retried.
+    failed: Vec<PodKey>,
+    /// Terminating already (not deleted again).
+    terminating: Vec<PodKey>,
+}
+
+fn names(pods: &[PodKey]) -> Vec<String> {
+    let mut names: Vec<String> = pods.iter().map(ToString::to_string).collect();
+    names.sort();
+    names
+}
+
 /// Deletes the pods eviction could not move, `EVICTION_CONCURRENCY` at a time (each
-/// retrying on its own): (deleted, failed after retries).
-async fn force_delete(
-    session: &DrainSession<'_>,
-    stuck: &[StuckPod],
-) -> (Vec<String>, Vec<String>) {
+/// retrying on its own).
+async fn force_delete(session: &DrainSession<'_>, stuck: &[StuckPod]) -> ForcedDeletions {
     use futures::StreamExt;
     let grace = session.settings.grace_period_seconds;
+    let mut forced = ForcedDeletions::default();
     // Pods already terminating are on their way; a second DELETE would change nothing.
-    let outcomes: Vec<(String, ForcedDeletion)> =
-        futures::stream::iter(stuck.iter().filter(|p| p.why != StuckReason::Terminating))
-            .map(|pod| async move {
-                let outcome = delete_pod_with_retries(session.client, &pod.pod, grace).await;
-                (pod.pod.to_string(), outcome)
-            })
-            .buffer_unordered(session.settings.eviction_concurrency.max(1))
-            .collect()
-            .await;
-    let mut deleted = Vec::new();
-    let mut failed = Vec::new();
+    let (terminating, to_delete): (Vec<&StuckPod>, Vec<&StuckPod>) = stuck
+        .iter()
+        .partition(|p| p.why == StuckReason::Terminating);
+    forced.terminating = terminating.into_iter().map(|p| p.pod.clone()).collect();
+    let outcomes: Vec<(PodKey, ForcedDeletion)> = futures::stream::iter(to_delete)
+        .map(|pod| async move {
+            let outcome = delete_pod_with_retries(session.client, &pod.pod, grace).await;
+            (pod.pod.clone(), outcome)
+        })
+        .buffer_unordered(session.settings.eviction_concurrency.max(1))
+        .collect()
+        .await;
     for (pod, outcome) in outcomes {
         match outcome {
-            ForcedDeletion::Deleted => deleted.push(pod),
+            ForcedDeletion::Deleted => forced.deleted.push(pod),
             ForcedDeletion::AlreadyGone => {}
             ForcedDeletion::Refused(error) => {
-                tracing::warn!(pod, %error, "the API server refused to delete the pod (check the role's force-delete group)");
+                tracing::warn!(pod = %pod, %error, "the API server refused to delete the pod (check the role's force-delete group)");
+                forced.refused.push(pod);
             }
             ForcedDeletion::Failed(error) => {
-                tracing::warn!(pod, %error, "could not delete the pod");
-                failed.push(pod);
+                tracing::warn!(pod = %pod, %error, "could not delete the pod");
+                forced.failed.push(pod);
             }
         }
     }
-    deleted.sort();
-    failed.sort();
-    (deleted, failed)
+    forced
+}
+
+/// Waits until none of `pods` (these UIDs) is on the node any more, renewing the lease,
+/// until `hand_over_at`: `Ok` with the pods still there then (none when all left), `Err`
+/// when the session has to stop (lease lost, node gone).
+async fn wait_until_gone(
+    session: &mut DrainSession<'_>,
+    mut pods: Vec<PodKey>,
+    hand_over_at: Instant,
+) -> Result<Result<Vec<PodKey>, SessionEnd>, kube::Error> {
+    let poll = session
+        .settings
+        .backoff
+        .base
+        .clamp(Duration::from_millis(50), Duration::from_secs(1));
+    let mut renew_at = Instant::now() + session.renew_interval();
+    loop {
+        if pods.is_empty() {
+            return Ok(Ok(pods));
+        }
+        let on_node = match session.pod_uids_on_node().await {
+            Ok(uids) => Some(uids),
+            Err(error) => {
+                tracing::info!(%error, "could not list the node's pods while waiting for forced deletions");
+                None
+            }
+        };
+        if let Some(on_node) = on_node {
+            pods.retain(|p| on_node.contains(&p.uid));
+            if pods.is_empty() {
+                return Ok(Ok(pods));
+            }
+        }
+        let now = Instant::now();
+        if now >= hand_over_at {
+            return Ok(Ok(pods));
+        }
+        if now >= renew_at {
+            if let Some(end) = session.renew().await {
+                return Ok(Err(end));
+            }
+            renew_at = Instant::now() + session.renew_interval();
+        }
+        tokio::time::sleep_until((now + poll).min(hand_over_at).min(renew_at)).await;
+    }
 }

@@ -25,7 +25,7 @@ use tracing::Instrument;
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
-use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper};
+use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper, PendingUnproven};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,
@@ -274,13 +274,25 @@ where
         let action = &notification.action;
         let heartbeat = async {
             let mut keeper = self.context.heartbeat_keeper(notification).await;
-            let beat = keeper.beat(&self.context.autoscaling).await;
+            let beat = keeper.prove_pending(&self.context.autoscaling).await;
             (keeper, beat)
         };
         let (node, (keeper, beat)) = tokio::join!(
             find_node(request.client, &self.context.instances, &action.instance_id),
             heartbeat
         );
+        // Without proof that the action is pending nothing is written for it (not even a
+        // completion): the invocation fails with the reason, and Lambda retries it.
+        let beat = match beat {
+            Err(PendingUnproven::Unanswered(source)) => {
+                tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
+                return Err(DrainError::ActionUnproven {
+                    instance_id: action.instance_id.clone(),
+                    source,
+                });
+            }
+            other => other,
+        };
         let node = node.map_err(|source| DrainError::NodeLookup {
             instance_id: action.instance_id.clone(),
             source,

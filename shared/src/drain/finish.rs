@@ -118,7 +118,9 @@ where
     ) -> Result<DeliveryOutcome, DrainError> {
         let notification = request.notification;
         let result = match &drain {
-            DrainEnd::EvictionFailure(_) => self.settings().timeout_result,
+            DrainEnd::EvictionFailure(_) | DrainEnd::ForceRefused { .. } => {
+                self.settings().timeout_result
+            }
             _ => LifecycleActionResult::Continue,
         };
         let outcome = self.complete(notification, result).await?;

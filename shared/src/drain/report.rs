@@ -139,8 +139,21 @@ pub enum DrainEnd {
     Drained,
     /// The node disappeared during the drain.
     NodeGone,
-    /// Deadline passed; the remaining pods were deleted (force).
+    /// Deadline passed; the remaining pods were deleted (force) and are gone.
     Forced(Vec<String>),
+    /// Deadline passed and force is configured, but the API server refused to delete these
+    /// pods for good (e.g. 403: the role lacks the force-delete group): they still run.
+    /// Completed with `DRAIN_TIMEOUT_RESULT`, like any pod left at the deadline.
+    ForceRefused {
+        deleted: Vec<String>,
+        refused: Vec<String>,
+    },
+    /// Deadline passed; the remaining pods were deleted (force), but these were still
+    /// terminating (within their grace period) when the invocation's time ran out.
+    ForcedStillTerminating {
+        deleted: Vec<String>,
+        terminating: Vec<String>,
+    },
     /// Deadline passed; these pods were still there (PodEvictionFailure).
     EvictionFailure(Vec<String>),
 }
@@ -151,6 +164,8 @@ impl DrainEnd {
             Self::Drained => "Drained",
             Self::NodeGone => "NodeGone",
             Self::Forced(_) => "Forced",
+            Self::ForceRefused { .. } => "ForceRefused",
+            Self::ForcedStillTerminating { .. } => "ForcedStillTerminating",
             Self::EvictionFailure(_) => "PodEvictionFailure",
         }
     }
@@ -166,6 +181,14 @@ pub enum DrainError {
     Cluster(#[from] ClusterAccessError),
     #[error("cannot decide whether the Auto Scaling group is this cluster's: {0}")]
     Scope(#[source] AwsError),
+    #[error(
+        "cannot prove the lifecycle action of instance {instance_id} is still pending (nothing was written): {source}"
+    )]
+    ActionUnproven {
+        instance_id: String,
+        #[source]
+        source: AwsError,
+    },
     #[error("cannot find the node of instance {instance_id}: {source}")]
     NodeLookup {
         instance_id: String,
@@ -209,6 +232,7 @@ impl FunctionError for DrainError {
             Self::Notification(_) => "MalformedNotification",
             Self::Cluster(_) => "ClusterAccessFailed",
             Self::Scope(_) => "ScopeCheckFailed",
+            Self::ActionUnproven { .. } => "LifecycleActionUnproven",
             Self::NodeLookup { .. } => "NodeLookupFailed",
             Self::Kubernetes { .. } => "KubernetesApiFailed",
             Self::Complete { .. } => "CompleteLifecycleActionFailed",

@@ -149,6 +149,19 @@ impl DrainSession<'_> {
         Ok(plan.remaining().cloned().collect())
     }
 
+    /// The UIDs of the pods bound to the node now, from one list.
+    pub(super) async fn pod_uids_on_node(&self) -> Result<BTreeSet<String>, kube::Error> {
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::all(self.client.clone());
+        let params =
+            kube::api::ListParams::default().fields(&format!("spec.nodeName={}", self.node_name));
+        let pods = api.list(&params).await?;
+        Ok(pods
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.uid)
+            .collect())
+    }
+
     /// What the plan needs besides the pods, as of now.
     pub(super) fn plan_context(&mut self) -> PlanContext {
         if let Some(node) = &self.last_written {

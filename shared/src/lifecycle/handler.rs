@@ -83,6 +83,7 @@ where
                 invocation.function_account.as_deref(),
                 &notification.account_id,
                 &notification.action.auto_scaling_group_name,
+                &notification.action.token,
             )
             .await
     }
@@ -96,6 +97,7 @@ where
                 &self.autoscaling,
                 &action.auto_scaling_group_name,
                 &action.lifecycle_hook_name,
+                &action.token,
             )
             .await;
         HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time)

@@ -7,7 +7,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use tokio::time::Instant;
 
-use crate::aws::{AutoScaling, HeartbeatOutcome, LifecycleActionRef, LifecycleHook};
+use crate::aws::{AutoScaling, AwsError, HeartbeatOutcome, LifecycleActionRef, LifecycleHook};
 use crate::retry::{RetryPolicy, with_retries};
 
 use super::budget::instant_at;
@@ -17,6 +17,20 @@ use super::budget::instant_at;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the lifecycle action is no longer active (completed elsewhere or timed out)")]
 pub struct ActionGone;
+
+/// Why an action could not be shown to be pending before the first write.
+#[derive(Debug, thiserror::Error)]
+pub enum PendingUnproven {
+    /// Auto Scaling answered that it has no such action.
+    #[error(transparent)]
+    Gone(#[from] ActionGone),
+    /// The heartbeat failed otherwise (denied, throttled past its retries, unreachable): the
+    /// action may or may not be pending, so nothing may be written on its behalf.
+    #[error(
+        "cannot prove the lifecycle action is still pending: RecordLifecycleActionHeartbeat failed: {0}"
+    )]
+    Unanswered(#[source] AwsError),
+}
 
 /// Keeps one lifecycle action alive with `RecordLifecycleActionHeartbeat`, at least every
 /// half of the hook's heartbeat timeout and never after its global deadline.
@@ -85,9 +99,32 @@ impl HeartbeatKeeper {
 
     /// Records a heartbeat now. A heartbeat that keeps failing is logged, not fatal: the
     /// next one is tried sooner. Past the global deadline the action is gone.
+    ///
+    /// Only for an action already shown to be pending ([`Self::prove_pending`]): a failure
+    /// here does not stop work already under way.
     pub async fn beat(&mut self, autoscaling: &impl AutoScaling) -> Result<(), ActionGone> {
+        match self.try_beat(autoscaling).await {
+            Ok(()) => Ok(()),
+            Err(PendingUnproven::Gone(gone)) => Err(gone),
+            Err(PendingUnproven::Unanswered(_)) => Ok(()),
+        }
+    }
+
+    /// Records a heartbeat as proof that the action is pending, before anything is written
+    /// on its behalf: only Auto Scaling's acceptance counts. A heartbeat answered with
+    /// anything else (AccessDenied, throttling past the retries) proves nothing, so the
+    /// caller must not act (fail open would cordon and empty a node for an action that may
+    /// not exist).
+    pub async fn prove_pending(
+        &mut self,
+        autoscaling: &impl AutoScaling,
+    ) -> Result<(), PendingUnproven> {
+        self.try_beat(autoscaling).await
+    }
+
+    async fn try_beat(&mut self, autoscaling: &impl AutoScaling) -> Result<(), PendingUnproven> {
         if Instant::now() >= self.global_deadline_at {
-            return Err(ActionGone);
+            return Err(ActionGone.into());
         }
         let outcome = with_retries(&RetryPolicy::AWS_CALL, || {
             autoscaling.record_lifecycle_action_heartbeat(&self.action)
@@ -105,7 +142,7 @@ impl HeartbeatKeeper {
                 );
                 Ok(())
             }
-            Ok(HeartbeatOutcome::NoActiveAction) => Err(ActionGone),
+            Ok(HeartbeatOutcome::NoActiveAction) => Err(ActionGone.into()),
             Err(error) => {
                 tracing::warn!(
                     instance_id = %self.action.instance_id,
@@ -115,7 +152,7 @@ impl HeartbeatKeeper {
                     "lifecycle heartbeat failed; trying again sooner"
                 );
                 self.next_due = Instant::now() + self.interval / 4;
-                Ok(())
+                Err(PendingUnproven::Unanswered(error))
             }
         }
     }
@@ -217,6 +254,41 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(asg.heartbeats().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn only_an_accepted_heartbeat_proves_the_action_pending() {
+        let asg = InMemoryAutoScaling::new();
+        asg.start_action(&action());
+        let mut keeper = HeartbeatKeeper::new(
+            action(),
+            &fast_hook(200, 60_000),
+            Timestamp::now(),
+            Timestamp::now(),
+        );
+        asg.faults.fail(
+            "RecordLifecycleActionHeartbeat",
+            AwsErrorKind::AccessDenied,
+            1,
+        );
+        let denied = keeper.prove_pending(&asg).await;
+        assert!(
+            matches!(&denied, Err(PendingUnproven::Unanswered(e)) if e.kind == AwsErrorKind::AccessDenied),
+            "{denied:?}"
+        );
+        keeper.prove_pending(&asg).await.unwrap();
+        let gone = HeartbeatKeeper::new(
+            LifecycleActionRef {
+                token: "another".into(),
+                ..action()
+            },
+            &fast_hook(200, 60_000),
+            Timestamp::now(),
+            Timestamp::now(),
+        )
+        .prove_pending(&asg)
+        .await;
+        assert!(matches!(gone, Err(PendingUnproven::Gone(_))), "{gone:?}");
     }
 
     #[tokio::test]

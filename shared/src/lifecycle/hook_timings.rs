@@ -1,18 +1,19 @@
-//! The lifecycle hooks' timeouts, read once per group and hook and kept for the life of the
-//! execution environment, with Auto Scaling's defaults when a hook cannot be read.
+//! The lifecycle hooks' timeouts, read per lifecycle action (and at least every
+//! [`super::recent::MAX_AGE`]), with Auto Scaling's defaults when a hook cannot be read.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::aws::{AutoScaling, AwsError, LifecycleActionResult, LifecycleHook};
 use crate::retry::{RetryPolicy, with_retries};
 
-/// The hooks' timings, read once per group and hook with `DescribeLifecycleHooks` and kept
-/// for the life of the execution environment.
+use super::recent::RecentReads;
+
+/// The hooks' timings, read with `DescribeLifecycleHooks` for each new lifecycle action and
+/// reused for that action's redeliveries and hand-overs for at most [`super::recent::MAX_AGE`]: a lowered
+/// `HeartbeatTimeout` must pace the next heartbeats, or the action expires mid-drain.
 #[derive(Debug, Default)]
 pub struct HookTimings {
-    known: Mutex<HashMap<(String, String), LifecycleHook>>,
+    known: RecentReads<(String, String), LifecycleHook>,
 }
 
 impl HookTimings {
@@ -21,23 +22,25 @@ impl HookTimings {
     }
 
     /// The hook, or Auto Scaling's defaults when the hook is not found (it may have been
-    /// deleted while its last actions are still pending).
+    /// deleted while its last actions are still pending). `action_token`: the lifecycle
+    /// action the timings are for; a read for another action is not reused.
     pub async fn get(
         &self,
         autoscaling: &impl AutoScaling,
         group: &str,
         hook: &str,
+        action_token: &str,
     ) -> Result<LifecycleHook, AwsError> {
         let key = (group.to_owned(), hook.to_owned());
-        if let Some(found) = self.lock().get(&key) {
-            return Ok(found.clone());
+        if let Some(found) = self.known.get(&key, action_token) {
+            return Ok(found);
         }
         let described = with_retries(&RetryPolicy::AWS_CALL, || {
             autoscaling.describe_lifecycle_hook(group, hook)
         })
         .await?;
         let timings = described.unwrap_or_else(|| default_hook(hook));
-        self.lock().insert(key, timings.clone());
+        self.known.insert(key, action_token, timings.clone());
         Ok(timings)
     }
 
@@ -48,8 +51,9 @@ impl HookTimings {
         autoscaling: &impl AutoScaling,
         group: &str,
         hook: &str,
+        action_token: &str,
     ) -> LifecycleHook {
-        match self.get(autoscaling, group, hook).await {
+        match self.get(autoscaling, group, hook, action_token).await {
             Ok(timings) => timings,
             Err(error) => {
                 tracing::warn!(
@@ -61,12 +65,6 @@ impl HookTimings {
                 unreadable_hook(hook)
             }
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), LifecycleHook>> {
-        self.known
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -105,26 +103,44 @@ mod tests {
     use crate::lifecycle::test_support::hook;
 
     #[tokio::test]
-    async fn hook_timings_are_read_once() {
+    async fn hook_timings_are_read_per_action() {
         let asg = InMemoryAutoScaling::new();
         asg.add_hook("asg", hook(120, 12000));
         let timings = HookTimings::new();
-        let first = timings.get(&asg, "asg", "Launch-LC-Hook").await.unwrap();
-        asg.faults
-            .fail("DescribeLifecycleHooks", AwsErrorKind::AccessDenied, 5);
-        let second = timings.get(&asg, "asg", "Launch-LC-Hook").await.unwrap();
-        assert_eq!(first, second);
+        let first = timings
+            .get(&asg, "asg", "Launch-LC-Hook", "token-1")
+            .await
+            .unwrap();
         assert_eq!(first.heartbeat_timeout, Duration::from_secs(120));
+        // Lowered by the operator: the same action reuses its read for a while...
+        asg.add_hook("asg", hook(60, 12000));
+        let same_action = timings
+            .get(&asg, "asg", "Launch-LC-Hook", "token-1")
+            .await
+            .unwrap();
+        assert_eq!(same_action, first);
+        // ...a new action reads it again (the age bound: `recent.rs`).
+        let next_action = timings
+            .get(&asg, "asg", "Launch-LC-Hook", "token-2")
+            .await
+            .unwrap();
+        assert_eq!(next_action.heartbeat_timeout, Duration::from_secs(60));
         // Unreadable (five failures queued): heartbeats as if the timeout were the shortest
         // allowed, and that is not remembered, so the hook is read once it can be.
+        asg.faults
+            .fail("DescribeLifecycleHooks", AwsErrorKind::AccessDenied, 5);
         let mut other = hook(600, 60000);
         other.name = "Other".into();
         asg.add_hook("asg", other);
         for _ in 0..5 {
-            let fallback = timings.get_or_default(&asg, "asg", "Other").await;
+            let fallback = timings
+                .get_or_default(&asg, "asg", "Other", "token-2")
+                .await;
             assert_eq!(fallback.heartbeat_timeout, MIN_HEARTBEAT_TIMEOUT);
         }
-        let read = timings.get_or_default(&asg, "asg", "Other").await;
+        let read = timings
+            .get_or_default(&asg, "asg", "Other", "token-2")
+            .await;
         assert_eq!(read.heartbeat_timeout, Duration::from_secs(600));
     }
 }

@@ -2,7 +2,8 @@
 //! is ours ([`scope`]), the hooks' settings ([`settings`]), the skeleton both hook functions
 //! share ([`handler`]: context, invocation, per-record loop), which Node an instance is
 //! ([`node`]), and how a long wait is carried across invocations: the time an invocation may
-//! use ([`budget`]), the hook's timeouts ([`hook_timings`]), heartbeats that keep the action
+//! use ([`budget`]), the hook's timeouts ([`hook_timings`]; like group scope, re-read per action
+//! and after [`recent::MAX_AGE`]), heartbeats that keep the action
 //! alive ([`heartbeat`]), and the hand-over to a fresh invocation or the completion
 //! ([`hand_over`]).
 //!
@@ -21,6 +22,8 @@ pub mod hook_timings;
 #[cfg(feature = "runtime")]
 pub mod node;
 pub mod notification;
+#[cfg(feature = "runtime")]
+pub mod recent;
 #[cfg(feature = "runtime")]
 pub mod scope;
 #[cfg(feature = "runtime")]

@@ -6,11 +6,12 @@
 //! put on node groups, or when it is named in the allow-list setting; the notification must
 //! also come from this function's own account.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeMap;
 
 use crate::aws::{AutoScaling, AwsError};
 use crate::settings::ClusterScope;
+
+use super::recent::RecentReads;
 
 /// Why a group is ours or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,14 +42,15 @@ pub enum ForeignReason {
     NotTaggedForCluster,
 }
 
-/// Decides, and remembers per group for the life of the execution environment (group tags
-/// naming a cluster do not change while its instances come and go).
+/// Decides, and remembers the decision per group for the lifecycle action it was made for,
+/// at most [`super::recent::MAX_AGE`]: a group tagged after its first notification is in
+/// scope from its next action on (and an untagged one leaves scope as soon).
 #[derive(Debug)]
 pub struct GroupScope {
     cluster: ClusterScope,
     allowed_groups: Vec<String>,
     account_id: Option<String>,
-    decided: Mutex<HashMap<String, ScopeDecision>>,
+    decided: RecentReads<String, ScopeDecision>,
 }
 
 impl GroupScope {
@@ -63,7 +65,7 @@ impl GroupScope {
             cluster,
             allowed_groups,
             account_id,
-            decided: Mutex::default(),
+            decided: RecentReads::default(),
         }
     }
 
@@ -83,18 +85,21 @@ impl GroupScope {
         self
     }
 
-    /// Whether `group_name`, named in a notification from `notification_account`, is ours.
+    /// Whether `group_name`, named in a notification from `notification_account` about the
+    /// lifecycle action `action_token`, is ours.
     pub async fn decide(
         &self,
         autoscaling: &impl AutoScaling,
         notification_account: &str,
         group_name: &str,
+        action_token: &str,
     ) -> Result<ScopeDecision, AwsError> {
         self.decide_for_account(
             autoscaling,
             self.account_id.as_deref(),
             notification_account,
             group_name,
+            action_token,
         )
         .await
     }
@@ -107,6 +112,7 @@ impl GroupScope {
         function_account: Option<&str>,
         notification_account: &str,
         group_name: &str,
+        action_token: &str,
     ) -> Result<ScopeDecision, AwsError> {
         let function_account = function_account.or(self.account_id.as_deref());
         if let Some(own) = function_account
@@ -121,7 +127,7 @@ impl GroupScope {
                 evidence: "AUTO_SCALING_GROUP_NAMES".to_owned(),
             });
         }
-        if let Some(decision) = self.cached(group_name) {
+        if let Some(decision) = self.decided.get(&group_name.to_owned(), action_token) {
             return Ok(decision);
         }
         let decision = match autoscaling.group_tags(group_name).await? {
@@ -130,18 +136,8 @@ impl GroupScope {
             Some(tags) => decide_by_tags(&self.cluster, &tags),
         };
         self.decided
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(group_name.to_owned(), decision.clone());
+            .insert(group_name.to_owned(), action_token, decision.clone());
         Ok(decision)
-    }
-
-    fn cached(&self, group_name: &str) -> Option<ScopeDecision> {
-        self.decided
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(group_name)
-            .cloned()
     }
 }
 
@@ -230,6 +226,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_group_tagged_after_its_first_notification_is_ours_from_its_next_action() {
+        let asg = InMemoryAutoScaling::new();
+        asg.add_group("late", &[("team", "a")]);
+        let scope = GroupScope::new(cluster(), vec![], Some("111111111111".into()));
+        let before = scope
+            .decide(&asg, "111111111111", "late", "token-1")
+            .await
+            .unwrap();
+        assert_eq!(
+            before,
+            ScopeDecision::Foreign(ForeignReason::NotTaggedForCluster)
+        );
+        asg.add_group("late", &[("eks:cluster-name", "ironman-2022")]);
+        assert!(
+            scope
+                .decide(&asg, "111111111111", "late", "token-2")
+                .await
+                .unwrap()
+                .is_ours()
+        );
+    }
+
+    #[tokio::test]
     async fn decisions_are_cached_per_group() {
         let asg = InMemoryAutoScaling::new();
         asg.add_group("ours", &[("eks:cluster-name", "ironman-2022")]);
@@ -237,19 +256,19 @@ mod tests {
         let scope = GroupScope::new(cluster(), vec![], Some("111111111111".into()));
         assert!(
             scope
-                .decide(&asg, "111111111111", "ours")
+                .decide(&asg, "111111111111", "ours", "token-1")
                 .await
                 .unwrap()
                 .is_ours()
         );
         assert!(
             !scope
-                .decide(&asg, "111111111111", "theirs")
+                .decide(&asg, "111111111111", "theirs", "token-1")
                 .await
                 .unwrap()
                 .is_ours()
         );
-        // Cached: a failing DescribeAutoScalingGroups is not called again.
+        // Cached for the same action: a failing DescribeAutoScalingGroups is not called again.
         asg.faults.fail(
             "DescribeAutoScalingGroups",
             crate::aws::AwsErrorKind::AccessDenied,
@@ -257,12 +276,17 @@ mod tests {
         );
         assert!(
             scope
-                .decide(&asg, "111111111111", "ours")
+                .decide(&asg, "111111111111", "ours", "token-1")
                 .await
                 .unwrap()
                 .is_ours()
         );
-        assert!(scope.decide(&asg, "111111111111", "unknown").await.is_err());
+        assert!(
+            scope
+                .decide(&asg, "111111111111", "unknown", "token-1")
+                .await
+                .is_err()
+        );
     }
 
     #[tokio::test]
@@ -275,19 +299,25 @@ mod tests {
             Some("111111111111".into()),
         );
         assert_eq!(
-            scope.decide(&asg, "222222222222", "ours").await.unwrap(),
+            scope
+                .decide(&asg, "222222222222", "ours", "token-1")
+                .await
+                .unwrap(),
             ScopeDecision::Foreign(ForeignReason::OtherAccount {
                 account_id: "222222222222".into()
             })
         );
         assert_eq!(
-            scope.decide(&asg, "111111111111", "gone").await.unwrap(),
+            scope
+                .decide(&asg, "111111111111", "gone", "token-1")
+                .await
+                .unwrap(),
             ScopeDecision::Foreign(ForeignReason::GroupNotFound)
         );
         // The allow-list needs no tags and no AWS call.
         assert!(
             scope
-                .decide(&asg, "111111111111", "listed")
+                .decide(&asg, "111111111111", "listed", "token-1")
                 .await
                 .unwrap()
                 .is_ours()
