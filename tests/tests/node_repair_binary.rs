@@ -354,3 +354,161 @@ async fn malformed_settings_stop_the_function_with_a_clear_error() {
             .all(|r| r.operation != "SetInstanceHealth")
     );
 }
+
+/// Issue 24, item 1: with 2 of 10 nodes broken, the first repair's node is drained by the
+/// terminating hook (its checkpoint on the node, the instance `Terminating:Wait`) for a
+/// while; a repair run meanwhile must count it as the group's one repair in flight and not
+/// replace the second node.
+#[tokio::test]
+async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::NodeRepair, Target::TerminatingHook])
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0.01, "repairAction": "Replace"}]}"#,
+        )
+        .env("DRAIN_TIMEOUT_SECONDS", "120")
+        // The dead kubelet never confirms its pod's deletion: the drain waits this long.
+        .env("STUCK_POD_SECONDS", "60")
+        .log_level("info")
+        .start()
+        .await;
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .availability_zones(&["eu-west-1a"])
+            .health_check_grace_period(Duration::ZERO),
+    );
+    // Nine more nodes in the group.
+    let mut nodes = vec![(w.instance.clone(), w.node.clone())];
+    for i in 1..10 {
+        let id = format!("i-0a{i:015x}");
+        let instance = w.aws.ec2().add_running_instance(&id);
+        w.aws
+            .autoscaling()
+            .add_instance(GROUP, &id, "eu-west-1a")
+            .unwrap();
+        w.server
+            .register_node(
+                &instance.private_dns_name,
+                &format!("aws:///eu-west-1a/{id}"),
+                Some(Duration::ZERO),
+            )
+            .unwrap();
+        nodes.push((id, instance.private_dns_name));
+    }
+    // A pod on the first node, whose deletion its dead kubelet will never confirm.
+    w.server
+        .store()
+        .apply_yaml(&format!(
+            "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {{name: web, namespace: default}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec:\n      nodeName: {}\n      terminationGracePeriodSeconds: 1\n      containers: [{{name: web, image: nginx}}]\n",
+            w.node
+        ))
+        .unwrap();
+    let first = w.node.clone();
+    w.server
+        .wait_for(
+            "10 nodes Ready, web running",
+            Duration::from_secs(10),
+            |store| {
+                let ready = store
+                    .list::<Node>()
+                    .iter()
+                    .filter(|n| {
+                        n.status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|c| {
+                                c.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            })
+                    })
+                    .count();
+                ready == 10
+                    && store.list::<Pod>().iter().any(|p| {
+                        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(first.as_str())
+                            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    })
+            },
+        )
+        .await
+        .unwrap();
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    // Two kubelets die, the first one first (it is repaired first).
+    w.server.kill_kubelet(&nodes[0].1).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    w.server.kill_kubelet(&nodes[1].1).unwrap();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+
+    let repair = w.function(Target::NodeRepair);
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(
+        report_of(&answer, &nodes[0].1)["outcome"],
+        "Repair",
+        "{answer}"
+    );
+    assert_eq!(
+        report_of(&answer, &nodes[1].1)["outcome"],
+        "Queued",
+        "{answer}"
+    );
+    assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1);
+
+    // Auto Scaling terminates the first through the terminating hook, which starts draining
+    // its node and waits for the pod its dead kubelet never lets go.
+    let terminating = loop {
+        let event = topic.next_event(Duration::from_secs(5)).await.unwrap();
+        if event.to_string().contains("EC2_INSTANCE_TERMINATING") {
+            break event;
+        }
+    };
+    let hook = w.function(Target::TerminatingHook);
+    let drain = hook.response_to(&terminating);
+    tokio::pin!(drain);
+    let first = nodes[0].1.clone();
+    let checkpointed = w.server.wait_for(
+        "our drain's checkpoint on the first node",
+        Duration::from_secs(20),
+        |store| {
+            store.find::<Node>("", &first).is_some_and(|n| {
+                n.metadata.annotations.is_some_and(|a| {
+                    a.contains_key(node_manager::drain::checkpoint::CHECKPOINT_ANNOTATION)
+                })
+            })
+        },
+    );
+    tokio::select! {
+        answer = &mut drain => panic!("the drain ended before it was seen: {answer}"),
+        seen = checkpointed => seen.unwrap(),
+    }
+    assert_eq!(
+        w.aws
+            .autoscaling()
+            .instance_state(GROUP, &nodes[0].0)
+            .as_deref(),
+        Some("Terminating:Wait")
+    );
+
+    // While it drains: the group's one repair is in flight, the second node waits.
+    let run = repair.response_to(&scheduled_event());
+    let answer = tokio::select! {
+        answer = &mut drain => panic!("the drain ended during the repair run: {answer}"),
+        answer = run => answer,
+    };
+    let report = report_of(&answer, &nodes[0].1);
+    assert_eq!(report["outcome"], "RepairInFlight", "{answer}");
+    assert!(
+        report["why"]
+            .as_str()
+            .unwrap()
+            .contains("our drain is working on its node"),
+        "{answer}"
+    );
+    assert_eq!(
+        report_of(&answer, &nodes[1].1)["outcome"],
+        "Queued",
+        "{answer}"
+    );
+    assert_eq!(answer["groups"][0]["inFlight"], 1, "{answer}");
+    assert_eq!(answer["groups"][0]["unhealthy"], 2, "{answer}");
+    assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1, "{answer}");
+}

@@ -360,7 +360,7 @@ async fn a_failed_action_is_forgotten_and_fails_the_run() {
 }
 
 #[tokio::test]
-async fn nodes_drained_by_our_hook_are_not_unhealthy() {
+async fn nodes_cordoned_by_our_drain_while_in_service_are_not_repaired() {
     let w = World::start(1).await;
     w.set_condition(0, "Ready", "False", "KubeletNotReady", AN_HOUR);
     w.server
@@ -374,6 +374,8 @@ async fn nodes_drained_by_our_hook_are_not_unhealthy() {
         .unwrap();
     let report = run::handle(&w.context(&[]), Value::Null).await.unwrap();
     assert_eq!(outcome(&report, 0), "Draining");
+    // Broken all the same: it counts toward the group's threshold.
+    assert_eq!(report.groups[0].unhealthy, 1);
     assert!(w.health.marked_unhealthy().is_empty());
 }
 
@@ -425,4 +427,67 @@ async fn a_500_node_cluster_is_read_in_one_page_and_ten_describe_calls() {
     assert_eq!(report.nodes.len(), 500);
     assert!(report.nodes.iter().all(|n| n.outcome == "Healthy"));
     assert_eq!(w.health.describe_calls(), vec![50; 50]);
+}
+
+/// Puts our drain's checkpoint on node `i`, as the terminating hook does when it starts.
+fn start_drain(w: &World, i: usize) {
+    w.server
+        .store()
+        .modify::<Node>("", &node_name(i), |node| {
+            node.metadata.annotations.get_or_insert_default().insert(
+                node_manager::drain::checkpoint::CHECKPOINT_ANNOTATION.into(),
+                "{}".into(),
+            );
+        })
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_node_drained_for_its_replacement_holds_the_next_repair_until_its_instance_leaves() {
+    let w = World::start(10).await;
+    w.set_condition(0, "Ready", "Unknown", "NodeStatusUnknown", AN_HOUR * 2);
+    w.set_condition(1, "Ready", "Unknown", "NodeStatusUnknown", AN_HOUR);
+    let report = run::handle(&w.context(&[]), Value::Null).await.unwrap();
+    assert_eq!(outcome(&report, 0), "Repair");
+    assert_eq!(outcome(&report, 1), "Queued");
+    // Its instance is Terminating:Wait and our terminating hook drains its node.
+    start_drain(&w, 0);
+    for _ in 0..2 {
+        let report = run::handle(&w.context(&[]), Value::Null).await.unwrap();
+        assert_eq!(outcome(&report, 0), "RepairInFlight", "{report:#?}");
+        assert_eq!(outcome(&report, 1), "Queued", "{report:#?}");
+        assert_eq!(report.groups[0].in_flight, 1);
+        assert_eq!(w.health.marked_unhealthy(), vec![instance(0)]);
+    }
+    // The instance has left the group: the next repair starts.
+    w.health.remove_instance(&instance(0));
+    let report = run::handle(&w.context(&[]), Value::Null).await.unwrap();
+    assert_eq!(outcome(&report, 0), "NotOurs");
+    assert_eq!(outcome(&report, 1), "Repair");
+    assert_eq!(w.health.marked_unhealthy(), vec![instance(0), instance(1)]);
+}
+
+#[tokio::test]
+async fn warm_pool_instances_are_neither_repaired_nor_counted() {
+    let w = World::start(13).await;
+    // Three stopped in the warm pool; their Nodes registered before and are NotReady since.
+    for i in 10..13 {
+        w.health
+            .set_instance(GROUP, &instance(i), "Warmed:Stopped", "HEALTHY");
+        w.set_condition(i, "Ready", "Unknown", "NodeStatusUnknown", AN_HOUR * 5);
+    }
+    w.set_condition(0, "Ready", "False", "KubeletNotReady", AN_HOUR * 2);
+    w.set_condition(1, "Ready", "False", "KubeletNotReady", AN_HOUR);
+    let report = run::handle(&w.context(&[]), Value::Null).await.unwrap();
+    for i in 10..13 {
+        assert_eq!(outcome(&report, i), "OutOfService", "{report:#?}");
+    }
+    // 2 of the 10 in service: not paused.
+    assert_eq!(report.groups[0].paused_by, None, "{report:#?}");
+    assert_eq!(
+        (report.groups[0].unhealthy, report.groups[0].out_of_service),
+        (2, 3)
+    );
+    assert_eq!(outcome(&report, 0), "Repair");
+    assert_eq!(w.health.marked_unhealthy(), vec![instance(0)]);
 }

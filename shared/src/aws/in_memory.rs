@@ -589,6 +589,11 @@ impl InMemoryInstanceHealth {
         self.set_instance(group, instance_id, "InService", "HEALTHY");
     }
 
+    /// The instance leaves its group (terminated).
+    pub fn remove_instance(&self, instance_id: &str) {
+        lock(&self.state).instances.remove(instance_id);
+    }
+
     pub fn set_instance(&self, group: &str, instance_id: &str, state: &str, health: &str) {
         lock(&self.state).instances.insert(
             instance_id.to_owned(),

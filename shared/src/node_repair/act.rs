@@ -109,6 +109,7 @@ where
         GroupSummary {
             group: observation.name.clone(),
             nodes: decision.nodes,
+            out_of_service: decision.out_of_service,
             unhealthy: decision.unhealthy,
             in_flight: decision.in_flight,
             repairs_started: started,

@@ -35,12 +35,15 @@ pub struct NodeObservation {
     pub node: String,
     pub instance_id: String,
     pub created_at: Option<Timestamp>,
+    /// The instance's most recent launch (EC2 `LaunchTime`, which a start from a stopped warm
+    /// pool moves forward), when known; `None`: the Node's own times are used.
+    pub launched_at: Option<Timestamp>,
     pub conditions: Vec<ObservedCondition>,
     /// The instance's lifecycle state in the group (`InService`, `Terminating:Wait`, ...).
     pub lifecycle_state: String,
     /// `HEALTHY` / `UNHEALTHY`.
     pub health_status: String,
-    /// Our drain's checkpoint is on the node: it is cordoned on purpose, not broken.
+    /// Our drain's checkpoint is on the node: it is cordoned on purpose.
     pub draining: bool,
     pub last_repair: Option<RepairRecord>,
 }
@@ -81,11 +84,25 @@ impl Problem {
 pub enum Verdict {
     /// No watched condition is unhealthy.
     Healthy,
-    /// Our drain is working on it (it is cordoned on purpose).
-    Draining,
-    /// A repair is under way: the instance is terminating or unhealthy in its group, or our
-    /// replacement request is recent.
-    RepairInFlight { detail: String },
+    /// The instance is not in service (`Pending:*`, `Warmed:*`, `Standby`, ...): its Node says
+    /// nothing about its health (a stopped warm-pool instance's Node is NotReady for hours).
+    /// Neither judged nor counted in the group's threshold.
+    OutOfService { lifecycle_state: String },
+    /// Our drain's checkpoint is on the node while its instance is in service: cordoned on
+    /// purpose, not repaired. Counts as unhealthy when a watched condition is (`problem`).
+    Draining {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        problem: Option<Problem>,
+    },
+    /// A repair is under way until the instance has left its group: it is terminating (our
+    /// drain may be working on it) or unhealthy in its group, or our replacement request is
+    /// recent. Counts against the parallel limit; as unhealthy when a watched condition is
+    /// (`problem`; a healthy node leaving on a scale-in is not unhealthy).
+    RepairInFlight {
+        detail: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        problem: Option<Problem>,
+    },
     /// Unhealthy in a way that is reported only (`DiskPressure`, an override's `NoAction`).
     NoAction { problem: Problem },
     /// Unhealthy, not yet for long enough (or a reboot is taking effect).
@@ -121,7 +138,8 @@ impl Verdict {
     pub fn name(&self) -> &'static str {
         match self {
             Self::Healthy => "Healthy",
-            Self::Draining => "Draining",
+            Self::OutOfService { .. } => "OutOfService",
+            Self::Draining { .. } => "Draining",
             Self::RepairInFlight { .. } => "RepairInFlight",
             Self::NoAction { .. } => "NoAction",
             Self::Waiting { .. } => "Waiting",
@@ -140,7 +158,8 @@ impl Verdict {
             | Self::Repair { problem, .. }
             | Self::Paused { problem, .. }
             | Self::Queued { problem, .. } => Some(problem),
-            _ => None,
+            Self::Draining { problem } | Self::RepairInFlight { problem, .. } => problem.as_ref(),
+            Self::Healthy | Self::OutOfService { .. } => None,
         }
     }
 
@@ -148,7 +167,11 @@ impl Verdict {
     fn is_unhealthy(&self) -> bool {
         matches!(
             self,
-            Self::RepairInFlight { .. }
+            Self::Draining { problem: Some(_) }
+                | Self::RepairInFlight {
+                    problem: Some(_),
+                    ..
+                }
                 | Self::Waiting { .. }
                 | Self::WithinGracePeriod { .. }
                 | Self::Repair { .. }
@@ -164,6 +187,8 @@ impl Verdict {
 pub struct GroupDecision {
     pub group: String,
     pub nodes: usize,
+    /// Nodes whose instance is not in service: not judged, not in the threshold's total.
+    pub out_of_service: usize,
     pub unhealthy: usize,
     /// Repairs under way before this run (they count against the parallel limit).
     pub in_flight: usize,
@@ -207,13 +232,28 @@ fn assess(
     node: &NodeObservation,
     now: Timestamp,
 ) -> (Assessment, bool) {
-    if node.draining {
-        return (Assessment::Final(Verdict::Draining), false);
-    }
-    if let Some(detail) = repair_under_way(node, now) {
-        return (Assessment::Final(Verdict::RepairInFlight { detail }), true);
+    if !judged_by_its_node(&node.lifecycle_state) {
+        let lifecycle_state = node.lifecycle_state.clone();
+        return (
+            Assessment::Final(Verdict::OutOfService { lifecycle_state }),
+            false,
+        );
     }
     let (planned, reported) = plan_repair(policy, node, now);
+    // Being replaced (or drained on its way out) is a repair in flight whatever the node's
+    // conditions say, until the instance has left the group: else the next run would start
+    // another repair while this one still takes capacity away.
+    if let Some(detail) = repair_under_way(node, now) {
+        let problem = planned.map(|p| p.problem);
+        return (
+            Assessment::Final(Verdict::RepairInFlight { detail, problem }),
+            true,
+        );
+    }
+    if node.draining {
+        let problem = planned.map(|p| p.problem);
+        return (Assessment::Final(Verdict::Draining { problem }), false);
+    }
     let Some(PlannedRepair {
         problem,
         action,
@@ -236,9 +276,11 @@ fn assess(
         return (Assessment::Final(waiting), after_repair);
     }
     if action == RepairAction::Replace
-        && let Some(created) = node.created_at
+        && let Some(started) = node.created_at.max(node.launched_at)
     {
-        let until = plus(created, group.health_check_grace_period);
+        // From the later of the Node's creation and the instance's last launch: a node back
+        // from a stopped warm pool was created long ago but started just now.
+        let until = plus(started, group.health_check_grace_period);
         if now < until {
             return (
                 Assessment::Final(Verdict::WithinGracePeriod { problem, until }),
@@ -258,14 +300,32 @@ fn assess(
     )
 }
 
-/// What says a repair of `node` is under way already: its instance terminating or marked
-/// unhealthy in its group, or a replacement we requested recently.
+/// Whether an instance in `lifecycle_state` is judged by its Node: in service, or leaving
+/// the group (`Terminating*`, judged as a repair in flight). `Pending:*` (not yet in
+/// service), `Warmed:*` (in the warm pool, stopped or not), `Standby`, `EnteringStandby`,
+/// `Detaching` and the like are not.
+pub fn judged_by_its_node(lifecycle_state: &str) -> bool {
+    lifecycle_state == "InService" || leaving_the_group(lifecycle_state)
+}
+
+fn leaving_the_group(lifecycle_state: &str) -> bool {
+    lifecycle_state.starts_with("Terminating") || lifecycle_state == "Terminated"
+}
+
+/// What says a repair of `node` is under way already: its instance leaving the group or
+/// marked unhealthy in it (our drain's checkpoint on the node changes nothing: it is the
+/// repair taking effect), or a replacement we requested recently.
 fn repair_under_way(node: &NodeObservation, now: Timestamp) -> Option<String> {
-    let terminating = node.lifecycle_state.starts_with("Terminating");
+    let leaving = leaving_the_group(&node.lifecycle_state);
     let marked = node.health_status.eq_ignore_ascii_case("unhealthy");
-    if terminating || marked {
+    if leaving || marked {
+        let drain = if node.draining {
+            "; our drain is working on its node"
+        } else {
+            ""
+        };
         return Some(format!(
-            "instance {} is {} and {} in its group",
+            "instance {} is {} and {} in its group{drain}",
             node.instance_id, node.lifecycle_state, node.health_status
         ));
     }
@@ -303,11 +363,17 @@ fn plan_repair(
         let Some(rule) = policy.rule_for(&condition.type_, condition.reason.as_deref()) else {
             continue;
         };
+        // Not before the instance's last launch: what a Node said while its instance was
+        // stopped in a warm pool says nothing about the instance now.
+        let since = condition
+            .last_transition
+            .unwrap_or(now)
+            .max(node.launched_at.unwrap_or(Timestamp::MIN));
         let problem = Problem {
             condition: condition.type_.clone(),
             status: condition.status.clone(),
             reason: condition.reason.clone(),
-            since: condition.last_transition.unwrap_or(now),
+            since,
         };
         if rule.action == RepairAction::NoAction {
             reported.get_or_insert(problem);
@@ -359,6 +425,13 @@ pub fn decide_group(
         .map(|node| assess(policy, group, node, now))
         .collect();
     let total = group.nodes.len();
+    let out_of_service = assessed
+        .iter()
+        .filter(|(a, _)| matches!(a, Assessment::Final(Verdict::OutOfService { .. })))
+        .count();
+    // The threshold is of the nodes in service (leaving ones included): a warm pool's
+    // stopped instances neither count as unhealthy nor dilute the percentage.
+    let judged = total - out_of_service;
     let unhealthy = assessed
         .iter()
         .filter(|(a, _)| match a {
@@ -368,7 +441,7 @@ pub fn decide_group(
         .count();
     let in_flight = assessed.iter().filter(|(_, in_flight)| *in_flight).count();
 
-    let paused_by = pausing_limit(policy, unhealthy, total);
+    let paused_by = pausing_limit(policy, unhealthy, judged);
     let allowed = policy.max_parallel.of(unhealthy).max(1);
     let slots = allowed.saturating_sub(in_flight);
     let parallel_limit = format!(
@@ -392,6 +465,7 @@ pub fn decide_group(
     GroupDecision {
         group: group.name.clone(),
         nodes: total,
+        out_of_service,
         unhealthy,
         in_flight,
         paused_by,
@@ -496,6 +570,7 @@ mod tests {
             node: name.into(),
             instance_id: format!("i-{name}"),
             created_at: Some(at(0)),
+            launched_at: None,
             conditions: vec![
                 condition("Ready", "True", Some("KubeletReady"), 0),
                 condition("DiskPressure", "False", None, 0),
@@ -633,7 +708,12 @@ mod tests {
         let policy = RepairPolicy::default();
         let mut node = broken("a", "Ready", "False", None, 60);
         node.draining = true;
-        assert_eq!(verdict_of(&policy, node).name(), "Draining");
+        let verdict = verdict_of(&policy, node);
+        assert!(
+            matches!(&verdict, Verdict::Draining { problem: Some(_) }),
+            "{verdict:?}"
+        );
+        assert!(verdict.is_unhealthy());
         for (state, health) in [("Terminating:Wait", "HEALTHY"), ("InService", "UNHEALTHY")] {
             let mut node = broken("a", "Ready", "False", None, 60);
             node.lifecycle_state = state.into();
@@ -653,6 +733,140 @@ mod tests {
             reason: None,
         });
         assert_eq!(verdict_of(&policy, asked).name(), "RepairInFlight");
+    }
+
+    fn replaced(minutes_ago: i64) -> RepairRecord {
+        RepairRecord {
+            action: RepairAction::Replace,
+            at: at(NOW - minutes_ago),
+            attempt: 1,
+            condition: "Ready".into(),
+            reason: None,
+        }
+    }
+
+    fn outcomes(decision: &GroupDecision) -> Vec<String> {
+        decision
+            .verdicts
+            .iter()
+            .map(|(n, v)| format!("{n}:{}", v.name()))
+            .collect()
+    }
+
+    #[test]
+    fn a_node_drained_for_its_replacement_is_in_flight_until_its_instance_leaves() {
+        let policy = RepairPolicy::default();
+        let mut nodes: Vec<_> = (0..10).map(|i| healthy(&format!("n{i}"))).collect();
+        // n0 was replaced; its instance is still in the group while our drain works on its
+        // node (checkpoint on it), long after the replacement request.
+        for minutes_ago in [1, 15, 120] {
+            let mut n0 = broken("n0", "Ready", "Unknown", None, 200);
+            n0.draining = true;
+            n0.lifecycle_state = "Terminating:Wait".into();
+            n0.health_status = "UNHEALTHY".into();
+            n0.last_repair = Some(replaced(minutes_ago));
+            nodes[0] = n0;
+            nodes[1] = broken("n1", "Ready", "False", None, 40);
+            let decision = decide_group(&policy, &group(nodes.clone()), at(NOW));
+            assert_eq!(
+                outcomes(&decision)[..2],
+                ["n0:RepairInFlight", "n1:Queued"],
+                "replaced {minutes_ago} min ago"
+            );
+            assert_eq!((decision.in_flight, decision.unhealthy), (1, 2));
+        }
+        // Still Terminating:Proceed (the drain done, the instance shutting down): the same.
+        nodes[0].draining = false;
+        nodes[0].lifecycle_state = "Terminating:Proceed".into();
+        let decision = decide_group(&policy, &group(nodes.clone()), at(NOW));
+        assert_eq!(outcomes(&decision)[1], "n1:Queued");
+        // The broken node being replaced counts toward the threshold: one more broken node
+        // (3 of 10) pauses the group.
+        nodes[2] = broken("n2", "Ready", "False", None, 35);
+        let decision = decide_group(&policy, &group(nodes.clone()), at(NOW));
+        assert!(decision.paused_by.unwrap().contains("3 of 10"));
+        // A healthy node drained on a scale-in is in flight (capacity is leaving) but not
+        // unhealthy.
+        let mut scale_in = healthy("n0");
+        scale_in.draining = true;
+        scale_in.lifecycle_state = "Terminating:Wait".into();
+        nodes[0] = scale_in;
+        nodes[2] = healthy("n2");
+        let decision = decide_group(&policy, &group(nodes), at(NOW));
+        assert_eq!(outcomes(&decision)[..2], ["n0:RepairInFlight", "n1:Queued"]);
+        assert_eq!((decision.in_flight, decision.unhealthy), (1, 1));
+    }
+
+    #[test]
+    fn instances_out_of_service_are_neither_judged_nor_counted() {
+        let policy = RepairPolicy::default();
+        let mut nodes: Vec<_> = (0..10).map(|i| healthy(&format!("n{i}"))).collect();
+        nodes[0] = broken("n0", "Ready", "False", None, 50);
+        nodes[1] = broken("n1", "Ready", "False", None, 40);
+        // Stopped in the warm pool for hours (their Nodes registered before), launching,
+        // in standby: NotReady, none of it says anything about the instance.
+        for (i, state) in [
+            "Warmed:Stopped",
+            "Warmed:Running",
+            "Warmed:Hibernated",
+            "Warmed:Pending:Wait",
+            "Warmed:Terminating:Wait",
+            "Pending:Wait",
+            "Pending:Proceed",
+            "Standby",
+            "EnteringStandby",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut pooled = broken(&format!("w{i}"), "Ready", "Unknown", None, 600);
+            pooled.lifecycle_state = state.into();
+            nodes.push(pooled);
+        }
+        let decision = decide_group(&policy, &group(nodes.clone()), at(NOW));
+        assert_eq!(decision.out_of_service, 9);
+        assert!(
+            decision.verdicts[10..]
+                .iter()
+                .all(|(_, v)| v.name() == "OutOfService"),
+            "{decision:?}"
+        );
+        // 2 of the 10 in service: not paused, the longest broken repaired.
+        assert_eq!(
+            (decision.unhealthy, decision.paused_by.as_deref()),
+            (2, None)
+        );
+        assert_eq!(outcomes(&decision)[..2], ["n0:Repair", "n1:Queued"]);
+        // 3 of the 10 in service pause the group; the pool does not dilute the percentage.
+        nodes[2] = broken("n2", "Ready", "False", None, 35);
+        let decision = decide_group(&policy, &group(nodes), at(NOW));
+        assert!(decision.paused_by.unwrap().contains("3 of 10"));
+    }
+
+    #[test]
+    fn a_node_back_from_the_warm_pool_gets_its_wait_and_grace_period_from_its_launch() {
+        // Created long ago, NotReady since it was stopped hours ago, started 2 minutes ago.
+        let mut back = broken("a", "Ready", "Unknown", Some("NodeStatusUnknown"), 600);
+        back.launched_at = Some(at(NOW - 2));
+        let verdict = verdict_of(&RepairPolicy::default(), back.clone());
+        assert!(
+            matches!(&verdict, Verdict::Waiting { repair_at, problem, .. }
+                if *repair_at == at(NOW + 28) && problem.since == at(NOW - 2)),
+            "{verdict:?}"
+        );
+        // With no wait, the group's 5-minute grace period runs from the launch too.
+        let no_wait = RepairPolicy::from_json(
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0, "repairAction": "Replace"}]}"#,
+        )
+        .unwrap();
+        let verdict = verdict_of(&no_wait, back.clone());
+        assert!(
+            matches!(&verdict, Verdict::WithinGracePeriod { until, .. } if *until == at(NOW + 3)),
+            "{verdict:?}"
+        );
+        // Launched long ago: the Node's own times hold.
+        back.launched_at = Some(at(-100));
+        assert_eq!(verdict_of(&no_wait, back).name(), "Repair");
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct RepairReport {
 pub struct GroupSummary {
     pub group: String,
     pub nodes: usize,
+    /// Nodes whose instance is not in service (warm pool, pending, standby): not judged.
+    pub out_of_service: usize,
     pub unhealthy: usize,
     pub in_flight: usize,
     pub repairs_started: usize,
@@ -123,8 +125,23 @@ impl GroupSummary {
 pub(super) fn explain(verdict: &Verdict, dry_run: bool) -> String {
     match verdict {
         Verdict::Healthy => "no watched condition is unhealthy".to_owned(),
-        Verdict::Draining => "our drain is working on it (cordoned on purpose)".to_owned(),
-        Verdict::RepairInFlight { detail } => format!("repair under way: {detail}"),
+        Verdict::OutOfService { lifecycle_state } => format!(
+            "instance is {lifecycle_state}, not in service: not judged by its node, not counted"
+        ),
+        Verdict::Draining { problem } => {
+            let state = match problem {
+                Some(problem) => format!("; {} counts as unhealthy", problem.describe()),
+                None => String::new(),
+            };
+            format!("our drain's checkpoint is on it (cordoned on purpose), not repaired{state}")
+        }
+        Verdict::RepairInFlight { detail, problem } => {
+            let state = match problem {
+                Some(problem) => format!("; {} counts as unhealthy", problem.describe()),
+                None => String::new(),
+            };
+            format!("repair under way until the instance has left its group: {detail}{state}")
+        }
         Verdict::NoAction { problem } => {
             format!("{}: reported only, no repair", problem.describe())
         }

@@ -204,6 +204,7 @@ fn observe(
         node: name,
         instance_id,
         created_at: node.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        launched_at: None,
         conditions,
         lifecycle_state: membership.lifecycle_state.clone(),
         health_status: membership.health_status.clone(),
