@@ -298,7 +298,8 @@ async fn node_that_never_registers_gets_the_timeout_result() {
         report.records[0].outcome,
         LaunchOutcome::TimedOut {
             result: "ABANDON".into(),
-            node: None
+            node: None,
+            restored: None
         }
     );
     let completions = s.aws.autoscaling().completions();
@@ -327,7 +328,8 @@ async fn node_registered_but_never_ready_times_out_with_continue() {
         report.records[0].outcome,
         LaunchOutcome::TimedOut {
             result: "CONTINUE".into(),
-            node: Some(s.dns_name.clone())
+            node: Some(s.dns_name.clone()),
+            restored: None
         }
     );
     assert_eq!(

@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
 use node_manager::aws::LifecycleActionResult;
 use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
@@ -210,6 +210,26 @@ async fn with_warm_pool_wait_for_node_a_launch_into_the_pool_waits_for_the_node(
 /// Scale-in with reuse, the instance stopped in the pool, then scale-out from the pool:
 /// returns the launching hook's answer and the launch notification it answered.
 async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
+    let mut subscription = scale_in_to_stopped_pool(w).await;
+    let (event, answer) =
+        scale_out_from_pool(w, &mut subscription, Duration::from_millis(500)).await;
+    let message = corpus::message_of(&event);
+    assert_eq!(message["Origin"], "WarmPool");
+    assert_eq!(message["Destination"], "AutoScalingGroup");
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(
+        w.aws
+            .autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("InService")
+    );
+    (answer, event)
+}
+
+/// Scale-in with reuse: the terminating hook drains the node, the instance stops in the pool
+/// and the cloud controller taints the node. Returns the subscription to the hook's topic.
+async fn scale_in_to_stopped_pool(w: &FunctionWorld) -> SnsSubscription {
     let aws = &w.aws;
     aws.autoscaling()
         .set_warm_pool(GROUP, WarmPoolState::Stopped);
@@ -260,20 +280,7 @@ async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
     // Stopped: the kubelet is gone, the cloud controller taints the node.
     w.server.stop_node(&w.node).unwrap();
     assert!(has_taint(&node_of(w), SHUTDOWN_TAINT));
-
-    let (event, answer) =
-        scale_out_from_pool(w, &mut subscription, Duration::from_millis(500)).await;
-    let message = corpus::message_of(&event);
-    assert_eq!(message["Origin"], "WarmPool");
-    assert_eq!(message["Destination"], "AutoScalingGroup");
-    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
-    assert_eq!(
-        aws.autoscaling()
-            .instance_state(GROUP, &w.instance)
-            .as_deref(),
-        Some("InService")
-    );
-    (answer, event)
+    subscription
 }
 
 fn world() -> node_manager_testkit::e2e::FunctionWorldBuilder {
@@ -397,4 +404,93 @@ async fn a_node_that_returns_without_our_drain_is_left_alone() {
     assert!(unschedulable(&node_of(&w)), "not ours to uncordon");
     let node_writes = node_writes(&w);
     assert!(node_writes.is_empty(), "{node_writes:?}");
+}
+
+#[tokio::test]
+async fn a_node_ready_only_after_the_launch_timeout_still_gets_the_drain_undone() {
+    // Issue #24 item 3: the returning node turns Ready 6 s after the scale-out, the launch
+    // timeout is 2 s: the action completes with CONTINUE (the instance goes into service), so
+    // our drain's marks must go too, though the node was not Ready in time.
+    let w = world().env("LAUNCH_TIMEOUT_SECONDS", "2").start().await;
+    let mut subscription = scale_in_to_stopped_pool(&w).await;
+    let (_, answer) = scale_out_from_pool(&w, &mut subscription, Duration::from_secs(6)).await;
+    let record = &answer["records"][0];
+    assert_eq!(record["outcome"], "TimedOut", "{answer}");
+    assert_eq!(record["result"], "CONTINUE", "{answer}");
+    assert_eq!(record["restored"]["uncordoned"], true, "{answer}");
+    assert_eq!(record["restored"]["unlabelled"], true, "{answer}");
+    assert_eq!(
+        w.aws
+            .autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("InService")
+    );
+    let node = node_of(&w);
+    assert!(!unschedulable(&node), "uncordoned");
+    assert!(!has_exclude_label(&node));
+    assert!(!has_taint(&node, DRAIN_TAINT));
+    assert!(checkpoint(&node).is_none(), "the drain record is gone");
+}
+
+#[tokio::test]
+async fn with_abandon_after_the_timeout_the_marks_stay_on_the_replaced_node() {
+    // ABANDON: Auto Scaling terminates the instance; the node is not put back into service.
+    let w = world()
+        .env("LAUNCH_TIMEOUT_SECONDS", "2")
+        .env("LAUNCH_TIMEOUT_RESULT", "ABANDON")
+        .start()
+        .await;
+    let mut subscription = scale_in_to_stopped_pool(&w).await;
+    let (_, answer) = scale_out_from_pool(&w, &mut subscription, Duration::from_secs(6)).await;
+    let record = &answer["records"][0];
+    assert_eq!(record["outcome"], "TimedOut", "{answer}");
+    assert_eq!(record["result"], "ABANDON", "{answer}");
+    assert!(record.get("restored").is_none(), "{answer}");
+    assert!(unschedulable(&node_of(&w)), "not put back into service");
+    let launching_writes = w.server.audit().filter(|e| {
+        e.user.username.contains("launching")
+            && e.resource() == "nodes"
+            && !matches!(e.verb.as_str(), "get" | "list" | "watch")
+    });
+    assert!(launching_writes.is_empty(), "{launching_writes:?}");
+}
+
+#[tokio::test]
+async fn a_users_taint_with_the_drain_taints_key_and_effect_is_never_ours() {
+    // Issue #24 item 9: the user's own taint has NODE_TAINT's key and effect (another value).
+    // The drain must not take it over, record it as ours, or have the return from the pool
+    // delete it.
+    let w = world().start().await;
+    w.server
+        .store()
+        .modify::<Node>("", &w.node, |node| {
+            node.spec
+                .get_or_insert_default()
+                .taints
+                .get_or_insert_default()
+                .push(Taint {
+                    key: DRAIN_TAINT.into(),
+                    value: Some("user".into()),
+                    effect: "NoSchedule".into(),
+                    time_added: None,
+                });
+        })
+        .unwrap();
+    let (answer, _) = round_trip(&w).await;
+    let restored = &answer["records"][0]["restored"];
+    assert!(restored.get("untainted").is_none(), "{answer}");
+    assert_eq!(restored["uncordoned"], true, "{answer}");
+    let node = node_of(&w);
+    let drain_taints: Vec<_> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key == DRAIN_TAINT)
+        .collect();
+    assert_eq!(drain_taints.len(), 1, "{drain_taints:?}");
+    assert_eq!(drain_taints[0].value.as_deref(), Some("user"), "the user's taint stays");
+    assert!(!unschedulable(&node));
 }

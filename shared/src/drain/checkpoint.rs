@@ -94,7 +94,9 @@ pub struct OutOfService {
     /// The drain set `spec.unschedulable`.
     #[serde(default)]
     pub cordoned: bool,
-    /// The taint the drain added.
+    /// The taint the drain added; `None` when it added none, also when a taint with the
+    /// same key and effect (whatever its value) was already on the node: that one is not
+    /// ours, and a return from the warm pool leaves it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taint: Option<AddedTaint>,
 }

@@ -41,7 +41,12 @@ impl CordonSteps {
             .as_ref()
             .and_then(|s| s.unschedulable)
             .unwrap_or(false);
-        let taint = taint.filter(|wanted| !has_taint(node, wanted)).cloned();
+        // A taint with the wanted key and effect already there (ours from an earlier claim,
+        // or a user's with any value) is left as it is and not recorded as added: only a
+        // taint this drain adds is ours to remove later.
+        let taint = taint
+            .filter(|wanted| !has_taint_slot(node, wanted))
+            .cloned();
         Self {
             label: !labelled,
             cordon: !cordoned,
@@ -54,14 +59,16 @@ impl CordonSteps {
     }
 }
 
-fn has_taint(node: &Node, wanted: &Taint) -> bool {
+/// Whether `node` has a taint with `wanted`'s key and effect, whatever its value: the API
+/// server keeps one taint per key and effect, so that slot is taken.
+fn has_taint_slot(node: &Node, wanted: &Taint) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|taints| {
-            taints.iter().any(|t| {
-                t.key == wanted.key && t.effect == wanted.effect && t.value == wanted.value
-            })
+            taints
+                .iter()
+                .any(|t| t.key == wanted.key && t.effect == wanted.effect)
         })
 }
 
@@ -100,9 +107,10 @@ impl CordonSteps {
     }
 
     /// Adds the missing steps to a merge `patch` of `node`. `spec.taints` is a list a merge
-    /// patch replaces whole, so the taints are `node`'s plus the wanted one: the patch must
-    /// carry `node`'s `resourceVersion` (the claim's does) so a concurrent change of the
-    /// taints is a conflict, not lost.
+    /// patch replaces whole, so the taints are `node`'s plus the wanted one (only wanted when
+    /// no taint has its key and effect, see [`Self::needed`]): the patch must carry `node`'s
+    /// `resourceVersion` (the claim's does) so a concurrent change of the taints is a
+    /// conflict, not lost.
     pub fn add_to_patch(&self, patch: &mut Value, node: &Node) {
         if self.label {
             patch["metadata"]["labels"] = json!({EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true"});
@@ -116,7 +124,6 @@ impl CordonSteps {
                 .as_ref()
                 .and_then(|s| s.taints.clone())
                 .unwrap_or_default();
-            taints.retain(|t| !(t.key == wanted.key && t.effect == wanted.effect));
             taints.push(wanted.clone());
             patch["spec"]["taints"] = json!(taints);
         }
@@ -174,12 +181,38 @@ mod tests {
     }
 
     #[test]
+    fn a_taint_with_the_same_key_and_effect_is_never_taken_over() {
+        // A user's taint in the slot (another value): not replaced, not recorded as ours.
+        let n = node(json!({
+            "metadata": {"name": "n1", "resourceVersion": "7"},
+            "spec": {"taints": [
+                {"key": "open-node-manager.io/draining", "value": "user", "effect": "NoSchedule"}
+            ]},
+        }));
+        let steps = CordonSteps::needed(&n, Some(&taint()));
+        assert_eq!(steps.taint, None);
+        assert_eq!(steps.record().taint, None);
+        let mut patch = json!({"metadata": {"resourceVersion": "7"}});
+        steps.add_to_patch(&mut patch, &n);
+        assert!(patch["spec"].get("taints").is_none(), "{patch}");
+        assert!(!steps.report().tainted);
+        // The same key with another effect is another slot: ours is added.
+        let other_effect = node(json!({
+            "metadata": {"name": "n1"},
+            "spec": {"taints": [
+                {"key": "open-node-manager.io/draining", "value": "user", "effect": "NoExecute"}
+            ]},
+        }));
+        let steps = CordonSteps::needed(&other_effect, Some(&taint()));
+        assert_eq!(steps.taint, Some(taint()));
+    }
+
+    #[test]
     fn the_patch_adds_only_missing_steps_and_keeps_other_taints() {
         let n = node(json!({
             "metadata": {"name": "n1", "resourceVersion": "7"},
             "spec": {"taints": [
-                {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
-                {"key": "open-node-manager.io/draining", "value": "old", "effect": "NoSchedule"}
+                {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
             ]},
         }));
         let steps = CordonSteps::needed(&n, Some(&taint()));

@@ -16,6 +16,7 @@ use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResul
 use crate::lifecycle::budget::instant_at;
 use crate::lifecycle::hand_over::complete_action;
 use crate::lifecycle::handler::Invocation;
+use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::LifecycleNotification;
 
 impl<K, A, I, N> Launcher<K, A, I, N>
@@ -97,12 +98,15 @@ where
         Ok(outcome)
     }
 
-    /// The launch timeout passed: complete with the configured result and report it.
+    /// The launch timeout passed: complete with the configured result and report it
+    /// (`restored`: what of the scale-in's drain was undone first, for a node back from the
+    /// warm pool completed with CONTINUE).
     pub(super) async fn complete_timed_out(
         &self,
         recorder: &Recorder,
         notification: &LifecycleNotification,
         node: Option<&Node>,
+        restored: Option<Restored>,
     ) -> Result<LaunchOutcome, LaunchError> {
         let action = &notification.action;
         let result = self.settings().timeout_result;
@@ -144,6 +148,7 @@ where
         Ok(LaunchOutcome::TimedOut {
             result: result.as_str().to_owned(),
             node: node_name,
+            restored,
         })
     }
 
@@ -177,6 +182,7 @@ where
                 return Ok(LaunchOutcome::TimedOut {
                     result: self.settings().timeout_result.as_str().to_owned(),
                     node: None,
+                    restored: None,
                 });
             }
             RunningWait::StillPending => return Err(LaunchError::StillPending),
@@ -206,6 +212,43 @@ where
             notification.continuation,
         );
         Ok(outcome)
+    }
+
+    /// Back from the warm pool, not Ready within the launch timeout, about to be completed
+    /// with CONTINUE: undo the scale-in's drain all the same (the instance goes into service;
+    /// the scheduler keeps pods off the node while it is NotReady). `node` is the node as the
+    /// wait last saw it; when it saw none, the node is looked up afresh. When the cluster has
+    /// no node of the instance, nothing of ours is left to undo: the drain's marks live only
+    /// on that Node object, and a Node the kubelet registers afresh has none of them. A
+    /// lookup that fails fails the invocation before the action is completed, so a retry
+    /// looks again.
+    pub(super) async fn restore_after_timeout(
+        &self,
+        client: &kube::Client,
+        recorder: &Recorder,
+        notification: &LifecycleNotification,
+        node: Option<Node>,
+    ) -> Result<(Option<Node>, Option<Restored>), LaunchError>
+    where
+        I: Instances,
+    {
+        let instance_id = &notification.action.instance_id;
+        let node = match node {
+            Some(node) => Some(node),
+            None => find_node(client, &self.context.instances, instance_id)
+                .await
+                .map_err(LaunchError::NodeLookup)?,
+        };
+        let Some(node) = node else {
+            log_step(
+                notification,
+                None,
+                "back from the warm pool, no node of the instance in the cluster at the launch timeout: the drain's marks went with its Node, nothing to undo",
+            );
+            return Ok((None, None));
+        };
+        let (node, restored) = self.restore(client, recorder, notification, node).await?;
+        Ok((Some(node), restored))
     }
 
     /// Back from the warm pool with a Ready node: undo the scale-in's drain if the node carries

@@ -10,7 +10,7 @@ use super::FUNCTION_NAME;
 use super::report::{LaunchError, LaunchOutcome, LaunchReport};
 use super::signals::log_step;
 use super::wait::WaitEnd;
-use crate::aws::{AutoScaling, Instances, Notifications};
+use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
 use crate::lifecycle::notification::{
@@ -178,8 +178,20 @@ where
                 self.complete_ready(&recorder, notification, &node, None)
                     .await
             }
+            WaitEnd::LaunchTimeout(node)
+                if route.is_out_of_warm_pool()
+                    && self.settings().timeout_result == LifecycleActionResult::Continue =>
+            {
+                // CONTINUE puts the instance into service, Ready or not: our drain's marks
+                // must go as they do for a node Ready in time, or nothing ever lifts them.
+                let (node, restored) = self
+                    .restore_after_timeout(&client, &recorder, notification, node.map(|n| *n))
+                    .await?;
+                self.complete_timed_out(&recorder, notification, node.as_ref(), restored)
+                    .await
+            }
             WaitEnd::LaunchTimeout(node) => {
-                self.complete_timed_out(&recorder, notification, node.as_deref())
+                self.complete_timed_out(&recorder, notification, node.as_deref(), None)
                     .await
             }
             WaitEnd::Stopped(outcome) => Ok(outcome),

@@ -1,11 +1,18 @@
 //! Waiting for a launching instance's Node to register and turn Ready.
 //!
-//! One watch on the nodes (list, then watch; resumed with backoff when the connection drops)
-//! rather than a poll loop: the node shows up and changes condition whenever the kubelet
-//! says so, and the function reacts at that moment. The instance's node is recognised by its
-//! providerID, or by the instance's private DNS name while the providerID is not set yet.
-//! The launching node is only read, never written.
+//! A watch (list, then watch; resumed with backoff when the connection drops) rather than a
+//! poll loop: the node shows up and changes condition whenever the kubelet says so, and the
+//! function reacts at that moment. The watch selects the one node by name
+//! (`fieldSelector=metadata.name=<name>`): on EKS a node is named after its instance's
+//! private DNS name, which EC2 gives, so a launch never lists or watches the whole cluster.
+//! Where nodes are named otherwise, a paged scan by providerID, first after a quarter of the
+//! launch timeout (at most [`NAME_FALLBACK_FIRST`]) and then at doubling intervals while no
+//! node has shown up under the name, finds the node's real name and the watch moves to it.
+//! Only when EC2 cannot give the DNS name does the wait watch every node. The instance's
+//! node is recognised by its providerID, or by the DNS name while the providerID is not set
+//! yet. The launching node is only read, never written.
 
+use std::time::Duration;
 use std::sync::Mutex;
 
 use futures::StreamExt;
@@ -14,7 +21,15 @@ use kube::api::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
-use crate::lifecycle::node::{is_node_of_instance, is_ready, node_provider_id_matches};
+use crate::lifecycle::node::{
+    is_node_of_instance, is_ready, node_provider_id_matches, scan_by_provider_id,
+};
+
+/// The longest wait before the first scan by providerID for a node not seen under the
+/// instance's DNS name (most nodes register under it well within this).
+pub const NAME_FALLBACK_FIRST: Duration = Duration::from_secs(30);
+/// The longest interval between later scans.
+const NAME_FALLBACK_MAX_INTERVAL: Duration = Duration::from_secs(240);
 
 /// What the wait has seen of the instance's node so far (read after a timeout to report
 /// whether the node registered at all).
@@ -49,16 +64,87 @@ pub fn is_instance_node(node: &Node, instance_id: &str, dns_name: Option<&str>) 
 }
 
 /// Resolves with the instance's node once it is Ready; runs until then (bound it with a
-/// timeout). Watch errors are logged and the watch resumes with backoff.
+/// timeout). `dns_name` is the name the node is expected under; `launch_timeout` paces the
+/// fallback scan by providerID. Watch errors are logged and the watch resumes with backoff.
 pub async fn wait_until_ready(
     client: &kube::Client,
     instance_id: &str,
     dns_name: Option<&str>,
+    launch_timeout: Duration,
     sighting: &NodeSighting,
 ) -> Node {
     let nodes: Api<Node> = Api::all(client.clone());
-    let mut events =
-        std::pin::pin!(watcher::watcher(nodes, watcher::Config::default()).default_backoff());
+    let Some(dns_name) = dns_name else {
+        tracing::info!(
+            instance_id,
+            "the instance's private DNS name is unknown: watching every node for its providerID"
+        );
+        return watch_until_ready(&nodes, watcher::Config::default(), instance_id, None, sighting)
+            .await;
+    };
+    let mut name = dns_name.to_owned();
+    let first_scan = (launch_timeout / 4).min(NAME_FALLBACK_FIRST);
+    loop {
+        let by_name = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let watch = watch_until_ready(&nodes, by_name, instance_id, Some(dns_name), sighting);
+        let elsewhere = named_elsewhere(&nodes, instance_id, &name, first_scan, sighting);
+        let other = tokio::select! {
+            node = watch => return node,
+            other = elsewhere => other,
+        };
+        tracing::info!(
+            instance_id,
+            expected = %name,
+            node = %other,
+            "the instance's node is not named after its private DNS name; watching it under its own name"
+        );
+        name = other;
+    }
+}
+
+/// Resolves with the name of the instance's node when a scan by providerID finds it under
+/// another name than `name`; scans only while the wait has seen no node under `name`.
+async fn named_elsewhere(
+    nodes: &Api<Node>,
+    instance_id: &str,
+    name: &str,
+    first_scan: Duration,
+    sighting: &NodeSighting,
+) -> String {
+    let mut interval = first_scan.max(Duration::from_millis(100));
+    loop {
+        tokio::time::sleep(interval).await;
+        interval = (interval * 2).min(NAME_FALLBACK_MAX_INTERVAL);
+        if sighting.node().is_some() {
+            continue;
+        }
+        match scan_by_provider_id(nodes, instance_id).await {
+            Ok(Some(node)) => {
+                if let Some(found) = node.metadata.name
+                    && found != name
+                {
+                    return found;
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(
+                instance_id,
+                error = %error,
+                "scanning the nodes by providerID failed; trying again later"
+            ),
+        }
+    }
+}
+
+/// The watch of the nodes `config` selects until the instance's node is Ready.
+async fn watch_until_ready(
+    nodes: &Api<Node>,
+    config: watcher::Config,
+    instance_id: &str,
+    dns_name: Option<&str>,
+    sighting: &NodeSighting,
+) -> Node {
+    let mut events = std::pin::pin!(watcher::watcher(nodes.clone(), config).default_backoff());
     while let Some(event) = events.next().await {
         match event {
             Ok(Event::Apply(node) | Event::InitApply(node)) => {

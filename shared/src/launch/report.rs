@@ -106,6 +106,10 @@ pub enum LaunchOutcome {
         /// The node, when it registered but did not turn Ready.
         #[serde(skip_serializing_if = "Option::is_none")]
         node: Option<String>,
+        /// Back from the warm pool and completed with CONTINUE: what of the scale-in's drain
+        /// was undone on the node (undone whether or not it was Ready in time).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        restored: Option<Restored>,
     },
     /// The invocation's time ran out: a fresh invocation continues.
     HandedOver { continuation: u32 },
@@ -165,6 +169,8 @@ pub enum LaunchError {
         #[source]
         source: kube::Error,
     },
+    #[error("cannot look up the instance's node to undo the scale-in's drain: {0}")]
+    NodeLookup(#[source] crate::lifecycle::node::NodeLookupError),
     #[error("cannot hand the wait over to a fresh invocation: {0}")]
     Continuation(#[from] ContinuationError),
     #[error(
@@ -188,6 +194,7 @@ impl FunctionError for LaunchError {
             Self::InstanceState(_) => "InstanceStateUnavailable",
             Self::StillPending => "InstanceStillPending",
             Self::Restore { .. } => "WarmPoolRestoreFailed",
+            Self::NodeLookup(_) => "NodeLookupFailed",
             Self::Continuation(_) => "HandOverFailed",
             Self::NoTimeToWait { .. } => "NoTimeToWait",
             Self::Records { .. } => "RecordsFailed",

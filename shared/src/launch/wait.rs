@@ -90,7 +90,13 @@ where
         let sighting = NodeSighting::default();
         let wait = tokio::time::timeout_at(
             stop_at,
-            wait_until_ready(client, &action.instance_id, dns_name.as_deref(), &sighting),
+            wait_until_ready(
+                client,
+                &action.instance_id,
+                dns_name.as_deref(),
+                self.settings().launch_timeout,
+                &sighting,
+            ),
         );
         let waited = keeper.keep_alive(&self.context.autoscaling, wait).await;
         let outcome = match waited {

@@ -113,8 +113,9 @@ pub async fn find_node(
     scan_by_provider_id(&nodes, instance_id).await
 }
 
-/// Pages through all nodes for the one whose providerID names `instance_id`.
-async fn scan_by_provider_id(
+/// Pages through all nodes for the one whose providerID names `instance_id`: the fallback
+/// when the node is not named after the instance's private DNS name.
+pub async fn scan_by_provider_id(
     nodes: &Api<Node>,
     instance_id: &str,
 ) -> Result<Option<Node>, NodeLookupError> {

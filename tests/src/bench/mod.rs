@@ -9,6 +9,7 @@
 mod aws_auth;
 mod cold_start;
 pub mod drain;
+pub mod launch_lookup;
 pub mod pdb_paced;
 pub mod timeline;
 

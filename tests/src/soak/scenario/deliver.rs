@@ -40,7 +40,7 @@ impl Soak {
                 // SNS / Lambda retry: redeliver what is still pending.
                 for (target, action) in &self.actions {
                     if self.inner.is_pending(action) {
-                        queue.push((*target, lifecycle_notification(*target, action)));
+                        queue.push((*target, self.notification_of(*target, action)));
                         self.report.duplicates += 1;
                     }
                 }
@@ -81,7 +81,7 @@ impl Soak {
     fn first_deliveries(&mut self) -> Vec<(Target, Value)> {
         let mut queue = Vec::new();
         for (target, action) in &self.actions {
-            let event = lifecycle_notification(*target, action);
+            let event = self.notification_of(*target, action);
             let copies = 1 + self.rng.random_range(0..=2u64);
             self.report.duplicates += copies - 1;
             for _ in 0..copies {

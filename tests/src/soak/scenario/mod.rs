@@ -34,6 +34,7 @@ mod deliver;
 mod functions;
 mod setup;
 mod verify;
+mod warm_pool_return;
 mod watchdog;
 mod watched;
 
@@ -137,11 +138,13 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     soak.seed_nodes().await;
     soak.seed_workloads().await;
     soak.start_actions();
+    soak.start_warm_pool_return();
     soak.inject_faults();
     let clients = soak.clients().await;
     let watchdog = Watchdog::spawn(&soak);
     let functions = Functions::new(&mut soak, clients.drain, clients.launch);
     soak.register_launching_node_later();
+    soak.restart_returning_node();
     let deliveries_started = soak.deliver_until_complete(&functions).await;
     soak.deliver_late_duplicates(&functions).await;
     let auth_violations = soak.soak_aws_auth(clients.auth).await;
@@ -153,6 +156,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
         .extend(soak.completion_violations(deliveries_started));
     found.violations.extend(soak.budget_violations());
     found.violations.extend(soak.audit_violations());
+    found.violations.extend(soak.warm_return_violations());
     let mut report = soak.finish();
     report.violations = found.violations;
     report.elapsed = started.elapsed();

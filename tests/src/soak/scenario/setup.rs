@@ -64,6 +64,8 @@ pub(super) struct Soak {
     pub(super) inner: InMemoryAutoScaling,
     pub(super) autoscaling: Option<WatchedAutoScaling>,
     pub(super) actions: Vec<(Target, LifecycleActionRef)>,
+    /// The instance back from the warm pool, if any (`warm_pool_return.rs`).
+    pub(super) warm_return: Option<super::warm_pool_return::WarmReturn>,
 }
 
 pub(super) fn instance_id(index: usize) -> String {
@@ -123,6 +125,7 @@ impl Soak {
             inner: InMemoryAutoScaling::new(),
             autoscaling: None,
             actions: Vec::new(),
+            warm_return: None,
         }
     }
 
