@@ -1040,10 +1040,28 @@ fn hooks_template_attaches_both_hooks_to_the_topic_with_parameters() {
 
 // ------------------------------------------------------------------ tests: documentation
 
+/// The operator's documentation: `infra/README.md` and every page under `docs/`.
+fn operator_docs() -> String {
+    let mut text = std::fs::read_to_string(repo_root().join("infra/README.md")).unwrap_or_default();
+    let mut pages: Vec<PathBuf> = std::fs::read_dir(repo_root().join("docs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    pages.sort();
+    for page in pages {
+        text.push_str(&std::fs::read_to_string(page).unwrap_or_default());
+    }
+    assert!(!text.is_empty(), "no operator documentation found");
+    text
+}
+
 #[test]
 fn the_operators_guide_documents_every_setting_and_parameter() {
     let template = main_template();
-    let guide = std::fs::read_to_string(repo_root().join("infra/README.md")).expect("guide");
+    let guide = operator_docs();
     let mut undocumented = Vec::new();
     for name in template["Parameters"]
         .as_object()
@@ -1066,7 +1084,7 @@ fn the_operators_guide_documents_every_setting_and_parameter() {
     }
     assert!(
         undocumented.is_empty(),
-        "missing from infra/README.md: {undocumented:?}"
+        "missing from infra/README.md and docs/: {undocumented:?}"
     );
 }
 
@@ -1147,4 +1165,504 @@ fn node_repair_replaces_and_reboots_only_what_carries_this_clusters_tag_on_a_sch
         function["Properties"]["Role"],
         attribute("NodeRepairRole", "Arn")
     );
+}
+
+// ------------------------------------------------------------------ tests: alarms and dashboard
+
+/// What the code emits as CloudWatch metrics, read from its source so that a renamed metric,
+/// dimension or function fails the tests below.
+struct EmittedMetrics {
+    /// `METRIC_NAMESPACE` of `telemetry.rs`.
+    namespace: String,
+    /// Per function (its `FUNCTION_NAME`): the metric names and the dimension names of its
+    /// metric lines (`Function` included).
+    functions: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)>,
+    /// Every string literal of the emitting modules (outcome labels are built elsewhere).
+    literals: BTreeSet<String>,
+}
+
+/// The first string literal after each occurrence of `call` (e.g. `.metric(`), wherever
+/// rustfmt put it; calls with a variable first argument are skipped.
+fn literal_arguments(source: &str, call: &str) -> BTreeSet<String> {
+    source
+        .match_indices(call)
+        .filter_map(|(at, _)| {
+            let rest = source[at + call.len()..].trim_start();
+            let rest = rest.strip_prefix('"')?;
+            Some(rest[..rest.find('"')?].to_owned())
+        })
+        .collect()
+}
+
+fn string_literals(source: &str) -> BTreeSet<String> {
+    source
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+fn emitted_metrics() -> EmittedMetrics {
+    let shared = repo_root().join("shared/src");
+    let telemetry = std::fs::read_to_string(shared.join("telemetry.rs")).unwrap();
+    let namespace = literal_arguments(&telemetry, "METRIC_NAMESPACE: &str =")
+        .into_iter()
+        .next()
+        .expect("telemetry.rs names the namespace");
+    let mut functions = BTreeMap::new();
+    let mut literals = BTreeSet::new();
+    // The feature modules, each the home of one function's FUNCTION_NAME and metric lines.
+    for module in ["drain", "launch", "node_repair", "nodegroup_auth"] {
+        let source = rust_sources(&[shared.join(module)]);
+        let name = literal_arguments(&source, "pub const FUNCTION_NAME: &str =")
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("{module} names its function"));
+        let metrics = literal_arguments(&source, ".metric(");
+        let mut dimensions = literal_arguments(&source, ".dimension(");
+        dimensions.insert("Function".to_owned());
+        assert!(!metrics.is_empty(), "{module} emits metrics");
+        literals.extend(string_literals(&source));
+        functions.insert(name, (metrics, dimensions));
+    }
+    EmittedMetrics {
+        namespace,
+        functions,
+        literals,
+    }
+}
+
+/// `key = 'value'` (Metrics Insights) or `key="value"` (SEARCH) pairs of a query.
+fn query_filters(text: &str) -> Vec<(String, String)> {
+    let mut filters = Vec::new();
+    let mut rest = text;
+    while let Some(eq) = rest.find('=') {
+        let key: String = rest[..eq]
+            .trim_end()
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let value_part = rest[eq + 1..].trim_start();
+        let Some(quote) = value_part.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+            rest = &rest[eq + 1..];
+            continue;
+        };
+        let value_part = &value_part[1..];
+        let end = value_part.find(quote).expect("closed quote");
+        filters.push((key, value_part[..end].to_owned()));
+        rest = &value_part[end + 1..];
+    }
+    filters
+}
+
+/// One use of an emitted metric by an alarm or the dashboard.
+#[derive(Debug)]
+struct MetricUse {
+    namespace: String,
+    /// The exact dimension set (`SCHEMA(...)` / `{namespace, ...}`).
+    dimensions: BTreeSet<String>,
+    /// `None`: every metric of that schema (a SEARCH without `MetricName`).
+    metric: Option<String>,
+    filters: Vec<(String, String)>,
+}
+
+/// `SELECT FN(Metric) FROM SCHEMA("Namespace", Dim, ...) WHERE ...`.
+fn parse_insights_query(query: &str) -> MetricUse {
+    let metric = query
+        .split_once('(')
+        .and_then(|(_, r)| r.split_once(')'))
+        .map(|(m, _)| m.trim().to_owned())
+        .expect("SELECT FN(metric)");
+    let schema = query
+        .split_once("SCHEMA(")
+        .and_then(|(_, r)| r.split_once(')'))
+        .map(|(s, _)| s)
+        .expect("FROM SCHEMA(...)");
+    let mut parts = schema.split(',').map(|p| p.trim().trim_matches('"').to_owned());
+    let namespace = parts.next().expect("namespace");
+    let filters = query
+        .split_once("WHERE")
+        .map(|(_, w)| query_filters(w))
+        .unwrap_or_default();
+    MetricUse {
+        namespace,
+        dimensions: parts.collect(),
+        metric: Some(metric),
+        filters,
+    }
+}
+
+/// `SEARCH('{Namespace,Dim,...} Key="value" ...', 'Stat', period)`.
+fn parse_search(expression: &str) -> MetricUse {
+    let inner = expression
+        .split_once("SEARCH('")
+        .and_then(|(_, r)| r.split_once('\''))
+        .map(|(i, _)| i)
+        .expect("SEARCH('...')");
+    let (schema, terms) = inner
+        .strip_prefix('{')
+        .and_then(|r| r.split_once('}'))
+        .expect("{schema}");
+    let mut parts = schema.split(',').map(|p| p.trim().to_owned());
+    let namespace = parts.next().expect("namespace");
+    let mut filters = query_filters(terms);
+    let metric = filters
+        .iter()
+        .position(|(k, _)| k == "MetricName")
+        .map(|i| filters.remove(i).1);
+    MetricUse {
+        namespace,
+        dimensions: parts.collect(),
+        metric,
+        filters,
+    }
+}
+
+/// Checks that `usage` names a metric the code emits, with the dimension set the code gives
+/// it, for the function it filters on.
+fn assert_emitted(emitted: &EmittedMetrics, usage: &MetricUse, context: &str) {
+    assert_eq!(usage.namespace, emitted.namespace, "{context}");
+    let function = usage
+        .filters
+        .iter()
+        .find(|(k, _)| k == "Function")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("{context}: filters on one function"));
+    let (metrics, dimensions) = emitted
+        .functions
+        .get(function)
+        .unwrap_or_else(|| panic!("{context}: no function {function} emits metrics"));
+    assert_eq!(
+        &usage.dimensions, dimensions,
+        "{context}: the dimension set of {function}'s metric lines"
+    );
+    if let Some(metric) = &usage.metric {
+        assert!(
+            metrics.contains(metric),
+            "{context}: {function} emits no metric {metric} (it emits {metrics:?})"
+        );
+    }
+    for (key, value) in &usage.filters {
+        assert!(dimensions.contains(key), "{context}: dimension {key}");
+        assert!(
+            emitted.literals.contains(value),
+            "{context}: {key} = {value} is no value the code writes"
+        );
+    }
+}
+
+fn alarms(template: &Value) -> BTreeMap<&str, &Value> {
+    resources_of_type(template, "AWS::CloudWatch::Alarm")
+}
+
+/// The Metrics Insights query an alarm watches, if it watches one.
+fn alarm_query(alarm: &Value) -> Option<&str> {
+    let metrics = alarm["Properties"]["Metrics"].as_array()?;
+    assert_eq!(metrics.len(), 1, "one query");
+    assert_eq!(metrics[0]["ReturnData"], true);
+    metrics[0]["Expression"].as_str()
+}
+
+#[test]
+fn the_metric_readers_of_these_tests_read_queries_and_sources() {
+    let usage = parse_insights_query(
+        r#"SELECT MAX(X) FROM SCHEMA("NS", A, B) WHERE A = 'a' AND (B = 'b' OR B = 'c')"#,
+    );
+    assert_eq!(usage.namespace, "NS");
+    assert_eq!(usage.metric.as_deref(), Some("X"));
+    assert_eq!(usage.dimensions, ["A".to_owned(), "B".to_owned()].into());
+    let filters: Vec<(&str, &str)> = usage
+        .filters
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(filters, [("A", "a"), ("B", "b"), ("B", "c")]);
+    let search = parse_search(r#"SEARCH('{NS,A,B} A="a" MetricName="X"', 'Sum', 300)"#);
+    assert_eq!(search.metric.as_deref(), Some("X"));
+    assert_eq!(search.filters, [("A".to_owned(), "a".to_owned())]);
+    let code = "x.metric(\n    \"Spread\",\n    1.0)\n.metric(name, 1.0).metric(\"One\", 2.0)";
+    assert_eq!(
+        literal_arguments(code, ".metric("),
+        ["One".to_owned(), "Spread".to_owned()].into()
+    );
+}
+
+#[test]
+fn alarms_are_optional_and_notify_the_given_topic_or_one_the_stack_creates() {
+    let template = main_template();
+    let parameters = &template["Parameters"];
+    assert_eq!(parameters["EnableAlarms"]["Default"], "false");
+    assert_eq!(parameters["AlarmTopicArn"]["Default"], "");
+    assert_eq!(
+        template["Conditions"]["AlarmsEnabled"],
+        json!({"Fn::Equals": [reference("EnableAlarms"), "true"]})
+    );
+    assert_eq!(
+        template["Conditions"]["HasAlarmTopicArn"],
+        json!({"Fn::Not": [{"Fn::Equals": [reference("AlarmTopicArn"), ""]}]})
+    );
+    let topic = &template["Resources"]["AlarmTopic"];
+    assert_eq!(topic["Type"], "AWS::SNS::Topic");
+    assert_eq!(topic["Condition"], "CreateAlarmTopic");
+    let notify = json!([{"Fn::If": ["HasAlarmTopicArn", reference("AlarmTopicArn"), reference("AlarmTopic")]}]);
+    let alarms = alarms(&template);
+    assert!(alarms.len() >= 14, "{:?}", alarms.keys());
+    let mut names = BTreeSet::new();
+    for (id, alarm) in &alarms {
+        assert_eq!(alarm["Condition"], "AlarmsEnabled", "{id}");
+        let properties = &alarm["Properties"];
+        assert_eq!(properties["AlarmActions"], notify, "{id}");
+        assert_eq!(properties["OKActions"], notify, "{id}");
+        // No data (nothing happened) is not a breach.
+        assert_eq!(properties["TreatMissingData"], "notBreaching", "{id}");
+        assert_eq!(properties["ComparisonOperator"], "GreaterThanThreshold", "{id}");
+        let name = properties["AlarmName"]["Fn::Sub"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id} is named after the stack"));
+        assert!(name.starts_with("${AWS::StackName}-"), "{id}: {name}");
+        assert!(names.insert(name), "{id}: {name} twice");
+    }
+}
+
+#[test]
+fn every_dead_letter_queue_and_every_function_has_its_alarms() {
+    let template = main_template();
+    let alarms = alarms(&template);
+    let watched = |namespace: &str, metric: &str, dimension: &str, value: &Value| {
+        alarms.values().any(|a| {
+            let p = &a["Properties"];
+            p["Namespace"] == namespace
+                && p["MetricName"] == metric
+                && p["Dimensions"] == json!([{"Name": dimension, "Value": value}])
+                && p["Threshold"] == 0
+                && p["EvaluationPeriods"] == 1
+        })
+    };
+    // Every queue failures land in: Lambda's on-failure destinations and EventBridge's
+    // dead-letter queues.
+    let mut queues = BTreeSet::new();
+    for (_, function) in resources_of_type(&template, "AWS::Serverless::Function") {
+        let destination =
+            &function["Properties"]["EventInvokeConfig"]["DestinationConfig"]["OnFailure"];
+        queues.insert(destination["Destination"]["Fn::GetAtt"][0].clone());
+    }
+    for (_, rule) in resources_of_type(&template, "AWS::Events::Rule") {
+        for target in rule["Properties"]["Targets"].as_array().unwrap() {
+            queues.insert(target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0].clone());
+        }
+    }
+    queues.remove(&Value::Null);
+    assert_eq!(queues.len(), 2, "{queues:?}");
+    for queue in &queues {
+        let queue = queue.as_str().unwrap();
+        assert!(
+            watched(
+                "AWS/SQS",
+                "ApproximateNumberOfMessagesVisible",
+                "QueueName",
+                &attribute(queue, "QueueName")
+            ),
+            "no depth > 0 alarm on {queue}"
+        );
+    }
+    let functions = resources_of_type(&template, "AWS::Serverless::Function");
+    assert_eq!(functions.len(), 4);
+    for id in functions.keys() {
+        for metric in ["Errors", "Throttles"] {
+            assert!(
+                watched("AWS/Lambda", metric, "FunctionName", &reference(id)),
+                "no {metric} alarm on {id}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_drain_deadline_paused_repairs_and_long_hand_over_chains_alarm_on_emitted_metrics() {
+    let template = main_template();
+    let emitted = emitted_metrics();
+    let alarms = alarms(&template);
+    let mut seen = BTreeMap::new();
+    for (id, alarm) in &alarms {
+        let Some(query) = alarm_query(alarm) else {
+            continue;
+        };
+        let usage = parse_insights_query(query);
+        assert_emitted(&emitted, &usage, id);
+        let function = usage.filters[0].1.clone();
+        let outcomes: BTreeSet<&str> = usage
+            .filters
+            .iter()
+            .filter(|(k, _)| k == "Outcome")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        let threshold = alarm["Properties"]["Threshold"].clone();
+        let statistic = query.split('(').next().unwrap().trim().to_owned();
+        seen.insert(
+            (function, usage.metric.clone().unwrap()),
+            (statistic, outcomes.into_iter().map(str::to_owned).collect::<Vec<_>>(), threshold, *id),
+        );
+    }
+    let expect = |function: &str, metric: &str| {
+        seen.get(&(function.to_owned(), metric.to_owned()))
+            .unwrap_or_else(|| panic!("no alarm on {function} {metric}: {seen:?}"))
+    };
+    // The drain reached its deadline: one completion line per drain, with the outcome.
+    let (statistic, outcomes, threshold, _) = expect("terminating-hook", "DrainDuration");
+    assert_eq!(statistic, "SELECT COUNT");
+    assert_eq!(outcomes, &["Forced", "PodEvictionFailure"]);
+    assert_eq!(threshold, &json!(0));
+    // A repair paused in any group.
+    let (statistic, outcomes, threshold, _) = expect("node-repair", "RepairsPaused");
+    assert_eq!(statistic, "SELECT MAX");
+    assert!(outcomes.is_empty());
+    assert_eq!(threshold, &json!(0));
+    // Hand-over chains longer than the parameter allows, for both waits that hand over.
+    for (function, metric) in [
+        ("terminating-hook", "HandOvers"),
+        ("launching-hook", "Continuations"),
+    ] {
+        let (statistic, _, threshold, id) = expect(function, metric);
+        assert_eq!(statistic, "SELECT MAX", "{id}");
+        assert_eq!(threshold, &reference("HandOverChainThreshold"), "{id}");
+    }
+    // With the default settings a drain needs at most two hand-overs: the threshold default
+    // leaves room for them and no more than one extra.
+    let per_invocation = 900
+        - template["Parameters"]["HandOverMarginSeconds"]["Default"]
+            .as_u64()
+            .unwrap();
+    let drain = template["Parameters"]["DrainTimeoutSeconds"]["Default"]
+        .as_u64()
+        .unwrap()
+        + template["Parameters"]["SettleSeconds"]["Default"]
+            .as_u64()
+            .unwrap();
+    let needed = drain.div_ceil(per_invocation);
+    let threshold = template["Parameters"]["HandOverChainThreshold"]["Default"]
+        .as_u64()
+        .unwrap();
+    assert!(needed <= threshold && threshold <= needed + 1, "{needed} {threshold}");
+}
+
+/// The dashboard body with its `${...}` substitutions kept as placeholders.
+fn dashboard_body(template: &Value) -> Value {
+    let dashboard = &template["Resources"]["Dashboard"];
+    assert_eq!(dashboard["Type"], "AWS::CloudWatch::Dashboard");
+    assert_eq!(dashboard["Condition"], "DashboardEnabled");
+    let body = dashboard["Properties"]["DashboardBody"]["Fn::Sub"]
+        .as_str()
+        .expect("a !Sub body");
+    serde_json::from_str(body).expect("the dashboard body is JSON")
+}
+
+#[test]
+fn the_dashboard_shows_drains_evictions_waves_repairs_and_errors_from_emitted_metrics() {
+    let template = main_template();
+    let emitted = emitted_metrics();
+    let body = dashboard_body(&template);
+    let resources = template["Resources"].as_object().unwrap();
+    let mut shown: BTreeSet<(String, String)> = BTreeSet::new();
+    for widget in body["widgets"].as_array().expect("widgets") {
+        let properties = &widget["properties"];
+        let title = properties["title"].as_str().expect("a title");
+        assert_eq!(properties["region"], "${AWS::Region}", "{title}");
+        for line in properties["metrics"].as_array().expect("metrics") {
+            let line = line.as_array().expect("a metric line");
+            if let Some(expression) = line[0]["expression"].as_str() {
+                let usage = parse_search(expression);
+                assert_emitted(&emitted, &usage, title);
+                let function = &usage.filters[0].1;
+                shown.insert((
+                    function.clone(),
+                    usage.metric.clone().unwrap_or_else(|| "*".to_owned()),
+                ));
+                continue;
+            }
+            // [namespace, metric, dimension, "${Resource}" or "${Resource.Attribute}", {..}]
+            let namespace = line[0].as_str().unwrap();
+            let metric = line[1].as_str().unwrap();
+            let value = line[3].as_str().unwrap();
+            let resource = value
+                .strip_prefix("${")
+                .and_then(|v| v.strip_suffix('}'))
+                .map(|v| v.split('.').next().unwrap())
+                .unwrap_or_else(|| panic!("{title}: {value} is not a resource of the stack"));
+            let kind = resources[resource]["Type"].as_str().unwrap();
+            match (namespace, line[2].as_str().unwrap()) {
+                ("AWS/Lambda", "FunctionName") => assert_eq!(kind, "AWS::Serverless::Function"),
+                ("AWS/SQS", "QueueName") => assert_eq!(kind, "AWS::SQS::Queue"),
+                other => panic!("{title}: unexpected {other:?}"),
+            }
+            shown.insert((resource.to_owned(), metric.to_owned()));
+        }
+    }
+    let must_show = [
+        ("terminating-hook", "DrainDuration"),
+        ("terminating-hook", "PodsEvicted"),
+        // A refused eviction retried when its budget allows: the drain's waves.
+        ("terminating-hook", "EvictionRetries"),
+        ("terminating-hook", "HandOvers"),
+        ("node-repair", "RepairsStarted"),
+        ("node-repair", "RepairsPaused"),
+        ("node-repair", "UnhealthyNodes"),
+        ("FailedInvocationsQueue", "ApproximateNumberOfMessagesVisible"),
+        ("NodegroupEventsDeadLetterQueue", "ApproximateNumberOfMessagesVisible"),
+    ];
+    for (what, metric) in must_show {
+        assert!(
+            shown.contains(&(what.to_owned(), metric.to_owned())),
+            "the dashboard does not show {what} {metric}"
+        );
+    }
+    for id in resources_of_type(&template, "AWS::Serverless::Function").keys() {
+        for metric in ["Errors", "Throttles"] {
+            assert!(
+                shown.contains(&((*id).to_owned(), metric.to_owned())),
+                "the dashboard does not show {metric} of {id}"
+            );
+        }
+    }
+}
+
+#[test]
+fn each_alarm_links_the_section_of_the_operating_guide_that_says_what_to_do() {
+    let template = main_template();
+    let guide =
+        std::fs::read_to_string(repo_root().join("docs/operating.md")).expect("docs/operating.md");
+    // GitHub's anchors: lower case, spaces to hyphens, punctuation dropped.
+    let anchors: BTreeSet<String> = guide
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ").or_else(|| l.strip_prefix("### ")))
+        .map(|heading| {
+            heading
+                .trim()
+                .to_lowercase()
+                .chars()
+                .filter_map(|c| match c {
+                    ' ' => Some('-'),
+                    c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    for (id, alarm) in alarms(&template) {
+        let description = alarm["Properties"]["AlarmDescription"]["Fn::Sub"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{id} has a description"));
+        let anchor = description
+            .split_once("docs/operating.md#")
+            .map(|(_, a)| a.trim())
+            .unwrap_or_else(|| panic!("{id} links docs/operating.md"));
+        assert!(
+            anchors.contains(anchor),
+            "{id}: docs/operating.md has no section #{anchor} ({anchors:?})"
+        );
+    }
 }

@@ -334,6 +334,14 @@ impl DrainPlan {
         self.tiers.values().flat_map(|t| t.evict.iter())
     }
 
+    /// The tiers in eviction order, each with its pods to evict and its pods already
+    /// terminating: what a preview of the drain (the `drain-plan` tool) shows.
+    pub fn tiers(&self) -> impl Iterator<Item = (EvictionTier, &[PlannedPod], &[PodKey])> {
+        self.tiers
+            .iter()
+            .map(|(tier, pods)| (*tier, pods.evict.as_slice(), pods.terminating.as_slice()))
+    }
+
     /// Whether the pod is already being deleted.
     pub fn is_terminating(&self, pod: &PodKey) -> bool {
         self.tiers.values().any(|t| t.terminating.contains(pod))
@@ -471,6 +479,26 @@ mod tests {
         let plan = DrainPlan::new(pods.iter().skip(2));
         assert!(plan.is_drained());
         assert!(plan.to_evict_now().is_empty());
+    }
+
+    #[test]
+    fn tiers_list_every_pod_to_evict_ordinary_first() {
+        let pods = reference_node_pods();
+        let plan = DrainPlan::new(&pods);
+        let tiers: Vec<(EvictionTier, Vec<&str>)> = plan
+            .tiers()
+            .map(|(tier, evict, terminating)| {
+                assert!(terminating.is_empty());
+                (tier, names(evict))
+            })
+            .collect();
+        assert_eq!(
+            tiers,
+            [
+                (EvictionTier::Ordinary, vec!["nginx-7c5ddbdf54-abcde"]),
+                (EvictionTier::Critical, vec!["coredns-5c5677bc78-xyz12"]),
+            ]
+        );
     }
 
     #[test]

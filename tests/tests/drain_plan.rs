@@ -1,0 +1,272 @@
+//! `kubectl drain-plan` (the built `kubectl-drain_plan` binary) against the fake cluster, as
+//! an operator with only the read-only RBAC docs/operating.md gives, and then the built
+//! terminating hook draining the same node: the plan must say what the drain then does (the
+//! same pods evicted, the same pods and budgets in the way at the deadline, critical pods
+//! last, DaemonSet pods left).
+//!
+//! Uses the binaries as built: run `cargo build --workspace --bins` after changing them.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use node_manager_testkit::binaries::function_binary;
+use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::kube::Store;
+use serde_json::Value;
+
+/// Not the terminating fixture's instance.
+const INSTANCE: &str = "i-0b1c2d3e4f5061728";
+const DRAIN_TIMEOUT_SECONDS: &str = "10";
+
+fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
+    store
+        .list::<Pod>()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| p.metadata.name.as_deref().unwrap_or_default().starts_with(prefix))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count()
+}
+
+fn allowed(store: &Store, name: &str) -> Option<i32> {
+    store
+        .list::<PodDisruptionBudget>()
+        .into_iter()
+        .find(|b| b.metadata.name.as_deref() == Some(name))
+        .and_then(|b| b.status)
+        .map(|s| s.disruptions_allowed)
+}
+
+/// The reference node with the EKS system pods, 4 nginx pods under a budget allowing one
+/// disruption and 2 db pods under a budget allowing none; a second node to move to.
+async fn world() -> FunctionWorld {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.05")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.2")
+        .env("DRAIN_TIMEOUT_SECONDS", DRAIN_TIMEOUT_SECONDS)
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .json_logs()
+        .start()
+        .await;
+    let store = w.server.store();
+    fixtures::create_eks_system_workloads(store).unwrap();
+    for (name, replicas) in [("nginx", 4), ("db", 2)] {
+        let workload = Workload::new("default", name)
+            .replicas(replicas)
+            .grace_period_seconds(None);
+        store.create(&workload.deployment()).unwrap();
+    }
+    store
+        .create(&fixtures::pdb_max_unavailable("default", "nginx", serde_json::json!(1), &[("app", "nginx")]))
+        .unwrap();
+    store
+        .create(&fixtures::pdb_min_available("default", "db", 2, &[("app", "db")]))
+        .unwrap();
+    let node = w.node.clone();
+    w.server
+        .wait_for("the pods run and the budgets are counted", Duration::from_secs(10), |store| {
+            running_on(store, &node, "nginx-") == 4
+                && running_on(store, &node, "db-") == 2
+                && running_on(store, &node, "coredns-") == 1
+                && allowed(store, "nginx") == Some(1)
+                && allowed(store, "db") == Some(0)
+        })
+        .await
+        .unwrap();
+    w.server
+        .register_node(
+            "ip-10-0-9-9.eu-west-1.compute.internal",
+            "aws:///eu-west-1b/i-0fffeeeedddd11112",
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    w
+}
+
+/// The operator's RBAC, as docs/operating.md gives it (the YAML block of its drain-plan
+/// section).
+fn documented_rbac() -> String {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md");
+    let guide = std::fs::read_to_string(path).unwrap();
+    let section = &guide[guide.find("kubectl drain-plan`").expect("the drain-plan section")..];
+    let block = &section[section.find("```yaml\n").expect("its RBAC block") + 8..];
+    block[..block.find("```").unwrap()].to_owned()
+}
+
+/// Runs the plugin as a member of `open-node-manager:operators`, with only `args` and the
+/// drain's deadline setting.
+async fn drain_plan(w: &FunctionWorld, args: &[&str]) -> (bool, String, String) {
+    let token = w
+        .server
+        .add_static_token("operator", &["open-node-manager:operators"]);
+    let kubeconfig = std::env::temp_dir().join(format!(
+        "drain-plan-{}-{}.kubeconfig",
+        std::process::id(),
+        w.server.address().port()
+    ));
+    std::fs::write(
+        &kubeconfig,
+        w.server
+            .kubeconfig_yaml_with_user(&format!("    token: {token}\n")),
+    )
+    .unwrap();
+    let output = tokio::process::Command::new(function_binary("kubectl-drain_plan"))
+        .args(args)
+        .env_clear()
+        .env("KUBECONFIG", &kubeconfig)
+        .env("DRAIN_TIMEOUT_SECONDS", DRAIN_TIMEOUT_SECONDS)
+        .output()
+        .await
+        .unwrap();
+    let _ = std::fs::remove_file(&kubeconfig);
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn names(values: &Value) -> BTreeSet<String> {
+    values
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The names inside `(PodDisruptionBudget X)` of a note.
+fn budgets_named(note: &str) -> BTreeSet<String> {
+    note.split("(PodDisruptionBudget ")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(')').map(|(name, _)| name.to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_plan_of_a_node_is_what_its_drain_then_does() {
+    let w = world().await;
+    w.server.store().apply_yaml(&documented_rbac()).unwrap();
+
+    // Bad input: a clear error and no call.
+    let (ok, _, stderr) = drain_plan(&w, &["no/such node"]).await;
+    assert!(!ok && stderr.contains("neither a node name"), "{stderr}");
+
+    // By instance id, through the node's providerID.
+    let (ok, stdout, stderr) = drain_plan(&w, &[INSTANCE, "-o", "json"]).await;
+    assert!(ok, "{stderr}");
+    let plan: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(plan["node"]["name"], w.node.as_str());
+    let evict = &plan["evict"];
+    let tier_of = |prefix: &str| -> BTreeSet<&str> {
+        evict
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["name"].as_str().unwrap().starts_with(prefix))
+            .map(|p| p["tier"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(tier_of("nginx-"), ["ordinary"].into());
+    assert_eq!(tier_of("db-"), ["ordinary"].into());
+    assert_eq!(tier_of("coredns-"), ["critical"].into());
+    assert_eq!(
+        evict.as_array().unwrap().last().unwrap()["tier"],
+        "critical",
+        "critical last"
+    );
+    let left = names(&plan["left"]);
+    assert!(
+        left.iter().any(|n| n.starts_with("aws-node-"))
+            && left.iter().any(|n| n.starts_with("kube-proxy-")),
+        "{left:?}"
+    );
+    let blocking: BTreeSet<String> = plan["budgets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["blocksNow"] == true)
+        .map(|b| b["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(blocking, ["db".to_owned()].into());
+    assert_eq!(plan["estimate"]["reachesDeadline"], true);
+    assert_eq!(plan["estimate"]["deadlineSeconds"], 10);
+    let blocked = names(&plan["estimate"]["blocked"]);
+    let all_evicted = names(evict);
+    let critical: BTreeSet<String> = all_evicted
+        .iter()
+        .filter(|n| n.starts_with("coredns-"))
+        .cloned()
+        .collect();
+
+    // The table says the same.
+    let (ok, table, stderr) = drain_plan(&w, &[&w.node]).await;
+    assert!(ok, "{stderr}");
+    assert!(table.contains("default/db") && table.contains("BLOCKS"), "{table}");
+    assert!(table.contains("The drain would reach its deadline"), "{table}");
+
+    // The drain.
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w.function(Target::TerminatingHook).response_to(&event).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
+    assert!(summary.contains("PodEvictionFailure"), "{answer}");
+
+    // Evicted: every pod of the plan but the blocked ones and the tier after them.
+    let evicted: BTreeSet<String> = w
+        .server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .into_iter()
+        .filter(|e| (200..300).contains(&e.code()))
+        .map(|e| e.name().to_owned())
+        .collect();
+    let expected: BTreeSet<String> = all_evicted
+        .difference(&blocked)
+        .filter(|n| !critical.contains(*n))
+        .cloned()
+        .collect();
+    assert_eq!(evicted, expected);
+    // Nothing the plan leaves was asked to leave.
+    let asked: BTreeSet<String> = w
+        .server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .into_iter()
+        .map(|e| e.name().to_owned())
+        .collect();
+    assert!(asked.is_subset(&all_evicted), "{asked:?} vs {all_evicted:?}");
+    // In the way at the deadline: the blocked pods, with the blocking budget, and the
+    // critical pods that waited for them.
+    let notes: Vec<String> = w
+        .server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("PodEvictionFailure"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    let note = &notes[0];
+    for pod in blocked.iter().chain(&critical) {
+        assert!(note.contains(pod.as_str()), "{pod} missing from {note}");
+    }
+    assert_eq!(budgets_named(note), blocking, "{note}");
+}

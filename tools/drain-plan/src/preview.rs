@@ -1,0 +1,412 @@
+//! The plan of a [`Snapshot`]: the drain's own [`DrainPlan`] of the node's pods, with the
+//! budgets in their way and an estimate of the waves and the time the drain would take.
+//!
+//! The estimate is a model, not a promise: each wave takes as long as the longest grace
+//! period among the pods of its tier (pods usually leave faster), a budget that allows `a`
+//! disruptions lets `a` of its pods go per wave (its replacements must be Ready before the
+//! next wave: slow-starting replacements make waves longer), pods without a budget go
+//! `EVICTION_CONCURRENCY` at a time, and the tiers go one after the other. What it is sure
+//! of: a budget allowing no disruption now, or a pod that more than one budget selects,
+//! stops the drain until the deadline unless something else changes.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use node_manager::drain::budgets;
+use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
+use node_manager::drain::plan::{
+    DrainPlan, EvictionTier, PlanContext, PlannedPod, PodDisposition, PodKey,
+};
+use node_manager::drain::session::not_ready_since;
+use node_manager::lifecycle::node::{is_ready, node_instance_id};
+use node_manager::lifecycle::settings::DrainSettings;
+use serde::Serialize;
+
+use crate::snapshot::Snapshot;
+
+/// Karpenter's opt-out of voluntary disruption. The drain evicts such pods anyway (the
+/// instance is going away); the plan points them out.
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Preview {
+    pub node: NodeSummary,
+    /// The pods the drain would evict, in eviction order: tier by tier, critical last.
+    pub evict: Vec<EvictedPod>,
+    /// Pods already being deleted: waited for, not evicted again.
+    pub terminating: Vec<PodRef>,
+    /// Pods the drain leaves on the node, with the reason.
+    pub left: Vec<LeftPod>,
+    /// The budgets that select a pod to evict.
+    pub budgets: Vec<BudgetSummary>,
+    pub estimate: Estimate,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSummary {
+    pub name: String,
+    pub instance_id: Option<String>,
+    pub ready: bool,
+    /// A drain is already under way (its checkpoint is on the node): planned as it sees it.
+    pub draining_since: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl From<&PodKey> for PodRef {
+    fn from(key: &PodKey) -> Self {
+        Self {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Tier {
+    Ordinary,
+    Critical,
+}
+
+impl From<EvictionTier> for Tier {
+    fn from(tier: EvictionTier) -> Self {
+        match tier {
+            EvictionTier::Ordinary => Self::Ordinary,
+            EvictionTier::Critical => Self::Critical,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictedPod {
+    #[serde(flatten)]
+    pub pod: PodRef,
+    pub tier: Tier,
+    /// The budgets that select it (names, its namespace).
+    pub budgets: Vec<String>,
+    /// `karpenter.sh/do-not-disrupt: "true"`: evicted anyway.
+    pub do_not_disrupt: bool,
+    /// `emptyDir` or `hostPath` volumes: their data goes with the instance.
+    pub local_storage: bool,
+    /// No controller owns it: nothing recreates it elsewhere.
+    pub no_controller: bool,
+    pub grace_period_seconds: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum LeftReason {
+    DaemonSet,
+    Mirror,
+    /// Bound after the drain's cordon and tolerating it (only while a drain is under way).
+    ToleratesCordon,
+    /// Being deleted for longer than its grace period plus `STUCK_POD_SECONDS`.
+    StuckDeletion,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeftPod {
+    #[serde(flatten)]
+    pub pod: PodRef,
+    pub reason: LeftReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetSummary {
+    pub namespace: String,
+    pub name: String,
+    /// `status.disruptionsAllowed` (0 when the disruption controller has not set it).
+    pub disruptions_allowed: i32,
+    /// How many of the node's pods to evict it selects.
+    pub pods_to_evict: usize,
+    /// It would refuse the drain's evictions now.
+    pub blocks_now: bool,
+    /// Waves it needs for its pods here at its current allowance; `None` when blocking.
+    pub waves: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Estimate {
+    /// Eviction waves over all tiers; `None` when a budget blocks.
+    pub waves: Option<u64>,
+    /// Estimated seconds to drain and settle; `None` when a budget blocks.
+    pub seconds: Option<u64>,
+    /// Seconds from now to the drain's deadline (`DRAIN_TIMEOUT_SECONDS` from the start, or
+    /// what is left of a drain under way).
+    pub deadline_seconds: u64,
+    pub reaches_deadline: bool,
+    /// Pods no eviction can move now: selected by a blocking budget or by more than one.
+    pub blocked: Vec<PodRef>,
+    /// What happens at the deadline (`DRAIN_FORCE`, `DRAIN_TIMEOUT_RESULT`).
+    pub at_deadline: String,
+}
+
+/// Plans `snapshot` with the drain's settings as of `now`.
+pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) -> Preview {
+    let node = &snapshot.node;
+    let checkpoint = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
+        .and_then(|json| DrainCheckpoint::parse(json).ok())
+        .filter(|c| c.completed_at.is_none());
+    let context = PlanContext {
+        now: Some(now),
+        cordoned_at: checkpoint.as_ref().map(|c| c.started_at),
+        not_ready_since: not_ready_since(node),
+        first_listed: None,
+        stuck_after: settings.stuck_pod_after,
+    };
+    let plan = DrainPlan::in_context(&snapshot.pods, &context);
+    let pods_by_key: BTreeMap<(&str, &str), &Pod> = snapshot
+        .pods
+        .iter()
+        .filter_map(|p| {
+            Some((
+                (p.metadata.namespace.as_deref()?, p.metadata.name.as_deref()?),
+                p,
+            ))
+        })
+        .collect();
+    let budgets_of = |key: &PodKey| -> Vec<String> {
+        let labels = pods_by_key
+            .get(&(key.namespace.as_str(), key.name.as_str()))
+            .and_then(|p| p.metadata.labels.clone())
+            .unwrap_or_default();
+        let namespace_budgets: Vec<PodDisruptionBudget> = snapshot
+            .budgets
+            .iter()
+            .filter(|b| b.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
+            .cloned()
+            .collect();
+        budgets::covering(&namespace_budgets, &labels)
+    };
+
+    let mut evict = Vec::new();
+    let mut terminating = Vec::new();
+    for (tier, to_evict, leaving) in plan.tiers() {
+        for planned in to_evict {
+            let pod = pods_by_key
+                .get(&(planned.key.namespace.as_str(), planned.key.name.as_str()))
+                .copied();
+            evict.push(evicted_pod(planned, tier, pod, budgets_of(&planned.key), settings));
+        }
+        terminating.extend(leaving.iter().map(PodRef::from));
+    }
+    let left = plan
+        .skipped
+        .iter()
+        .filter_map(|(key, disposition)| {
+            let reason = match disposition {
+                PodDisposition::SkipDaemonSet => LeftReason::DaemonSet,
+                PodDisposition::SkipMirror => LeftReason::Mirror,
+                PodDisposition::SkipToleratesCordon => LeftReason::ToleratesCordon,
+                PodDisposition::StuckDeletion(_) => LeftReason::StuckDeletion,
+                PodDisposition::AwaitDeletion(_) | PodDisposition::Evict(_) => return None,
+            };
+            Some(LeftPod {
+                pod: key.into(),
+                reason,
+            })
+        })
+        .collect();
+
+    let budgets = budget_summaries(snapshot, &evict);
+    let deadline = checkpoint.as_ref().map_or(settings.drain_timeout, |c| {
+        Duration::from_secs(c.deadline.duration_since(now).as_secs().max(0) as u64)
+    });
+    let estimate = estimate(&evict, &budgets, settings, deadline);
+    Preview {
+        node: NodeSummary {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            instance_id: node_instance_id(node).map(str::to_owned),
+            ready: is_ready(node),
+            draining_since: checkpoint.map(|c| c.started_at),
+        },
+        evict,
+        terminating,
+        left,
+        budgets,
+        estimate,
+    }
+}
+
+fn evicted_pod(
+    planned: &PlannedPod,
+    tier: EvictionTier,
+    pod: Option<&Pod>,
+    budgets: Vec<String>,
+    settings: &DrainSettings,
+) -> EvictedPod {
+    let meta = pod.map(|p| &p.metadata);
+    let spec = pod.and_then(|p| p.spec.as_ref());
+    let do_not_disrupt = meta
+        .and_then(|m| m.annotations.as_ref())
+        .and_then(|a| a.get(DO_NOT_DISRUPT_ANNOTATION))
+        .is_some_and(|v| v == "true");
+    let local_storage = spec
+        .and_then(|s| s.volumes.as_ref())
+        .is_some_and(|v| v.iter().any(|v| v.empty_dir.is_some() || v.host_path.is_some()));
+    let no_controller = !meta
+        .and_then(|m| m.owner_references.as_ref())
+        .is_some_and(|o| o.iter().any(|o| o.controller == Some(true)));
+    // What the drain sends (POD_GRACE_PERIOD_SECONDS) wins over the pod's own.
+    let grace_period_seconds = settings
+        .pod_grace_period
+        .map(|d| d.as_secs_f64().ceil() as i64)
+        .or(planned.grace_period_seconds)
+        .unwrap_or(DEFAULT_GRACE_PERIOD_SECONDS)
+        .max(0);
+    EvictedPod {
+        pod: (&planned.key).into(),
+        tier: tier.into(),
+        budgets,
+        do_not_disrupt,
+        local_storage,
+        no_controller,
+        grace_period_seconds,
+    }
+}
+
+fn budget_summaries(snapshot: &Snapshot, evict: &[EvictedPod]) -> Vec<BudgetSummary> {
+    let mut summaries = Vec::new();
+    for budget in &snapshot.budgets {
+        let (Some(namespace), Some(name)) = (&budget.metadata.namespace, &budget.metadata.name)
+        else {
+            continue;
+        };
+        let pods_to_evict = evict
+            .iter()
+            .filter(|p| &p.pod.namespace == namespace && p.budgets.contains(name))
+            .count();
+        if pods_to_evict == 0 {
+            continue;
+        }
+        let allowed = budget
+            .status
+            .as_ref()
+            .map_or(0, |s| s.disruptions_allowed)
+            .max(0);
+        let blocks_now = allowed == 0;
+        summaries.push(BudgetSummary {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            disruptions_allowed: allowed,
+            pods_to_evict,
+            blocks_now,
+            waves: (!blocks_now).then(|| (pods_to_evict as u64).div_ceil(allowed as u64)),
+        });
+    }
+    summaries.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    summaries
+}
+
+fn estimate(
+    evict: &[EvictedPod],
+    budgets: &[BudgetSummary],
+    settings: &DrainSettings,
+    deadline: Duration,
+) -> Estimate {
+    let budget = |namespace: &str, name: &str| -> Option<&BudgetSummary> {
+        budgets
+            .iter()
+            .find(|b| b.namespace == namespace && b.name == name)
+    };
+    let blocked: Vec<PodRef> = evict
+        .iter()
+        .filter(|p| match p.budgets.as_slice() {
+            [] => false,
+            [one] => budget(&p.pod.namespace, one).is_some_and(|b| b.blocks_now),
+            // The eviction API refuses a pod that more than one budget selects.
+            _ => true,
+        })
+        .map(|p| p.pod.clone())
+        .collect();
+    let at_deadline = if settings.force {
+        "the pods still there are deleted (DRAIN_FORCE), bypassing their budgets".to_owned()
+    } else {
+        format!(
+            "the lifecycle action completes with {} and the pods still there go with the instance (PodEvictionFailure)",
+            settings.timeout_result.as_str()
+        )
+    };
+    let deadline_seconds = deadline.as_secs();
+    if !blocked.is_empty() {
+        return Estimate {
+            waves: None,
+            seconds: None,
+            deadline_seconds,
+            reaches_deadline: true,
+            blocked,
+            at_deadline,
+        };
+    }
+    let concurrency = settings.eviction_concurrency.max(1) as u64;
+    let mut waves = 0;
+    let mut seconds = 0;
+    for tier in [Tier::Ordinary, Tier::Critical] {
+        let pods: Vec<&EvictedPod> = evict.iter().filter(|p| p.tier == tier).collect();
+        if pods.is_empty() {
+            continue;
+        }
+        let by_concurrency = (pods.len() as u64).div_ceil(concurrency);
+        // A budget's pods of this tier go `disruptionsAllowed` at a time.
+        let mut per_budget: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+        for pod in &pods {
+            if let [one] = pod.budgets.as_slice() {
+                *per_budget
+                    .entry((pod.pod.namespace.as_str(), one.as_str()))
+                    .or_default() += 1;
+            }
+        }
+        let by_budgets = per_budget
+            .iter()
+            .filter_map(|(&(namespace, name), &count)| {
+                let allowed = budget(namespace, name)?.disruptions_allowed.max(1) as u64;
+                Some(count.div_ceil(allowed))
+            })
+            .max()
+            .unwrap_or(0);
+        let tier_waves = by_concurrency.max(by_budgets);
+        let wave_seconds = pods
+            .iter()
+            .map(|p| p.grace_period_seconds as u64)
+            .max()
+            .unwrap_or(0);
+        waves += tier_waves;
+        seconds += tier_waves * wave_seconds;
+    }
+    seconds += settings.settle.as_secs_f64().ceil() as u64;
+    Estimate {
+        waves: Some(waves),
+        seconds: Some(seconds),
+        deadline_seconds,
+        reaches_deadline: seconds > deadline_seconds,
+        blocked,
+        at_deadline,
+    }
+}
