@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, INSTANCE, NODE, RunningFunction, Target};
 use node_manager_testkit::lambda_api::InvocationOutcome;
+use node_manager_testkit::soak::corpus;
 use node_manager_testkit::soak::secrets::SecretScanner;
 use serde_json::{Value, json};
 
@@ -80,12 +81,12 @@ async fn drain_killed_mid_way_resumes_and_completes_once() {
         .autoscaling()
         .terminate_instance(GROUP, INSTANCE)
         .unwrap();
-    let event: Value = json!({"Records": [{
-        "EventSource": "aws:sns", "EventVersion": "1.0",
-        "Sns": {"Type": "Notification", "MessageId": "m-1",
-                "TopicArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic",
-                "Subject": notice.subject, "Message": notice.message,
-                "Timestamp": "2026-01-01T00:00:00.000Z", "MessageAttributes": {}}}]});
+    // The real envelope SNS delivers (the fixture's), carrying the fake Auto Scaling's notice.
+    let mut event = corpus::with_message(
+        &corpus::fixture("sns-lifecycle-terminating.json"),
+        &notice.message,
+    );
+    event["Records"][0]["Sns"]["Subject"] = json!(notice.subject);
     let RunningFunction {
         runtime: terminating,
         credentials: creds,

@@ -114,13 +114,12 @@ async fn binaries_refuse_bad_input_without_effect_and_never_log_a_secret() {
         .autoscaling()
         .terminate_instance(GROUP, INSTANCE)
         .unwrap();
-    let event = json!({"Records": [{
-        "EventSource": "aws:sns", "EventVersion": "1.0",
-        "EventSubscriptionArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic:1",
-        "Sns": {"Type": "Notification", "MessageId": "m-1",
-                "TopicArn": "arn:aws:sns:eu-west-1:111111111111:eks-asg-lifecycle-hook-topic",
-                "Subject": notice.subject, "Message": notice.message,
-                "Timestamp": "2026-01-01T00:00:00.000Z", "MessageAttributes": {}}}]});
+    // The real envelope SNS delivers (the fixture's), carrying the fake Auto Scaling's notice.
+    let mut event = corpus::with_message(
+        &corpus::fixture("sns-lifecycle-terminating.json"),
+        &notice.message,
+    );
+    event["Records"][0]["Sns"]["Subject"] = json!(notice.subject);
     let terminating = &w.function(Target::TerminatingHook).runtime;
     let outcome = terminating
         .invoke(&event, Duration::from_secs(30))

@@ -74,6 +74,20 @@ impl Partition {
         Self::ALL.into_iter().find(|p| p.id() == id)
     }
 
+    /// The region a partition's global services (IAM) are signed for, e.g. `us-east-1`.
+    pub fn home_region(self) -> &'static str {
+        match self {
+            Self::Aws => "us-east-1",
+            Self::AwsCn => "cn-north-1",
+            Self::AwsUsGov => "us-gov-west-1",
+            Self::AwsIso => "us-iso-east-1",
+            Self::AwsIsoB => "us-isob-east-1",
+            Self::AwsIsoE => "eu-isoe-west-1",
+            Self::AwsIsoF => "us-isof-south-1",
+            Self::AwsEusc => "eusc-de-east-1",
+        }
+    }
+
     /// The DNS suffix of the partition's regional endpoints.
     pub fn dns_suffix(self) -> &'static str {
         match self {
@@ -94,16 +108,7 @@ impl Partition {
 /// Facts from the SDKs' endpoint rules for `iam` (the partition's global endpoint).
 pub fn iam_endpoint(region: &str) -> (String, &'static str) {
     let partition = Partition::of_region(region);
-    let signing_region = match partition {
-        Partition::Aws => "us-east-1",
-        Partition::AwsCn => "cn-north-1",
-        Partition::AwsUsGov => "us-gov-west-1",
-        Partition::AwsIso => "us-iso-east-1",
-        Partition::AwsIsoB => "us-isob-east-1",
-        Partition::AwsIsoE => "eu-isoe-west-1",
-        Partition::AwsIsoF => "us-isof-south-1",
-        Partition::AwsEusc => "eusc-de-east-1",
-    };
+    let signing_region = partition.home_region();
     let host = match partition {
         Partition::Aws => "iam.amazonaws.com".to_owned(),
         Partition::AwsUsGov => "iam.us-gov.amazonaws.com".to_owned(),
@@ -185,6 +190,13 @@ mod tests {
         for (region, partition, host) in table {
             assert_eq!(Partition::of_region(region).id(), partition, "{region}");
             assert_eq!(sts_host(region), host, "{region}");
+        }
+    }
+
+    #[test]
+    fn every_home_region_is_in_its_own_partition() {
+        for partition in Partition::ALL {
+            assert_eq!(Partition::of_region(partition.home_region()), partition);
         }
     }
 

@@ -100,6 +100,7 @@ mod tests {
     use crate::aws::AwsErrorKind;
     use crate::aws::in_memory::{InMemoryAutoScaling, InMemoryNotifications};
     use crate::lifecycle::notification::parse_event;
+    use crate::lifecycle::notification::tests::sns_event_with;
     use crate::lifecycle::test_support::{action, hook};
 
     #[tokio::test]
@@ -160,10 +161,7 @@ mod tests {
         assert_eq!(asg.heartbeats().len(), 1);
         let published = sns.published();
         assert_eq!(published.len(), 1);
-        let again = serde_json::json!({"Records": [{"Sns": {
-            "TopicArn": published[0].topic_arn,
-            "Message": published[0].message,
-        }}]});
+        let again = sns_event_with(&published[0].topic_arn, &published[0].message);
         let resumed = parse_event(&again).remove(0).unwrap();
         let resumed = resumed.lifecycle().unwrap();
         assert_eq!(resumed.continuation, 1);
@@ -190,6 +188,7 @@ mod tests {
     async fn eventbridge_deliveries_continue_through_the_configured_topic() {
         let event: serde_json::Value = serde_json::json!({
             "id": "e-1",
+            "source": "aws.autoscaling",
             "detail-type": "EC2 Instance-launch Lifecycle Action",
             "account": "111111111111",
             "time": "2022-09-25T12:59:58Z",
@@ -237,10 +236,7 @@ mod tests {
             "arn:aws:sns:eu-west-1:111111111111:continue"
         );
         // What was published is an Auto Scaling SNS message for the same action.
-        let again = serde_json::json!({"Records": [{"Sns": {
-            "TopicArn": published[0].topic_arn,
-            "Message": published[0].message,
-        }}]});
+        let again = sns_event_with(&published[0].topic_arn, &published[0].message);
         let resumed = parse_event(&again).remove(0).unwrap();
         assert_eq!(resumed.lifecycle().unwrap().action, action());
         assert_eq!(resumed.lifecycle().unwrap().continuation, 1);

@@ -8,6 +8,7 @@
 //! (unknown fields such as `groups` or `nodeRole` are rejected), so nobody can smuggle a
 //! group or a role into the mapping through the payload.
 
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -118,76 +119,116 @@ fn parse_direct(payload: &Value, scope: &ClusterScope) -> Result<Invocation, Inv
     }
 }
 
-fn str_at<'a>(value: &'a Value, pointer: &str) -> Option<&'a str> {
-    value.pointer(pointer).and_then(Value::as_str)
+/// The part of a CloudTrail record (the EventBridge event's `detail`) this function reads;
+/// every other field is ignored. `aws_lambda_events`' `AWSAPICall` is not used: it requires
+/// fields this function never reads (`userIdentity`, `sourceIPAddress`, `userAgent`, ...) and
+/// lacks the ones it does (`recipientAccountId`, `errorCode`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CloudTrailCall {
+    event_source: Option<String>,
+    event_name: Option<String>,
+    aws_region: Option<String>,
+    recipient_account_id: Option<String>,
+    error_code: Option<Value>,
+    #[serde(default)]
+    request_parameters: Option<NodegroupRequest>,
+    #[serde(default)]
+    response_elements: Option<NodegroupResponse>,
+}
+
+/// `CreateNodegroup` / `DeleteNodegroup` request parameters: the cluster name (a URI
+/// parameter) is `name`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodegroupRequest {
+    name: Option<String>,
+    nodegroup_name: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodegroupResponse {
+    nodegroup: Option<NodegroupElements>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NodegroupElements {
+    cluster_name: Option<String>,
+    nodegroup_name: Option<String>,
+    node_role: Option<String>,
 }
 
 fn parse_cloudtrail(
-    event: &Value,
+    payload: &Value,
     origin: &Origin,
     scope: &ClusterScope,
 ) -> Result<Invocation, InvocationError> {
-    let source = str_at(event, "/source").unwrap_or_default();
-    if source != "aws.eks" {
-        return Err(InvocationError::WrongSource(source.to_owned()));
+    let event: EventBridgeEvent<CloudTrailCall> = serde_path_to_error::deserialize(payload)
+        .map_err(|err| {
+            InvocationError::Malformed(format!(
+                "not an EventBridge CloudTrail event: {}: {}",
+                err.path(),
+                err.inner()
+            ))
+        })?;
+    if event.source != "aws.eks" {
+        return Err(InvocationError::WrongSource(event.source));
     }
-    let detail_type = str_at(event, "/detail-type").unwrap_or_default();
-    if detail_type != "AWS API Call via CloudTrail" {
-        return Err(InvocationError::WrongDetailType(detail_type.to_owned()));
+    if event.detail_type != "AWS API Call via CloudTrail" {
+        return Err(InvocationError::WrongDetailType(event.detail_type));
     }
-    // Every place that names an account or region must agree with this function's.
-    for pointer in ["/account", "/detail/recipientAccountId"] {
-        let found = str_at(event, pointer);
-        if pointer == "/account" || found.is_some() {
-            let found = found.unwrap_or_default();
-            if found != origin.account_id {
-                return Err(InvocationError::WrongAccount {
-                    found: found.to_owned(),
-                    expected: origin.account_id.clone(),
-                });
-            }
+    let call = event.detail;
+    // Every place that names an account or region must agree with this function's; the
+    // envelope's are required, the record's checked when present.
+    let account = event.account.unwrap_or_default();
+    for found in std::iter::once(account).chain(call.recipient_account_id) {
+        if found != origin.account_id {
+            return Err(InvocationError::WrongAccount {
+                found,
+                expected: origin.account_id.clone(),
+            });
         }
     }
-    for pointer in ["/region", "/detail/awsRegion"] {
-        let found = str_at(event, pointer).unwrap_or_default();
+    for found in [event.region, call.aws_region] {
+        let found = found.unwrap_or_default();
         if found != origin.region {
             return Err(InvocationError::WrongRegion {
-                found: found.to_owned(),
+                found,
                 expected: origin.region.clone(),
             });
         }
     }
-    let event_source = str_at(event, "/detail/eventSource").unwrap_or_default();
+    let event_source = call.event_source.unwrap_or_default();
     if event_source != "eks.amazonaws.com" {
-        return Err(InvocationError::WrongSource(event_source.to_owned()));
+        return Err(InvocationError::WrongSource(event_source));
     }
-    let event_name = str_at(event, "/detail/eventName").unwrap_or_default();
-    if !matches!(event_name, "CreateNodegroup" | "DeleteNodegroup") {
+    let event_name = call.event_name.unwrap_or_default();
+    if !matches!(event_name.as_str(), "CreateNodegroup" | "DeleteNodegroup") {
         return Ok(Invocation::Ignore {
             reason: format!("{event_name:?} is not CreateNodegroup or DeleteNodegroup"),
         });
     }
-    if let Some(code) = event.pointer("/detail/errorCode").filter(|v| !v.is_null()) {
+    if let Some(code) = call.error_code.filter(|v| !v.is_null()) {
         return Ok(Invocation::Ignore {
             reason: format!("{event_name} failed ({code}); nothing changed"),
         });
     }
-    let cluster = agreed_name(
-        event,
-        "cluster name",
-        "/detail/responseElements/nodegroup/clusterName",
-        "/detail/requestParameters/name",
-    )?;
+    let request = call.request_parameters.unwrap_or_default();
+    let response = call
+        .response_elements
+        .and_then(|r| r.nodegroup)
+        .unwrap_or_default();
+    let cluster = agreed_name("cluster name", response.cluster_name, request.name)?;
     // nodegroup-auth serves exactly one cluster (CLUSTER_NAME; ADDITIONAL_CLUSTER_NAMES is
     // refused at start-up): its cluster client and IAM policy are for that one only.
     if cluster != scope.cluster_name {
         return Ok(Invocation::OtherCluster { cluster });
     }
     let nodegroup = agreed_name(
-        event,
         "node group name",
-        "/detail/responseElements/nodegroup/nodegroupName",
-        "/detail/requestParameters/nodegroupName",
+        response.nodegroup_name,
+        request.nodegroup_name,
     )?;
     Ok(if event_name == "CreateNodegroup" {
         Invocation::Grant { cluster, nodegroup }
@@ -195,8 +236,7 @@ fn parse_cloudtrail(
         Invocation::Revoke {
             cluster,
             nodegroup,
-            event_node_role: str_at(event, "/detail/responseElements/nodegroup/nodeRole")
-                .map(str::to_owned),
+            event_node_role: response.node_role,
         }
     })
 }
@@ -204,16 +244,15 @@ fn parse_cloudtrail(
 /// The name from the response (preferred) and the request; when both are present they
 /// must be the same.
 fn agreed_name(
-    event: &Value,
     what: &'static str,
-    response: &str,
-    request: &str,
+    response: Option<String>,
+    request: Option<String>,
 ) -> Result<String, InvocationError> {
-    match (str_at(event, response), str_at(event, request)) {
+    match (response, request) {
         (Some(a), Some(b)) if a != b => Err(InvocationError::Malformed(format!(
             "the event names two different {what}s ({a:?} and {b:?}); refusing it"
         ))),
-        (Some(name), _) | (None, Some(name)) => checked_name(what, name),
+        (Some(name), _) | (None, Some(name)) => checked_name(what, &name),
         (None, None) => Err(InvocationError::Malformed(format!(
             "the event does not name the {what}"
         ))),

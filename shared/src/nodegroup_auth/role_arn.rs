@@ -53,11 +53,6 @@ pub enum RoleArnError {
     TooLong(String),
 }
 
-/// The partition of a region, as IAM ARNs spell it (the one table: [`Partition`]).
-pub fn partition_of_region(region: &str) -> &'static str {
-    Partition::of_region(region).id()
-}
-
 /// An IAM role ARN that passed every check, split into its parts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeRoleArn {
@@ -100,7 +95,7 @@ impl NodeRoleArn {
         if !arn_region.is_empty() {
             return Err(malformed());
         }
-        let expected_partition = partition_of_region(region);
+        let expected_partition = Partition::of_region(region).id();
         if partition != expected_partition {
             return Err(RoleArnError::WrongPartition {
                 arn: arn.to_owned(),
@@ -256,18 +251,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(role.without_path(), "arn:aws-eusc:iam::111111111111:role/n");
+        // Every partition's roles are accepted in its regions and refused in the others'.
         for partition in Partition::ALL {
-            let region = match partition {
-                Partition::Aws => "eu-west-1",
-                Partition::AwsCn => "cn-north-1",
-                Partition::AwsUsGov => "us-gov-west-1",
-                Partition::AwsIso => "us-iso-east-1",
-                Partition::AwsIsoB => "us-isob-east-1",
-                Partition::AwsIsoE => "eu-isoe-west-1",
-                Partition::AwsIsoF => "us-isof-south-1",
-                Partition::AwsEusc => "eusc-de-east-1",
-            };
-            assert_eq!(partition_of_region(region), partition.id());
+            let arn = format!("arn:{}:iam::111111111111:role/n", partition.id());
+            for region_of in Partition::ALL {
+                let parsed = NodeRoleArn::parse(&arn, ACCOUNT, region_of.home_region());
+                assert_eq!(
+                    parsed.is_ok(),
+                    region_of == partition,
+                    "{arn} in {region_of:?}"
+                );
+            }
         }
     }
 
