@@ -27,7 +27,13 @@ fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
         .list::<Pod>()
         .iter()
         .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .filter(|p| p.metadata.name.as_deref().unwrap_or_default().starts_with(prefix))
+        .filter(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with(prefix)
+        })
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
         .count()
@@ -66,20 +72,34 @@ async fn world() -> FunctionWorld {
         store.create(&workload.deployment()).unwrap();
     }
     store
-        .create(&fixtures::pdb_max_unavailable("default", "nginx", serde_json::json!(1), &[("app", "nginx")]))
+        .create(&fixtures::pdb_max_unavailable(
+            "default",
+            "nginx",
+            serde_json::json!(1),
+            &[("app", "nginx")],
+        ))
         .unwrap();
     store
-        .create(&fixtures::pdb_min_available("default", "db", 2, &[("app", "db")]))
+        .create(&fixtures::pdb_min_available(
+            "default",
+            "db",
+            2,
+            &[("app", "db")],
+        ))
         .unwrap();
     let node = w.node.clone();
     w.server
-        .wait_for("the pods run and the budgets are counted", Duration::from_secs(10), |store| {
-            running_on(store, &node, "nginx-") == 4
-                && running_on(store, &node, "db-") == 2
-                && running_on(store, &node, "coredns-") == 1
-                && allowed(store, "nginx") == Some(1)
-                && allowed(store, "db") == Some(0)
-        })
+        .wait_for(
+            "the pods run and the budgets are counted",
+            Duration::from_secs(10),
+            |store| {
+                running_on(store, &node, "nginx-") == 4
+                    && running_on(store, &node, "db-") == 2
+                    && running_on(store, &node, "coredns-") == 1
+                    && allowed(store, "nginx") == Some(1)
+                    && allowed(store, "db") == Some(0)
+            },
+        )
         .await
         .unwrap();
     w.server
@@ -97,7 +117,9 @@ async fn world() -> FunctionWorld {
 fn documented_rbac() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md");
     let guide = std::fs::read_to_string(path).unwrap();
-    let section = &guide[guide.find("kubectl drain-plan`").expect("the drain-plan section")..];
+    let section = &guide[guide
+        .find("kubectl drain-plan`")
+        .expect("the drain-plan section")..];
     let block = &section[section.find("```yaml\n").expect("its RBAC block") + 8..];
     block[..block.find("```").unwrap()].to_owned()
 }
@@ -211,8 +233,14 @@ async fn the_plan_of_a_node_is_what_its_drain_then_does() {
     // The table says the same.
     let (ok, table, stderr) = drain_plan(&w, &[&w.node]).await;
     assert!(ok, "{stderr}");
-    assert!(table.contains("default/db") && table.contains("BLOCKS"), "{table}");
-    assert!(table.contains("The drain would reach its deadline"), "{table}");
+    assert!(
+        table.contains("default/db") && table.contains("BLOCKS"),
+        "{table}"
+    );
+    assert!(
+        table.contains("The drain would reach its deadline"),
+        "{table}"
+    );
 
     // The drain.
     let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
@@ -224,7 +252,10 @@ async fn the_plan_of_a_node_is_what_its_drain_then_does() {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    let answer = w.function(Target::TerminatingHook).response_to(&event).await;
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&event)
+        .await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
     assert!(summary.contains("PodEvictionFailure"), "{answer}");
@@ -252,7 +283,10 @@ async fn the_plan_of_a_node_is_what_its_drain_then_does() {
         .into_iter()
         .map(|e| e.name().to_owned())
         .collect();
-    assert!(asked.is_subset(&all_evicted), "{asked:?} vs {all_evicted:?}");
+    assert!(
+        asked.is_subset(&all_evicted),
+        "{asked:?} vs {all_evicted:?}"
+    );
     // In the way at the deadline: the blocked pods, with the blocking budget, and the
     // critical pods that waited for them.
     let notes: Vec<String> = w

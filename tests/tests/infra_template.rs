@@ -1248,7 +1248,11 @@ fn query_filters(text: &str) -> Vec<(String, String)> {
             .rev()
             .collect();
         let value_part = rest[eq + 1..].trim_start();
-        let Some(quote) = value_part.chars().next().filter(|c| *c == '\'' || *c == '"') else {
+        let Some(quote) = value_part
+            .chars()
+            .next()
+            .filter(|c| *c == '\'' || *c == '"')
+        else {
             rest = &rest[eq + 1..];
             continue;
         };
@@ -1283,7 +1287,9 @@ fn parse_insights_query(query: &str) -> MetricUse {
         .and_then(|(_, r)| r.split_once(')'))
         .map(|(s, _)| s)
         .expect("FROM SCHEMA(...)");
-    let mut parts = schema.split(',').map(|p| p.trim().trim_matches('"').to_owned());
+    let mut parts = schema
+        .split(',')
+        .map(|p| p.trim().trim_matches('"').to_owned());
     let namespace = parts.next().expect("namespace");
     let filters = query
         .split_once("WHERE")
@@ -1420,7 +1426,10 @@ fn alarms_are_optional_and_notify_the_given_topic_or_one_the_stack_creates() {
         assert_eq!(properties["OKActions"], notify, "{id}");
         // No data (nothing happened) is not a breach.
         assert_eq!(properties["TreatMissingData"], "notBreaching", "{id}");
-        assert_eq!(properties["ComparisonOperator"], "GreaterThanThreshold", "{id}");
+        assert_eq!(
+            properties["ComparisonOperator"], "GreaterThanThreshold",
+            "{id}"
+        );
         let name = properties["AlarmName"]["Fn::Sub"]
             .as_str()
             .unwrap_or_else(|| panic!("{id} is named after the stack"));
@@ -1449,17 +1458,19 @@ fn every_dead_letter_queue_and_every_function_has_its_alarms() {
     for (_, function) in resources_of_type(&template, "AWS::Serverless::Function") {
         let destination =
             &function["Properties"]["EventInvokeConfig"]["DestinationConfig"]["OnFailure"];
-        queues.insert(destination["Destination"]["Fn::GetAtt"][0].clone());
+        if let Some(queue) = destination["Destination"]["Fn::GetAtt"][0].as_str() {
+            queues.insert(queue.to_owned());
+        }
     }
     for (_, rule) in resources_of_type(&template, "AWS::Events::Rule") {
         for target in rule["Properties"]["Targets"].as_array().unwrap() {
-            queues.insert(target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0].clone());
+            if let Some(queue) = target["DeadLetterConfig"]["Arn"]["Fn::GetAtt"][0].as_str() {
+                queues.insert(queue.to_owned());
+            }
         }
     }
-    queues.remove(&Value::Null);
     assert_eq!(queues.len(), 2, "{queues:?}");
     for queue in &queues {
-        let queue = queue.as_str().unwrap();
         assert!(
             watched(
                 "AWS/SQS",
@@ -1505,7 +1516,12 @@ fn the_drain_deadline_paused_repairs_and_long_hand_over_chains_alarm_on_emitted_
         let statistic = query.split('(').next().unwrap().trim().to_owned();
         seen.insert(
             (function, usage.metric.clone().unwrap()),
-            (statistic, outcomes.into_iter().map(str::to_owned).collect::<Vec<_>>(), threshold, *id),
+            (
+                statistic,
+                outcomes.into_iter().map(str::to_owned).collect::<Vec<_>>(),
+                threshold,
+                *id,
+            ),
         );
     }
     let expect = |function: &str, metric: &str| {
@@ -1547,7 +1563,10 @@ fn the_drain_deadline_paused_repairs_and_long_hand_over_chains_alarm_on_emitted_
     let threshold = template["Parameters"]["HandOverChainThreshold"]["Default"]
         .as_u64()
         .unwrap();
-    assert!(needed <= threshold && threshold <= needed + 1, "{needed} {threshold}");
+    assert!(
+        needed <= threshold && threshold <= needed + 1,
+        "{needed} {threshold}"
+    );
 }
 
 /// The dashboard body with its `${...}` substitutions kept as placeholders.
@@ -1611,8 +1630,14 @@ fn the_dashboard_shows_drains_evictions_waves_repairs_and_errors_from_emitted_me
         ("node-repair", "RepairsStarted"),
         ("node-repair", "RepairsPaused"),
         ("node-repair", "UnhealthyNodes"),
-        ("FailedInvocationsQueue", "ApproximateNumberOfMessagesVisible"),
-        ("NodegroupEventsDeadLetterQueue", "ApproximateNumberOfMessagesVisible"),
+        (
+            "FailedInvocationsQueue",
+            "ApproximateNumberOfMessagesVisible",
+        ),
+        (
+            "NodegroupEventsDeadLetterQueue",
+            "ApproximateNumberOfMessagesVisible",
+        ),
     ];
     for (what, metric) in must_show {
         assert!(

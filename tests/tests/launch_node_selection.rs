@@ -23,7 +23,10 @@ async fn a_launch_never_lists_or_watches_every_node_when_the_name_is_known() {
     println!("launch, node under its DNS name: {}", cost.line());
     assert_eq!(cost.outcome, "Completed", "{cost:?}");
     assert_eq!(cost.cluster_wide, 0, "{cost:?}");
-    assert!(cost.node_watches >= 1, "the wait watches the node: {cost:?}");
+    assert!(
+        cost.node_watches >= 1,
+        "the wait watches the node: {cost:?}"
+    );
 }
 
 #[tokio::test]

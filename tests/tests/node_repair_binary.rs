@@ -433,9 +433,10 @@ async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
         .await
         .unwrap();
     let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
-    // Two kubelets die, the first one first (it is repaired first).
+    // Two kubelets die, the first one first (it is repaired first). Condition times have
+    // whole seconds: more than a second apart, or the two would tie and the node name decide.
     w.server.kill_kubelet(&nodes[0].1).unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     w.server.kill_kubelet(&nodes[1].1).unwrap();
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
@@ -489,7 +490,8 @@ async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
     );
 
     // While it drains: the group's one repair is in flight, the second node waits.
-    let run = repair.response_to(&scheduled_event());
+    let event = scheduled_event();
+    let run = repair.response_to(&event);
     let answer = tokio::select! {
         answer = &mut drain => panic!("the drain ended during the repair run: {answer}"),
         answer = run => answer,

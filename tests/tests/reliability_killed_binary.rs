@@ -13,7 +13,7 @@ use node_manager_testkit::e2e::{FunctionWorld, GROUP, INSTANCE, NODE, RunningFun
 use node_manager_testkit::lambda_api::InvocationOutcome;
 use node_manager_testkit::soak::corpus;
 use node_manager_testkit::soak::secrets::SecretScanner;
-use serde_json::{Value, json};
+use serde_json::json;
 
 const OTHER_NODE: &str = "ip-192-168-77-8.eu-west-1.compute.internal";
 

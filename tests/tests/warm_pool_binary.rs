@@ -491,6 +491,10 @@ async fn a_users_taint_with_the_drain_taints_key_and_effect_is_never_ours() {
         .filter(|t| t.key == DRAIN_TAINT)
         .collect();
     assert_eq!(drain_taints.len(), 1, "{drain_taints:?}");
-    assert_eq!(drain_taints[0].value.as_deref(), Some("user"), "the user's taint stays");
+    assert_eq!(
+        drain_taints[0].value.as_deref(),
+        Some("user"),
+        "the user's taint stays"
+    );
     assert!(!unschedulable(&node));
 }

@@ -143,9 +143,10 @@ impl DeadlinePolicy {
         // period: wait for them, renewing the lease, until the invocation must stop.
         let mut leaving = forced.deleted.clone();
         leaving.extend(forced.terminating.iter().cloned());
-        // The settle period still has to fit before the hand-over.
+        // The drained mark and the settle period still have to fit before the hand-over;
+        // otherwise the invocation would hand over for the last few milliseconds of settle.
         let wait_until = hand_over_at
-            .checked_sub(session.settings.settle)
+            .checked_sub(session.settings.settle + DRAINED_MARK_ALLOWANCE)
             .unwrap_or(hand_over_at);
         let terminating = match wait_until_gone(session, leaving, wait_until).await? {
             Ok(left) => names(&left),
@@ -203,6 +204,9 @@ impl DeadlinePolicy {
         })
     }
 }
+
+/// Time kept, after waiting for forced deletions, for writing the drained mark (one PATCH).
+const DRAINED_MARK_ALLOWANCE: Duration = Duration::from_secs(1);
 
 /// What the forced deletions came to, pod by pod.
 #[derive(Debug, Default)]

@@ -12,8 +12,8 @@
 //! node is recognised by its providerID, or by the DNS name while the providerID is not set
 //! yet. The launching node is only read, never written.
 
-use std::time::Duration;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -79,8 +79,14 @@ pub async fn wait_until_ready(
             instance_id,
             "the instance's private DNS name is unknown: watching every node for its providerID"
         );
-        return watch_until_ready(&nodes, watcher::Config::default(), instance_id, None, sighting)
-            .await;
+        return watch_until_ready(
+            &nodes,
+            watcher::Config::default(),
+            instance_id,
+            None,
+            sighting,
+        )
+        .await;
     };
     let mut name = dns_name.to_owned();
     let first_scan = (launch_timeout / 4).min(NAME_FALLBACK_FIRST);

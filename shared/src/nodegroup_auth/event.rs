@@ -9,7 +9,7 @@
 //! group or a role into the mapping through the payload.
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::settings::ClusterScope;
@@ -123,7 +123,8 @@ fn parse_direct(payload: &Value, scope: &ClusterScope) -> Result<Invocation, Inv
 /// every other field is ignored. `aws_lambda_events`' `AWSAPICall` is not used: it requires
 /// fields this function never reads (`userIdentity`, `sourceIPAddress`, `userAgent`, ...) and
 /// lacks the ones it does (`recipientAccountId`, `errorCode`).
-#[derive(Debug, Deserialize)]
+// `Serialize` only because `EventBridgeEvent<T>` requires it of its detail type.
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct CloudTrailCall {
     event_source: Option<String>,
@@ -139,19 +140,19 @@ struct CloudTrailCall {
 
 /// `CreateNodegroup` / `DeleteNodegroup` request parameters: the cluster name (a URI
 /// parameter) is `name`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct NodegroupRequest {
     name: Option<String>,
     nodegroup_name: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 struct NodegroupResponse {
     nodegroup: Option<NodegroupElements>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct NodegroupElements {
     cluster_name: Option<String>,

@@ -94,22 +94,23 @@ async fn counting_relay(target: std::net::SocketAddr, received: Arc<AtomicU64>) 
                     let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
                     let _ = server_write.shutdown().await;
                 };
-                let downstream = async {
-                    let mut buffer = vec![0u8; 64 * 1024];
-                    loop {
-                        let read =
-                            match tokio::io::AsyncReadExt::read(&mut server_read, &mut buffer)
-                                .await
-                            {
-                                Ok(0) | Err(_) => break,
-                                Ok(read) => read,
-                            };
-                        received.fetch_add(read as u64, Ordering::Relaxed);
-                        if client_write.write_all(&buffer[..read]).await.is_err() {
-                            break;
+                let downstream =
+                    async {
+                        let mut buffer = vec![0u8; 64 * 1024];
+                        loop {
+                            let read =
+                                match tokio::io::AsyncReadExt::read(&mut server_read, &mut buffer)
+                                    .await
+                                {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(read) => read,
+                                };
+                            received.fetch_add(read as u64, Ordering::Relaxed);
+                            if client_write.write_all(&buffer[..read]).await.is_err() {
+                                break;
+                            }
                         }
-                    }
-                };
+                    };
                 tokio::join!(upstream, downstream);
             });
         }
@@ -242,9 +243,7 @@ pub async fn measure_launch(nodes: usize, naming: NodeNaming) -> LaunchCost {
     // Let the relay count what was in flight when the watch was dropped.
     tokio::time::sleep(Duration::from_millis(100)).await;
 
-    let mine = server
-        .audit()
-        .filter(|e| e.user.username == FUNCTION);
+    let mine = server.audit().filter(|e| e.user.username == FUNCTION);
     let node_reads: Vec<_> = mine
         .iter()
         .filter(|e| e.resource() == "nodes" && matches!(e.verb.as_str(), "list" | "watch"))

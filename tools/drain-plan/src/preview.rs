@@ -187,7 +187,10 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
         .iter()
         .filter_map(|p| {
             Some((
-                (p.metadata.namespace.as_deref()?, p.metadata.name.as_deref()?),
+                (
+                    p.metadata.namespace.as_deref()?,
+                    p.metadata.name.as_deref()?,
+                ),
                 p,
             ))
         })
@@ -213,7 +216,13 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
             let pod = pods_by_key
                 .get(&(planned.key.namespace.as_str(), planned.key.name.as_str()))
                 .copied();
-            evict.push(evicted_pod(planned, tier, pod, budgets_of(&planned.key), settings));
+            evict.push(evicted_pod(
+                planned,
+                tier,
+                pod,
+                budgets_of(&planned.key),
+                settings,
+            ));
         }
         terminating.extend(leaving.iter().map(PodRef::from));
     }
@@ -268,9 +277,10 @@ fn evicted_pod(
         .and_then(|m| m.annotations.as_ref())
         .and_then(|a| a.get(DO_NOT_DISRUPT_ANNOTATION))
         .is_some_and(|v| v == "true");
-    let local_storage = spec
-        .and_then(|s| s.volumes.as_ref())
-        .is_some_and(|v| v.iter().any(|v| v.empty_dir.is_some() || v.host_path.is_some()));
+    let local_storage = spec.and_then(|s| s.volumes.as_ref()).is_some_and(|v| {
+        v.iter()
+            .any(|v| v.empty_dir.is_some() || v.host_path.is_some())
+    });
     let no_controller = !meta
         .and_then(|m| m.owner_references.as_ref())
         .is_some_and(|o| o.iter().any(|o| o.controller == Some(true)));

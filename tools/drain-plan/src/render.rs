@@ -70,7 +70,11 @@ pub fn table(preview: &Preview) -> String {
     if preview.evict.is_empty() {
         out.push_str("  none\n");
     } else {
-        let mut rows = vec![["TIER", "POD", "BUDGETS", "GRACE", "NOTES"].map(String::from).to_vec()];
+        let mut rows = vec![
+            ["TIER", "POD", "BUDGETS", "GRACE", "NOTES"]
+                .map(String::from)
+                .to_vec(),
+        ];
         for pod in &preview.evict {
             let mut notes = Vec::new();
             if pod.do_not_disrupt {
@@ -242,9 +246,21 @@ mod tests {
         Snapshot {
             node: node(),
             pods: vec![
-                pod("default", "web-1", json!({"spec": {"terminationGracePeriodSeconds": 20}})),
-                pod("default", "web-2", json!({"spec": {"terminationGracePeriodSeconds": 20}})),
-                pod("default", "web-3", json!({"spec": {"terminationGracePeriodSeconds": 20}})),
+                pod(
+                    "default",
+                    "web-1",
+                    json!({"spec": {"terminationGracePeriodSeconds": 20}}),
+                ),
+                pod(
+                    "default",
+                    "web-2",
+                    json!({"spec": {"terminationGracePeriodSeconds": 20}}),
+                ),
+                pod(
+                    "default",
+                    "web-3",
+                    json!({"spec": {"terminationGracePeriodSeconds": 20}}),
+                ),
                 pod(
                     "default",
                     "scratch",
@@ -269,7 +285,10 @@ mod tests {
                     json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}),
                 ),
             ],
-            budgets: vec![budget("web", "web", web_allowed), budget("unrelated", "other", 0)],
+            budgets: vec![
+                budget("web", "web", web_allowed),
+                budget("unrelated", "other", 0),
+            ],
         }
     }
 
@@ -329,7 +348,11 @@ mod tests {
 
     #[test]
     fn a_budget_allowing_nothing_blocks_and_the_deadline_is_reached() {
-        let preview = preview(&snapshot(0), &settings(&[("DRAIN_TIMEOUT_SECONDS", "120")]), now());
+        let preview = preview(
+            &snapshot(0),
+            &settings(&[("DRAIN_TIMEOUT_SECONDS", "120")]),
+            now(),
+        );
         let doc: Value = serde_json::from_str(&json(&preview)).unwrap();
         assert_eq!(doc["budgets"][0]["blocksNow"], true);
         assert_eq!(doc["budgets"][0]["waves"], Value::Null);
@@ -344,7 +367,12 @@ mod tests {
             .map(|p| p["name"].as_str().unwrap())
             .collect();
         assert_eq!(blocked, ["web-1", "web-2", "web-3"]);
-        assert!(estimate["atDeadline"].as_str().unwrap().contains("CONTINUE"));
+        assert!(
+            estimate["atDeadline"]
+                .as_str()
+                .unwrap()
+                .contains("CONTINUE")
+        );
         let forced = preview_with_force();
         assert!(forced.estimate.at_deadline.contains("DRAIN_FORCE"));
     }
@@ -355,14 +383,21 @@ mod tests {
 
     #[test]
     fn a_long_estimate_reaches_the_deadline_without_a_blocking_budget() {
-        let preview = preview(&snapshot(1), &settings(&[("DRAIN_TIMEOUT_SECONDS", "100")]), now());
+        let preview = preview(
+            &snapshot(1),
+            &settings(&[("DRAIN_TIMEOUT_SECONDS", "100")]),
+            now(),
+        );
         assert_eq!(preview.estimate.seconds, Some(130));
         assert!(preview.estimate.reaches_deadline);
         assert!(preview.estimate.blocked.is_empty());
         // POD_GRACE_PERIOD_SECONDS overrides every pod's own grace period.
         let short = preview_with(&[("POD_GRACE_PERIOD_SECONDS", "1"), ("SETTLE_SECONDS", "0")]);
         assert_eq!(short.estimate.seconds, Some(4));
-        assert_eq!(short.estimate.deadline_seconds, Duration::from_secs(900).as_secs());
+        assert_eq!(
+            short.estimate.deadline_seconds,
+            Duration::from_secs(900).as_secs()
+        );
     }
 
     fn preview_with(extra: &[(&str, &str)]) -> Preview {
@@ -389,15 +424,24 @@ mod tests {
             "  The drain would reach its deadline: the lifecycle action completes with CONTINUE and the pods still there go with the instance (PodEvictionFailure).",
         ];
         for line in expected_lines {
-            assert!(text.lines().any(|l| l == line), "missing {line:?} in:\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
         }
         // Sections in order, critical after ordinary.
         let at = |s: &str| text.find(s).unwrap();
         assert!(at("Evicted") < at("Left on") && at("Left on") < at("PodDisruptionBudgets"));
         assert!(at("default/web-3") < at("kube-system/coredns-1"));
         let fine = table(&preview(&snapshot(1), &settings(&[]), now()));
-        assert!(fine.contains("  4 wave(s), about 130s with the settle period (deadline in 900s)\n"), "{fine}");
+        assert!(
+            fine.contains("  4 wave(s), about 130s with the settle period (deadline in 900s)\n"),
+            "{fine}"
+        );
         assert!(fine.contains("The drain would finish before its deadline."));
-        assert!(fine.contains("  default/web  1        3          3      allows"), "{fine}");
+        assert!(
+            fine.contains("  default/web  1        3          3      allows"),
+            "{fine}"
+        );
     }
 }

@@ -33,9 +33,9 @@ impl Target {
         if !valid {
             return Err(SnapshotError::BadTarget(text.to_owned()));
         }
-        let is_instance = text.strip_prefix("i-").is_some_and(|hex| {
-            !hex.is_empty() && hex.chars().all(|c| c.is_ascii_hexdigit())
-        });
+        let is_instance = text
+            .strip_prefix("i-")
+            .is_some_and(|hex| !hex.is_empty() && hex.chars().all(|c| c.is_ascii_hexdigit()));
         Ok(if is_instance {
             Self::Instance(text.to_owned())
         } else {
@@ -144,7 +144,15 @@ mod tests {
             Target::parse("i-0abc123.eu-west-1.compute.internal").unwrap(),
             Target::Node("i-0abc123.eu-west-1.compute.internal".into())
         );
-        for bad in ["", "Node1", "a/b", "n,spec.x=y", "-n", "n.", &"a".repeat(254)] {
+        for bad in [
+            "",
+            "Node1",
+            "a/b",
+            "n,spec.x=y",
+            "-n",
+            "n.",
+            &"a".repeat(254),
+        ] {
             let error = Target::parse(bad).unwrap_err().to_string();
             assert!(error.contains("neither a node name"), "{bad}: {error}");
         }

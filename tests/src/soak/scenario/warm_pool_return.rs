@@ -143,8 +143,7 @@ impl Soak {
             .unwrap_or_else(|e| e.into_inner())
             .iter()
             .any(|(action, result, _, _)| {
-                action.instance_id == warm.instance_id
-                    && *result == LifecycleActionResult::Continue
+                action.instance_id == warm.instance_id && *result == LifecycleActionResult::Continue
             });
         if !continued {
             // Not completed with CONTINUE: `completion_violations` reports it.
