@@ -709,3 +709,101 @@ spec:
     assert_eq!(completions.len(), 1, "{completions:?}");
     assert_eq!(completions[0].result, LifecycleActionResult::Continue);
 }
+
+#[tokio::test]
+async fn an_api_brownout_at_the_hand_over_time_still_hands_over_before_the_deadline() {
+    use node_manager_testkit::kube::{FaultAction, FaultRule};
+    use node_manager_testkit::lambda_api::InvocationOutcome;
+    let w = drain_world(&[
+        ("HAND_OVER_MARGIN_SECONDS", "2"),
+        ("DRAIN_LEASE_SECONDS", "3"),
+        ("DRAIN_TIMEOUT_SECONDS", "300"),
+    ])
+    .await;
+    // A pod whose deletion waits for a finalizer: the drain outlasts the invocation.
+    w.server
+        .store()
+        .apply_yaml(
+            &r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: held, namespace: default, finalizers: [example.com/hold]}
+spec:
+  nodeName: NODE
+  containers: [{name: held, image: held}]
+"#
+            .replace("NODE", &w.node),
+        )
+        .unwrap();
+    let lambda = w.function(Target::TerminatingHook);
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Once the node is cordoned, a minute of API Priority and Fairness throttling of node
+    // writes: every PATCH answered 429 with Retry-After 1 s, which kube's client retries up
+    // to 15 times per call.
+    let store = w.server.store().clone();
+    let faults = w.server.faults().clone();
+    let node = w.node.clone();
+    let brownout = tokio::spawn(async move {
+        poll(&store, "the cordon", |store| {
+            store
+                .find::<Node>("", &node)
+                .and_then(|n| n.spec?.unschedulable)
+                == Some(true)
+        })
+        .await;
+        faults.add(
+            FaultRule::new(FaultAction::TooManyRequests {
+                retry_after_seconds: 1,
+            })
+            .verb("patch")
+            .resource("nodes")
+            .lasting(Duration::from_secs(60)),
+        )
+    });
+    let outcome = lambda
+        .runtime
+        .invoke(&event, Duration::from_secs(6))
+        .await
+        .unwrap();
+    let rule = brownout.await.unwrap();
+    let InvocationOutcome::Response(answer) = outcome else {
+        panic!("{outcome:?}\n{}", lambda.runtime.output());
+    };
+    assert_eq!(answer["records"][0]["outcome"], "HandedOver", "{answer}");
+    let throttled = w
+        .server
+        .audit()
+        .filter(|e| e.resource() == "nodes" && e.code() == 429);
+    assert!(!throttled.is_empty(), "the brownout hit node writes");
+    let continuation = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .expect("the notification republished for a fresh invocation");
+
+    // The brownout ends; the continuation resumes (after the unreleased lease lapses) and
+    // completes once the pod is gone.
+    w.server.faults().remove(rule);
+    w.server
+        .store()
+        .modify::<Pod>("default", "held", |pod| pod.metadata.finalizers = None)
+        .unwrap();
+    let outcome = lambda
+        .runtime
+        .invoke(&continuation, Duration::from_secs(15))
+        .await
+        .unwrap();
+    let InvocationOutcome::Response(answer) = outcome else {
+        panic!("{outcome:?}\n{}", lambda.runtime.output());
+    };
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+}

@@ -93,7 +93,7 @@ impl World {
         RepairContext {
             kube: self.client.clone(),
             health: self.health.clone(),
-            reboot: self.health.clone(),
+            ec2: self.health.clone(),
             settings: RepairSettings::from_source(all.as_slice()).unwrap(),
         }
     }
@@ -490,4 +490,44 @@ async fn warm_pool_instances_are_neither_repaired_nor_counted() {
     );
     assert_eq!(outcome(&report, 0), "Repair");
     assert_eq!(w.health.marked_unhealthy(), vec![instance(0)]);
+}
+
+#[tokio::test]
+async fn a_node_back_from_a_stopped_warm_pool_waits_from_its_instances_launch() {
+    // (Its grace period from the launch is decided by the same field: decision.rs tests it
+    // with Node creation times the API server would not let a test set.)
+    let w = World::start(10).await;
+    // Node 0 went NotReady five hours ago when its instance was stopped in the pool; the
+    // instance started again a minute ago and its kubelet is not back yet.
+    w.set_condition(0, "Ready", "Unknown", "NodeStatusUnknown", AN_HOUR * 5);
+    let launched = Timestamp::now() - Duration::from_secs(60);
+    w.health.set_launch_time(&instance(0), launched);
+    // Node 1 has been NotReady for two hours on an instance running for a day: repaired.
+    w.set_condition(1, "Ready", "False", "KubeletNotReady", AN_HOUR * 2);
+    w.health
+        .set_launch_time(&instance(1), Timestamp::now() - AN_HOUR * 24);
+
+    let report = run::handle(&w.context(&[]), Value::Null).await.unwrap();
+    assert_eq!(outcome(&report, 0), "Waiting", "{report:#?}");
+    let verdict = &report
+        .nodes
+        .iter()
+        .find(|n| n.node == node_name(0))
+        .unwrap()
+        .verdict;
+    let verdict = serde_json::to_value(verdict).unwrap();
+    assert_eq!(
+        verdict["problem"]["since"],
+        serde_json::to_value(launched).unwrap(),
+        "the 30 minute wait counts from the launch: {verdict}"
+    );
+    assert_eq!(outcome(&report, 1), "Repair", "{report:#?}");
+    assert_eq!(w.health.marked_unhealthy(), vec![instance(1)]);
+    // Only the two nodes with a bad condition were looked up, in one call.
+    assert_eq!(w.health.launch_time_calls(), vec![2]);
+
+    // A healthy run looks nothing up.
+    let w = World::start(3).await;
+    run::handle(&w.context(&[]), Value::Null).await.unwrap();
+    assert!(w.health.launch_time_calls().is_empty());
 }

@@ -716,7 +716,7 @@ async fn repair_flow(documents: &[Value]) -> FlowResult {
     let ctx = RepairContext {
         kube: client(&server, "node-repair", Flow::Repair.groups()).await,
         health: health.clone(),
-        reboot: health.clone(),
+        ec2: health.clone(),
         settings: RepairSettings::from_source(env).unwrap(),
     };
     let answered = run::handle(&ctx, Value::Null).await.is_ok();

@@ -29,7 +29,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             eks: SdkEks::new(&sdk_config),
         },
         health: SdkAutoScaling::new(&sdk_config),
-        reboot: SdkInstances::new(&sdk_config),
+        ec2: SdkInstances::new(&sdk_config),
         settings,
     };
     let context = &context;

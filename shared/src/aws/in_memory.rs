@@ -553,6 +553,10 @@ struct InstanceHealthState {
     groups: BTreeMap<String, GroupHealthSettings>,
     marked_unhealthy: Vec<String>,
     rebooted: Vec<String>,
+    /// EC2 `LaunchTime` of the instances that have one set by the test.
+    launch_times: BTreeMap<String, jiff::Timestamp>,
+    /// Instance ids asked for, per `DescribeInstances` call (launch times).
+    launch_time_calls: Vec<usize>,
     /// Instance ids asked for, per `DescribeAutoScalingInstances` call.
     describe_calls: Vec<usize>,
 }
@@ -614,6 +618,18 @@ impl InMemoryInstanceHealth {
         lock(&self.state).rebooted.clone()
     }
 
+    /// EC2 reports `at` as the instance's `LaunchTime` (its last start).
+    pub fn set_launch_time(&self, instance_id: &str, at: jiff::Timestamp) {
+        lock(&self.state)
+            .launch_times
+            .insert(instance_id.to_owned(), at);
+    }
+
+    /// How many instance ids each launch-time lookup named.
+    pub fn launch_time_calls(&self) -> Vec<usize> {
+        lock(&self.state).launch_time_calls.clone()
+    }
+
     /// How many instance ids each `DescribeAutoScalingInstances` call named.
     pub fn describe_calls(&self) -> Vec<usize> {
         lock(&self.state).describe_calls.clone()
@@ -670,7 +686,20 @@ impl InstanceHealth for InMemoryInstanceHealth {
     }
 }
 
-impl InstanceReboot for InMemoryInstanceHealth {
+impl RepairInstances for InMemoryInstanceHealth {
+    async fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        let mut state = lock(&self.state);
+        state.launch_time_calls.push(instance_ids.len());
+        Ok(instance_ids
+            .iter()
+            .filter_map(|id| Some((id.clone(), *state.launch_times.get(id)?)))
+            .collect())
+    }
+
     async fn reboot_instance(&self, instance_id: &str) -> Result<(), AwsError> {
         self.faults.take("RebootInstances")?;
         lock(&self.state).rebooted.push(instance_id.to_owned());

@@ -388,8 +388,16 @@ pub trait InstanceHealth: Send + Sync {
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
 
-/// EC2 reboots, node repair's lighter action.
-pub trait InstanceReboot: Send + Sync {
+/// EC2 as node repair uses it: when instances last started, and reboots (its lighter action).
+pub trait RepairInstances: Send + Sync {
+    /// Each instance's `LaunchTime`, which EC2 moves forward whenever a stopped instance
+    /// starts again (a return from a stopped warm pool). An instance EC2 does not know is
+    /// absent from the answer.
+    fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<BTreeMap<String, jiff::Timestamp>, AwsError>> + Send;
+
     fn reboot_instance(
         &self,
         instance_id: &str,

@@ -705,7 +705,52 @@ impl InstanceHealth for SdkAutoScaling {
     }
 }
 
-impl InstanceReboot for SdkInstances {
+/// Instance ids per `DescribeInstances` filter (EC2 takes at most 200 values per filter).
+const INSTANCE_FILTER_BATCH: usize = 200;
+
+impl RepairInstances for SdkInstances {
+    /// By an `instance-id` filter, not `InstanceIds`: an id EC2 no longer knows (terminated
+    /// and gone) is then simply absent instead of failing the whole call.
+    async fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        use aws_sdk_ec2::types::Filter;
+        let mut times = BTreeMap::new();
+        for batch in instance_ids.chunks(INSTANCE_FILTER_BATCH) {
+            let filter = Filter::builder()
+                .name("instance-id")
+                .set_values(Some(batch.to_vec()))
+                .build();
+            let mut next_token = None;
+            loop {
+                let output = self
+                    .client
+                    .describe_instances()
+                    .filters(filter.clone())
+                    .max_results(1000)
+                    .set_next_token(next_token.take())
+                    .send()
+                    .await
+                    .map_err(|e| classify("DescribeInstances", e))?;
+                for instance in output.reservations().iter().flat_map(|r| r.instances()) {
+                    let (Some(id), Some(at)) = (instance.instance_id(), instance.launch_time())
+                    else {
+                        continue;
+                    };
+                    if let Ok(at) = jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32) {
+                        times.insert(id.to_owned(), at);
+                    }
+                }
+                match output.next_token().filter(|t| !t.is_empty()) {
+                    Some(token) => next_token = Some(token.to_owned()),
+                    None => break,
+                }
+            }
+        }
+        Ok(times)
+    }
+
     async fn reboot_instance(&self, instance_id: &str) -> Result<(), AwsError> {
         self.client
             .reboot_instances()

@@ -33,6 +33,23 @@ fn is_eviction(uri: &http::Uri) -> bool {
     uri.path().ends_with("/eviction")
 }
 
+/// The longest one request may take, kube's retries of 429/503/504 included (they honour
+/// `Retry-After`, up to 15 times), unless it is a watch. Without it a brownout, or a
+/// connection that stops answering (kube sets no read timeout), holds a call for minutes and
+/// the caller's own deadlines (lease renewal, hand-over) cannot be kept; with it the caller
+/// gets an error it already knows how to handle (transient: retried or handed over).
+pub const REQUEST_TIME_BOUND: Duration = Duration::from_secs(10);
+
+/// `?watch=true` (or `1`): a long-running request by design, bounded by its own
+/// `timeoutSeconds` and by the caller.
+fn is_watch(uri: &http::Uri) -> bool {
+    uri.query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| pair == "watch=true" || pair == "watch=1")
+    })
+}
+
 /// Builds a client for `cluster` that authenticates with tokens from `tokens`.
 ///
 /// Needs a Tokio runtime (the client's request queue runs on it).
@@ -77,7 +94,40 @@ pub fn build_client(
         } else {
             transport.clone()
         };
-        async move { transport.send(request).await }
+        let bounded = !is_watch(request.uri());
+        async move {
+            if !bounded {
+                return transport.send(request).await;
+            }
+            match tokio::time::timeout(REQUEST_TIME_BOUND, transport.send(request)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(kube::Error::Service(
+                    format!(
+                        "no answer from the API server within {} s (its retries included)",
+                        REQUEST_TIME_BOUND.as_secs()
+                    )
+                    .into(),
+                )),
+            }
+        }
     });
     Ok(kube::Client::new(BearerAuth::new(send, tokens), "default"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn only_watches_escape_the_request_time_bound() {
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert!(is_watch(&uri(
+            "https://k/api/v1/pods?fieldSelector=spec.nodeName%3Dn&watch=true&timeoutSeconds=290"
+        )));
+        assert!(is_watch(&uri("https://k/api/v1/nodes?watch=1")));
+        assert!(!is_watch(&uri("https://k/api/v1/nodes?limit=500")));
+        assert!(!is_watch(&uri("https://k/api/v1/nodes/n")));
+        assert!(!is_watch(&uri("https://k/api/v1/pods?watch=false")));
+    }
 }

@@ -501,12 +501,26 @@ where
             force: self.settings().force,
             timeout_result: self.settings().timeout_result,
         };
-        let hand_over_at = request.invocation.budget.hand_over_at();
+        let budget = request.invocation.budget;
+        let hand_over_at = budget.hand_over_at();
+        // Every wait of the session ends at the hand-over time; a Kubernetes call still
+        // without an answer shortly after it (a brownout) is abandoned, and the drain handed
+        // over like one that stopped on time: its state is on the node, not in this future.
+        let bounded = async {
+            let session = policy.run(&mut session, request.events, hand_over_at);
+            match tokio::time::timeout_at(budget.cutoff_at(), session).await {
+                Ok(next) => next,
+                Err(_) => {
+                    tracing::warn!(
+                        step = "cut_off",
+                        "the Kubernetes API did not answer before the hand-over time: handing over"
+                    );
+                    Ok(NextStep::HandOver)
+                }
+            }
+        };
         let ran = keeper
-            .keep_alive(
-                &self.context.autoscaling,
-                Box::pin(policy.run(&mut session, request.events, hand_over_at)),
-            )
+            .keep_alive(&self.context.autoscaling, Box::pin(bounded))
             .await;
         let stats = session.stats;
         let started_at = session.checkpoint.started_at;
@@ -517,7 +531,7 @@ where
                     step = "action_gone",
                     "Auto Scaling no longer has this lifecycle action (completed elsewhere or timed out): stopping"
                 );
-                lease.release().await;
+                lease.release(budget.closing_write_bound()).await;
                 self.metrics(request.notification, Some(stats), "ActionGone")
                     .emit();
                 return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));

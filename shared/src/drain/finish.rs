@@ -6,7 +6,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::deadline::NextStep;
-use super::drainer::{DrainProgress, DrainRequest, Drainer, kube_error};
+use super::drainer::{DrainProgress, DrainRequest, Drainer};
 use super::events::reason;
 use super::lease::{NodeLease, Update};
 use super::report::{DeliveryOutcome, DrainEnd, DrainError};
@@ -42,7 +42,9 @@ where
         match next {
             NextStep::HandOver => self.hand_over(lease, request, keeper, stats).await,
             NextStep::RetryForcedDeletion(pods) => {
-                lease.release().await;
+                lease
+                    .release(request.invocation.budget.closing_write_bound())
+                    .await;
                 self.metrics(notification, Some(stats), "ForceIncomplete")
                     .emit();
                 Err(DrainError::ForceIncomplete {
@@ -75,11 +77,25 @@ where
         stats: SessionStats,
     ) -> Result<DeliveryOutcome, DrainError> {
         let notification = request.notification;
-        let update = lease.update(|c, now| c.handed_over(now)).await;
-        match update.map_err(|source| kube_error(&lease.name, source))? {
-            Update::Written(_) => {}
-            Update::LeaseLost => return Ok(DeliveryOutcome::LeaseLost),
-            Update::NodeGone => return self.node_gone(notification).await,
+        // Bounded, and not required: without the mark the continuation waits for this
+        // invocation's lease to lapse and then resumes. Failing here instead would leave the
+        // drain to Lambda's retries (minutes) or the hook's expiry.
+        let bound = request.invocation.budget.closing_write_bound();
+        let update = tokio::time::timeout(bound, lease.update(|c, now| c.handed_over(now))).await;
+        match update {
+            Ok(Ok(Update::Written(_))) => {}
+            Ok(Ok(Update::LeaseLost)) => return Ok(DeliveryOutcome::LeaseLost),
+            Ok(Ok(Update::NodeGone)) => return self.node_gone(notification).await,
+            Ok(Err(error)) => {
+                tracing::warn!(step = "hand_over_unrecorded", %error, "could not record the hand-over on the node: the continuation resumes once this lease lapses");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    step = "hand_over_unrecorded",
+                    bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX),
+                    "the hand-over mark got no answer in time: the continuation resumes once this lease lapses"
+                );
+            }
         }
         let handed = self
             .context
@@ -125,7 +141,16 @@ where
         };
         let outcome = self.complete(notification, result).await?;
         let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
-        record_completion(lease, to_warm_pool).await;
+        let bound = request.invocation.budget.closing_write_bound();
+        if tokio::time::timeout(bound, record_completion(lease, to_warm_pool))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                recorded = false,
+                "the completion mark got no answer in time (harmless: a duplicate would find no active action)"
+            );
+        }
         let duration = Timestamp::now().duration_since(started_at);
         tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
         request.events.normal(

@@ -107,7 +107,9 @@ pub async fn claim(
 ) -> Result<Claim, kube::Error> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let mut node = node;
-    for _ in 0..CONFLICT_ATTEMPTS {
+    let mut transient_failures = 0;
+    let mut conflicts = 0;
+    while conflicts < CONFLICT_ATTEMPTS {
         let existing = checkpoint_of(&node);
         let decision = DrainCheckpoint::decide(
             existing.as_ref(),
@@ -136,7 +138,20 @@ pub async fn claim(
             }
             LeaseDecision::AlreadyCompleted => return Ok(Claim::AlreadyCompleted),
         };
-        match write(nodes, &name, &node, &checkpoint, Some(&steps)).await? {
+        let written = match write(nodes, &name, &node, &checkpoint, Some(&steps)).await {
+            Ok(written) => written,
+            // One refused write (a 5xx, a throttle past kube's retries) must not fail the
+            // invocation: try again against a fresh read, a few times, with backoff.
+            Err(error) if is_transient(&error) && transient_failures + 1 < TRANSIENT_ATTEMPTS => {
+                let delay = backoff_delay(transient_failures, TRANSIENT_BASE, TRANSIENT_CAP);
+                tracing::warn!(node = %name, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "could not take the drain; retrying");
+                transient_failures += 1;
+                tokio::time::sleep(delay).await;
+                Written::Conflict
+            }
+            Err(error) => return Err(error),
+        };
+        match written {
             Written::Node(written) => {
                 return Ok(Claim::Claimed {
                     node: written,
@@ -145,14 +160,36 @@ pub async fn claim(
                     cordon: steps.report(),
                 });
             }
-            Written::Conflict => match get(nodes, &name).await? {
-                Some(fresh) => node = fresh,
-                None => return Ok(Claim::NodeGone),
-            },
+            Written::Conflict => {
+                conflicts += 1;
+                match get_retrying(nodes, &name, &mut transient_failures).await? {
+                    Some(fresh) => node = fresh,
+                    None => return Ok(Claim::NodeGone),
+                }
+            }
             Written::NodeGone => return Ok(Claim::NodeGone),
         }
     }
     Err(too_many_conflicts(&name))
+}
+
+/// [`get`], retried on transient errors while `transient_failures` (shared with the caller's
+/// writes) stays under [`TRANSIENT_ATTEMPTS`].
+async fn get_retrying(
+    nodes: &Api<Node>,
+    name: &str,
+    transient_failures: &mut u32,
+) -> Result<Option<Node>, kube::Error> {
+    loop {
+        match get(nodes, name).await {
+            Err(error) if is_transient(&error) && *transient_failures + 1 < TRANSIENT_ATTEMPTS => {
+                let delay = backoff_delay(*transient_failures, TRANSIENT_BASE, TRANSIENT_CAP);
+                *transient_failures += 1;
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Applies `change` to the checkpoint this invocation holds (renewing the lease, recording
@@ -311,17 +348,28 @@ impl NodeLease {
         .await
     }
 
-    /// Lets go of the lease so another invocation need not wait for it to expire.
-    pub(super) async fn release(&mut self) {
-        let released = self
-            .update(|c, now| {
+    /// Lets go of the lease so another invocation need not wait for it to expire; gives up
+    /// after `within` (the lease then expires by itself).
+    pub(super) async fn release(&mut self, within: Duration) {
+        let released = tokio::time::timeout(
+            within,
+            self.update(|c, now| {
                 let mut next = c.handed_over(now);
                 next.continuations = c.continuations;
                 next
-            })
-            .await;
-        if let Err(error) = released {
-            tracing::debug!(%error, "could not release the drain lease; it expires by itself");
+            }),
+        )
+        .await;
+        match released {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "could not release the drain lease; it expires by itself");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "releasing the drain lease got no answer in time; it expires by itself"
+                );
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ const LAMBDA_MAX_DURATION: Duration = Duration::from_secs(900);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InvocationBudget {
     hand_over_at: Instant,
+    margin: Duration,
 }
 
 impl InvocationBudget {
@@ -38,7 +39,23 @@ impl InvocationBudget {
     pub fn new(remaining: Duration, margin: Duration) -> Self {
         Self {
             hand_over_at: Instant::now() + remaining.saturating_sub(margin),
+            margin,
         }
+    }
+
+    /// When the work is cut off if a call in flight at the hand-over time has not answered
+    /// (an API brownout): a tenth of the margin later, at most [`MAX_CUTOFF_DELAY`]. The work
+    /// is then handed over as if it had stopped on time.
+    pub fn cutoff_at(&self) -> Instant {
+        self.hand_over_at + (self.margin / 10).min(MAX_CUTOFF_DELAY)
+    }
+
+    /// The longest a write that closes this invocation's share may take (the hand-over or
+    /// completion mark on the node): a quarter of the margin, at most
+    /// [`MAX_CLOSING_WRITE`]. What is left of the margin after the cut-off and this write is
+    /// for the heartbeat and the republish.
+    pub fn closing_write_bound(&self) -> Duration {
+        (self.margin / 4).min(MAX_CLOSING_WRITE)
     }
 
     /// When the work must stop and hand over.
@@ -62,6 +79,11 @@ impl InvocationBudget {
         self.remaining() >= MIN_WORKING_SLICE
     }
 }
+
+/// See [`InvocationBudget::cutoff_at`].
+pub const MAX_CUTOFF_DELAY: Duration = Duration::from_secs(1);
+/// See [`InvocationBudget::closing_write_bound`].
+pub const MAX_CLOSING_WRITE: Duration = Duration::from_secs(5);
 
 /// The least time an invocation must have for work before its hand-over time.
 pub const MIN_WORKING_SLICE: Duration = Duration::from_secs(1);
@@ -90,6 +112,19 @@ mod tests {
         assert_eq!(budget.remaining(), Duration::ZERO);
         let short = InvocationBudget::new(ms(10), ms(30));
         assert!(short.is_spent());
+    }
+
+    #[test]
+    fn the_closing_bounds_fit_in_the_margin() {
+        let default = InvocationBudget::new(Duration::from_secs(900), Duration::from_secs(30));
+        assert_eq!(
+            default.cutoff_at() - default.hand_over_at(),
+            Duration::from_secs(1)
+        );
+        assert_eq!(default.closing_write_bound(), Duration::from_secs(5));
+        let tight = InvocationBudget::new(Duration::from_secs(10), Duration::from_secs(2));
+        assert_eq!(tight.cutoff_at() - tight.hand_over_at(), ms(200));
+        assert_eq!(tight.closing_write_bound(), ms(500));
     }
 
     #[test]

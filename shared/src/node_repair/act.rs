@@ -7,7 +7,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::json;
 
-use crate::aws::{InstanceHealth, InstanceReboot};
+use crate::aws::{InstanceHealth, RepairInstances};
 use crate::drain::events::{DrainEvents, truncate_note};
 
 use super::FUNCTION_NAME;
@@ -38,7 +38,7 @@ pub(super) struct Repairs<'a, K, H, R> {
 impl<'a, K, H, R> Repairs<'a, K, H, R>
 where
     H: InstanceHealth,
-    R: InstanceReboot,
+    R: RepairInstances,
 {
     pub(super) fn new(
         ctx: &'a RepairContext<K, H, R>,
@@ -215,7 +215,7 @@ where
                     .set_instance_unhealthy(&seen.instance_id)
                     .await
             }
-            RepairAction::Reboot => self.ctx.reboot.reboot_instance(&seen.instance_id).await,
+            RepairAction::Reboot => self.ctx.ec2.reboot_instance(&seen.instance_id).await,
             RepairAction::NoAction => Ok(()),
         };
         if let Err(error) = acted {

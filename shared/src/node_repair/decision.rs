@@ -304,6 +304,16 @@ fn assess(
 /// the group (`Terminating*`, judged as a repair in flight). `Pending:*` (not yet in
 /// service), `Warmed:*` (in the warm pool, stopped or not), `Standby`, `EnteringStandby`,
 /// `Detaching` and the like are not.
+/// Whether the decision about `node` may depend on its instance's last launch: it is judged
+/// by its Node and some condition is bad. Only those are looked up (usually none).
+pub fn needs_launch_time(node: &NodeObservation) -> bool {
+    node.lifecycle_state == "InService"
+        && node
+            .conditions
+            .iter()
+            .any(|c| is_unhealthy_status(&c.type_, &c.status))
+}
+
 pub fn judged_by_its_node(lifecycle_state: &str) -> bool {
     lifecycle_state == "InService" || leaving_the_group(lifecycle_state)
 }

@@ -3,7 +3,8 @@
 //!
 //! Requests per run: the Node list (pages of [`NODE_PAGE_SIZE`]), one
 //! `DescribeAutoScalingInstances` per 50 instances, one `DescribeAutoScalingGroups` per 50
-//! groups, and per repair one annotation patch, one AWS action and one Event. Nothing is
+//! groups, one `DescribeInstances` per 200 in-service nodes with a bad condition (their
+//! instances' launch times), and per repair one annotation patch, one AWS action and one Event. Nothing is
 //! cached between runs: every decision rests on what this run saw.
 
 use jiff::Timestamp;
@@ -11,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
-use crate::aws::{InstanceHealth, InstanceReboot};
+use crate::aws::{InstanceHealth, RepairInstances};
 use crate::cluster::connection::KubeConnection;
 
 use super::act::Repairs;
@@ -27,7 +28,7 @@ pub const NODE_PAGE_SIZE: u32 = 500;
 pub struct RepairContext<K, H, R> {
     pub kube: K,
     pub health: H,
-    pub reboot: R,
+    pub ec2: R,
     pub settings: RepairSettings,
 }
 
@@ -39,7 +40,7 @@ pub async fn handle<K, H, R>(
 where
     K: KubeConnection,
     H: InstanceHealth,
-    R: InstanceReboot,
+    R: RepairInstances,
 {
     let settings = &ctx.settings;
     let client = ctx.kube.client().await?;
@@ -50,7 +51,8 @@ where
     let mut reports = Vec::new();
     let candidates = scope::candidates(&nodes, &mut reports);
     let memberships = Box::pin(scope::read_memberships(&ctx.health, &candidates)).await?;
-    let groups = scope::our_groups(settings, candidates, &memberships, &mut reports);
+    let mut groups = scope::our_groups(settings, candidates, &memberships, &mut reports);
+    Box::pin(scope::read_launch_times(&ctx.ec2, &mut groups)).await?;
 
     let now = Timestamp::now();
     let mut repairs = Repairs::new(ctx, &nodes_api, &client, now);

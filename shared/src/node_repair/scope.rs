@@ -9,12 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::aws::{GroupHealthSettings, GroupInstance, InstanceHealth};
+use crate::aws::{GroupHealthSettings, GroupInstance, InstanceHealth, RepairInstances};
 use crate::drain::checkpoint::CHECKPOINT_ANNOTATION;
 use crate::lifecycle::node::node_instance_id;
 use crate::lifecycle::scope::{ScopeDecision, decide_by_tags};
 
-use super::decision::{GroupObservation, NodeObservation, ObservedCondition};
+use super::decision::{GroupObservation, NodeObservation, ObservedCondition, needs_launch_time};
 use super::memory::{REPAIR_ANNOTATION, RepairRecord};
 use super::report::{NodeReport, RepairError, not_ours};
 use super::settings::RepairSettings;
@@ -162,6 +162,35 @@ pub(super) fn our_groups<'a>(
         entry.nodes.push(node);
     }
     observed
+}
+
+/// Fills in the instance's last launch (EC2 `LaunchTime`) of the nodes whose decision may
+/// depend on it: a node back from a stopped warm pool was created and turned NotReady long
+/// ago, but its grace period and repair wait start when its instance started again. One
+/// `DescribeInstances` per 200 such nodes; none in a healthy cluster.
+pub(super) async fn read_launch_times(
+    ec2: &impl RepairInstances,
+    groups: &mut BTreeMap<String, ObservedGroup<'_>>,
+) -> Result<(), RepairError> {
+    let wanted: Vec<String> = groups
+        .values()
+        .flat_map(|g| &g.observation.nodes)
+        .filter(|n| needs_launch_time(n))
+        .map(|n| n.instance_id.clone())
+        .collect();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let times = ec2
+        .launch_times(&wanted)
+        .await
+        .map_err(RepairError::Describe)?;
+    for node in groups.values_mut().flat_map(|g| &mut g.observation.nodes) {
+        if let Some(at) = times.get(&node.instance_id) {
+            node.launched_at = Some(*at);
+        }
+    }
+    Ok(())
 }
 
 /// The hooks' scope rules: the allow-list, else a tag naming this cluster.

@@ -46,6 +46,9 @@ pub struct FakeInstance {
     pub tags: BTreeMap<String, String>,
     /// The ARN of the instance profile the instance was launched with.
     pub iam_instance_profile_arn: Option<String>,
+    /// `LaunchTime`: when the instance last started (EC2 moves it forward when a stopped
+    /// instance starts again).
+    pub launch_time: jiff::Timestamp,
 }
 
 impl FakeInstance {
@@ -71,6 +74,7 @@ impl FakeInstance {
             state: InstanceState::Running,
             tags: BTreeMap::new(),
             iam_instance_profile_arn: None,
+            launch_time: jiff::Timestamp::now(),
         }
     }
 
@@ -91,6 +95,11 @@ impl FakeInstance {
 
     pub fn instance_profile(mut self, instance_profile_arn: &str) -> Self {
         self.iam_instance_profile_arn = Some(instance_profile_arn.to_owned());
+        self
+    }
+
+    pub fn launch_time(mut self, at: jiff::Timestamp) -> Self {
+        self.launch_time = at;
         self
     }
 
@@ -137,10 +146,15 @@ impl FakeEc2 {
         lock(&self.shared.ec2).instances.get(instance_id).cloned()
     }
 
-    pub fn set_state(&self, instance_id: &str, state: InstanceState) {
+    /// EC2 reports `at` as the instance's `LaunchTime` from now on.
+    pub fn set_launch_time(&self, instance_id: &str, at: jiff::Timestamp) {
         if let Some(instance) = lock(&self.shared.ec2).instances.get_mut(instance_id) {
-            instance.state = state;
+            instance.launch_time = at;
         }
+    }
+
+    pub fn set_state(&self, instance_id: &str, state: InstanceState) {
+        set_state_of(&self.shared, instance_id, state);
     }
 }
 
@@ -186,8 +200,13 @@ fn reboot_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiE
 }
 
 /// Called when Auto Scaling stops or starts an instance of a warm pool.
+/// A start (into `Pending` or `Running` from any other state) is a new launch for EC2.
 pub(crate) fn set_state_of(shared: &Shared, instance_id: &str, state: InstanceState) {
     if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+        let starting = |s| matches!(s, InstanceState::Pending | InstanceState::Running);
+        if starting(state) && !starting(instance.state) {
+            instance.launch_time = jiff::Timestamp::now();
+        }
         instance.state = state;
     }
 }
@@ -316,11 +335,17 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
             })
             .unwrap_or_default();
         reservations.push_str(&format!(
-            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex><placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}<tagSet>{tags}</tagSet></item></instancesSet></item>",
+            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}<tagSet>{tags}</tagSet></item></instancesSet></item>",
             element("instanceId", &instance.instance_id),
             element("imageId", &instance.image_id),
             element("privateDnsName", &instance.private_dns_name),
             element("instanceType", &instance.instance_type),
+            element(
+                "launchTime",
+                &jiff::Timestamp::from_second(instance.launch_time.as_second())
+                    .unwrap_or(instance.launch_time)
+                    .to_string()
+            ),
             element("availabilityZone", &instance.availability_zone),
             if instance.state == InstanceState::Terminated {
                 String::new()

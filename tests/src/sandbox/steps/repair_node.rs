@@ -55,6 +55,11 @@ impl Sandbox {
             .kill_kubelet(&node.name)
             .map_err(|e| e.to_string())?;
         let since = jiff::Timestamp::now() - Duration::from_secs_f64((minutes * 60.0).max(0.0));
+        // Its instance has been running since well before (node repair counts a condition
+        // from no earlier than the instance's launch).
+        self.aws
+            .ec2()
+            .set_launch_time(&node.instance_id, since - Duration::from_secs(3600));
         // The story starts `minutes` after the kubelet stopped. And the sandbox labels its
         // nodes like a managed node group's, which node repair leaves to EKS; this story is
         // about a self-managed group, whose nodes carry no such label.
