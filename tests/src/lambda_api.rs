@@ -464,6 +464,22 @@ impl LambdaRuntimeApi {
         self.shared.state().stdout.clone()
     }
 
+    /// Waits (at most `timeout`) until the process's stdout contains `needle`: its pipes are
+    /// read by a task of their own, so a line printed just before an answer may arrive after
+    /// it. Returns whether it did.
+    pub async fn wait_for_stdout(&self, needle: &str, timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.stdout().contains(needle) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     pub fn stderr(&self) -> String {
         self.shared.state().stderr.clone()
     }

@@ -100,14 +100,13 @@ async fn an_invocation_gets_the_event_lambdas_environment_and_a_deadline() {
         records[0].request_id,
         answer["request_id"].as_str().unwrap()
     );
+    let second_line = format!("invocation {}", records[1].request_id);
+    let printed = lambda
+        .wait_for_stdout(&second_line, Duration::from_secs(5))
+        .await;
     let output = lambda.output();
     assert!(output.contains("echo-lambda: init"), "{output}");
-    assert!(
-        lambda
-            .stdout()
-            .contains(&format!("invocation {}", records[1].request_id)),
-        "{output}"
-    );
+    assert!(printed, "{output}");
     assert!(lambda.peak_rss_kib().unwrap() > 0);
 }
 

@@ -27,7 +27,7 @@ async fn fault_soak_keeps_every_invariant() {
     for seed in first..first + count {
         let report = run_scenario(seed).await;
         println!(
-            "seed {seed}: {} nodes, {} pods, {} PDBs, {} terminating, {} launching, {} node groups{}; {} invocations ({} duplicates, {} killed, {} hand-overs); faults kube {} aws {}; evictions decided {} granted {} refused {}; pod DELETEs {}; {} violations; {:.1}s",
+            "seed {seed}: {} nodes, {} pods, {} PDBs, {} terminating, {} launching, {} node groups{}{}; {} invocations ({} duplicates, {} killed, {} hand-overs); faults kube {} aws {}; evictions decided {} granted {} refused {}; pod DELETEs {}; {} violations; {:.1}s",
             report.nodes,
             report.pods,
             report.pdbs,
@@ -35,6 +35,7 @@ async fn fault_soak_keeps_every_invariant() {
             report.launching,
             report.nodegroups,
             if report.forced { ", force" } else { "" },
+            if report.brownout { ", brownout" } else { "" },
             report.invocations,
             report.duplicates,
             report.killed,
@@ -74,4 +75,40 @@ async fn fault_soak_keeps_every_invariant() {
     );
     assert!(!logs.is_empty());
     SecretScanner::new().assert_clean("soak tracing output", &logs.text());
+}
+
+/// Node repair during a slow, spreading fault (`node_manager_testkit::soak::repair`): the
+/// one-repair-per-group limit and the 20 % stop hold in every run, also while a replaced
+/// instance is still being drained. `REPAIR_SOAK_SCENARIOS=N` runs more seeds.
+#[tokio::test]
+async fn repair_soak_keeps_the_safety_limits() {
+    use node_manager_testkit::soak::repair::run_repair_scenario;
+    let count = env_number("REPAIR_SOAK_SCENARIOS", 6);
+    let first = env_number("SOAK_SEED", 1);
+    let (mut violations, mut during_drain, mut started, mut paused) = (Vec::new(), 0, 0, 0);
+    for seed in first..first + count {
+        let report = run_repair_scenario(seed).await;
+        println!(
+            "repair seed {seed}: {} nodes, {} failures, {} runs ({} while a replacement drained), {} repairs started, {} runs paused, at most {} being replaced; {} violations",
+            report.nodes,
+            report.failures,
+            report.runs,
+            report.runs_during_drain,
+            report.repairs_started,
+            report.paused_runs,
+            report.max_in_flight,
+            report.violations.len()
+        );
+        for violation in &report.violations {
+            println!("  VIOLATION repair seed {seed}: {violation}");
+        }
+        violations.extend(report.violations);
+        during_drain += report.runs_during_drain;
+        started += report.repairs_started;
+        paused += report.paused_runs;
+    }
+    // The scenarios must have exercised what they check.
+    assert!(during_drain > 0 && started > 1, "{during_drain} {started}");
+    assert!(paused > 0 || count < 6, "no run ever paused");
+    assert!(violations.is_empty(), "{violations:#?}");
 }

@@ -223,7 +223,17 @@ where
     /// From the instance's Node to the completion or hand-over: find, claim, announce,
     /// drive, finish. Events are queued on `events` and written by [`Self::terminating`].
     async fn drain_node(&self, request: &DrainRequest<'_>) -> Result<DeliveryOutcome, DrainError> {
-        let (node, mut keeper) = match self.find_node(request).await? {
+        // Looking up and taking the drain are bounded too: under an API brownout they fail
+        // the invocation (Lambda retries it; a claim that landed is resumed by the same
+        // request id) rather than run past its deadline.
+        let cutoff = request.invocation.budget.cutoff_at();
+        let unanswered = || DrainError::NoAnswerBeforeHandOver {
+            instance_id: request.notification.action.instance_id.clone(),
+        };
+        let found = tokio::time::timeout_at(cutoff, self.find_node(request))
+            .await
+            .map_err(|_| unanswered())?;
+        let (node, mut keeper) = match found? {
             ControlFlow::Continue(found) => found,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
@@ -240,7 +250,11 @@ where
             },
             last_written: None,
         };
-        let claimed = match self.claim(&lease, node, request, &mut keeper).await? {
+        let claim = self.claim(&lease, node, request, &mut keeper);
+        let claimed = tokio::time::timeout_at(cutoff, claim)
+            .await
+            .map_err(|_| unanswered())?;
+        let claimed = match claimed? {
             ControlFlow::Continue(claimed) => claimed,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };

@@ -220,6 +220,10 @@ pub enum DrainError {
         remaining: std::time::Duration,
         margin: std::time::Duration,
     },
+    #[error(
+        "the Kubernetes API did not answer in time to look up or take the drain of instance {instance_id}'s node before the hand-over time (the invocation fails so it is retried)"
+    )]
+    NoAnswerBeforeHandOver { instance_id: String },
     #[error("the drain deadline of node {node} passed and force is configured, but these pods could not be deleted yet (the invocation fails so it is retried): {}", .pods.join(", "))]
     ForceIncomplete { node: String, pods: Vec<String> },
     #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
@@ -239,6 +243,7 @@ impl FunctionError for DrainError {
             Self::HandOver { .. } => "HandOverFailed",
             Self::ForceIncomplete { .. } => "ForcedDeletionIncomplete",
             Self::NoTimeToWork { .. } => "HandOverMarginTooLarge",
+            Self::NoAnswerBeforeHandOver { .. } => "NoAnswerBeforeHandOver",
             Self::Records(_) => "RecordsFailed",
         }
     }

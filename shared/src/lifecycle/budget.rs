@@ -51,11 +51,12 @@ impl InvocationBudget {
     }
 
     /// The longest a write that closes this invocation's share may take (the hand-over or
-    /// completion mark on the node): a quarter of the margin, at most
-    /// [`MAX_CLOSING_WRITE`]. What is left of the margin after the cut-off and this write is
-    /// for the heartbeat and the republish.
+    /// completion mark on the node): a quarter of the margin, within
+    /// [`MIN_CLOSING_WRITE`]..=[`MAX_CLOSING_WRITE`]. What is left of the margin after the
+    /// cut-off and this write is for the heartbeat and the republish. The floor keeps the
+    /// marks written with a tiny margin (which then cannot keep the deadline anyway).
     pub fn closing_write_bound(&self) -> Duration {
-        (self.margin / 4).min(MAX_CLOSING_WRITE)
+        (self.margin / 4).clamp(MIN_CLOSING_WRITE, MAX_CLOSING_WRITE)
     }
 
     /// When the work must stop and hand over.
@@ -82,6 +83,8 @@ impl InvocationBudget {
 
 /// See [`InvocationBudget::cutoff_at`].
 pub const MAX_CUTOFF_DELAY: Duration = Duration::from_secs(1);
+/// See [`InvocationBudget::closing_write_bound`].
+pub const MIN_CLOSING_WRITE: Duration = Duration::from_secs(1);
 /// See [`InvocationBudget::closing_write_bound`].
 pub const MAX_CLOSING_WRITE: Duration = Duration::from_secs(5);
 
@@ -124,7 +127,10 @@ mod tests {
         assert_eq!(default.closing_write_bound(), Duration::from_secs(5));
         let tight = InvocationBudget::new(Duration::from_secs(10), Duration::from_secs(2));
         assert_eq!(tight.cutoff_at() - tight.hand_over_at(), ms(200));
-        assert_eq!(tight.closing_write_bound(), ms(500));
+        assert_eq!(tight.closing_write_bound(), Duration::from_secs(1));
+        let none = InvocationBudget::new(Duration::from_secs(10), Duration::ZERO);
+        assert_eq!(none.cutoff_at(), none.hand_over_at());
+        assert_eq!(none.closing_write_bound(), Duration::from_secs(1));
     }
 
     #[test]

@@ -17,8 +17,14 @@ use crate::fixtures::lifecycle_notification;
 use crate::kube::{FaultAction, FaultRule};
 use crate::soak::corpus::{self, Target};
 
-/// What one delivery came to: `None` killed mid-flight, else whether it succeeded.
-type Delivered = (Target, Value, Option<bool>);
+/// What one delivery came to: `None` killed mid-flight, else whether it succeeded; and how
+/// long it took of how long it had.
+type Delivered = (Target, Value, Option<bool>, Duration, Duration);
+
+/// How far past its budget a terminating-hook invocation may end: the closing write's floor
+/// (`InvocationBudget::closing_write_bound`, the soak runs without a margin) plus slack for a
+/// busy machine. Beyond it, a real invocation would have been killed by Lambda mid-hand-over.
+const OVERRUN_ALLOWANCE: Duration = Duration::from_millis(2500);
 
 impl Soak {
     /// Delivers until every action is complete or the scenario's time is up; returns when
@@ -59,7 +65,15 @@ impl Soak {
                     functions, target, event, request_id, budget, kill_after,
                 ));
             }
-            for (target, event, outcome) in futures::future::join_all(runs).await {
+            for (target, event, outcome, took, budget) in futures::future::join_all(runs).await {
+                if target == Target::TerminatingHook
+                    && outcome.is_some()
+                    && took > budget + OVERRUN_ALLOWANCE
+                {
+                    self.overruns.push(format!(
+                        "a terminating-hook invocation took {took:?} of a {budget:?} budget"
+                    ));
+                }
                 match outcome {
                     None => {
                         self.report.killed += 1;
@@ -105,6 +119,21 @@ impl Soak {
                     .subresource("eviction")
                     .probability(0.15),
             );
+        }
+        if self.report.brownout {
+            let (after, length) = (self.trouble.brownout_after, self.trouble.brownout_length);
+            let brownout_faults = faults.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                brownout_faults.add(
+                    FaultRule::new(FaultAction::TooManyRequests {
+                        retry_after_seconds: 1,
+                    })
+                    .verb("patch")
+                    .resource("nodes")
+                    .lasting(length),
+                );
+            });
         }
         if self.report.write_burst {
             let (after, length) = (self.trouble.burst_after, self.trouble.burst_length);
@@ -175,15 +204,11 @@ async fn deliver(
     budget: Duration,
     kill_after: Option<Duration>,
 ) -> Delivered {
+    let started = Instant::now();
     let work = functions.invoke(target, event.clone(), request_id, budget);
-    match kill_after {
-        Some(after) => match tokio::time::timeout(after, work).await {
-            Ok(ok) => (target, event, Some(ok)),
-            Err(_) => (target, event, None),
-        },
-        None => {
-            let ok = work.await;
-            (target, event, Some(ok))
-        }
-    }
+    let outcome = match kill_after {
+        Some(after) => tokio::time::timeout(after, work).await.ok(),
+        None => Some(work.await),
+    };
+    (target, event, outcome, started.elapsed(), budget)
 }

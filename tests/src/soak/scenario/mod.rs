@@ -96,6 +96,8 @@ pub struct ScenarioReport {
     pub tolerant: bool,
     pub eviction_conflicts: bool,
     pub write_burst: bool,
+    /// A brownout of node writes: every PATCH answered 429 with `Retry-After` for seconds.
+    pub brownout: bool,
     /// Eviction requests the fake API server decided (its disruption log).
     pub evictions_decided: u64,
     /// Of those, granted and carried out.
@@ -157,6 +159,7 @@ pub async fn run_scenario(seed: u64) -> ScenarioReport {
     found.violations.extend(soak.budget_violations());
     found.violations.extend(soak.audit_violations());
     found.violations.extend(soak.warm_return_violations());
+    found.violations.append(&mut soak.overruns);
     let mut report = soak.finish();
     report.violations = found.violations;
     report.elapsed = started.elapsed();
@@ -183,6 +186,7 @@ pub struct SoakTotals {
     pub tolerant_scenarios: usize,
     pub conflict_scenarios: usize,
     pub burst_scenarios: usize,
+    pub brownout_scenarios: usize,
     pub evictions_decided: u64,
     pub evictions: u64,
     pub evictions_refused: u64,
@@ -214,6 +218,7 @@ impl SoakTotals {
         self.tolerant_scenarios += usize::from(report.tolerant);
         self.conflict_scenarios += usize::from(report.eviction_conflicts);
         self.burst_scenarios += usize::from(report.write_burst);
+        self.brownout_scenarios += usize::from(report.brownout);
         self.evictions_decided += report.evictions_decided;
         self.evictions += report.evictions;
         self.evictions_refused += report.evictions_refused;
@@ -231,13 +236,14 @@ impl SoakTotals {
     /// One line per figure, for RELIABILITY.md.
     pub fn summary(&self) -> String {
         format!(
-            "scenarios {} (force configured in {}; dead kubelets {}; a Deployment tolerating the cordon in {}; eviction 409s in {}; node-write 503 bursts longer than the lease in {}); nodes {}; pods {}; terminating actions {}; launching actions {}; node groups {}; invocations {}; duplicate deliveries {}; killed mid-flight and redelivered {}; hand-overs {}; API server faults injected {}; AWS faults injected {}; evictions decided {}, granted {}, refused by a PDB {}; PDB checks at eviction {}; pod DELETEs {} (of PDB-covered pods {}); forced completions with pods left {}; watchdog samples {}; violations {}; scenario time {:.1}s",
+            "scenarios {} (force configured in {}; dead kubelets {}; a Deployment tolerating the cordon in {}; eviction 409s in {}; node-write 503 bursts longer than the lease in {}; node-write brownouts (429 with Retry-After) in {}); nodes {}; pods {}; terminating actions {}; launching actions {}; node groups {}; invocations {}; duplicate deliveries {}; killed mid-flight and redelivered {}; hand-overs {}; API server faults injected {}; AWS faults injected {}; evictions decided {}, granted {}, refused by a PDB {}; PDB checks at eviction {}; pod DELETEs {} (of PDB-covered pods {}); forced completions with pods left {}; watchdog samples {}; violations {}; scenario time {:.1}s",
             self.scenarios,
             self.forced_scenarios,
             self.dead_kubelets,
             self.tolerant_scenarios,
             self.conflict_scenarios,
             self.burst_scenarios,
+            self.brownout_scenarios,
             self.nodes,
             self.pods,
             self.terminating,

@@ -37,6 +37,10 @@ pub(super) struct Trouble {
     /// When the burst of node-write 503s starts, and how long it lasts.
     pub(super) burst_after: Duration,
     pub(super) burst_length: Duration,
+    /// When a brownout of node writes starts (every PATCH throttled with `Retry-After`,
+    /// which kube's client retries), and how long it lasts (#24 item 5).
+    pub(super) brownout_after: Duration,
+    pub(super) brownout_length: Duration,
 }
 
 /// A client per function identity (each its own Kubernetes group, as `infra/rbac.yaml`).
@@ -66,6 +70,8 @@ pub(super) struct Soak {
     pub(super) actions: Vec<(Target, LifecycleActionRef)>,
     /// The instance back from the warm pool, if any (`warm_pool_return.rs`).
     pub(super) warm_return: Option<super::warm_pool_return::WarmReturn>,
+    /// Terminating-hook invocations that ran past their budget (see `deliver.rs`).
+    pub(super) overruns: Vec<String>,
 }
 
 pub(super) fn instance_id(index: usize) -> String {
@@ -120,12 +126,15 @@ impl Soak {
                 kill_kubelet: false,
                 burst_after: Duration::ZERO,
                 burst_length: Duration::ZERO,
+                brownout_after: Duration::ZERO,
+                brownout_length: Duration::ZERO,
             },
             budgets: Vec::new(),
             inner: InMemoryAutoScaling::new(),
             autoscaling: None,
             actions: Vec::new(),
             warm_return: None,
+            overruns: Vec::new(),
         }
     }
 
@@ -185,7 +194,13 @@ impl Soak {
             kill_kubelet: trouble.random_bool(0.25),
             burst_after: Duration::from_millis(trouble.random_range(50..600)),
             burst_length: Duration::from_millis(trouble.random_range(700..1500)),
+            brownout_after: Duration::ZERO,
+            brownout_length: Duration::ZERO,
         };
+        // Drawn after the others, so that every seed keeps its earlier trouble.
+        self.report.brownout = trouble.random_bool(0.3);
+        self.trouble.brownout_after = Duration::from_millis(trouble.random_range(100..1500));
+        self.trouble.brownout_length = Duration::from_millis(trouble.random_range(1500..4000));
     }
 
     /// 1-3 Deployments, most with a PDB; maybe a DaemonSet; maybe a Deployment tolerating
