@@ -38,6 +38,10 @@ pub mod drain;
 #[cfg(feature = "runtime")]
 pub mod launch;
 pub mod lifecycle;
+/// What our functions leave on a Node (marks, checkpoint, Event pieces), shared by all three
+/// that touch nodes.
+#[cfg(feature = "runtime")]
+pub mod node_marks;
 #[cfg(feature = "runtime")]
 pub mod node_repair;
 pub mod nodegroup_auth;

@@ -16,12 +16,12 @@ use node_manager::aws::{
     CompletionOutcome, LifecycleActionRef, LifecycleActionResult, LifecycleHook,
 };
 use node_manager::cluster::token::sign_token;
-use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::drain::{DeliveryOutcome, DrainEnd, DrainError, Drainer, Invocation};
 use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
+use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::store::StoredKind;
 use node_manager_testkit::kube::{AuditEvent, FakeApiServer, FaultAction, FaultRule};

@@ -32,7 +32,10 @@ async fn a_launch_never_lists_or_watches_every_node_when_the_name_is_known() {
 #[tokio::test]
 async fn without_the_dns_name_the_wait_falls_back_to_every_node() {
     let cost = measure_launch(bench_nodes(), NodeNaming::DnsNameUnknown).await;
-    println!("launch, DNS name unknown (the old behaviour): {}", cost.line());
+    println!(
+        "launch, DNS name unknown (the old behaviour): {}",
+        cost.line()
+    );
     assert_eq!(cost.outcome, "Completed", "{cost:?}");
     assert!(cost.cluster_wide >= 1, "{cost:?}");
 }

@@ -472,7 +472,7 @@ async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
         |store| {
             store.find::<Node>("", &first).is_some_and(|n| {
                 n.metadata.annotations.is_some_and(|a| {
-                    a.contains_key(node_manager::drain::checkpoint::CHECKPOINT_ANNOTATION)
+                    a.contains_key(node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION)
                 })
             })
         },

@@ -367,7 +367,7 @@ async fn nodes_cordoned_by_our_drain_while_in_service_are_not_repaired() {
         .store()
         .modify::<Node>("", &node_name(0), |node| {
             node.metadata.annotations.get_or_insert_default().insert(
-                node_manager::drain::checkpoint::CHECKPOINT_ANNOTATION.into(),
+                node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION.into(),
                 "{}".into(),
             );
         })
@@ -435,7 +435,7 @@ fn start_drain(w: &World, i: usize) {
         .store()
         .modify::<Node>("", &node_name(i), |node| {
             node.metadata.annotations.get_or_insert_default().insert(
-                node_manager::drain::checkpoint::CHECKPOINT_ANNOTATION.into(),
+                node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION.into(),
                 "{}".into(),
             );
         })

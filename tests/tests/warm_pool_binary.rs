@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use node_manager::aws::LifecycleActionResult;
-use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use node_manager::drain::cordon::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager_testkit::aws::{InstanceState, SnsSubscription, WarmPoolState};
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
 use node_manager_testkit::kube::SimulationTimings;

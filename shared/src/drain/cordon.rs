@@ -10,10 +10,7 @@
 use k8s_openapi::api::core::v1::{Node, Taint};
 use serde_json::{Value, json};
 
-/// The well-known label that makes the service controller drop the node from external load
-/// balancers.
-pub const EXCLUDE_FROM_LOAD_BALANCERS_LABEL: &str =
-    "node.kubernetes.io/exclude-from-external-load-balancers";
+use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
 
 /// The steps a node still needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,15 +18,6 @@ pub struct CordonSteps {
     pub label: bool,
     pub cordon: bool,
     pub taint: Option<Taint>,
-}
-
-/// Whether `node` carries `node.kubernetes.io/exclude-from-external-load-balancers=true`.
-pub fn excluded_from_load_balancers(node: &Node) -> bool {
-    node.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
-        .is_some_and(|v| v == "true")
 }
 
 impl CordonSteps {
@@ -97,12 +85,15 @@ impl CordonSteps {
     }
 
     /// What writing these steps changes, as the checkpoint records it (see
-    /// [`super::checkpoint::OutOfService`]).
-    pub fn record(&self) -> super::checkpoint::OutOfService {
-        super::checkpoint::OutOfService {
+    /// [`crate::node_marks::checkpoint::OutOfService`]).
+    pub fn record(&self) -> crate::node_marks::checkpoint::OutOfService {
+        crate::node_marks::checkpoint::OutOfService {
             labelled: self.label,
             cordoned: self.cordon,
-            taint: self.taint.as_ref().map(super::checkpoint::AddedTaint::of),
+            taint: self
+                .taint
+                .as_ref()
+                .map(crate::node_marks::checkpoint::AddedTaint::of),
         }
     }
 

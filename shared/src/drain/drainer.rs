@@ -34,7 +34,6 @@ use crate::lifecycle::scope::ScopeDecision;
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
-use super::checkpoint::DrainCheckpoint;
 use super::cordon::CordonReport;
 use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
@@ -44,6 +43,7 @@ use super::metrics::DrainMetrics;
 use super::node_pods::PrefetchedPods;
 use super::report::{DeliveryOutcome, DrainError, DrainReport};
 use super::session::{DrainSession, SessionSettings, SessionStats};
+use crate::node_marks::checkpoint::DrainCheckpoint;
 
 /// The function's name: the `Function` metric dimension and the Events' reporter.
 pub const FUNCTION_NAME: &str = "terminating-hook";

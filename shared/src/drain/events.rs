@@ -21,12 +21,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::plan::PodKey;
+use crate::node_marks::events::truncate_note;
 
 /// The `action` of every drain Event (events.k8s.io requires one).
 const ACTION: &str = "Drain";
-
-/// An events.k8s.io `note` may hold at most 1 KiB.
-const MAX_NOTE_BYTES: usize = 1024;
 
 /// How long the end of an invocation waits for queued Events: long enough for a few round
 /// trips to a slow API server, short enough that a hung one cannot hold the invocation.
@@ -77,13 +75,7 @@ impl DrainEvents {
 
     /// The reference Events about a Node carry.
     pub fn node_reference(name: &str, uid: Option<&str>) -> ObjectReference {
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(name.to_owned()),
-            uid: uid.map(str::to_owned),
-            ..ObjectReference::default()
-        }
+        crate::node_marks::events::node_reference(name, uid)
     }
 
     pub fn pod_reference(pod: &PodKey) -> ObjectReference {
@@ -156,31 +148,9 @@ async fn write_in_order(recorder: Recorder, mut pending: mpsc::UnboundedReceiver
     }
 }
 
-/// Cuts `note` to the 1 KiB events.k8s.io allows, on a character boundary.
-pub fn truncate_note(note: String) -> String {
-    if note.len() <= MAX_NOTE_BYTES {
-        return note;
-    }
-    let suffix = " ...";
-    let mut end = MAX_NOTE_BYTES - suffix.len();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{suffix}", &note[..end])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn long_notes_are_cut_to_one_kib() {
-        let long = "é".repeat(1000);
-        let cut = truncate_note(long);
-        assert!(cut.len() <= MAX_NOTE_BYTES);
-        assert!(cut.ends_with(" ..."));
-        assert_eq!(truncate_note("short".into()), "short");
-    }
 
     #[test]
     fn references_name_the_object() {

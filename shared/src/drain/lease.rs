@@ -17,15 +17,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use super::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision};
 use super::cordon::{CordonReport, CordonSteps};
 use crate::aws::LifecycleActionRef;
+use crate::node_marks::checkpoint::{
+    CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision, checkpoint_of,
+};
+use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
 use crate::retry::backoff_delay;
-
-/// How many times a write to a Node lost to a concurrent change is recomputed and retried
-/// (the drain's checkpoint, the warm-pool undo). Node objects change often (kubelet status),
-/// so a conflict is normal, not an error.
-pub(crate) const CONFLICT_ATTEMPTS: u32 = 8;
 
 /// Calls in total for a checkpoint write the API server keeps refusing transiently, and the
 /// jittered backoff between them: about two seconds at most, so a renewal stays well inside
@@ -64,27 +62,6 @@ pub enum Update {
     /// The lease expired and someone else took the drain: stop working on it.
     LeaseLost,
     NodeGone,
-}
-
-/// The checkpoint stored on `node`, if any. An unreadable one is ignored (and replaced by the
-/// next write) with a warning, since it cannot be resumed from anyway.
-pub fn checkpoint_of(node: &Node) -> Option<DrainCheckpoint> {
-    let raw = node
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(CHECKPOINT_ANNOTATION)?;
-    match DrainCheckpoint::parse(raw) {
-        Ok(checkpoint) => Some(checkpoint),
-        Err(error) => {
-            tracing::warn!(
-                annotation = CHECKPOINT_ANNOTATION,
-                %error,
-                "ignoring an unreadable drain checkpoint; it will be replaced"
-            );
-            None
-        }
-    }
 }
 
 /// Identifies the invocation and how long its claims last.
@@ -311,15 +288,6 @@ fn too_many_conflicts(name: &str) -> kube::Error {
         "the drain checkpoint on node {name} could not be written: it changed \
          {CONFLICT_ATTEMPTS} times while being updated"
     ))
-}
-
-/// The 409 a write to a Node ends with when it lost [`CONFLICT_ATTEMPTS`] times in a row.
-pub(crate) fn conflicts_exhausted(message: String) -> kube::Error {
-    kube::Error::Api(
-        kube::core::Status::failure(&message, "Conflict")
-            .with_code(409)
-            .boxed(),
-    )
 }
 
 /// The node whose drain this invocation works on, and the lease it holds it with.

@@ -4,7 +4,7 @@
 //! cluster's groups it:
 //! 1. finds the instance's Node (none: completes at once) — [`crate::lifecycle::node`];
 //! 2. takes the drain on the Node, or resumes it, or leaves it to the invocation already on
-//!    it — [`lease`] over the [`checkpoint`] annotation;
+//!    it — [`lease`] over the checkpoint annotation ([`crate::node_marks::checkpoint`]);
 //! 3. in the same write, excludes the node from external load balancers, cordons it,
 //!    optionally taints it — [`cordon`];
 //! 4. decides which pods leave, in which tier, which stay — [`plan`];
@@ -26,7 +26,6 @@
 pub mod backoff;
 pub mod budget_watch;
 pub mod budgets;
-pub mod checkpoint;
 pub mod cordon;
 pub mod deadline;
 pub mod drainer;

@@ -15,13 +15,13 @@ use kube::Api;
 use tokio::time::{Instant, sleep_until};
 
 use super::backoff::Backoff;
-use super::checkpoint::DrainCheckpoint;
 use super::events::{DrainEvents, reason};
 use super::lease::{self, LeaseHolder, Update};
 use super::node_pods::NodePods;
 use super::plan::{DrainPlan, PlanContext, PodKey};
 use super::stuck::StuckPod;
 use crate::lifecycle::budget::instant_at;
+use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::retry::backoff_delay;
 
 /// How a drain session ended.

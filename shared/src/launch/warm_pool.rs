@@ -20,9 +20,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::aws::{AwsError, Instances};
-use crate::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use crate::drain::cordon::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
-use crate::drain::lease::{CONFLICT_ATTEMPTS, checkpoint_of, conflicts_exhausted};
+use crate::node_marks::checkpoint::checkpoint_of;
+use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
+use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
+use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
 use crate::retry::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.
@@ -218,7 +219,7 @@ mod tests {
     use super::*;
     use crate::aws::LifecycleActionRef;
     use crate::aws::in_memory::InMemoryInstances;
-    use crate::drain::checkpoint::{AddedTaint, OutOfService};
+    use crate::node_marks::checkpoint::{AddedTaint, OutOfService};
 
     const INSTANCE: &str = "i-0123456789abcdef0";
 

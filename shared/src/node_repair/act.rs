@@ -8,7 +8,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::json;
 
 use crate::aws::{InstanceHealth, RepairInstances};
-use crate::drain::events::{DrainEvents, truncate_note};
+use crate::node_marks::events::{node_reference, truncate_note};
 
 use super::FUNCTION_NAME;
 use super::decision::{GroupDecision, NodeObservation, Verdict};
@@ -240,7 +240,7 @@ where
         let Some(recorder) = &self.recorder else {
             return;
         };
-        let reference = DrainEvents::node_reference(name, node.metadata.uid.as_deref());
+        let reference = node_reference(name, node.metadata.uid.as_deref());
         let event = Event {
             type_,
             reason: reason.to_owned(),

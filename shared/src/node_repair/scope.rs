@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Node;
 
 use crate::aws::{GroupHealthSettings, GroupInstance, InstanceHealth, RepairInstances};
-use crate::drain::checkpoint::CHECKPOINT_ANNOTATION;
 use crate::lifecycle::node::node_instance_id;
 use crate::lifecycle::scope::{ScopeDecision, decide_by_tags};
+use crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 
 use super::decision::{GroupObservation, NodeObservation, ObservedCondition, needs_launch_time};
 use super::memory::{REPAIR_ANNOTATION, RepairRecord};

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use node_manager::aws::InstanceHealth;
 use node_manager::aws::in_memory::InMemoryInstanceHealth;
-use node_manager::drain::checkpoint::CHECKPOINT_ANNOTATION;
+use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager::node_repair::run::{self, RepairContext};
 use node_manager::node_repair::settings::RepairSettings;
 use rand::rngs::StdRng;

@@ -16,13 +16,13 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use node_manager::drain::budgets;
-use node_manager::drain::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager::drain::plan::{
     DrainPlan, EvictionTier, PlanContext, PlannedPod, PodDisposition, PodKey,
 };
 use node_manager::drain::session::not_ready_since;
 use node_manager::lifecycle::node::{is_ready, node_instance_id};
 use node_manager::lifecycle::settings::DrainSettings;
+use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use serde::Serialize;
 
 use crate::snapshot::Snapshot;

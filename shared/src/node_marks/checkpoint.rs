@@ -5,13 +5,16 @@
 //! before the 15-minute limit); the node is the one place they all see. Keeping the
 //! checkpoint there, rather than in a table of our own, means nothing else to deploy and the
 //! checkpoint disappears with the node. This module is the pure part: the record and the
-//! decision whether an invocation may work on the drain. [`super::lease`] reads and writes it.
+//! decision whether an invocation may work on the drain. [`crate::drain::lease`] reads and writes it; the launching hook reads it to undo a
+//! scale-in's marks, node repair to see a drain at work.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Taint;
 use serde::{Deserialize, Serialize};
+
+use k8s_openapi::api::core::v1::Node;
 
 use crate::aws::LifecycleActionRef;
 
@@ -279,6 +282,27 @@ impl DrainCheckpoint {
     /// would have replaced the name), so its next conditional write may renew it.
     pub fn names_holder(&self, holder: &str) -> bool {
         self.lease.holder.as_deref() == Some(holder)
+    }
+}
+
+/// The checkpoint stored on `node`, if any. An unreadable one is ignored (and replaced by the
+/// next write) with a warning, since it cannot be resumed from anyway.
+pub fn checkpoint_of(node: &Node) -> Option<DrainCheckpoint> {
+    let raw = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(CHECKPOINT_ANNOTATION)?;
+    match DrainCheckpoint::parse(raw) {
+        Ok(checkpoint) => Some(checkpoint),
+        Err(error) => {
+            tracing::warn!(
+                annotation = CHECKPOINT_ANNOTATION,
+                %error,
+                "ignoring an unreadable drain checkpoint; it will be replaced"
+            );
+            None
+        }
     }
 }
 
