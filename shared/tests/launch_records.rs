@@ -3,6 +3,7 @@
 //! Each must leave Auto Scaling untouched (no completion, no heartbeat, nothing published).
 #![allow(clippy::unwrap_used)]
 
+use node_manager::lifecycle::handler::Clients;
 use std::time::{Duration, SystemTime};
 
 use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
@@ -27,7 +28,9 @@ fn unreachable_client() -> kube::Client {
 struct Harness {
     asg: InMemoryAutoScaling,
     sns: InMemoryNotifications,
-    ctx: Launcher<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>,
+    ctx: Launcher<
+        Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>,
+    >,
 }
 
 fn harness(extra: &[(&str, &str)]) -> Harness {

@@ -4,6 +4,7 @@
 //! completion, heartbeat and publish.
 #![allow(clippy::unwrap_used)]
 
+use node_manager::lifecycle::handler::Clients;
 use std::collections::BTreeSet;
 use std::time::{Duration, SystemTime};
 
@@ -41,7 +42,7 @@ const FIXTURE: &str = concat!(
 const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 
 type TestDrainer =
-    Drainer<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>;
+    Drainer<Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>>;
 
 /// A fake cluster with the reference node, another node for replacements, and the
 /// terminating hook's identity (mapped to the RBAC groups through aws-auth).

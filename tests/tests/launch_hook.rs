@@ -4,6 +4,7 @@
 //! against the fake API server.
 #![allow(clippy::unwrap_used)]
 
+use node_manager::lifecycle::handler::Clients;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -29,7 +30,8 @@ const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
 const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
 const FUNCTION_GROUP: &str = "open-node-manager:launching-hook";
 
-type Context = Launcher<EksConnection<SdkEks>, SdkAutoScaling, SdkInstances, SdkNotifications>;
+type Context =
+    Launcher<Clients<EksConnection<SdkEks>, SdkAutoScaling, SdkInstances, SdkNotifications>>;
 
 struct Scenario {
     aws: FakeAws,

@@ -24,7 +24,9 @@ use tracing::Instrument;
 
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
-use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
+use crate::lifecycle::handler::{
+    Clients, HandledRecord, HookClients, HookContext, HookHandler, Invocation,
+};
 use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper, PendingUnproven};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
@@ -50,13 +52,19 @@ pub const FUNCTION_NAME: &str = "terminating-hook";
 
 /// Everything an invocation of the terminating hook needs, built once per execution
 /// environment and borrowed by every invocation.
-pub struct Drainer<K, A, I, N> {
-    pub context: HookContext<K, A, I, N, DrainSettings>,
+pub struct Drainer<C: HookClients> {
+    pub context: HookContext<C, DrainSettings>,
     /// Whether Kubernetes Events are written (off only in tests that count API calls).
     pub record_events: bool,
 }
 
-impl<K, A, I, N> Drainer<K, A, I, N> {
+impl<K, A, I, N> Drainer<Clients<K, A, I, N>>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
     pub fn new(
         kube: K,
         autoscaling: A,
@@ -69,7 +77,9 @@ impl<K, A, I, N> Drainer<K, A, I, N> {
             record_events: true,
         }
     }
+}
 
+impl<C: HookClients> Drainer<C> {
     pub(super) fn settings(&self) -> &DrainSettings {
         &self.context.settings
     }
@@ -103,13 +113,7 @@ pub(super) struct DrainProgress {
     pub(super) started_at: Timestamp,
 }
 
-impl<K, A, I, N> HookHandler for Drainer<K, A, I, N>
-where
-    K: KubeConnection,
-    A: AutoScaling,
-    I: Instances,
-    N: Notifications,
-{
+impl<C: HookClients> HookHandler for Drainer<C> {
     type Outcome = DeliveryOutcome;
     type Error = DrainError;
     type Report = DrainReport;
@@ -171,13 +175,7 @@ where
     }
 }
 
-impl<K, A, I, N> Drainer<K, A, I, N>
-where
-    K: KubeConnection,
-    A: AutoScaling,
-    I: Instances,
-    N: Notifications,
-{
+impl<C: HookClients> Drainer<C> {
     /// A terminating notification: ours or not, then the drain, with its Events written
     /// before returning.
     async fn terminating(

@@ -11,19 +11,13 @@ use super::events::reason;
 use super::lease::{NodeLease, Update};
 use super::report::{DeliveryOutcome, DrainEnd, DrainError};
 use super::session::SessionStats;
-use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult, Notifications};
-use crate::cluster::connection::KubeConnection;
+use crate::aws::{CompletionOutcome, LifecycleActionResult};
 use crate::lifecycle::hand_over::{HandOver, complete_action};
+use crate::lifecycle::handler::HookClients;
 use crate::lifecycle::heartbeat::HeartbeatKeeper;
 use crate::lifecycle::notification::{InstancePlace, LifecycleNotification};
 
-impl<K, A, I, N> Drainer<K, A, I, N>
-where
-    K: KubeConnection,
-    A: AutoScaling,
-    I: Instances,
-    N: Notifications,
-{
+impl<C: HookClients> Drainer<C> {
     /// What the session came to: complete the action, hand over, or stop.
     pub(super) async fn finish(
         &self,

@@ -12,18 +12,14 @@ use super::signals::{emit_metrics, log_step, publish_event, seconds_since};
 use super::warm_pool::{
     Restore, Restored, RunningWait, restore_returning_node, wait_until_running,
 };
-use crate::aws::{AutoScaling, CompletionOutcome, Instances, LifecycleActionResult};
+use crate::aws::{CompletionOutcome, LifecycleActionResult};
 use crate::lifecycle::budget::instant_at;
 use crate::lifecycle::hand_over::complete_action;
-use crate::lifecycle::handler::Invocation;
+use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::LifecycleNotification;
 
-impl<K, A, I, N> Launcher<K, A, I, N>
-where
-    A: AutoScaling,
-    I: Instances,
-{
+impl<C: HookClients> Launcher<C> {
     /// `CompleteLifecycleAction` with `result`.
     async fn complete(
         &self,
@@ -228,10 +224,7 @@ where
         recorder: &Recorder,
         notification: &LifecycleNotification,
         node: Option<Node>,
-    ) -> Result<(Option<Node>, Option<Restored>), LaunchError>
-    where
-        I: Instances,
-    {
+    ) -> Result<(Option<Node>, Option<Restored>), LaunchError> {
         let instance_id = &notification.action.instance_id;
         let node = match node {
             Some(node) => Some(node),

@@ -12,7 +12,9 @@ use super::signals::log_step;
 use super::wait::WaitEnd;
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
-use crate::lifecycle::handler::{HandledRecord, HookContext, HookHandler, Invocation};
+use crate::lifecycle::handler::{
+    Clients, HandledRecord, HookClients, HookContext, HookHandler, Invocation,
+};
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,
 };
@@ -21,11 +23,17 @@ use crate::lifecycle::settings::LaunchSettings;
 
 /// Everything an invocation of the launching hook needs, built once per execution
 /// environment and borrowed by every invocation.
-pub struct Launcher<K, A, I, N> {
-    pub context: HookContext<K, A, I, N, LaunchSettings>,
+pub struct Launcher<C: HookClients> {
+    pub context: HookContext<C, LaunchSettings>,
 }
 
-impl<K, A, I, N> Launcher<K, A, I, N> {
+impl<K, A, I, N> Launcher<Clients<K, A, I, N>>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
     pub fn new(
         kube: K,
         autoscaling: A,
@@ -37,19 +45,15 @@ impl<K, A, I, N> Launcher<K, A, I, N> {
             context: HookContext::new(kube, autoscaling, instances, notifications, settings),
         }
     }
+}
 
+impl<C: HookClients> Launcher<C> {
     pub(super) fn settings(&self) -> &LaunchSettings {
         &self.context.settings
     }
 }
 
-impl<K, A, I, N> HookHandler for Launcher<K, A, I, N>
-where
-    K: KubeConnection,
-    A: AutoScaling,
-    I: Instances,
-    N: Notifications,
-{
+impl<C: HookClients> HookHandler for Launcher<C> {
     type Outcome = LaunchOutcome;
     type Error = LaunchError;
     type Report = LaunchReport;
@@ -119,13 +123,7 @@ where
     }
 }
 
-impl<K, A, I, N> Launcher<K, A, I, N>
-where
-    K: KubeConnection,
-    A: AutoScaling,
-    I: Instances,
-    N: Notifications,
-{
+impl<C: HookClients> Launcher<C> {
     /// One launch: ours or not; into the warm pool without a node; else wait for the node to
     /// be Ready and complete (undoing the scale-in's drain when it comes back from the pool).
     async fn launch(

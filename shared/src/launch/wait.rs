@@ -12,11 +12,9 @@ use super::Launcher;
 use super::readiness::{NodeSighting, wait_until_ready};
 use super::report::{LaunchError, LaunchOutcome};
 use super::signals::{emit_metrics, log_step};
-use crate::aws::{AutoScaling, Instances, Notifications};
-use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::budget::instant_at;
 use crate::lifecycle::hand_over::HandOver;
-use crate::lifecycle::handler::Invocation;
+use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::lifecycle::heartbeat::HeartbeatKeeper;
 use crate::lifecycle::node::{find_node, is_ready, private_dns_name};
 use crate::lifecycle::notification::{Delivery, LifecycleNotification};
@@ -33,7 +31,7 @@ pub(super) enum WaitEnd {
     Stopped(LaunchOutcome),
 }
 
-impl<K, A, I, N> Launcher<K, A, I, N> {
+impl<C: HookClients> Launcher<C> {
     /// When the launch timeout runs out: counted from Auto Scaling's own time, so
     /// continuations and retries keep it.
     pub(super) fn launch_deadline(&self, notification: &LifecycleNotification) -> Timestamp {
@@ -47,13 +45,7 @@ impl<K, A, I, N> Launcher<K, A, I, N> {
     }
 }
 
-impl<K, A, I, N> Launcher<K, A, I, N>
-where
-    K: KubeConnection,
-    A: AutoScaling,
-    I: Instances,
-    N: Notifications,
-{
+impl<C: HookClients> Launcher<C> {
     /// Waits, within the launch timeout and this invocation's budget, for the instance's
     /// node to be Ready; hands over when the budget runs out first.
     pub(super) async fn wait_for_node(

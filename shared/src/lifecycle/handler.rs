@@ -9,7 +9,8 @@ use std::future::Future;
 
 use serde_json::Value;
 
-use crate::aws::{AutoScaling, AwsError, Notifications};
+use crate::aws::{AutoScaling, AwsError, Instances, Notifications};
+use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::budget::InvocationBudget;
 use crate::lifecycle::hand_over::{ContinuationError, HandOver, hand_over};
 use crate::lifecycle::heartbeat::HeartbeatKeeper;
@@ -37,21 +38,56 @@ impl HookSettings for LaunchSettings {
     }
 }
 
+/// The four clients a hook works with, as one type parameter: the hooks' impls name `C`
+/// instead of repeating four parameters and their bounds.
+pub trait HookClients {
+    type Kube: KubeConnection;
+    type AutoScaling: AutoScaling;
+    type Instances: Instances;
+    type Notifications: Notifications;
+}
+
+/// Any four clients that fit ([`HookContext::new`] infers them from its arguments). Only a
+/// type: no value of it is made.
+pub struct Clients<K, A, I, N>(ClientTypes<K, A, I, N>);
+
+/// `fn() -> ...`: a marker that is `Send` and `Sync` whatever the clients are.
+type ClientTypes<K, A, I, N> = std::marker::PhantomData<fn() -> (K, A, I, N)>;
+
+impl<K, A, I, N> HookClients for Clients<K, A, I, N>
+where
+    K: KubeConnection,
+    A: AutoScaling,
+    I: Instances,
+    N: Notifications,
+{
+    type Kube = K;
+    type AutoScaling = A;
+    type Instances = I;
+    type Notifications = N;
+}
+
 /// Everything an invocation of a hook needs, built once per execution environment (clients,
 /// caches, settings) and borrowed by every invocation.
-pub struct HookContext<K, A, I, N, S> {
+pub struct HookContext<C: HookClients, S> {
     /// The way to the cluster's API; asked for a client only when a record needs one.
-    pub kube: K,
-    pub autoscaling: A,
-    pub instances: I,
-    pub notifications: N,
+    pub kube: C::Kube,
+    pub autoscaling: C::AutoScaling,
+    pub instances: C::Instances,
+    pub notifications: C::Notifications,
     pub settings: S,
     pub scope: GroupScope,
     pub hooks: HookTimings,
 }
 
-impl<K, A, I, N, S: HookSettings> HookContext<K, A, I, N, S> {
-    pub fn new(kube: K, autoscaling: A, instances: I, notifications: N, settings: S) -> Self {
+impl<C: HookClients, S: HookSettings> HookContext<C, S> {
+    pub fn new(
+        kube: C::Kube,
+        autoscaling: C::AutoScaling,
+        instances: C::Instances,
+        notifications: C::Notifications,
+        settings: S,
+    ) -> Self {
         let scope = GroupScope::from_settings(settings.lifecycle());
         Self {
             kube,
@@ -65,12 +101,7 @@ impl<K, A, I, N, S: HookSettings> HookContext<K, A, I, N, S> {
     }
 }
 
-impl<K, A, I, N, S> HookContext<K, A, I, N, S>
-where
-    A: AutoScaling,
-    N: Notifications,
-    S: HookSettings,
-{
+impl<C: HookClients, S: HookSettings> HookContext<C, S> {
     /// Whether the notification's group is this cluster's (and the function's account's).
     pub async fn decide_scope(
         &self,

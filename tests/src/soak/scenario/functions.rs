@@ -1,6 +1,7 @@
 //! The hook functions of a soak, in process: the real `Drainer` and launch handler with
 //! settings for a fast scenario, both publishing hand-overs to one in-memory topic.
 
+use node_manager::lifecycle::handler::Clients;
 use std::time::Duration;
 
 use node_manager::aws::in_memory::{InMemoryInstances, InMemoryNotifications};
@@ -21,9 +22,9 @@ use crate::soak::corpus::Target;
 pub(super) const DRAIN_TIMEOUT_SECONDS: f64 = 4.0;
 
 type SoakDrainer =
-    Drainer<kube::Client, WatchedAutoScaling, InMemoryInstances, InMemoryNotifications>;
+    Drainer<Clients<kube::Client, WatchedAutoScaling, InMemoryInstances, InMemoryNotifications>>;
 type SoakLauncher =
-    Launcher<kube::Client, WatchedAutoScaling, InMemoryInstances, InMemoryNotifications>;
+    Launcher<Clients<kube::Client, WatchedAutoScaling, InMemoryInstances, InMemoryNotifications>>;
 
 /// The terminating and launching hooks, and the topic their hand-overs go to.
 pub(super) struct Functions {
