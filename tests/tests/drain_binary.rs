@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
+use node_manager_testkit::aws::SnsSubscription;
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::{AuditEvent, Store};
@@ -316,6 +317,15 @@ const OTHER_NODE: &str = "ip-10-0-9-9.eu-west-1.compute.internal";
 /// Terminates the reference instance and returns the terminating hook's answer to Auto
 /// Scaling's notification, whatever it is.
 async fn terminate_and_answer(w: &FunctionWorld) -> Value {
+    let (_, event) = start_termination(w).await;
+    w.function(Target::TerminatingHook)
+        .response_to(&event)
+        .await
+}
+
+/// Auto Scaling starts terminating the instance; returns its lifecycle notification as
+/// delivered to the topic, and the subscription that will see any republished one.
+async fn start_termination(w: &FunctionWorld) -> (SnsSubscription, Value) {
     let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
     w.aws
         .autoscaling()
@@ -325,9 +335,26 @@ async fn terminate_and_answer(w: &FunctionWorld) -> Value {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
-    w.function(Target::TerminatingHook)
-        .response_to(&event)
-        .await
+    (subscription, event)
+}
+
+/// A pod on the drained node whose deletion waits for a finalizer the test removes: the
+/// drain outlasts as many invocations as the test wants.
+fn add_held_pod(w: &FunctionWorld) {
+    w.server
+        .store()
+        .apply_yaml(
+            &r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: held, namespace: default, finalizers: [example.com/hold]}
+spec:
+  nodeName: NODE
+  containers: [{name: held, image: held}]
+"#
+            .replace("NODE", &w.node),
+        )
+        .unwrap();
 }
 
 /// Polls `store` (every 10 ms, for at most 20 s) until `condition` holds.
@@ -623,15 +650,7 @@ async fn the_drain_deadline_is_acted_on_when_the_pods_cannot_be_listed() {
 async fn a_hand_over_margin_leaving_no_working_slice_fails_the_invocation() {
     // The margin is longer than the invocation: handing over at once would loop.
     let w = drain_world(&[("HAND_OVER_MARGIN_SECONDS", "40")]).await;
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (mut subscription, event) = start_termination(&w).await;
     let (error_type, message) = w.function(Target::TerminatingHook).error_from(&event).await;
     assert_eq!(error_type, "HandOverMarginTooLarge", "{message}");
     assert!(message.contains("HAND_OVER_MARGIN_SECONDS"), "{message}");
@@ -648,30 +667,9 @@ async fn a_drain_longer_than_sixteen_hand_overs_completes() {
     ])
     .await;
     // A pod whose deletion waits for a finalizer the test removes after 17 hand-overs.
-    w.server
-        .store()
-        .apply_yaml(
-            &r#"
-apiVersion: v1
-kind: Pod
-metadata: {name: held, namespace: default, finalizers: [example.com/hold]}
-spec:
-  nodeName: NODE
-  containers: [{name: held, image: held}]
-"#
-            .replace("NODE", &w.node),
-        )
-        .unwrap();
+    add_held_pod(&w);
     let lambda = w.function(Target::TerminatingHook);
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let mut event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (mut subscription, mut event) = start_termination(&w).await;
     let mut hand_overs = 0;
     loop {
         if hand_overs == 17 {
@@ -721,30 +719,9 @@ async fn an_api_brownout_at_the_hand_over_time_still_hands_over_before_the_deadl
     ])
     .await;
     // A pod whose deletion waits for a finalizer: the drain outlasts the invocation.
-    w.server
-        .store()
-        .apply_yaml(
-            &r#"
-apiVersion: v1
-kind: Pod
-metadata: {name: held, namespace: default, finalizers: [example.com/hold]}
-spec:
-  nodeName: NODE
-  containers: [{name: held, image: held}]
-"#
-            .replace("NODE", &w.node),
-        )
-        .unwrap();
+    add_held_pod(&w);
     let lambda = w.function(Target::TerminatingHook);
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (mut subscription, event) = start_termination(&w).await;
     // Once the node is cordoned, a minute of API Priority and Fairness throttling of node
     // writes: every PATCH answered 429 with Retry-After 1 s, which kube's client retries up
     // to 15 times per call.

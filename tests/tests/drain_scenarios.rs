@@ -17,7 +17,9 @@ use node_manager::aws::{
     CompletionOutcome, LifecycleActionRef, LifecycleActionResult, LifecycleHook,
 };
 use node_manager::cluster::token::sign_token;
-use node_manager::drain::{DeliveryOutcome, DrainEnd, DrainError, Drainer, Invocation};
+use node_manager::drain::{
+    DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, Invocation,
+};
 use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
@@ -275,6 +277,17 @@ fn terminating_event() -> Value {
     event
 }
 
+/// One invocation of `drainer` for the reference node's terminating notification.
+async fn drain_terminating(
+    drainer: &TestDrainer,
+    request_id: &str,
+    budget: Duration,
+) -> Result<DrainReport, DrainError> {
+    drainer
+        .handle_invocation(terminating_event(), &invocation(request_id, budget))
+        .await
+}
+
 fn invocation(request_id: &str, budget: Duration) -> Invocation {
     Invocation {
         request_id: request_id.into(),
@@ -294,6 +307,22 @@ fn nginx(replicas: i32, grace_seconds: i64) -> Deployment {
 
 /// The reference workload on the node: nginx (4 replicas), coredns, aws-node, kube-proxy,
 /// all Running; then a second node joins to take the replacements.
+/// The reference cluster with a budget no eviction can satisfy (`minAvailable` 4 of the 4
+/// nginx replicas): every drain of it reaches its deadline.
+async fn blocked_cluster(force_group: bool) -> Scenario {
+    let s = reference_cluster(force_group, 30).await;
+    s.create(&fixtures::pdb_min_available(
+        "default",
+        "nginx-strict",
+        4,
+        &[("app", "nginx")],
+    ));
+    s
+}
+
+/// A 2 s drain deadline with force: the settings of the forced-drain tests.
+const FORCED: [(&str, &str); 2] = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
+
 async fn reference_cluster(force_group: bool, nginx_grace: i64) -> Scenario {
     let s = Scenario::start(force_group).await.with_nodes().await;
     fixtures::create_eks_system_workloads(s.server.store()).unwrap();
@@ -343,11 +372,7 @@ async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_complet
         .filter(|n| n.starts_with("nginx-") || n.starts_with("coredns-"))
         .collect();
     let drainer = s.drainer(&[]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     assert!(
@@ -454,11 +479,7 @@ async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_complet
 
     // A late duplicate: Auto Scaling says the action is gone, so nothing is written.
     let before = s.function_requests().len();
-    let again = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-2", Duration::from_secs(60)),
-        )
+    let again = drain_terminating(&drainer, "req-2", Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!(again.outcomes, [DeliveryOutcome::ActionGone]);
@@ -502,11 +523,7 @@ async fn pdb_min_available_holds_the_drain_until_replacements_are_ready() {
         &[("app", "nginx")],
     ));
     let drainer = s.drainer(&[]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     assert!(
@@ -539,19 +556,9 @@ async fn pdb_min_available_holds_the_drain_until_replacements_are_ready() {
 
 #[tokio::test]
 async fn unsatisfiable_pdb_is_reported_at_the_deadline_and_the_action_completed() {
-    let s = reference_cluster(false, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
+    let s = blocked_cluster(false).await;
     let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2")]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     let [
@@ -602,19 +609,9 @@ async fn unsatisfiable_pdb_is_reported_at_the_deadline_and_the_action_completed(
 
 #[tokio::test]
 async fn unsatisfiable_pdb_with_force_deletes_the_pods_at_the_deadline() {
-    let s = reference_cluster(true, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
-    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let s = blocked_cluster(true).await;
+    let drainer = s.drainer(&FORCED);
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     let [
@@ -648,14 +645,8 @@ async fn unsatisfiable_pdb_with_force_deletes_the_pods_at_the_deadline() {
 
 #[tokio::test]
 async fn forced_deletions_are_retried_and_never_given_up_on_with_pods_running() {
-    let s = reference_cluster(true, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
-    let settings = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
+    let s = blocked_cluster(true).await;
+    let settings = FORCED;
 
     // Two dropped connections: retried within the invocation.
     let flaky = s.server.faults().add(
@@ -665,12 +656,7 @@ async fn forced_deletions_are_retried_and_never_given_up_on_with_pods_running() 
             .times(2),
     );
     let drainer = s.drainer(&settings);
-    let first = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
-        .await;
+    let first = drain_terminating(&drainer, "req-1", Duration::from_secs(60)).await;
     let Ok(report) = first else {
         panic!("{first:?}")
     };
@@ -697,26 +683,15 @@ async fn forced_deletions_are_retried_and_never_given_up_on_with_pods_running() 
 
 #[tokio::test]
 async fn a_forced_drain_whose_deletions_keep_failing_is_retried_not_completed() {
-    let s = reference_cluster(true, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
-    let settings = [("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")];
+    let s = blocked_cluster(true).await;
+    let settings = FORCED;
     let outage = s.server.faults().add(
         FaultRule::new(FaultAction::ServiceUnavailable)
             .verb("delete")
             .resource("pods"),
     );
     let drainer = s.drainer(&settings);
-    let failed = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
-        .await;
+    let failed = drain_terminating(&drainer, "req-1", Duration::from_secs(60)).await;
     assert!(
         matches!(&failed, Err(DrainError::ForceIncomplete { pods, .. }) if pods.len() == 5),
         "{failed:?}"
@@ -729,11 +704,7 @@ async fn a_forced_drain_whose_deletions_keep_failing_is_retried_not_completed() 
     // The redelivery (another invocation) arrives after the deadline, finds the pods on
     // the node once its watch has listed them, and deletes them.
     s.server.faults().remove(outage);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-2", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-2", Duration::from_secs(60))
         .await
         .unwrap();
     assert!(
@@ -767,11 +738,7 @@ async fn two_pdbs_on_one_pod_are_reported_not_a_crash() {
         &[("app", "nginx")],
     ));
     let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2")]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     let [
@@ -984,11 +951,7 @@ async fn expired_lifecycle_action_is_not_an_error() {
     );
     let mut drainer = s.drainer(&[]);
     drainer.context.autoscaling = expired.clone();
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!(
@@ -1002,11 +965,7 @@ async fn expired_lifecycle_action_is_not_an_error() {
     let s = reference_cluster(false, 100).await;
     let mut drainer = s.drainer(&[]);
     drainer.context.autoscaling = expired.clone();
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     assert_eq!(report.outcomes, [DeliveryOutcome::ActionGone]);
@@ -1251,19 +1210,9 @@ async fn hook_timings_and_group_scope_are_read_again_for_a_new_action() {
 #[tokio::test]
 async fn a_forced_drain_says_which_deletions_were_refused() {
     // The role lacks the force-delete group: every DELETE is refused (403).
-    let s = reference_cluster(false, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
-    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let s = blocked_cluster(false).await;
+    let drainer = s.drainer(&FORCED);
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     let [
@@ -1285,20 +1234,10 @@ async fn a_forced_drain_says_which_deletions_were_refused() {
 
 #[tokio::test]
 async fn a_forced_drain_waits_for_its_deletions_and_says_which_still_terminate() {
-    let s = reference_cluster(true, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
+    let s = blocked_cluster(true).await;
     // A 30 s grace period (scaled to 0.3 s) fits the invocation: waited for, then Forced.
-    let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "2"), ("DRAIN_FORCE", "true")]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(60)),
-        )
+    let drainer = s.drainer(&FORCED);
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
     assert!(
@@ -1320,23 +1259,9 @@ async fn a_forced_drain_waits_for_its_deletions_and_says_which_still_terminate()
     );
 
     // A 3000 s grace period (30 s scaled) does not fit a 4 s invocation: still terminating.
-    let s = reference_cluster(true, 30).await;
-    s.create(&fixtures::pdb_min_available(
-        "default",
-        "nginx-strict",
-        4,
-        &[("app", "nginx")],
-    ));
-    let drainer = s.drainer(&[
-        ("DRAIN_TIMEOUT_SECONDS", "2"),
-        ("DRAIN_FORCE", "true"),
-        ("POD_GRACE_PERIOD_SECONDS", "3000"),
-    ]);
-    let report = drainer
-        .handle_invocation(
-            terminating_event(),
-            &invocation("req-1", Duration::from_secs(4)),
-        )
+    let s = blocked_cluster(true).await;
+    let drainer = s.drainer(&[FORCED[0], FORCED[1], ("POD_GRACE_PERIOD_SECONDS", "3000")]);
+    let report = drain_terminating(&drainer, "req-1", Duration::from_secs(4))
         .await
         .unwrap();
     let [

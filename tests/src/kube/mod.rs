@@ -402,6 +402,26 @@ impl FakeApiServer {
         self.simulation.kill_kubelet(node)
     }
 
+    /// Stops `node`'s kubelet as [`Self::kill_kubelet`] does, as if it had stopped at `since`:
+    /// its `Ready` condition turned `Unknown` then (a story that starts later than the fault).
+    pub fn kill_kubelet_since(&self, node: &str, since: jiff::Timestamp) -> Result<(), ApiError> {
+        self.kill_kubelet(node)?;
+        self.store
+            .modify::<k8s_openapi::api::core::v1::Node>("", node, |n| {
+                let conditions = n
+                    .status
+                    .get_or_insert_default()
+                    .conditions
+                    .get_or_insert_default();
+                for condition in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
+                    condition.last_transition_time =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(since));
+                }
+            })
+            .map(|_| ())
+            .map_err(|e| ApiError::internal(e.to_string()))
+    }
+
     /// Registers a static bearer token for a user (like `--token-auth-file`); the user also
     /// gets `system:authenticated`. Returns the token.
     pub fn add_static_token(&self, username: &str, groups: &[&str]) -> String {

@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use node_manager::aws::InstanceHealth;
 use node_manager::aws::in_memory::InMemoryInstanceHealth;
 use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
@@ -179,21 +178,10 @@ impl RepairSoak {
     }
 
     fn kill(&self, node: &str) {
-        self.server.kill_kubelet(node).expect("kill kubelet");
         let since = jiff::Timestamp::now() - Duration::from_secs(2 * 3600);
         self.server
-            .store()
-            .modify::<Node>("", node, |n| {
-                let conditions = n
-                    .status
-                    .get_or_insert_default()
-                    .conditions
-                    .get_or_insert_default();
-                for condition in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
-                    condition.last_transition_time = Some(Time(since));
-                }
-            })
-            .expect("backdate NotReady");
+            .kill_kubelet_since(node, since)
+            .expect("kill kubelet");
     }
 
     /// Auto Scaling's side: an instance marked unhealthy is drained by the terminating hook

@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use node_manager::aws::LifecycleActionResult;
 use serde_json::{Value, json};
 
@@ -51,31 +50,23 @@ impl Sandbox {
     /// Stops the node's kubelet (the node turns `Ready=Unknown` as the node lifecycle
     /// controller marks it, and its pods' deletions are never confirmed), `minutes` ago.
     fn kubelet_died(&self, node: &SimulatedNode, minutes: f64) -> Result<(), String> {
-        self.server
-            .kill_kubelet(&node.name)
-            .map_err(|e| e.to_string())?;
         let since = jiff::Timestamp::now() - Duration::from_secs_f64((minutes * 60.0).max(0.0));
         // Its instance has been running since well before (node repair counts a condition
         // from no earlier than the instance's launch).
         self.aws
             .ec2()
             .set_launch_time(&node.instance_id, since - Duration::from_secs(3600));
-        // The story starts `minutes` after the kubelet stopped. And the sandbox labels its
-        // nodes like a managed node group's, which node repair leaves to EKS; this story is
-        // about a self-managed group, whose nodes carry no such label.
+        // The story starts `minutes` after the kubelet stopped.
+        self.server
+            .kill_kubelet_since(&node.name, since)
+            .map_err(|e| e.to_string())?;
+        // The sandbox labels its nodes like a managed node group's, which node repair leaves
+        // to EKS; this story is about a self-managed group, whose nodes carry no such label.
         self.server
             .store()
             .modify::<Node>("", &node.name, |n| {
                 if let Some(labels) = n.metadata.labels.as_mut() {
                     labels.remove("eks.amazonaws.com/nodegroup");
-                }
-                let conditions = n
-                    .status
-                    .get_or_insert_default()
-                    .conditions
-                    .get_or_insert_default();
-                for condition in conditions.iter_mut().filter(|c| c.type_ == "Ready") {
-                    condition.last_transition_time = Some(Time(since));
                 }
             })
             .map(|_| ())
