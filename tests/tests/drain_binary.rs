@@ -4,7 +4,7 @@
 //! fixtures, then the reference drain of a live termination, and the drain's optional settings
 //! (`NODE_TAINT`, `POD_GRACE_PERIOD_SECONDS`) as the process reads them from its environment.
 //!
-//! Uses the binary as built: run `cargo build --workspace --bins` after changing the function.
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing the function.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;

@@ -4,7 +4,7 @@
 //! same pods evicted, the same pods and budgets in the way at the deadline, critical pods
 //! last, DaemonSet pods left).
 //!
-//! Uses the binaries as built: run `cargo build --workspace --bins` after changing them.
+//! Uses the binaries as built: run `cargo build --workspace --bins --tests` after changing them.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;

@@ -284,7 +284,7 @@ fn built_binaries_are_found_next_to_the_test() {
     );
 }
 
-/// Runs `cargo build --workspace --bins` from inside a test, as a missing binary does: slow
+/// Runs `cargo build --workspace --bins --tests` from inside a test, as a missing binary does: slow
 /// (it may compile every function), so only on demand (`--ignored`).
 #[test]
 #[ignore = "runs a full cargo build of the workspace binaries"]

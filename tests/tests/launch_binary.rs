@@ -2,7 +2,7 @@
 //! it, against the fake AWS endpoints and the fake API server: the fixtures, then a launch
 //! that completes once the node is Ready.
 //!
-//! Uses the binary as built: run `cargo build --workspace --bins` after changing the function.
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing the function.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;

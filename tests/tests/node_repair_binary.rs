@@ -4,7 +4,7 @@
 //! terminates it through the terminate hook (which drains it at once) and launches a
 //! replacement through the launch hook (completed once its node is Ready).
 //!
-//! Uses the binaries as built: run `cargo build --workspace --bins` after changing them.
+//! Uses the binaries as built: run `cargo build --workspace --bins --tests` after changing them.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! it, against the fake AWS endpoints (real SDK calls) and the fake API server (EKS tokens,
 //! the shipped RBAC): the EventBridge fixtures, a forged event, both authentication modes.
 //!
-//! Uses the binary as built: run `cargo build --workspace --bins` after changing the function.
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing the function.
 #![allow(clippy::unwrap_used)]
 
 use k8s_openapi::api::core::v1::ConfigMap;

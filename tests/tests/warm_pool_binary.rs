@@ -3,7 +3,7 @@
 //! drains the node and records that it went to the pool; the scale-out from the pool undoes
 //! exactly that drain once the re-registered node is Ready, so the node is schedulable again.
 //!
-//! Uses the binaries as built: run `cargo build --workspace --bins` after changing them.
+//! Uses the binaries as built: run `cargo build --workspace --bins --tests` after changing them.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
