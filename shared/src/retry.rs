@@ -49,7 +49,10 @@ impl RetryPolicy {
 
 /// Calls `call` until it succeeds, fails for good ([`AwsError::is_retryable`] false), or the
 /// policy's attempts are used; waits [`RetryPolicy::delay`] in between.
-pub async fn with_retries<T, F, Fut>(policy: &RetryPolicy, mut call: F) -> Result<T, AwsError>
+pub(crate) async fn with_retries<T, F, Fut>(
+    policy: &RetryPolicy,
+    mut call: F,
+) -> Result<T, AwsError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, AwsError>>,
@@ -76,7 +79,7 @@ where
 
 /// Exponential backoff with "equal jitter": the step `base · 2^attempt` (at most `cap`), half
 /// of it fixed and half random.
-pub fn backoff_delay(attempt: u32, base: Duration, cap: Duration) -> Duration {
+pub(crate) fn backoff_delay(attempt: u32, base: Duration, cap: Duration) -> Duration {
     let step = base
         .saturating_mul(2u32.saturating_pow(attempt.min(30)))
         .min(cap);

@@ -87,6 +87,7 @@ fn string_consts(text: &str) -> BTreeMap<String, String> {
         .filter_map(|line| {
             let rest = line
                 .trim()
+                .trim_start_matches("pub(crate) ")
                 .trim_start_matches("pub ")
                 .strip_prefix("const ")?;
             let (name, rest) = rest.split_once(": &str = \"")?;
@@ -268,12 +269,15 @@ fn the_scanner_finds_literal_and_const_readers_and_ignores_other_text() {
         let d = std::env::var("AWS_LAMBDA_LOG_STREAM_NAME");
         let e = some_value("NOT_A_SETTING");
         let f = Error { name: "ALSO_NOT_READ" };
+        pub(crate) const MODE: &str = "CLUSTER_AUTHENTICATION_MODE";
+        let g = source.value(MODE);
     "#;
     let names: Vec<String> = variables_read_in(text).into_iter().collect();
     assert_eq!(
         names,
         [
             "AWS_LAMBDA_LOG_STREAM_NAME",
+            "CLUSTER_AUTHENTICATION_MODE",
             "CLUSTER_ENDPOINT",
             "DRAIN_TIMEOUT_SECONDS",
             "EVICTION_CONCURRENCY"

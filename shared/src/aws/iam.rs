@@ -159,7 +159,7 @@ impl InstanceProfiles for SigV4Iam {
 }
 
 /// The form-encoded Query-protocol body.
-pub fn query_body(role_name: &str, marker: Option<&str>) -> String {
+pub(crate) fn query_body(role_name: &str, marker: Option<&str>) -> String {
     // The action spelled out: the template test finds granted actions by it.
     let mut body = String::from("Action=ListInstanceProfilesForRole&Version=2010-05-08&RoleName=");
     percent_encode_into(role_name, &mut body);
@@ -171,7 +171,7 @@ pub fn query_body(role_name: &str, marker: Option<&str>) -> String {
 }
 
 /// A `POST` of `body` to `url`, signed (SigV4, headers) for service `iam` in `region`.
-pub fn signed_request(
+pub(crate) fn signed_request(
     credentials: &Credentials,
     url: &str,
     region: &str,
@@ -226,7 +226,7 @@ pub struct Page {
 /// Reads a `ListInstanceProfilesForRoleResponse`: the `Arn` of each instance profile (the
 /// profiles' `Roles` carry role `Arn`s too; only `:instance-profile/` ones are kept), and
 /// the `Marker` when `IsTruncated` is true. `None` when it is not that response.
-pub fn parse_page(xml: &str) -> Option<Page> {
+pub(crate) fn parse_page(xml: &str) -> Option<Page> {
     let result = element(xml, "ListInstanceProfilesForRoleResult")?;
     let profiles = element(result, "InstanceProfiles").unwrap_or_default();
     let instance_profile_arns = elements(profiles, "Arn")
@@ -249,7 +249,7 @@ pub fn parse_page(xml: &str) -> Option<Page> {
 }
 
 /// An IAM `ErrorResponse` as an [`AwsError`] (the code classified as every SDK error is).
-pub fn parse_error(status: u16, xml: &str) -> AwsError {
+pub(crate) fn parse_error(status: u16, xml: &str) -> AwsError {
     let code = element(xml, "Code").map(unescape);
     let message = element(xml, "Message")
         .map(unescape)

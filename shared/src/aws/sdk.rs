@@ -81,7 +81,7 @@ pub(crate) fn kind_of(code: Option<&str>, status: u16) -> AwsErrorKind {
 }
 
 /// Folds an SDK error into an [`AwsError`] the domain can act on.
-pub fn classify<E>(operation: &'static str, error: SdkError<E, HttpResponse>) -> AwsError
+pub(crate) fn classify<E>(operation: &'static str, error: SdkError<E, HttpResponse>) -> AwsError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {

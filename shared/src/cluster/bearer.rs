@@ -22,7 +22,7 @@ use super::token::{EksToken, sign_token};
 
 /// A token is replaced this long before its 14-minute expiry, so a request never leaves
 /// with a token about to lapse.
-pub const REFRESH_MARGIN: Duration = Duration::from_secs(60);
+pub(crate) const REFRESH_MARGIN: Duration = Duration::from_secs(60);
 
 /// Signs EKS tokens for one cluster and hands out the current one.
 pub struct TokenSource {

@@ -38,7 +38,7 @@ fn is_eviction(uri: &http::Uri) -> bool {
 /// connection that stops answering (kube sets no read timeout), holds a call for minutes and
 /// the caller's own deadlines (lease renewal, hand-over) cannot be kept; with it the caller
 /// gets an error it already knows how to handle (transient: retried or handed over).
-pub const REQUEST_TIME_BOUND: Duration = Duration::from_secs(10);
+pub(crate) const REQUEST_TIME_BOUND: Duration = Duration::from_secs(10);
 
 /// `?watch=true` (or `1`): a long-running request by design, bounded by its own
 /// `timeoutSeconds` and by the caller.
@@ -53,7 +53,7 @@ fn is_watch(uri: &http::Uri) -> bool {
 /// Builds a client for `cluster` that authenticates with tokens from `tokens`.
 ///
 /// Needs a Tokio runtime (the client's request queue runs on it).
-pub fn build_client(
+pub(crate) fn build_client(
     cluster: &ClusterInfo,
     function_name: &str,
     tokens: Arc<TokenSource>,

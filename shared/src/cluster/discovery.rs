@@ -14,7 +14,7 @@ pub const CLUSTER_ENDPOINT: &str = "CLUSTER_ENDPOINT";
 /// `CLUSTER_CA_DATA`: base64 of the PEM CA bundle, as `DescribeCluster` returns it.
 pub const CLUSTER_CA_DATA: &str = "CLUSTER_CA_DATA";
 /// `CLUSTER_AUTHENTICATION_MODE`: `CONFIG_MAP` (default), `API_AND_CONFIG_MAP` or `API`.
-pub const CLUSTER_AUTHENTICATION_MODE: &str = "CLUSTER_AUTHENTICATION_MODE";
+pub(crate) const CLUSTER_AUTHENTICATION_MODE: &str = "CLUSTER_AUTHENTICATION_MODE";
 
 /// What a function needs to know to talk to the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,12 +30,12 @@ pub const CLUSTER_ID_HEADER: &str = "x-k8s-aws-id";
 /// `X-Amz-Expires`: STS ignores it for `GetCallerIdentity` (a presigned URL is valid for 15
 /// minutes after `X-Amz-Date`), but authenticators up to 0.3.0 required 0..=60, so every
 /// client sends 60.
-pub const PRESIGN_EXPIRES: Duration = Duration::from_secs(60);
+pub(crate) const PRESIGN_EXPIRES: Duration = Duration::from_secs(60);
 /// STS accepts a presigned `GetCallerIdentity` for 15 minutes after signing.
-pub const STS_VALIDITY: Duration = Duration::from_secs(15 * 60);
+pub(crate) const STS_VALIDITY: Duration = Duration::from_secs(15 * 60);
 /// When a token is treated as expired: one minute before STS would refuse it, as
 /// `aws eks get-token` reports in `expirationTimestamp`.
-pub const TOKEN_LIFETIME: Duration = Duration::from_secs(14 * 60);
+pub(crate) const TOKEN_LIFETIME: Duration = Duration::from_secs(STS_VALIDITY.as_secs() - 60);
 
 const STS_QUERY: &str = "Action=GetCallerIdentity&Version=2011-06-15";
 
@@ -105,7 +105,7 @@ impl fmt::Display for EksToken {
 }
 
 /// `%Y-%m-%dT%H:%M:%SZ` in UTC, whole seconds.
-pub fn format_utc_seconds(time: SystemTime) -> String {
+pub(crate) fn format_utc_seconds(time: SystemTime) -> String {
     match jiff::Timestamp::try_from(time) {
         Ok(ts) => ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string(),
         Err(_) => "(out of range)".to_owned(),

@@ -39,7 +39,7 @@ use super::plan::PodKey;
 /// How long a pod waiting on a watched budget waits at most before it is retried anyway:
 /// a safety net should a status update never arrive (the timer backoff's ceiling when that
 /// is longer).
-pub const WATCHED_RETRY_SAFETY_NET: Duration = Duration::from_secs(30);
+pub(crate) const WATCHED_RETRY_SAFETY_NET: Duration = Duration::from_secs(30);
 
 type BudgetEvents = Pin<
     Box<
@@ -96,7 +96,7 @@ impl BudgetState {
 
 /// Evictions the budget's status allows: `disruptionsAllowed`, or 0 while the disruption
 /// controller has not observed the current spec (the eviction handler refuses then).
-pub fn allowed_by(budget: &PodDisruptionBudget) -> u32 {
+pub(crate) fn allowed_by(budget: &PodDisruptionBudget) -> u32 {
     let Some(status) = &budget.status else {
         return 0;
     };

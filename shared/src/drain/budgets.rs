@@ -13,7 +13,7 @@ use kube::api::ListParams;
 
 /// Whether `selector` selects a pod with `labels`. In policy/v1 an empty selector selects
 /// every pod of the namespace, and a missing one selects none.
-pub fn selector_matches(
+pub(crate) fn selector_matches(
     selector: Option<&LabelSelector>,
     labels: &BTreeMap<String, String>,
 ) -> bool {

@@ -17,7 +17,7 @@ use super::plan::PodKey;
 /// The `details.causes[].type` the API server gives a 429 refused by a PodDisruptionBudget.
 pub const DISRUPTION_BUDGET_CAUSE: &str = "DisruptionBudget";
 /// The `details.causes[].type` of a 403 for a pod whose namespace is being deleted.
-pub const NAMESPACE_TERMINATING_CAUSE: &str = "NamespaceTerminating";
+pub(crate) const NAMESPACE_TERMINATING_CAUSE: &str = "NamespaceTerminating";
 
 /// What an eviction request's answer means for the drain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,14 +171,14 @@ fn budget_name(message: &str) -> Option<String> {
 /// The grace period sent for a configured `POD_GRACE_PERIOD_SECONDS`: at least 1, as
 /// `kubectl drain --grace-period=0` sends, since 0 asks the API server for an immediate
 /// deletion that does not wait for the kubelet to stop the containers.
-pub fn grace_to_send(configured: Duration) -> i64 {
+pub(crate) fn grace_to_send(configured: Duration) -> i64 {
     i64::try_from(configured.as_secs())
         .unwrap_or(i64::MAX)
         .max(1)
 }
 
 /// The body of a policy/v1 Eviction for `pod`.
-pub fn eviction_body(pod: &PodKey, grace_period_seconds: Option<i64>) -> serde_json::Value {
+pub(crate) fn eviction_body(pod: &PodKey, grace_period_seconds: Option<i64>) -> serde_json::Value {
     let mut delete_options = json!({"preconditions": {"uid": pod.uid}});
     if let Some(grace) = grace_period_seconds {
         delete_options["gracePeriodSeconds"] = json!(grace);

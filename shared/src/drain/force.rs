@@ -24,14 +24,14 @@ pub enum ForcedDeletion {
 }
 
 /// Tries per pod before a transient failure is given up on within this invocation.
-pub const DELETE_ATTEMPTS: u32 = 5;
+pub(crate) const DELETE_ATTEMPTS: u32 = 5;
 
 /// The pause before the first retry; doubled for each later one (0.1 + 0.2 + 0.4 + 0.8 s).
 const FIRST_RETRY_DELAY: Duration = Duration::from_millis(100);
 
 /// [`delete_pod`], retrying transient failures: a dropped connection or a throttled request
 /// must not turn a forced drain into a completed one with the pod still running.
-pub async fn delete_pod_with_retries(
+pub(crate) async fn delete_pod_with_retries(
     client: &kube::Client,
     pod: &PodKey,
     grace_period_seconds: Option<i64>,
@@ -52,7 +52,7 @@ pub async fn delete_pod_with_retries(
 }
 
 /// Deletes `pod` (this UID only), with `grace_period_seconds` or the pod's own.
-pub async fn delete_pod(
+pub(crate) async fn delete_pod(
     client: &kube::Client,
     pod: &PodKey,
     grace_period_seconds: Option<i64>,

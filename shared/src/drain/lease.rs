@@ -236,7 +236,7 @@ pub async fn update(
 
 /// Whether a Kubernetes call may succeed when simply tried again: throttling (429), a server
 /// error (5xx) or a connection that failed.
-pub fn is_transient(error: &kube::Error) -> bool {
+pub(crate) fn is_transient(error: &kube::Error) -> bool {
     match error {
         kube::Error::Api(status) => status.code == 429 || status.code >= 500,
         kube::Error::HyperError(_) | kube::Error::Service(_) => true,

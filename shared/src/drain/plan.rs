@@ -25,17 +25,17 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 /// The annotation the kubelet puts on the API copy of a static pod.
-pub const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub(crate) const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// Priority classes whose pods keep the cluster working (DNS, CNI, metrics): evicted last,
 /// after every ordinary pod is gone, so what the ordinary pods need while they shut down
 /// stays up.
-pub const CRITICAL_PRIORITY_CLASSES: [&str; 2] =
+pub(crate) const CRITICAL_PRIORITY_CLASSES: [&str; 2] =
     ["system-cluster-critical", "system-node-critical"];
 
 /// The lowest priority value of the built-in critical classes (`system-cluster-critical`):
 /// pods with a custom class at least this high are treated as critical too.
-pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+pub(crate) const CRITICAL_PRIORITY: i32 = 2_000_000_000;
 
 /// The taint a cordoned node carries for the scheduler (`spec.unschedulable`).
 pub const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
@@ -108,7 +108,7 @@ fn bound_at(pod: &Pod) -> Option<Timestamp> {
 
 /// Whether one of the pod's tolerations matches the cordon's `NoSchedule` taint (the
 /// scheduler's NodeUnschedulable filter lets such a pod onto a cordoned node).
-pub fn tolerates_cordon(pod: &Pod) -> bool {
+pub(crate) fn tolerates_cordon(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
         .and_then(|s| s.tolerations.as_ref())

@@ -27,7 +27,7 @@ use crate::lifecycle::node::{
 
 /// The longest wait before the first scan by providerID for a node not seen under the
 /// instance's DNS name (most nodes register under it well within this).
-pub const NAME_FALLBACK_FIRST: Duration = Duration::from_secs(30);
+pub(crate) const NAME_FALLBACK_FIRST: Duration = Duration::from_secs(30);
 /// The longest interval between later scans.
 const NAME_FALLBACK_MAX_INTERVAL: Duration = Duration::from_secs(240);
 
@@ -56,7 +56,7 @@ impl NodeSighting {
 }
 
 /// Whether `node` is the node of `instance_id`, whose private DNS name is `dns_name`.
-pub fn is_instance_node(node: &Node, instance_id: &str, dns_name: Option<&str>) -> bool {
+pub(crate) fn is_instance_node(node: &Node, instance_id: &str, dns_name: Option<&str>) -> bool {
     node_provider_id_matches(node, instance_id)
         || (dns_name.is_some()
             && node.metadata.name.as_deref() == dns_name
@@ -66,7 +66,7 @@ pub fn is_instance_node(node: &Node, instance_id: &str, dns_name: Option<&str>) 
 /// Resolves with the instance's node once it is Ready; runs until then (bound it with a
 /// timeout). `dns_name` is the name the node is expected under; `launch_timeout` paces the
 /// fallback scan by providerID. Watch errors are logged and the watch resumes with backoff.
-pub async fn wait_until_ready(
+pub(crate) async fn wait_until_ready(
     client: &kube::Client,
     instance_id: &str,
     dns_name: Option<&str>,

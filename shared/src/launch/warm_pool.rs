@@ -42,7 +42,7 @@ pub enum RunningWait {
 }
 
 /// Asks EC2 for the instance's state until it is no longer `pending`, or `stop_at`.
-pub async fn wait_until_running(
+pub(crate) async fn wait_until_running(
     instances: &impl Instances,
     instance_id: &str,
     stop_at: tokio::time::Instant,
@@ -109,7 +109,7 @@ impl Restored {
 /// in place: a cordon or taint somebody else put there (before or after the drain) stays. The
 /// patch carries the node's `resourceVersion`, so it applies to exactly the node it was
 /// computed from.
-pub fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Restored)> {
+pub(crate) fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Restored)> {
     let checkpoint: DrainCheckpoint = checkpoint_of(node)?;
     if checkpoint.action.instance_id != instance_id {
         return None;
@@ -171,7 +171,7 @@ pub enum Restore {
 /// Undoes our drain on the node of `instance_id`, which came back from the warm pool, in one
 /// conditional write; on a conflict (the kubelet updates the node often) reads it again and
 /// recomputes. Safe to repeat: once the checkpoint is gone there is nothing of ours left.
-pub async fn restore_returning_node(
+pub(crate) async fn restore_returning_node(
     nodes: &Api<Node>,
     node: Node,
     instance_id: &str,

@@ -82,17 +82,17 @@ impl InvocationBudget {
 }
 
 /// See [`InvocationBudget::cutoff_at`].
-pub const MAX_CUTOFF_DELAY: Duration = Duration::from_secs(1);
+pub(crate) const MAX_CUTOFF_DELAY: Duration = Duration::from_secs(1);
 /// See [`InvocationBudget::closing_write_bound`].
-pub const MIN_CLOSING_WRITE: Duration = Duration::from_secs(1);
+pub(crate) const MIN_CLOSING_WRITE: Duration = Duration::from_secs(1);
 /// See [`InvocationBudget::closing_write_bound`].
-pub const MAX_CLOSING_WRITE: Duration = Duration::from_secs(5);
+pub(crate) const MAX_CLOSING_WRITE: Duration = Duration::from_secs(5);
 
 /// The least time an invocation must have for work before its hand-over time.
-pub const MIN_WORKING_SLICE: Duration = Duration::from_secs(1);
+pub(crate) const MIN_WORKING_SLICE: Duration = Duration::from_secs(1);
 
 /// The `Instant` at which wall-clock time `at` arrives (now, when it is past).
-pub fn instant_at(at: Timestamp) -> Instant {
+pub(crate) fn instant_at(at: Timestamp) -> Instant {
     let now = Timestamp::now();
     let ahead = now.duration_until(at).try_into().unwrap_or(Duration::ZERO);
     Instant::now() + ahead

@@ -39,7 +39,7 @@ pub enum ContinuationError {
 
 /// Extends the action with a heartbeat, then publishes the notification again to the topic it
 /// came from (or `fallback_topic` for EventBridge deliveries) so a fresh invocation resumes.
-pub async fn hand_over(
+pub(crate) async fn hand_over(
     autoscaling: &impl AutoScaling,
     notifications: &impl Notifications,
     keeper: &mut HeartbeatKeeper,
@@ -79,7 +79,7 @@ pub async fn hand_over(
 
 /// `CompleteLifecycleAction`, retried when that may help. `Ok(NoActiveAction)` means it was
 /// done already (by a duplicate, or it timed out): a success for the caller.
-pub async fn complete_action(
+pub(crate) async fn complete_action(
     autoscaling: &impl AutoScaling,
     action: &LifecycleActionRef,
     result: LifecycleActionResult,

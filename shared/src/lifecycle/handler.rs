@@ -244,7 +244,7 @@ pub struct HandledRecord<O, E> {
 
 /// Hands every record of `event` to `handle`, one after the other; a record that cannot be
 /// parsed fails alone (logged, `E::from` its parse error) and the others are still handled.
-pub async fn handle_records<O, E, Fut>(
+pub(crate) async fn handle_records<O, E, Fut>(
     event: &Value,
     mut handle: impl FnMut(Delivery) -> Fut,
 ) -> Vec<HandledRecord<O, E>>

@@ -71,7 +71,7 @@ impl HookTimings {
 /// The timings assumed while a hook's cannot be read: the shortest heartbeat timeout Auto
 /// Scaling accepts, so heartbeats come often enough whatever the hook's real one is. Not
 /// cached: the next invocation reads the hook again.
-pub fn unreadable_hook(name: &str) -> LifecycleHook {
+pub(crate) fn unreadable_hook(name: &str) -> LifecycleHook {
     LifecycleHook {
         heartbeat_timeout: MIN_HEARTBEAT_TIMEOUT,
         ..default_hook(name)
@@ -79,11 +79,11 @@ pub fn unreadable_hook(name: &str) -> LifecycleHook {
 }
 
 /// The shortest `HeartbeatTimeout` Auto Scaling accepts for a lifecycle hook.
-pub const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Auto Scaling's defaults: heartbeat timeout 3600 s, global timeout the smaller of 100
 /// heartbeat timeouts and 48 hours, result ABANDON.
-pub fn default_hook(name: &str) -> LifecycleHook {
+pub(crate) fn default_hook(name: &str) -> LifecycleHook {
     LifecycleHook {
         name: name.to_owned(),
         transition: String::new(),

@@ -26,14 +26,14 @@ pub enum NodeLookupError {
 }
 
 /// The instance id a provider ID names: `aws:///eu-west-1a/i-0abc` -> `i-0abc`.
-pub fn instance_id_from_provider_id(provider_id: &str) -> Option<&str> {
+pub(crate) fn instance_id_from_provider_id(provider_id: &str) -> Option<&str> {
     let rest = provider_id.strip_prefix("aws://")?;
     let last = rest.rsplit('/').next()?;
     last.starts_with("i-").then_some(last)
 }
 
 /// Whether the node's `spec.providerID` names `instance_id`.
-pub fn node_provider_id_matches(node: &Node, instance_id: &str) -> bool {
+pub(crate) fn node_provider_id_matches(node: &Node, instance_id: &str) -> bool {
     node_instance_id(node) == Some(instance_id)
 }
 
@@ -47,7 +47,7 @@ pub fn node_instance_id(node: &Node) -> Option<&str> {
 
 /// Whether `node`, found under the instance's private DNS name, is the instance's node: its
 /// providerID names the instance, or it has none yet (a node that has only just registered).
-pub fn is_node_of_instance(node: &Node, instance_id: &str) -> bool {
+pub(crate) fn is_node_of_instance(node: &Node, instance_id: &str) -> bool {
     let provider_id = node
         .spec
         .as_ref()
@@ -115,7 +115,7 @@ pub async fn find_node(
 
 /// Pages through all nodes for the one whose providerID names `instance_id`: the fallback
 /// when the node is not named after the instance's private DNS name.
-pub async fn scan_by_provider_id(
+pub(crate) async fn scan_by_provider_id(
     nodes: &Api<Node>,
     instance_id: &str,
 ) -> Result<Option<Node>, NodeLookupError> {

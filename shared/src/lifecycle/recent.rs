@@ -16,7 +16,7 @@ use tokio::time::Instant;
 /// minute is well inside the shortest heartbeat timeout Auto Scaling accepts (30 s between
 /// heartbeats is half of it): a lowered timeout is paced correctly before it can expire an
 /// action.
-pub const MAX_AGE: Duration = Duration::from_secs(60);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Values read per key, each remembered with the lifecycle action (token) it was read for
 /// and when.

@@ -142,7 +142,10 @@ impl GroupScope {
 }
 
 /// The pure part: do these tags name one of the cluster's names?
-pub fn decide_by_tags(cluster: &ClusterScope, tags: &BTreeMap<String, String>) -> ScopeDecision {
+pub(crate) fn decide_by_tags(
+    cluster: &ClusterScope,
+    tags: &BTreeMap<String, String>,
+) -> ScopeDecision {
     for name in std::iter::once(&cluster.cluster_name).chain(&cluster.additional_cluster_names) {
         for key in ["eks:cluster-name", "alpha.eksctl.io/cluster-name"] {
             if tags.get(key).is_some_and(|value| value == name) {
@@ -164,7 +167,7 @@ pub fn decide_by_tags(cluster: &ClusterScope, tags: &BTreeMap<String, String>) -
 }
 
 /// The account of a Lambda function ARN (`arn:aws:lambda:<region>:<account>:function:<name>`).
-pub fn account_id_from_function_arn(arn: &str) -> Option<String> {
+pub(crate) fn account_id_from_function_arn(arn: &str) -> Option<String> {
     let mut parts = arn.split(':');
     let (Some("arn"), Some(_partition), Some("lambda"), Some(_region), Some(account)) = (
         parts.next(),

@@ -28,7 +28,7 @@ pub fn ms(n: u64) -> Duration {
 }
 
 /// A hook whose timings are in milliseconds, so waits run in real time quickly.
-pub fn fast_hook(heartbeat_ms: u64, global_ms: u64) -> LifecycleHook {
+pub(crate) fn fast_hook(heartbeat_ms: u64, global_ms: u64) -> LifecycleHook {
     LifecycleHook {
         heartbeat_timeout: ms(heartbeat_ms),
         global_timeout: ms(global_ms),

@@ -287,7 +287,7 @@ impl DrainCheckpoint {
 
 /// The checkpoint stored on `node`, if any. An unreadable one is ignored (and replaced by the
 /// next write) with a warning, since it cannot be resumed from anyway.
-pub fn checkpoint_of(node: &Node) -> Option<DrainCheckpoint> {
+pub(crate) fn checkpoint_of(node: &Node) -> Option<DrainCheckpoint> {
     let raw = node
         .metadata
         .annotations

@@ -5,10 +5,10 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 
 /// An events.k8s.io `note` may hold at most 1 KiB.
-pub const MAX_NOTE_BYTES: usize = 1024;
+pub(crate) const MAX_NOTE_BYTES: usize = 1024;
 
 /// The reference Events about a Node carry.
-pub fn node_reference(name: &str, uid: Option<&str>) -> ObjectReference {
+pub(crate) fn node_reference(name: &str, uid: Option<&str>) -> ObjectReference {
     ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -19,7 +19,7 @@ pub fn node_reference(name: &str, uid: Option<&str>) -> ObjectReference {
 }
 
 /// Cuts `note` to the 1 KiB events.k8s.io allows, on a character boundary.
-pub fn truncate_note(note: String) -> String {
+pub(crate) fn truncate_note(note: String) -> String {
     if note.len() <= MAX_NOTE_BYTES {
         return note;
     }

@@ -15,7 +15,7 @@ pub const EXCLUDE_FROM_LOAD_BALANCERS_LABEL: &str =
     "node.kubernetes.io/exclude-from-external-load-balancers";
 
 /// Whether `node` carries `node.kubernetes.io/exclude-from-external-load-balancers=true`.
-pub fn excluded_from_load_balancers(node: &Node) -> bool {
+pub(crate) fn excluded_from_load_balancers(node: &Node) -> bool {
     node.metadata
         .labels
         .as_ref()

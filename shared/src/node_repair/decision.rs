@@ -13,12 +13,12 @@ use super::policy::{Limit, PERCENTAGE_THRESHOLD_MIN_GROUP, RepairAction, RepairP
 
 /// A node whose problem returns within this time after a reboot is replaced, not rebooted
 /// again (the reboot did not fix it).
-pub const REBOOT_ESCALATION_WINDOW: Duration = Duration::from_secs(3600);
+pub(crate) const REBOOT_ESCALATION_WINDOW: Duration = Duration::from_secs(3600);
 
 /// After `SetInstanceHealth`, Auto Scaling may take a moment to show the instance as
 /// unhealthy or terminating; for this long the node's own record counts as the repair in
 /// flight, so the next run does not ask again.
-pub const REPLACE_PENDING: Duration = Duration::from_secs(600);
+pub(crate) const REPLACE_PENDING: Duration = Duration::from_secs(600);
 
 /// A Node condition as the run saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,7 +306,7 @@ fn assess(
 /// `Detaching` and the like are not.
 /// Whether the decision about `node` may depend on its instance's last launch: it is judged
 /// by its Node and some condition is bad. Only those are looked up (usually none).
-pub fn needs_launch_time(node: &NodeObservation) -> bool {
+pub(crate) fn needs_launch_time(node: &NodeObservation) -> bool {
     node.lifecycle_state == "InService"
         && node
             .conditions
@@ -314,7 +314,7 @@ pub fn needs_launch_time(node: &NodeObservation) -> bool {
             .any(|c| is_unhealthy_status(&c.type_, &c.status))
 }
 
-pub fn judged_by_its_node(lifecycle_state: &str) -> bool {
+pub(crate) fn judged_by_its_node(lifecycle_state: &str) -> bool {
     lifecycle_state == "InService" || leaving_the_group(lifecycle_state)
 }
 
@@ -424,7 +424,7 @@ fn describe_limit(limit: Limit, kind: &str) -> String {
 }
 
 /// Decides every node of `group` at `now`.
-pub fn decide_group(
+pub(crate) fn decide_group(
     policy: &RepairPolicy,
     group: &GroupObservation,
     now: Timestamp,

@@ -75,7 +75,7 @@ impl Limit {
 /// Group sizes up to this are exempt from a percentage unhealthy threshold (EKS: repair
 /// stops for groups with *more than five* nodes when more than 20% are unhealthy; one broken
 /// node of three is 33% and must still be repaired).
-pub const PERCENTAGE_THRESHOLD_MIN_GROUP: usize = 5;
+pub(crate) const PERCENTAGE_THRESHOLD_MIN_GROUP: usize = 5;
 
 /// The whole policy.
 #[derive(Debug, Clone, PartialEq)]

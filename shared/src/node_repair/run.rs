@@ -22,7 +22,7 @@ use super::scope;
 use super::settings::RepairSettings;
 
 /// Nodes per page of the list.
-pub const NODE_PAGE_SIZE: u32 = 500;
+pub(crate) const NODE_PAGE_SIZE: u32 = 500;
 
 /// Everything a run needs, built once per execution environment.
 pub struct RepairContext<K, H, R> {

@@ -20,9 +20,9 @@ use super::report::{NodeReport, RepairError, not_ours};
 use super::settings::RepairSettings;
 
 /// The label EKS puts on the nodes of a managed node group (which EKS repairs itself).
-pub const MANAGED_NODEGROUP_LABEL: &str = "eks.amazonaws.com/nodegroup";
+pub(crate) const MANAGED_NODEGROUP_LABEL: &str = "eks.amazonaws.com/nodegroup";
 /// The label Karpenter puts on its nodes (Karpenter repairs them itself).
-pub const KARPENTER_NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
+pub(crate) const KARPENTER_NODEPOOL_LABEL: &str = "karpenter.sh/nodepool";
 
 /// A node that may be ours: it runs on an EC2 instance and no other repairer claims it.
 pub(super) struct Candidate<'a> {

@@ -31,7 +31,7 @@ pub enum AccessEntryOutcome {
     },
 }
 
-pub fn entry_type_for(os: NodeOs) -> AccessEntryType {
+pub(crate) fn entry_type_for(os: NodeOs) -> AccessEntryType {
     match os {
         NodeOs::Linux => AccessEntryType::Ec2Linux,
         NodeOs::Windows => AccessEntryType::Ec2Windows,

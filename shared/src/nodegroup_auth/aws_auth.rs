@@ -21,7 +21,7 @@ use super::role_mapping::{
 
 pub const AWS_AUTH_NAME: &str = "aws-auth";
 pub const AWS_AUTH_NAMESPACE: &str = "kube-system";
-pub const MAP_ROLES_KEY: &str = "mapRoles";
+pub(crate) const MAP_ROLES_KEY: &str = "mapRoles";
 
 /// A failed call to the store, by what the caller does about it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

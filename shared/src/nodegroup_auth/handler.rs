@@ -34,7 +34,7 @@ pub const FUNCTION_NAME: &str = "nodegroup-auth";
 const DELETING: &str = "DELETING";
 
 /// How many instance ids an answer names when live instances keep a role mapped.
-pub const MAX_REPORTED_INSTANCES: usize = 5;
+pub(crate) const MAX_REPORTED_INSTANCES: usize = 5;
 
 /// Why an invocation failed. Rejected payloads write nothing.
 #[derive(Debug, thiserror::Error)]

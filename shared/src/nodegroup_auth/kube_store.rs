@@ -13,7 +13,7 @@ use crate::cluster::connection::KubeConnection;
 use super::aws_auth::{AWS_AUTH_NAME, AWS_AUTH_NAMESPACE, AwsAuthEvent, AwsAuthStore, StoreError};
 
 /// The name Events are reported under (`reportingController`).
-pub const REPORTING_CONTROLLER: &str = "node-manager/nodegroup-auth";
+pub(crate) const REPORTING_CONTROLLER: &str = "node-manager/nodegroup-auth";
 
 /// `kube-system/aws-auth` through the cluster's API: the function's [`EksConnection`]
 /// (discovered on first use), or a ready `kube::Client` (tests, local runs).

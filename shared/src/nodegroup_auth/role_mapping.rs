@@ -27,10 +27,10 @@ use serde_json::Value;
 
 /// The username every node role maps to; the authenticator fills in the instance's name.
 pub const NODE_USERNAME: &str = "system:node:{{EC2PrivateDNSName}}";
-pub const BOOTSTRAPPERS_GROUP: &str = "system:bootstrappers";
-pub const NODES_GROUP: &str = "system:nodes";
+pub(crate) const BOOTSTRAPPERS_GROUP: &str = "system:bootstrappers";
+pub(crate) const NODES_GROUP: &str = "system:nodes";
 /// Windows nodes need it for kube-proxy (EKS's own mapping for Windows node groups).
-pub const KUBE_PROXY_WINDOWS_GROUP: &str = "eks:kube-proxy-windows";
+pub(crate) const KUBE_PROXY_WINDOWS_GROUP: &str = "eks:kube-proxy-windows";
 
 /// The only groups this function ever writes. Nothing from an event can add to it.
 pub const ALLOWED_NODE_GROUPS: [&str; 3] =
@@ -235,7 +235,7 @@ impl RoleMapping {
 /// distinct key (an exact duplicate keeps its last occurrence, as a Go map does), in byte-wise
 /// key order (as the JSON encoder writes a map), each with its key folded the way the
 /// decoder compares field names; returns `(folded key, index into fields)`.
-pub fn effective_fields(fields: &[(String, Value)]) -> Vec<(String, usize)> {
+pub(crate) fn effective_fields(fields: &[(String, Value)]) -> Vec<(String, usize)> {
     let mut last: BTreeMap<&str, usize> = BTreeMap::new();
     for (index, (key, _)) in fields.iter().enumerate() {
         last.insert(key.as_str(), index);
