@@ -338,6 +338,27 @@ async fn start_termination(w: &FunctionWorld) -> (SnsSubscription, Value) {
     (subscription, event)
 }
 
+/// Adds `rule` to the API server's faults as soon as the node is cordoned (the drain's claim
+/// has been written), from a task of its own; the task answers the rule's id.
+fn add_fault_once_cordoned(
+    w: &FunctionWorld,
+    rule: node_manager_testkit::kube::FaultRule,
+) -> tokio::task::JoinHandle<node_manager_testkit::kube::FaultId> {
+    let store = w.server.store().clone();
+    let faults = w.server.faults().clone();
+    let node = w.node.clone();
+    tokio::spawn(async move {
+        poll(&store, "the cordon", |store| {
+            store
+                .find::<Node>("", &node)
+                .and_then(|n| n.spec?.unschedulable)
+                == Some(true)
+        })
+        .await;
+        faults.add(rule)
+    })
+}
+
 /// A pod on the drained node whose deletion waits for a finalizer the test removes: the
 /// drain outlasts as many invocations as the test wants.
 fn add_held_pod(w: &FunctionWorld) {
@@ -411,24 +432,13 @@ spec:
     let before = evictable_pods(&w);
     // Once the node is cordoned (the claim's write), every node write fails with 503 for
     // three lease durations.
-    let store = w.server.store().clone();
-    let faults = w.server.faults().clone();
-    let node = w.node.clone();
-    let burst = tokio::spawn(async move {
-        poll(&store, "the cordon", |store| {
-            store
-                .find::<Node>("", &node)
-                .and_then(|n| n.spec?.unschedulable)
-                == Some(true)
-        })
-        .await;
-        faults.add(
-            FaultRule::new(FaultAction::ServiceUnavailable)
-                .verb("patch")
-                .resource("nodes")
-                .lasting(Duration::from_secs(3)),
-        );
-    });
+    let burst = add_fault_once_cordoned(
+        &w,
+        FaultRule::new(FaultAction::ServiceUnavailable)
+            .verb("patch")
+            .resource("nodes")
+            .lasting(Duration::from_secs(3)),
+    );
     let answer = terminate_and_answer(&w).await;
     burst.await.unwrap();
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
@@ -725,26 +735,15 @@ async fn an_api_brownout_at_the_hand_over_time_still_hands_over_before_the_deadl
     // Once the node is cordoned, a minute of API Priority and Fairness throttling of node
     // writes: every PATCH answered 429 with Retry-After 1 s, which kube's client retries up
     // to 15 times per call.
-    let store = w.server.store().clone();
-    let faults = w.server.faults().clone();
-    let node = w.node.clone();
-    let brownout = tokio::spawn(async move {
-        poll(&store, "the cordon", |store| {
-            store
-                .find::<Node>("", &node)
-                .and_then(|n| n.spec?.unschedulable)
-                == Some(true)
+    let brownout = add_fault_once_cordoned(
+        &w,
+        FaultRule::new(FaultAction::TooManyRequests {
+            retry_after_seconds: 1,
         })
-        .await;
-        faults.add(
-            FaultRule::new(FaultAction::TooManyRequests {
-                retry_after_seconds: 1,
-            })
-            .verb("patch")
-            .resource("nodes")
-            .lasting(Duration::from_secs(60)),
-        )
-    });
+        .verb("patch")
+        .resource("nodes")
+        .lasting(Duration::from_secs(60)),
+    );
     let outcome = lambda
         .runtime
         .invoke(&event, Duration::from_secs(6))
