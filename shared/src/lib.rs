@@ -36,6 +36,8 @@ pub mod diagnostic;
 #[cfg(feature = "runtime")]
 pub mod drain;
 #[cfg(feature = "runtime")]
+pub mod instance_refresh;
+#[cfg(feature = "runtime")]
 pub mod launch;
 pub mod lifecycle;
 /// What our functions leave on a Node (marks, checkpoint, Event pieces), shared by all three

@@ -713,6 +713,7 @@ fn iam_grants_no_wildcard_action_and_resource_star_only_for_reads_without_resour
         "autoscaling:DescribeLifecycleHooks",
         "autoscaling:DescribeAutoScalingInstances",
         "ec2:DescribeInstances",
+        "autoscaling:DescribeInstanceRefreshes",
     ];
     for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
         for (owner, statement) in policy_statements(&template) {
@@ -1469,7 +1470,7 @@ fn every_dead_letter_queue_and_every_function_has_its_alarms() {
             }
         }
     }
-    assert_eq!(queues.len(), 2, "{queues:?}");
+    assert_eq!(queues.len(), 3, "{queues:?}");
     for queue in &queues {
         assert!(
             watched(
@@ -1482,7 +1483,7 @@ fn every_dead_letter_queue_and_every_function_has_its_alarms() {
         );
     }
     let functions = resources_of_type(&template, "AWS::Serverless::Function");
-    assert_eq!(functions.len(), 4);
+    assert_eq!(functions.len(), 5);
     for id in functions.keys() {
         for metric in ["Errors", "Throttles"] {
             assert!(

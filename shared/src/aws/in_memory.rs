@@ -706,3 +706,50 @@ impl RepairInstances for InMemoryInstanceHealth {
         Ok(())
     }
 }
+
+/// Instance refreshes and group configurations, set by a test.
+#[derive(Debug, Default, Clone)]
+pub struct InMemoryInstanceRefreshes {
+    refreshes: Arc<Mutex<Vec<InstanceRefreshDescription>>>,
+    groups: Arc<Mutex<BTreeMap<String, GroupConfiguration>>>,
+    pub faults: InMemoryFaults,
+}
+
+impl InMemoryInstanceRefreshes {
+    /// Adds or replaces (by id) a refresh.
+    pub fn put_refresh(&self, refresh: InstanceRefreshDescription) {
+        let mut refreshes = lock(&self.refreshes);
+        refreshes.retain(|r| r.instance_refresh_id != refresh.instance_refresh_id);
+        refreshes.push(refresh);
+    }
+
+    /// Adds or replaces (by name) a group.
+    pub fn put_group(&self, group: GroupConfiguration) {
+        lock(&self.groups).insert(group.name.clone(), group);
+    }
+}
+
+impl InstanceRefreshes for InMemoryInstanceRefreshes {
+    async fn describe_instance_refresh(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, AwsError> {
+        self.faults.take("DescribeInstanceRefreshes")?;
+        Ok(lock(&self.refreshes)
+            .iter()
+            .find(|r| {
+                r.auto_scaling_group_name == group_name
+                    && r.instance_refresh_id == instance_refresh_id
+            })
+            .cloned())
+    }
+
+    async fn describe_group_configuration(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<GroupConfiguration>, AwsError> {
+        self.faults.take("DescribeAutoScalingGroups")?;
+        Ok(lock(&self.groups).get(group_name).cloned())
+    }
+}

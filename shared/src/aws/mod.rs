@@ -403,3 +403,70 @@ pub trait RepairInstances: Send + Sync {
         instance_id: &str,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
+
+/// A launch template as a group, an instance or an instance refresh names it. Auto Scaling
+/// gives the id, the name or both; the version as set (`$Latest`, `$Default` or a number).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaunchTemplateRef {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub version: Option<String>,
+}
+
+/// An instance refresh as `DescribeInstanceRefreshes` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRefreshDescription {
+    pub instance_refresh_id: String,
+    pub auto_scaling_group_name: String,
+    /// `Pending`, `InProgress`, `Successful`, `Failed`, `Cancelling`, `Cancelled`,
+    /// `RollbackInProgress`, `RollbackFailed`, `RollbackSuccessful`, `Baking`.
+    pub status: String,
+    pub min_healthy_percentage: Option<u32>,
+    pub max_healthy_percentage: Option<u32>,
+    /// `Preferences.SkipMatching` (false when absent, as Auto Scaling's default).
+    pub skip_matching: bool,
+    /// `DesiredConfiguration.LaunchTemplate`; `None`: the group's own.
+    pub desired_launch_template: Option<LaunchTemplateRef>,
+}
+
+/// One instance of a group with the configuration it was launched with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfiguredInstance {
+    pub instance_id: String,
+    pub lifecycle_state: String,
+    pub instance_type: Option<String>,
+    pub launch_template: Option<LaunchTemplateRef>,
+}
+
+/// What `DescribeAutoScalingGroups` says about a group's configuration and its instances.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupConfiguration {
+    pub name: String,
+    pub tags: BTreeMap<String, String>,
+    pub desired_capacity: u32,
+    pub launch_template: Option<LaunchTemplateRef>,
+    /// `InstanceMaintenancePolicy`: what a refresh without its own preferences uses.
+    pub maintenance_min_healthy_percentage: Option<u32>,
+    pub maintenance_max_healthy_percentage: Option<u32>,
+    /// `InstanceLifecyclePolicy.RetentionTriggers.TerminateHookAbandon = retain`: an
+    /// instance whose terminating action ends ABANDON is kept (`Terminating:Retained`).
+    pub retains_abandoned_instances: bool,
+    pub instances: Vec<ConfiguredInstance>,
+}
+
+/// Auto Scaling as the instance refresh handler reads it.
+pub trait InstanceRefreshes: Send + Sync {
+    /// The refresh `instance_refresh_id` of `group_name`; `None` when Auto Scaling does not
+    /// know it (or the group).
+    fn describe_instance_refresh(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> impl Future<Output = Result<Option<InstanceRefreshDescription>, AwsError>> + Send;
+
+    /// The group's configuration and instances; `None` when the group does not exist.
+    fn describe_group_configuration(
+        &self,
+        group_name: &str,
+    ) -> impl Future<Output = Result<Option<GroupConfiguration>, AwsError>> + Send;
+}

@@ -761,3 +761,140 @@ impl RepairInstances for SdkInstances {
             .map_err(|e| classify("RebootInstances", e))
     }
 }
+
+fn launch_template_of(
+    spec: Option<&aws_sdk_autoscaling::types::LaunchTemplateSpecification>,
+) -> Option<LaunchTemplateRef> {
+    spec.map(|t| LaunchTemplateRef {
+        id: t.launch_template_id().map(str::to_owned),
+        name: t.launch_template_name().map(str::to_owned),
+        version: t.version().map(str::to_owned),
+    })
+}
+
+fn percentage(value: Option<i32>) -> Option<u32> {
+    value.and_then(|v| u32::try_from(v).ok())
+}
+
+impl InstanceRefreshes for SdkAutoScaling {
+    async fn describe_instance_refresh(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, AwsError> {
+        let answer = self
+            .client
+            .describe_instance_refreshes()
+            .auto_scaling_group_name(group_name)
+            .instance_refresh_ids(instance_refresh_id)
+            .send()
+            .await;
+        let output = match answer {
+            Ok(output) => output,
+            Err(error) => {
+                let error = classify("DescribeInstanceRefreshes", error);
+                // An unknown group is a validation error: nothing known of the refresh.
+                return if error.kind == AwsErrorKind::Invalid {
+                    Ok(None)
+                } else {
+                    Err(error)
+                };
+            }
+        };
+        Ok(output
+            .instance_refreshes()
+            .iter()
+            .find(|r| r.instance_refresh_id() == Some(instance_refresh_id))
+            .map(|refresh| {
+                let preferences = refresh.preferences();
+                InstanceRefreshDescription {
+                    instance_refresh_id: instance_refresh_id.to_owned(),
+                    auto_scaling_group_name: refresh
+                        .auto_scaling_group_name()
+                        .unwrap_or(group_name)
+                        .to_owned(),
+                    status: refresh
+                        .status()
+                        .map(|s| s.as_str().to_owned())
+                        .unwrap_or_default(),
+                    min_healthy_percentage: percentage(
+                        preferences.and_then(|p| p.min_healthy_percentage()),
+                    ),
+                    max_healthy_percentage: percentage(
+                        preferences.and_then(|p| p.max_healthy_percentage()),
+                    ),
+                    skip_matching: preferences
+                        .and_then(|p| p.skip_matching())
+                        .unwrap_or(false),
+                    desired_launch_template: launch_template_of(
+                        refresh
+                            .desired_configuration()
+                            .and_then(|c| c.launch_template()),
+                    ),
+                }
+            }))
+    }
+
+    async fn describe_group_configuration(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<GroupConfiguration>, AwsError> {
+        let output = self
+            .client
+            .describe_auto_scaling_groups()
+            .auto_scaling_group_names(group_name)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+        Ok(output
+            .auto_scaling_groups()
+            .iter()
+            .find(|g| g.auto_scaling_group_name() == Some(group_name))
+            .map(|group| {
+                let maintenance = group.instance_maintenance_policy();
+                GroupConfiguration {
+                    name: group_name.to_owned(),
+                    tags: group
+                        .tags()
+                        .iter()
+                        .filter_map(|t| {
+                            Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned()))
+                        })
+                        .collect(),
+                    desired_capacity: percentage(group.desired_capacity()).unwrap_or(0),
+                    launch_template: launch_template_of(group.launch_template()).or_else(|| {
+                        launch_template_of(
+                            group
+                                .mixed_instances_policy()
+                                .and_then(|m| m.launch_template())
+                                .and_then(|t| t.launch_template_specification()),
+                        )
+                    }),
+                    maintenance_min_healthy_percentage: percentage(
+                        maintenance.and_then(|m| m.min_healthy_percentage()),
+                    ),
+                    maintenance_max_healthy_percentage: percentage(
+                        maintenance.and_then(|m| m.max_healthy_percentage()),
+                    ),
+                    retains_abandoned_instances: group
+                        .instance_lifecycle_policy()
+                        .and_then(|p| p.retention_triggers())
+                        .and_then(|t| t.terminate_hook_abandon())
+                        .is_some_and(|action| action.as_str() == "retain"),
+                    instances: group
+                        .instances()
+                        .iter()
+                        .map(|instance| ConfiguredInstance {
+                            instance_id: instance.instance_id().unwrap_or_default().to_owned(),
+                            lifecycle_state: instance
+                                .lifecycle_state()
+                                .map(|s| s.as_str().to_owned())
+                                .unwrap_or_default(),
+                            instance_type: instance.instance_type().map(str::to_owned),
+                            launch_template: launch_template_of(instance.launch_template()),
+                        })
+                        .collect(),
+                }
+            }))
+    }
+}

@@ -36,7 +36,7 @@ use crate::lifecycle::scope::ScopeDecision;
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
-use super::cordon::CordonReport;
+use crate::node_marks::out_of_service::CordonReport;
 use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
 use super::eviction::grace_to_send;

@@ -17,7 +17,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use super::cordon::{CordonReport, CordonSteps};
+use crate::node_marks::out_of_service::{CordonReport, CordonSteps};
+use crate::node_marks::refresh::{add_record_removal_to_patch, refresh_marks_of};
 use crate::aws::LifecycleActionRef;
 use crate::node_marks::checkpoint::{
     CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision, checkpoint_of,
@@ -106,8 +107,15 @@ pub async fn claim(
                 // recorded (a resumed drain, or one replacing the checkpoint of an earlier
                 // scale-in whose changes are still on the node): a node back from a warm
                 // pool gets exactly that undone.
+                // An instance refresh's marks become the drain's: the refresh's end must not
+                // lift the cordon of a node being drained, and a return from a warm pool
+                // undoes them with the drain's own.
                 let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
-                checkpoint.out_of_service = Some(earlier.union(&steps.record()));
+                let refreshed = refresh_marks_of(&node)
+                    .map(|m| m.out_of_service)
+                    .unwrap_or_default();
+                checkpoint.out_of_service =
+                    Some(earlier.union(&refreshed).union(&steps.record()));
                 (checkpoint, resumed)
             }
             LeaseDecision::HeldByOther { holder, until } => {
@@ -267,6 +275,9 @@ async fn write(
     });
     if let Some(steps) = steps {
         steps.add_to_patch(&mut patch, read);
+        if refresh_marks_of(read).is_some() {
+            add_record_removal_to_patch(&mut patch);
+        }
     }
     match nodes
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))

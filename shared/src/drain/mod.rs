@@ -6,7 +6,7 @@
 //! 2. takes the drain on the Node, or resumes it, or leaves it to the invocation already on
 //!    it — [`lease`] over the checkpoint annotation ([`crate::node_marks::checkpoint`]);
 //! 3. in the same write, excludes the node from external load balancers, cordons it,
-//!    optionally taints it — [`cordon`];
+//!    optionally taints it — [`crate::node_marks::out_of_service`];
 //! 4. decides which pods leave, in which tier, which stay — [`plan`];
 //! 5. evicts them within a concurrency bound, retrying refusals with [`backoff`] —
 //!    [`eviction`], [`eviction_queue`] — retrying pods a PodDisruptionBudget refused when the
@@ -26,7 +26,6 @@
 pub mod backoff;
 pub mod budget_watch;
 pub mod budgets;
-pub mod cordon;
 pub mod deadline;
 pub mod drainer;
 pub mod events;

@@ -23,7 +23,8 @@ use crate::aws::{AwsError, Instances};
 use crate::node_marks::checkpoint::checkpoint_of;
 use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
-use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
+use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use crate::node_marks::out_of_service::add_undo_to_patch;
 use crate::retry::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.
@@ -128,32 +129,10 @@ pub(crate) fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Re
         restored.unknown_changes = true;
         return Some((patch, restored));
     };
-    if changed.labelled && excluded_from_load_balancers(node) {
-        patch["metadata"]["labels"] = json!({EXCLUDE_FROM_LOAD_BALANCERS_LABEL: null});
-        restored.unlabelled = true;
-    }
-    let spec = node.spec.as_ref();
-    if changed.cordoned && spec.and_then(|s| s.unschedulable).unwrap_or(false) {
-        patch["spec"]["unschedulable"] = Value::Null;
-        restored.uncordoned = true;
-    }
-    if let Some(ours) = &changed.taint {
-        let taints = spec.and_then(|s| s.taints.clone()).unwrap_or_default();
-        if taints.iter().any(|t| ours.is(t)) {
-            // `spec.taints` is replaced whole by a merge patch: the node's others stay, and
-            // the resourceVersion makes a concurrent change a conflict, not lost.
-            let kept: Vec<_> = taints.into_iter().filter(|t| !ours.is(t)).collect();
-            patch["spec"]["taints"] = if kept.is_empty() {
-                Value::Null
-            } else {
-                json!(kept)
-            };
-            restored.untainted = Some(match &ours.value {
-                Some(value) => format!("{}={value}:{}", ours.key, ours.effect),
-                None => format!("{}:{}", ours.key, ours.effect),
-            });
-        }
-    }
+    let undone = add_undo_to_patch(&changed, node, &mut patch);
+    restored.uncordoned = undone.uncordoned;
+    restored.unlabelled = undone.unlabelled;
+    restored.untainted = undone.untainted;
     Some((patch, restored))
 }
 

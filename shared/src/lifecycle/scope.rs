@@ -114,18 +114,10 @@ impl GroupScope {
         group_name: &str,
         action_token: &str,
     ) -> Result<ScopeDecision, AwsError> {
-        let function_account = function_account.or(self.account_id.as_deref());
-        if let Some(own) = function_account
-            && own != notification_account
+        if let Some(decision) =
+            self.decide_before_tags(function_account, notification_account, group_name)
         {
-            return Ok(ScopeDecision::Foreign(ForeignReason::OtherAccount {
-                account_id: notification_account.to_owned(),
-            }));
-        }
-        if self.allowed_groups.iter().any(|g| g == group_name) {
-            return Ok(ScopeDecision::Ours {
-                evidence: "AUTO_SCALING_GROUP_NAMES".to_owned(),
-            });
+            return Ok(decision);
         }
         if let Some(decision) = self.decided.get(&group_name.to_owned(), action_token) {
             return Ok(decision);
@@ -138,6 +130,51 @@ impl GroupScope {
         self.decided
             .insert(group_name.to_owned(), action_token, decision.clone());
         Ok(decision)
+    }
+}
+
+impl GroupScope {
+    /// The account and allow-list checks, which need no tags: `Some` when they decide.
+    fn decide_before_tags(
+        &self,
+        function_account: Option<&str>,
+        notification_account: &str,
+        group_name: &str,
+    ) -> Option<ScopeDecision> {
+        let function_account = function_account.or(self.account_id.as_deref());
+        if let Some(own) = function_account
+            && own != notification_account
+        {
+            return Some(ScopeDecision::Foreign(ForeignReason::OtherAccount {
+                account_id: notification_account.to_owned(),
+            }));
+        }
+        if self.allowed_groups.iter().any(|g| g == group_name) {
+            return Some(ScopeDecision::Ours {
+                evidence: "AUTO_SCALING_GROUP_NAMES".to_owned(),
+            });
+        }
+        None
+    }
+
+    /// The same decision for a caller that has read the group's tags itself (`None`: the
+    /// group does not exist); nothing is remembered.
+    pub fn decide_with_tags(
+        &self,
+        function_account: Option<&str>,
+        notification_account: &str,
+        group_name: &str,
+        tags: Option<&BTreeMap<String, String>>,
+    ) -> ScopeDecision {
+        if let Some(decision) =
+            self.decide_before_tags(function_account, notification_account, group_name)
+        {
+            return decision;
+        }
+        match tags {
+            None => ScopeDecision::Foreign(ForeignReason::GroupNotFound),
+            Some(tags) => decide_by_tags(&self.cluster, tags),
+        }
     }
 }
 
@@ -167,7 +204,7 @@ pub(crate) fn decide_by_tags(
 }
 
 /// The account of a Lambda function ARN (`arn:aws:lambda:<region>:<account>:function:<name>`).
-pub(crate) fn account_id_from_function_arn(arn: &str) -> Option<String> {
+pub fn account_id_from_function_arn(arn: &str) -> Option<String> {
     let mut parts = arn.split(':');
     let (Some("arn"), Some(_partition), Some("lambda"), Some(_region), Some(account)) = (
         parts.next(),

@@ -103,20 +103,7 @@ impl DrainSettings {
             force: source.flag("DRAIN_FORCE", false)?,
             timeout_result: result(source, "DRAIN_TIMEOUT_RESULT")?,
             pod_grace_period: optional_seconds(source, "POD_GRACE_PERIOD_SECONDS")?,
-            taint: match source.value("NODE_TAINT") {
-                None => None,
-                // NoExecute is refused: the taint manager would delete every pod that does
-                // not tolerate it at once, bypassing PodDisruptionBudgets and the tiers.
-                Some(value) => Some(
-                    TaintSetting::parse(&value)
-                        .filter(|t| t.effect != "NoExecute")
-                        .ok_or(SettingsError::Invalid {
-                            name: "NODE_TAINT",
-                            value,
-                            expected: "key[=value]:Effect with Effect NoSchedule or PreferNoSchedule (NoExecute would make the taint manager delete the pods, bypassing PodDisruptionBudgets)",
-                        })?,
-                ),
-            },
+            taint: node_taint(source)?,
             stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
         })
     }
@@ -192,6 +179,26 @@ impl TaintSetting {
             time_added: None,
         }
     }
+}
+
+/// `NODE_TAINT`: the taint that goes with the cordon, wherever one of our functions cordons
+/// (the drain, the instance refresh).
+pub(crate) fn node_taint(
+    source: &(impl SettingsSource + ?Sized),
+) -> Result<Option<TaintSetting>, SettingsError> {
+    let Some(value) = source.value("NODE_TAINT") else {
+        return Ok(None);
+    };
+    // NoExecute is refused: the taint manager would delete every pod that does not
+    // tolerate it at once, bypassing PodDisruptionBudgets and the tiers.
+    TaintSetting::parse(&value)
+        .filter(|t| t.effect != "NoExecute")
+        .map(Some)
+        .ok_or(SettingsError::Invalid {
+            name: "NODE_TAINT",
+            value,
+            expected: "key[=value]:Effect with Effect NoSchedule or PreferNoSchedule (NoExecute would make the taint manager delete the pods, bypassing PodDisruptionBudgets)",
+        })
 }
 
 /// A duration in seconds, fractions allowed, never negative.

@@ -1,16 +1,21 @@
-//! Taking the node out of service before its pods leave: out of external load balancers,
+//! Taking a node out of service, and undoing exactly that: out of external load balancers,
 //! unschedulable, and (optionally) tainted.
 //!
 //! The label makes the service controller start removing the node from external load
 //! balancers while its pods still serve (as EKS does); the settle period after the drain
-//! gives it time to finish. All three go into the write that claims the drain
-//! ([`super::lease::claim`]), only where the node still lacks them, so a resumed or duplicate
-//! drain changes nothing twice.
+//! gives it time to finish. The drain puts all three into the write that claims it
+//! ([`crate::drain::lease::claim`]), the instance refresh into the write that records its
+//! marks ([`super::refresh`]); either writes only what the node still lacks, so a resumed or
+//! duplicate write changes nothing twice, and records only what it changed, so that
+//! [`add_undo_to_patch`] removes nothing somebody else put there.
 
 use k8s_openapi::api::core::v1::{Node, Taint};
+use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
+use super::checkpoint::{AddedTaint, OutOfService};
+
+use super::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, excluded_from_load_balancers};
 
 /// The steps a node still needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -85,15 +90,15 @@ impl CordonSteps {
     }
 
     /// What writing these steps changes, as the checkpoint records it (see
-    /// [`crate::node_marks::checkpoint::OutOfService`]).
-    pub fn record(&self) -> crate::node_marks::checkpoint::OutOfService {
-        crate::node_marks::checkpoint::OutOfService {
+    /// [`OutOfService`]).
+    pub fn record(&self) -> OutOfService {
+        OutOfService {
             labelled: self.label,
             cordoned: self.cordon,
             taint: self
                 .taint
                 .as_ref()
-                .map(crate::node_marks::checkpoint::AddedTaint::of),
+                .map(AddedTaint::of),
         }
     }
 
@@ -104,7 +109,7 @@ impl CordonSteps {
     /// conflict, not lost.
     pub fn add_to_patch(&self, patch: &mut Value, node: &Node) {
         if self.label {
-            patch["metadata"]["labels"] = json!({EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true"});
+            patch["metadata"]["labels"][EXCLUDE_FROM_LOAD_BALANCERS_LABEL] = json!("true");
         }
         if self.cordon {
             patch["spec"]["unschedulable"] = json!(true);
@@ -119,6 +124,72 @@ impl CordonSteps {
             patch["spec"]["taints"] = json!(taints);
         }
     }
+}
+
+/// What undoing recorded marks removed from a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Undone {
+    /// `spec.unschedulable` cleared.
+    pub uncordoned: bool,
+    /// The exclude-from-external-load-balancers label removed.
+    pub unlabelled: bool,
+    /// The taint removed (`key=value:Effect`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untainted: Option<String>,
+}
+
+impl Undone {
+    pub fn changed_anything(&self) -> bool {
+        self.uncordoned || self.unlabelled || self.untainted.is_some()
+    }
+
+    /// The undone items, for log lines and Events.
+    pub fn items(&self) -> Vec<String> {
+        let mut items = Vec::new();
+        if self.uncordoned {
+            items.push("uncordoned".to_owned());
+        }
+        if self.unlabelled {
+            items.push(format!("label {EXCLUDE_FROM_LOAD_BALANCERS_LABEL} removed"));
+        }
+        if let Some(taint) = &self.untainted {
+            items.push(format!("taint {taint} removed"));
+        }
+        items
+    }
+}
+
+/// Adds to the merge `patch` of `node` the removal of the marks `ours` records, each only
+/// where it is still in place; a cordon or taint somebody else put there (the record says
+/// we did not) stays. `spec.taints` is replaced whole by a merge patch, so the patch must
+/// carry `node`'s `resourceVersion` for a concurrent change to be a conflict, not lost.
+pub fn add_undo_to_patch(ours: &OutOfService, node: &Node, patch: &mut Value) -> Undone {
+    let mut undone = Undone::default();
+    if ours.labelled && excluded_from_load_balancers(node) {
+        patch["metadata"]["labels"][EXCLUDE_FROM_LOAD_BALANCERS_LABEL] = Value::Null;
+        undone.unlabelled = true;
+    }
+    let spec = node.spec.as_ref();
+    if ours.cordoned && spec.and_then(|s| s.unschedulable).unwrap_or(false) {
+        patch["spec"]["unschedulable"] = Value::Null;
+        undone.uncordoned = true;
+    }
+    if let Some(taint) = &ours.taint {
+        let taints = spec.and_then(|s| s.taints.clone()).unwrap_or_default();
+        if taints.iter().any(|t| taint.is(t)) {
+            let kept: Vec<_> = taints.into_iter().filter(|t| !taint.is(t)).collect();
+            patch["spec"]["taints"] = if kept.is_empty() {
+                Value::Null
+            } else {
+                json!(kept)
+            };
+            undone.untainted = Some(match &taint.value {
+                Some(value) => format!("{}={value}:{}", taint.key, taint.effect),
+                None => format!("{}:{}", taint.key, taint.effect),
+            });
+        }
+    }
+    undone
 }
 
 #[cfg(test)]

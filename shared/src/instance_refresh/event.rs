@@ -1,0 +1,250 @@
+//! The EventBridge events Auto Scaling sends about an instance refresh (source
+//! `aws.autoscaling`, detail `InstanceRefreshId` and `AutoScalingGroupName`), as this
+//! function reads them. Only AWS services can send `aws.*` sources, but the event is still
+//! only a hint: the handler asks Auto Scaling for the refresh before it writes anything.
+
+use aws_lambda_events::event::eventbridge::EventBridgeEvent;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::node_marks::refresh::is_label_safe;
+
+const AUTOSCALING_SOURCE: &str = "aws.autoscaling";
+const DETAIL_TYPE_PREFIX: &str = "EC2 Auto Scaling Instance Refresh ";
+
+/// What happened to the refresh, from the event's `detail-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RefreshEventKind {
+    Started,
+    CheckpointReached,
+    Succeeded,
+    Failed,
+    Cancelled,
+    RollbackStarted,
+    RollbackSucceeded,
+    RollbackFailed,
+}
+
+impl RefreshEventKind {
+    fn of_detail_type(detail_type: &str) -> Option<Self> {
+        Some(match detail_type.strip_prefix(DETAIL_TYPE_PREFIX)? {
+            "Started" => Self::Started,
+            "Checkpoint Reached" => Self::CheckpointReached,
+            "Succeeded" => Self::Succeeded,
+            "Failed" => Self::Failed,
+            "Cancelled" => Self::Cancelled,
+            "Rollback Started" => Self::RollbackStarted,
+            "Rollback Succeeded" => Self::RollbackSucceeded,
+            "Rollback Failed" => Self::RollbackFailed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the event says the replacement of outdated instances is over (or turned
+    /// back): the nodes that stay get our marks undone.
+    pub fn ends_replacement(self) -> bool {
+        !matches!(self, Self::Started | Self::CheckpointReached)
+    }
+
+    /// The refresh statuses that prove this event's claim. Auto Scaling reports the status
+    /// the event announces; anything else means the event is stale or not Auto Scaling's,
+    /// and nothing is written.
+    pub fn proven_by(self, status: &str) -> bool {
+        match self {
+            Self::Started => matches!(status, "Pending" | "InProgress"),
+            Self::CheckpointReached => false,
+            Self::RollbackStarted => status == "RollbackInProgress" || is_final(status),
+            Self::Succeeded | Self::Failed | Self::Cancelled => is_final(status),
+            Self::RollbackSucceeded | Self::RollbackFailed => is_final(status),
+        }
+    }
+}
+
+/// A status after which the refresh replaces nothing more.
+fn is_final(status: &str) -> bool {
+    matches!(
+        status,
+        "Successful" | "Failed" | "Cancelled" | "RollbackSuccessful" | "RollbackFailed"
+    )
+}
+
+/// One refresh event, checked for shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefreshEvent {
+    pub kind: RefreshEventKind,
+    pub instance_refresh_id: String,
+    pub group_name: String,
+    /// The account the event came from.
+    pub account: String,
+}
+
+/// Why an invocation's payload is not a refresh event we can act on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RefreshEventError {
+    #[error("not an EventBridge event (detail-type, source, account, detail): {0}")]
+    NotAnEvent(String),
+    #[error("event source {0:?} is not aws.autoscaling; refusing it")]
+    WrongSource(String),
+    #[error(
+        "detail-type {0:?} is not an EC2 Auto Scaling instance refresh event; check the EventBridge rule"
+    )]
+    OtherDetailType(String),
+    #[error("the event detail lacks {0}")]
+    MissingField(&'static str),
+    #[error("InstanceRefreshId {0:?} is not an Auto Scaling refresh id")]
+    BadRefreshId(String),
+    #[error("AutoScalingGroupName {0:?} is not a group name (1 to 255 characters)")]
+    BadGroupName(String),
+}
+
+// `Serialize` only because `EventBridgeEvent<T>` requires it of its detail type.
+#[derive(Debug, Deserialize, Serialize)]
+struct RefreshDetail {
+    #[serde(rename = "InstanceRefreshId")]
+    instance_refresh_id: Option<String>,
+    #[serde(rename = "AutoScalingGroupName")]
+    auto_scaling_group_name: Option<String>,
+}
+
+impl RefreshEvent {
+    pub fn parse(payload: &Value) -> Result<Self, RefreshEventError> {
+        let event: EventBridgeEvent<RefreshDetail> = serde_path_to_error::deserialize(payload)
+            .map_err(|error| {
+                let path = error.path().to_string();
+                let inner = error.into_inner().to_string();
+                RefreshEventError::NotAnEvent(truncate(&format!("{path}: {inner}")))
+            })?;
+        if event.source != AUTOSCALING_SOURCE {
+            return Err(RefreshEventError::WrongSource(truncate(&event.source)));
+        }
+        let kind = RefreshEventKind::of_detail_type(&event.detail_type)
+            .ok_or_else(|| RefreshEventError::OtherDetailType(truncate(&event.detail_type)))?;
+        let id = event
+            .detail
+            .instance_refresh_id
+            .ok_or(RefreshEventError::MissingField("InstanceRefreshId"))?;
+        if !is_label_safe(&id) {
+            return Err(RefreshEventError::BadRefreshId(truncate(&id)));
+        }
+        let group = event
+            .detail
+            .auto_scaling_group_name
+            .ok_or(RefreshEventError::MissingField("AutoScalingGroupName"))?;
+        if group.is_empty() || group.len() > 255 || group.chars().any(char::is_control) {
+            return Err(RefreshEventError::BadGroupName(truncate(&group)));
+        }
+        Ok(Self {
+            kind,
+            instance_refresh_id: id,
+            group_name: group,
+            account: event.account.unwrap_or_default(),
+        })
+    }
+}
+
+/// Event text quoted in an error stays short (a hostile payload may be megabytes).
+fn truncate(text: &str) -> String {
+    const LIMIT: usize = 200;
+    match text.char_indices().nth(LIMIT) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    fn event(detail_type: &str, detail: Value) -> Value {
+        json!({
+            "version": "0",
+            "id": "12345678-1234-1234-1234-123456789012",
+            "detail-type": detail_type,
+            "source": "aws.autoscaling",
+            "account": "123456789012",
+            "time": "2026-11-27T08:00:00Z",
+            "region": "us-west-2",
+            "resources": ["arn:aws:autoscaling:us-west-2:123456789012:autoScalingGroup:x:autoScalingGroupName/ng"],
+            "detail": detail,
+        })
+    }
+
+    fn detail() -> Value {
+        json!({"InstanceRefreshId": "c613620e-07e2-4ed2-a9e2-ef8258911ade", "AutoScalingGroupName": "ng"})
+    }
+
+    #[test]
+    fn every_refresh_detail_type_is_read() {
+        for (suffix, kind) in [
+            ("Started", RefreshEventKind::Started),
+            ("Checkpoint Reached", RefreshEventKind::CheckpointReached),
+            ("Succeeded", RefreshEventKind::Succeeded),
+            ("Failed", RefreshEventKind::Failed),
+            ("Cancelled", RefreshEventKind::Cancelled),
+            ("Rollback Started", RefreshEventKind::RollbackStarted),
+            ("Rollback Succeeded", RefreshEventKind::RollbackSucceeded),
+            ("Rollback Failed", RefreshEventKind::RollbackFailed),
+        ] {
+            let parsed = RefreshEvent::parse(&event(
+                &format!("EC2 Auto Scaling Instance Refresh {suffix}"),
+                detail(),
+            ))
+            .unwrap();
+            assert_eq!(parsed.kind, kind);
+            assert_eq!(parsed.group_name, "ng");
+            assert_eq!(parsed.account, "123456789012");
+        }
+    }
+
+    #[test]
+    fn malformed_and_foreign_events_are_refused_with_a_reason() {
+        let started = "EC2 Auto Scaling Instance Refresh Started";
+        let mut wrong_source = event(started, detail());
+        wrong_source["source"] = json!("my.app");
+        assert_eq!(
+            RefreshEvent::parse(&wrong_source),
+            Err(RefreshEventError::WrongSource("my.app".into()))
+        );
+        assert!(matches!(
+            RefreshEvent::parse(&event("EC2 Instance-launch Lifecycle Action", detail())),
+            Err(RefreshEventError::OtherDetailType(_))
+        ));
+        assert_eq!(
+            RefreshEvent::parse(&event(started, json!({"AutoScalingGroupName": "ng"}))),
+            Err(RefreshEventError::MissingField("InstanceRefreshId"))
+        );
+        assert!(matches!(
+            RefreshEvent::parse(&event(
+                started,
+                json!({"InstanceRefreshId": "../../x", "AutoScalingGroupName": "ng"})
+            )),
+            Err(RefreshEventError::BadRefreshId(_))
+        ));
+        assert!(matches!(
+            RefreshEvent::parse(&event(
+                started,
+                json!({"InstanceRefreshId": "abc", "AutoScalingGroupName": ""})
+            )),
+            Err(RefreshEventError::BadGroupName(_))
+        ));
+        for bad in [json!("text"), json!({"detail": 1}), json!(null)] {
+            assert!(matches!(
+                RefreshEvent::parse(&bad),
+                Err(RefreshEventError::NotAnEvent(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn only_the_announced_status_proves_an_event() {
+        assert!(RefreshEventKind::Started.proven_by("InProgress"));
+        assert!(!RefreshEventKind::Started.proven_by("Successful"));
+        assert!(RefreshEventKind::Cancelled.proven_by("Cancelled"));
+        assert!(!RefreshEventKind::Cancelled.proven_by("InProgress"));
+        assert!(!RefreshEventKind::Succeeded.proven_by("Cancelling"));
+        assert!(RefreshEventKind::RollbackStarted.proven_by("RollbackInProgress"));
+        assert!(!RefreshEventKind::CheckpointReached.proven_by("InProgress"));
+    }
+}

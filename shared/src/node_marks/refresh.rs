@@ -1,0 +1,337 @@
+//! The marks an instance refresh puts on the outdated nodes of a group when it starts, and
+//! their record.
+//!
+//! A node the refresh will replace is taken out of service at once (load-balancer label,
+//! cordon, optional taint), so that pods evicted from the first replaced node land on new
+//! nodes, not on the next outdated one (see `crate::instance_refresh`). What the write
+//! changed is recorded on the node, like the drain's own marks:
+//! - the label [`REFRESH_LABEL`] names the refresh, so the refresh's end finds its nodes
+//!   with one label-selected list;
+//! - the annotation [`REFRESH_ANNOTATION`] holds the [`RefreshMarks`] record.
+//!
+//! Three readers undo or take over exactly what the record says and nothing else: the end of
+//! the refresh (cancelled, failed, rolled back, or done with the node kept), the drain (which
+//! takes the record into its own checkpoint when the node's turn comes, so that its own
+//! undo, on a return from a warm pool, covers it), and nobody else.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::checkpoint::{OutOfService, checkpoint_of};
+use super::out_of_service::{CordonSteps, Undone, add_undo_to_patch};
+use super::{CONFLICT_ATTEMPTS, conflicts_exhausted};
+
+/// The Node label naming the instance refresh whose marks the node carries.
+pub const REFRESH_LABEL: &str = "open-node-manager.io/instance-refresh";
+
+/// The Node annotation holding the [`RefreshMarks`] as JSON.
+pub const REFRESH_ANNOTATION: &str = "open-node-manager.io/instance-refresh";
+
+/// What an instance refresh changed on a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RefreshMarks {
+    pub instance_refresh_id: String,
+    pub auto_scaling_group_name: String,
+    pub instance_id: String,
+    pub marked_at: Timestamp,
+    /// Only what the refresh's write changed: a cordon found in place is not ours.
+    pub out_of_service: OutOfService,
+}
+
+/// Whether `id` can be a label value (and so an instance refresh id we act on): 1 to 63
+/// characters, alphanumerics, `-`, `_` and `.`, alphanumeric at both ends. Auto Scaling's
+/// ids are UUIDs.
+pub fn is_label_safe(id: &str) -> bool {
+    let bytes = id.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// The refresh record on `node`, if any. An unreadable one counts as none (and records
+/// nothing we could undo).
+pub fn refresh_marks_of(node: &Node) -> Option<RefreshMarks> {
+    let raw = node
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(REFRESH_ANNOTATION)?;
+    match serde_json::from_str(raw) {
+        Ok(marks) => Some(marks),
+        Err(error) => {
+            tracing::warn!(annotation = REFRESH_ANNOTATION, %error, "ignoring an unreadable instance refresh record");
+            None
+        }
+    }
+}
+
+/// Adds to a merge `patch` the removal of the refresh's label and record (the drain does
+/// this in the write that takes the record over).
+pub fn add_record_removal_to_patch(patch: &mut Value) {
+    patch["metadata"]["labels"][REFRESH_LABEL] = Value::Null;
+    patch["metadata"]["annotations"][REFRESH_ANNOTATION] = Value::Null;
+}
+
+/// What marking a node came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Marked {
+    /// Written (or already there): what the node now carries for this refresh.
+    Marked(RefreshMarks),
+    /// The drain of this node has begun (its checkpoint is on it): the drain owns the marks.
+    Draining,
+    NodeGone,
+}
+
+/// The merge patch marking `node` for the refresh, with its record; `None` when the drain
+/// already works on the node. Marks of an earlier refresh still on the node (its end was
+/// missed) stay ours: the record keeps them.
+pub fn mark_patch(
+    node: &Node,
+    refresh_id: &str,
+    group_name: &str,
+    instance_id: &str,
+    taint: Option<&Taint>,
+    now: Timestamp,
+) -> Option<(Value, RefreshMarks)> {
+    if checkpoint_of(node).is_some_and(|c| c.completed_at.is_none() || c.to_warm_pool_at.is_none())
+    {
+        return None;
+    }
+    let earlier = refresh_marks_of(node)
+        .map(|m| m.out_of_service)
+        .unwrap_or_default();
+    let steps = CordonSteps::needed(node, taint);
+    let marks = RefreshMarks {
+        instance_refresh_id: refresh_id.to_owned(),
+        auto_scaling_group_name: group_name.to_owned(),
+        instance_id: instance_id.to_owned(),
+        marked_at: refresh_marks_of(node)
+            .filter(|m| m.instance_refresh_id == refresh_id)
+            .map_or(now, |m| m.marked_at),
+        out_of_service: earlier.union(&steps.record()),
+    };
+    let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
+    steps.add_to_patch(&mut patch, node);
+    patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
+    patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
+        json!(serde_json::to_string(&marks).unwrap_or_default());
+    Some((patch, marks))
+}
+
+/// The merge patch undoing the refresh's marks on `node` and removing its record, with what
+/// it undoes; `None` when the node carries no record of `refresh_id`.
+pub fn unmark_patch(node: &Node, refresh_id: &str) -> Option<(Value, Undone)> {
+    let marks = refresh_marks_of(node)?;
+    if marks.instance_refresh_id != refresh_id {
+        return None;
+    }
+    let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
+    add_record_removal_to_patch(&mut patch);
+    let undone = add_undo_to_patch(&marks.out_of_service, node, &mut patch);
+    Some((patch, undone))
+}
+
+/// Writes a patch computed from the node as read, recomputing it against a fresh read on
+/// a conflict (the kubelet updates nodes often). `compute` returns `None` when there is
+/// nothing to write; that ends it with `Ok(None)`.
+async fn write_with_retries<T>(
+    nodes: &Api<Node>,
+    mut node: Node,
+    compute: impl Fn(&Node) -> Option<(Value, T)>,
+) -> Result<Written<T>, kube::Error> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    for _ in 0..CONFLICT_ATTEMPTS {
+        let Some((patch, outcome)) = compute(&node) else {
+            return Ok(Written::Nothing);
+        };
+        match nodes
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(Written::Done(outcome)),
+            Err(kube::Error::Api(status)) if status.is_conflict() => {
+                // Read again with the list verb the function holds anyway (no `get` grant).
+                let fields = format!("metadata.name={name}");
+                let fresh = nodes.list(&ListParams::default().fields(&fields)).await?;
+                match fresh.items.into_iter().next() {
+                    Some(fresh) => node = fresh,
+                    None => return Ok(Written::NodeGone),
+                }
+            }
+            Err(kube::Error::Api(status)) if status.is_not_found() => {
+                return Ok(Written::NodeGone);
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(conflicts_exhausted(format!(
+        "node {name} changed {CONFLICT_ATTEMPTS} times while its instance refresh marks were written"
+    )))
+}
+
+enum Written<T> {
+    Done(T),
+    Nothing,
+    NodeGone,
+}
+
+/// Marks `node` for the refresh, in one conditional write (repeated on conflicts).
+pub async fn mark_node(
+    nodes: &Api<Node>,
+    node: Node,
+    refresh_id: &str,
+    group_name: &str,
+    instance_id: &str,
+    taint: Option<&Taint>,
+) -> Result<Marked, kube::Error> {
+    let now = Timestamp::now();
+    let written = write_with_retries(nodes, node, |node| {
+        mark_patch(node, refresh_id, group_name, instance_id, taint, now)
+    })
+    .await?;
+    Ok(match written {
+        Written::Done(marks) => Marked::Marked(marks),
+        Written::Nothing => Marked::Draining,
+        Written::NodeGone => Marked::NodeGone,
+    })
+}
+
+/// Undoes the refresh's marks on `node` (only what its record says, only where still in
+/// place) and removes the record. `Ok(None)`: nothing of this refresh on it (any more).
+pub async fn unmark_node(
+    nodes: &Api<Node>,
+    node: Node,
+    refresh_id: &str,
+) -> Result<Option<Undone>, kube::Error> {
+    let written = write_with_retries(nodes, node, |node| unmark_patch(node, refresh_id)).await?;
+    Ok(match written {
+        Written::Done(undone) => Some(undone),
+        Written::Nothing | Written::NodeGone => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+
+    const REFRESH: &str = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
+
+    fn node(value: Value) -> Node {
+        serde_json::from_value(value).unwrap()
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn apply(node: &Node, patch: &Value) -> Node {
+        let mut value = serde_json::to_value(node).unwrap();
+        json_patch_merge(&mut value, patch);
+        serde_json::from_value(value).unwrap()
+    }
+
+    /// RFC 7386 merge, enough for these tests.
+    fn json_patch_merge(target: &mut Value, patch: &Value) {
+        if let Value::Object(patch) = patch {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let map = target.as_object_mut().unwrap();
+            for (key, value) in patch {
+                if value.is_null() {
+                    map.remove(key);
+                } else {
+                    json_patch_merge(map.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        } else {
+            *target = patch.clone();
+        }
+    }
+
+    #[test]
+    fn marking_records_only_what_it_changed_and_unmarking_undoes_only_that() {
+        let user_cordoned = node(json!({
+            "metadata": {"name": "n1", "resourceVersion": "7"},
+            "spec": {"unschedulable": true},
+        }));
+        let (patch, marks) =
+            mark_patch(&user_cordoned, REFRESH, "ng", "i-1", None, at(0)).unwrap();
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(patch["metadata"]["labels"][REFRESH_LABEL], REFRESH);
+        assert!(marks.out_of_service.labelled);
+        assert!(!marks.out_of_service.cordoned, "the cordon was the user's");
+        let marked = apply(&user_cordoned, &patch);
+        assert_eq!(refresh_marks_of(&marked), Some(marks));
+
+        let (undo, undone) = unmark_patch(&marked, REFRESH).unwrap();
+        assert!(undone.unlabelled && !undone.uncordoned);
+        let after = apply(&marked, &undo);
+        assert_eq!(after.spec.unwrap().unschedulable, Some(true));
+        let labels = after.metadata.labels.unwrap_or_default();
+        assert!(!labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL));
+        assert!(!labels.contains_key(REFRESH_LABEL));
+        assert!(
+            after
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .get(REFRESH_ANNOTATION)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn another_refreshs_record_is_not_undone_but_is_carried_into_a_new_mark() {
+        let fresh = node(json!({"metadata": {"name": "n1"}}));
+        let (patch, _) = mark_patch(&fresh, "old-refresh", "ng", "i-1", None, at(0)).unwrap();
+        let marked = apply(&fresh, &patch);
+        assert!(unmark_patch(&marked, REFRESH).is_none());
+        let (patch, marks) = mark_patch(&marked, REFRESH, "ng", "i-1", None, at(5)).unwrap();
+        assert!(marks.out_of_service.cordoned && marks.out_of_service.labelled);
+        assert_eq!(marks.marked_at, at(5));
+        let remarked = apply(&marked, &patch);
+        let (_, undone) = unmark_patch(&remarked, REFRESH).unwrap();
+        assert!(undone.uncordoned && undone.unlabelled);
+    }
+
+    #[test]
+    fn a_node_whose_drain_has_begun_is_left_to_the_drain() {
+        let action = crate::aws::LifecycleActionRef {
+            auto_scaling_group_name: "ng".into(),
+            lifecycle_hook_name: "h".into(),
+            instance_id: "i-1".into(),
+            token: "t".into(),
+        };
+        let checkpoint = crate::node_marks::checkpoint::DrainCheckpoint::start(
+            &action,
+            at(0),
+            std::time::Duration::from_secs(900),
+            "req",
+            std::time::Duration::from_secs(60),
+        );
+        let draining = node(json!({"metadata": {"name": "n1", "annotations": {
+            crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION: checkpoint.to_json()
+        }}}));
+        assert!(mark_patch(&draining, REFRESH, "ng", "i-1", None, at(1)).is_none());
+    }
+
+    #[test]
+    fn label_safe_ids() {
+        assert!(is_label_safe(REFRESH));
+        for bad in ["", "-a", "a-", "a b", "a/b", &"x".repeat(64)] {
+            assert!(!is_label_safe(bad), "{bad}");
+        }
+    }
+}
