@@ -158,27 +158,27 @@ mod tests {
 
     #[test]
     fn launch_before_terminate_marks_every_outdated_instance() {
-        let plan = plan(&refresh(Some(100), Some(200), false), &group(3, &THREE_OLD));
-        assert!(plan.launch_before_terminate);
-        assert_eq!(plan.mark, vec!["i-1", "i-2", "i-3"]);
-        assert!(plan.reserve.is_empty());
+        let marking = super::plan(&refresh(Some(100), Some(200), false), &group(3, &THREE_OLD));
+        assert!(marking.launch_before_terminate);
+        assert_eq!(marking.mark, vec!["i-1", "i-2", "i-3"]);
+        assert!(marking.reserve.is_empty());
     }
 
     #[test]
     fn terminate_first_keeps_one_batch_schedulable() {
-        let plan = plan(&refresh(None, None, false), &group(3, &THREE_OLD));
-        assert!(!plan.launch_before_terminate);
-        assert_eq!((plan.min_healthy_percentage, plan.max_healthy_percentage), (90, 100));
-        assert_eq!(plan.batch, 1);
-        assert_eq!(plan.mark, vec!["i-1", "i-2"]);
-        assert_eq!(plan.reserve, vec!["i-3"]);
+        let marking = super::plan(&refresh(None, None, false), &group(3, &THREE_OLD));
+        assert!(!marking.launch_before_terminate);
+        assert_eq!((marking.min_healthy_percentage, marking.max_healthy_percentage), (90, 100));
+        assert_eq!(marking.batch, 1);
+        assert_eq!(marking.mark, vec!["i-1", "i-2"]);
+        assert_eq!(marking.reserve, vec!["i-3"]);
 
         let ten: Vec<(String, &str, &str)> =
             (0..10).map(|i| (format!("i-{i}"), "InService", "1")).collect();
         let ten: Vec<(&str, &str, &str)> = ten.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
-        let plan = plan(&refresh(Some(50), Some(100), false), &group(10, &ten));
-        assert_eq!(plan.batch, 5);
-        assert_eq!((plan.mark.len(), plan.reserve.len()), (5, 5));
+        let marking = super::plan(&refresh(Some(50), Some(100), false), &group(10, &ten));
+        assert_eq!(marking.batch, 5);
+        assert_eq!((marking.mark.len(), marking.reserve.len()), (5, 5));
     }
 
     #[test]
@@ -199,8 +199,8 @@ mod tests {
                 ("i-4", "Standby", "1"),
             ],
         );
-        let plan = plan(&refresh(Some(100), Some(200), true), &g);
-        assert_eq!(plan.outdated, vec!["i-1"]);
+        let marking = super::plan(&refresh(Some(100), Some(200), true), &g);
+        assert_eq!(marking.outdated, vec!["i-1"]);
         let all = super::plan(&refresh(Some(100), Some(200), false), &g);
         assert_eq!(all.outdated, vec!["i-1", "i-2"]);
     }

@@ -91,25 +91,46 @@ pub enum Marked {
     NodeGone,
 }
 
-/// The merge patch marking `node` for the refresh, with its record; `None` when the drain
-/// already works on the node. Marks of an earlier refresh still on the node (its end was
-/// missed) stay ours: the record keeps them.
-pub fn mark_patch(
+/// What marking `node` takes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MarkStep {
+    /// This merge patch (conditional on the node's `resourceVersion`), recording these marks.
+    Write(Value, RefreshMarks),
+    /// The node carries this refresh's record and every mark already: nothing to write.
+    InPlace(RefreshMarks),
+    /// The drain of this node has begun: the drain owns the marks.
+    Draining,
+}
+
+/// What marking `node` for the refresh takes. Marks of an earlier refresh still on the node
+/// (its end was missed) stay ours: the record keeps them.
+pub fn mark_step(
     node: &Node,
     refresh_id: &str,
     group_name: &str,
     instance_id: &str,
     taint: Option<&Taint>,
     now: Timestamp,
-) -> Option<(Value, RefreshMarks)> {
+) -> MarkStep {
     if checkpoint_of(node).is_some_and(|c| c.completed_at.is_none() || c.to_warm_pool_at.is_none())
     {
-        return None;
+        return MarkStep::Draining;
     }
-    let earlier = refresh_marks_of(node)
-        .map(|m| m.out_of_service)
-        .unwrap_or_default();
+    let existing = refresh_marks_of(node);
     let steps = CordonSteps::needed(node, taint);
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REFRESH_LABEL))
+        .is_some_and(|v| v == refresh_id);
+    if let Some(existing) = existing.as_ref().filter(|m| m.instance_refresh_id == refresh_id)
+        && steps.is_done()
+        && labelled
+    {
+        return MarkStep::InPlace(existing.clone());
+    }
+    let earlier = existing.map(|m| m.out_of_service).unwrap_or_default();
     let marks = RefreshMarks {
         instance_refresh_id: refresh_id.to_owned(),
         auto_scaling_group_name: group_name.to_owned(),
@@ -124,7 +145,7 @@ pub fn mark_patch(
     patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
     patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
         json!(serde_json::to_string(&marks).unwrap_or_default());
-    Some((patch, marks))
+    MarkStep::Write(patch, marks)
 }
 
 /// The merge patch undoing the refresh's marks on `node` and removing its record, with what
@@ -146,12 +167,13 @@ pub fn unmark_patch(node: &Node, refresh_id: &str) -> Option<(Value, Undone)> {
 async fn write_with_retries<T>(
     nodes: &Api<Node>,
     mut node: Node,
-    compute: impl Fn(&Node) -> Option<(Value, T)>,
+    compute: impl Fn(&Node) -> Result<(Value, T), Written<T>>,
 ) -> Result<Written<T>, kube::Error> {
     let name = node.metadata.name.clone().unwrap_or_default();
     for _ in 0..CONFLICT_ATTEMPTS {
-        let Some((patch, outcome)) = compute(&node) else {
-            return Ok(Written::Nothing);
+        let (patch, outcome) = match compute(&node) {
+            Ok(write) => write,
+            Err(nothing_to_write) => return Ok(nothing_to_write),
         };
         match nodes
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -180,7 +202,10 @@ async fn write_with_retries<T>(
 
 enum Written<T> {
     Done(T),
-    Nothing,
+    /// Nothing to write, with what the node carries (if anything of ours).
+    Nothing(Option<T>),
+    /// The drain works on the node.
+    Draining,
     NodeGone,
 }
 
@@ -195,13 +220,17 @@ pub async fn mark_node(
 ) -> Result<Marked, kube::Error> {
     let now = Timestamp::now();
     let written = write_with_retries(nodes, node, |node| {
-        mark_patch(node, refresh_id, group_name, instance_id, taint, now)
+        match mark_step(node, refresh_id, group_name, instance_id, taint, now) {
+            MarkStep::Write(patch, marks) => Ok((patch, marks)),
+            MarkStep::InPlace(marks) => Err(Written::Nothing(Some(marks))),
+            MarkStep::Draining => Err(Written::Draining),
+        }
     })
     .await?;
     Ok(match written {
-        Written::Done(marks) => Marked::Marked(marks),
-        Written::Nothing => Marked::Draining,
-        Written::NodeGone => Marked::NodeGone,
+        Written::Done(marks) | Written::Nothing(Some(marks)) => Marked::Marked(marks),
+        Written::Draining => Marked::Draining,
+        Written::Nothing(None) | Written::NodeGone => Marked::NodeGone,
     })
 }
 
@@ -212,10 +241,13 @@ pub async fn unmark_node(
     node: Node,
     refresh_id: &str,
 ) -> Result<Option<Undone>, kube::Error> {
-    let written = write_with_retries(nodes, node, |node| unmark_patch(node, refresh_id)).await?;
+    let written = write_with_retries(nodes, node, |node| {
+        unmark_patch(node, refresh_id).ok_or(Written::Nothing(None))
+    })
+    .await?;
     Ok(match written {
         Written::Done(undone) => Some(undone),
-        Written::Nothing | Written::NodeGone => None,
+        Written::Nothing(_) | Written::Draining | Written::NodeGone => None,
     })
 }
 
@@ -233,6 +265,20 @@ mod tests {
 
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+    }
+
+    fn mark_patch(
+        node: &Node,
+        refresh_id: &str,
+        group_name: &str,
+        instance_id: &str,
+        taint: Option<&Taint>,
+        now: Timestamp,
+    ) -> Option<(Value, RefreshMarks)> {
+        match mark_step(node, refresh_id, group_name, instance_id, taint, now) {
+            MarkStep::Write(patch, marks) => Some((patch, marks)),
+            _ => None,
+        }
     }
 
     fn apply(node: &Node, patch: &Value) -> Node {
@@ -273,7 +319,12 @@ mod tests {
         assert!(marks.out_of_service.labelled);
         assert!(!marks.out_of_service.cordoned, "the cordon was the user's");
         let marked = apply(&user_cordoned, &patch);
-        assert_eq!(refresh_marks_of(&marked), Some(marks));
+        assert_eq!(refresh_marks_of(&marked), Some(marks.clone()));
+        assert_eq!(
+            mark_step(&marked, REFRESH, "ng", "i-1", None, at(9)),
+            MarkStep::InPlace(marks),
+            "a repeated start writes nothing"
+        );
 
         let (undo, undone) = unmark_patch(&marked, REFRESH).unwrap();
         assert!(undone.unlabelled && !undone.uncordoned);
@@ -324,7 +375,10 @@ mod tests {
         let draining = node(json!({"metadata": {"name": "n1", "annotations": {
             crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION: checkpoint.to_json()
         }}}));
-        assert!(mark_patch(&draining, REFRESH, "ng", "i-1", None, at(1)).is_none());
+        assert_eq!(
+            mark_step(&draining, REFRESH, "ng", "i-1", None, at(1)),
+            MarkStep::Draining
+        );
     }
 
     #[test]

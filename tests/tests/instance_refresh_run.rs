@@ -1,0 +1,308 @@
+//! The instance refresh handler in process, against the fake API server (real
+//! `kube::Client`, the shipped RBAC's instance-refresh group) and the in-memory Auto Scaling:
+//! which nodes a refresh start marks, that its end undoes only our marks, that nothing is
+//! written without Auto Scaling confirming the event, and that other clusters' and
+//! malformed events change nothing.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use node_manager::aws::in_memory::InMemoryInstanceRefreshes;
+use node_manager::aws::{
+    ConfiguredInstance, GroupConfiguration, InstanceRefreshDescription, LaunchTemplateRef,
+};
+use node_manager::instance_refresh::handler::{self, RefreshContext, RefreshError};
+use node_manager::instance_refresh::settings::RefreshSettings;
+use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::node_marks::refresh::{REFRESH_LABEL, refresh_marks_of};
+use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
+use node_manager_testkit::soak::corpus;
+use serde_json::{Value, json};
+
+const CLUSTER: &str = "ironman-2022";
+const GROUP: &str = "eks-ours";
+const REFRESH: &str = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
+const ACCOUNT: &str = "123456789012";
+
+fn node_name(i: usize) -> String {
+    format!("ip-10-0-0-{i}.eu-west-1.compute.internal")
+}
+
+fn instance(i: usize) -> String {
+    format!("i-{i:017x}")
+}
+
+fn template(version: &str) -> LaunchTemplateRef {
+    LaunchTemplateRef {
+        id: Some("lt-0123".into()),
+        name: Some("nodes".into()),
+        version: Some(version.into()),
+    }
+}
+
+struct World {
+    server: FakeApiServer,
+    aws: InMemoryInstanceRefreshes,
+    client: kube::Client,
+}
+
+impl World {
+    /// `nodes` Ready nodes of [`GROUP`] on launch template version 1; the group is on 2.
+    async fn start(nodes: usize) -> Self {
+        let server = FakeApiServer::builder()
+            .cluster_name(CLUSTER)
+            .simulation(SimulationTimings {
+                enabled: false,
+                ..SimulationTimings::default()
+            })
+            .start()
+            .await
+            .unwrap();
+        server
+            .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
+            .unwrap();
+        let aws = InMemoryInstanceRefreshes::default();
+        for i in 0..nodes {
+            server
+                .register_node(
+                    &node_name(i),
+                    &format!("aws:///eu-west-1a/{}", instance(i)),
+                    Some(Duration::ZERO),
+                )
+                .unwrap();
+        }
+        aws.put_group(GroupConfiguration {
+            name: GROUP.into(),
+            tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
+            desired_capacity: u32::try_from(nodes).unwrap(),
+            launch_template: Some(template("2")),
+            maintenance_min_healthy_percentage: None,
+            maintenance_max_healthy_percentage: None,
+            retains_abandoned_instances: false,
+            instances: (0..nodes)
+                .map(|i| ConfiguredInstance {
+                    instance_id: instance(i),
+                    lifecycle_state: "InService".into(),
+                    instance_type: Some("m5.large".into()),
+                    launch_template: Some(template("1")),
+                })
+                .collect(),
+        });
+        let token =
+            server.add_static_token("instance-refresh", &["open-node-manager:instance-refresh"]);
+        let mut config = server.config_with_token(&token).await.unwrap();
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).unwrap();
+        Self {
+            server,
+            aws,
+            client,
+        }
+    }
+
+    fn refresh(&self, status: &str, min: u32, max: u32) {
+        self.aws.put_refresh(InstanceRefreshDescription {
+            instance_refresh_id: REFRESH.into(),
+            auto_scaling_group_name: GROUP.into(),
+            status: status.into(),
+            min_healthy_percentage: Some(min),
+            max_healthy_percentage: Some(max),
+            skip_matching: false,
+            desired_launch_template: None,
+        });
+    }
+
+    fn context(&self) -> RefreshContext<kube::Client, InMemoryInstanceRefreshes> {
+        let env: &[(&str, &str)] = &[
+            ("CLUSTER_NAME", CLUSTER),
+            ("NODE_TAINT", "open-node-manager.io/outdated=true:NoSchedule"),
+        ];
+        RefreshContext {
+            kube: self.client.clone(),
+            autoscaling: self.aws.clone(),
+            settings: RefreshSettings::from_source(env).unwrap(),
+        }
+    }
+
+    async fn send(&self, kind: &str) -> Result<handler::RefreshReport, RefreshError> {
+        handler::handle(&self.context(), &event(kind, GROUP), Some(ACCOUNT)).await
+    }
+
+    fn node(&self, i: usize) -> Node {
+        self.server.store().find::<Node>("", &node_name(i)).unwrap()
+    }
+
+    fn patches(&self) -> usize {
+        self.server
+            .audit()
+            .filter(|e| e.user_agent.contains("instance-refresh") && e.verb == "patch")
+            .len()
+    }
+}
+
+fn event(kind: &str, group: &str) -> Value {
+    json!({
+        "version": "0",
+        "id": "6a7e8feb-b491-4cf7-a9f1-bf3703467718",
+        "detail-type": format!("EC2 Auto Scaling Instance Refresh {kind}"),
+        "source": "aws.autoscaling",
+        "account": ACCOUNT,
+        "time": "2026-11-27T08:00:00Z",
+        "region": "eu-west-1",
+        "resources": [],
+        "detail": {"InstanceRefreshId": REFRESH, "AutoScalingGroupName": group},
+    })
+}
+
+fn cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+fn excluded(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
+fn tainted(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "open-node-manager.io/outdated"))
+}
+
+#[tokio::test]
+async fn launch_before_terminate_marks_every_outdated_node_and_the_end_undoes_only_ours() {
+    let world = World::start(3).await;
+    // Somebody else's cordon on node 2, before the refresh.
+    world
+        .server
+        .store()
+        .modify::<Node>("", &node_name(2), |n| {
+            n.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .unwrap();
+    world.refresh("InProgress", 100, 200);
+
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.outcome, "Marked", "{report:?}");
+    assert_eq!(report.marked.len(), 3, "{report:?}");
+    for i in 0..3 {
+        let node = world.node(i);
+        assert!(cordoned(&node) && excluded(&node) && tainted(&node), "node {i}");
+        let marks = refresh_marks_of(&node).unwrap();
+        assert_eq!(marks.instance_refresh_id, REFRESH);
+        assert_eq!(marks.instance_id, instance(i));
+        assert_eq!(marks.out_of_service.cordoned, i != 2, "node {i}");
+    }
+
+    // A duplicate delivery writes nothing new (the marks are in place).
+    let writes = world.patches();
+    let again = world.send("Started").await.unwrap();
+    assert_eq!(again.marked.len(), 3);
+    assert!(refresh_marks_of(&world.node(0)).unwrap().out_of_service.cordoned);
+    assert_eq!(world.patches(), writes, "a repeated start writes nothing");
+
+    // A Cancelled event while Auto Scaling still reports the refresh in progress is stale.
+    let stale = world.send("Cancelled").await.unwrap();
+    assert_eq!(stale.outcome, "Stale");
+    assert!(cordoned(&world.node(0)), "nothing undone on an unproven event");
+
+    world.refresh("Cancelled", 100, 200);
+    let ended = world.send("Cancelled").await.unwrap();
+    assert_eq!(ended.outcome, "Unmarked", "{ended:?}");
+    assert_eq!(ended.unmarked.len(), 3);
+    for i in 0..3 {
+        let node = world.node(i);
+        assert!(!excluded(&node) && !tainted(&node), "node {i}");
+        assert_eq!(cordoned(&node), i == 2, "node {i}: only the user's cordon stays");
+        assert!(refresh_marks_of(&node).is_none());
+        assert!(
+            !node
+                .metadata
+                .labels
+                .unwrap_or_default()
+                .contains_key(REFRESH_LABEL)
+        );
+    }
+    // And once more: nothing of ours is left to undo.
+    let repeated = world.send("Cancelled").await.unwrap();
+    assert!(repeated.unmarked.is_empty());
+}
+
+#[tokio::test]
+async fn terminate_first_keeps_one_batch_of_outdated_nodes_schedulable() {
+    let world = World::start(4).await;
+    world.refresh("InProgress", 75, 100);
+    let report = world.send("Started").await.unwrap();
+    let plan = report.plan.unwrap();
+    assert!(!plan.launch_before_terminate);
+    assert_eq!(plan.batch, 1);
+    assert_eq!(report.marked.len(), 3);
+    let schedulable: Vec<usize> = (0..4).filter(|i| !cordoned(&world.node(*i))).collect();
+    assert_eq!(schedulable.len(), 1, "one node left as room");
+}
+
+#[tokio::test]
+async fn foreign_unconfirmed_and_malformed_events_write_nothing() {
+    let world = World::start(2).await;
+    world.refresh("InProgress", 100, 200);
+    world.aws.put_group(GroupConfiguration {
+        name: "other-cluster-ng".into(),
+        tags: [("eks:cluster-name".to_owned(), "someone-else".to_owned())].into(),
+        desired_capacity: 0,
+        launch_template: None,
+        maintenance_min_healthy_percentage: None,
+        maintenance_max_healthy_percentage: None,
+        retains_abandoned_instances: false,
+        instances: Vec::new(),
+    });
+    let ctx = world.context();
+
+    let foreign = handler::handle(&ctx, &event("Started", "other-cluster-ng"), Some(ACCOUNT))
+        .await
+        .unwrap();
+    assert_eq!(foreign.outcome, "NotOurs");
+    let unknown_group = handler::handle(&ctx, &event("Started", "no-such-group"), Some(ACCOUNT))
+        .await
+        .unwrap();
+    assert_eq!(unknown_group.outcome, "NotOurs");
+    let other_account = handler::handle(&ctx, &event("Started", GROUP), Some("210987654321"))
+        .await
+        .unwrap();
+    assert_eq!(other_account.outcome, "NotOurs");
+
+    let mut forged = event("Started", GROUP);
+    forged["detail"]["InstanceRefreshId"] = json!("0b7e2b7e-0000-4000-8000-000000000000");
+    assert!(matches!(
+        handler::handle(&ctx, &forged, Some(ACCOUNT)).await,
+        Err(RefreshError::RefreshUnknown { .. })
+    ));
+    for bad in [
+        json!({"detail-type": "EC2 Auto Scaling Instance Refresh Started"}),
+        json!("not an event"),
+        {
+            let mut e = event("Started", GROUP);
+            e["source"] = json!("my.app");
+            e
+        },
+        {
+            let mut e = event("Started", GROUP);
+            e["detail"]["InstanceRefreshId"] = json!("x\ny");
+            e
+        },
+    ] {
+        assert!(matches!(
+            handler::handle(&ctx, &bad, Some(ACCOUNT)).await,
+            Err(RefreshError::BadEvent(_))
+        ));
+    }
+    assert_eq!(world.patches(), 0, "no event above may write");
+    assert!(!cordoned(&world.node(0)) && !cordoned(&world.node(1)));
+}
