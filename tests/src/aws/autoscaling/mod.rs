@@ -28,6 +28,8 @@ mod refresh_loop;
 mod refresh_operations;
 #[cfg(test)]
 mod refresh_tests;
+#[cfg(test)]
+mod retention_tests;
 mod warm_pool;
 
 pub use self::health::HealthReplacement;

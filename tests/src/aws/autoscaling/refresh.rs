@@ -313,6 +313,9 @@ fn api_error(error: ApiError) -> FakeAwsError {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::super::refresh_tests::{GROUP, fake, group, nodes};
     use super::*;
 
     #[test]
@@ -326,5 +329,28 @@ mod tests {
         assert_eq!(batching(4, 100, 150), (true, 2));
         assert_eq!(batching(3, 100, 110), (true, 1));
         assert_eq!(batching(4, 100, 200), (true, 4));
+    }
+
+    #[tokio::test]
+    async fn a_second_refresh_and_bad_percentages_are_refused() {
+        let aws = fake().await;
+        group(&aws, nodes(2), true);
+        let autoscaling = aws.autoscaling();
+        let code = |result: Result<String, crate::aws::FakeAwsError>| match result {
+            Err(crate::aws::FakeAwsError::AutoScalingApi { code, .. }) => code,
+            other => format!("{other:?}"),
+        };
+        let bad = FakeRefreshPreferences::default().healthy_percentage(20, 150);
+        assert_eq!(
+            code(autoscaling.start_instance_refresh(GROUP, bad)),
+            "ValidationError"
+        );
+        autoscaling
+            .start_instance_refresh(GROUP, FakeRefreshPreferences::default())
+            .unwrap();
+        assert_eq!(
+            code(autoscaling.start_instance_refresh(GROUP, FakeRefreshPreferences::default())),
+            "InstanceRefreshInProgress"
+        );
     }
 }

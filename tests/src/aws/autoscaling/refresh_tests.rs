@@ -50,7 +50,7 @@ pub(super) fn group(aws: &FakeAws, group: FakeAutoScalingGroup, hooks: bool) -> 
     old
 }
 
-fn nodes(desired: u32) -> FakeAutoScalingGroup {
+pub(super) fn nodes(desired: u32) -> FakeAutoScalingGroup {
     FakeAutoScalingGroup::new(GROUP).size(0, desired, 10)
 }
 
@@ -414,28 +414,5 @@ async fn refresh_events_go_to_eventbridge_started_then_succeeded() {
             "EC2 Auto Scaling Instance Refresh Started",
             "EC2 Auto Scaling Instance Refresh Succeeded"
         ]
-    );
-}
-
-#[tokio::test]
-async fn a_second_refresh_and_bad_percentages_are_refused() {
-    let aws = fake().await;
-    group(&aws, nodes(2), true);
-    let autoscaling = aws.autoscaling();
-    let code = |result: Result<String, crate::aws::FakeAwsError>| match result {
-        Err(crate::aws::FakeAwsError::AutoScalingApi { code, .. }) => code,
-        other => format!("{other:?}"),
-    };
-    let bad = FakeRefreshPreferences::default().healthy_percentage(20, 150);
-    assert_eq!(
-        code(autoscaling.start_instance_refresh(GROUP, bad)),
-        "ValidationError"
-    );
-    autoscaling
-        .start_instance_refresh(GROUP, FakeRefreshPreferences::default())
-        .unwrap();
-    assert_eq!(
-        code(autoscaling.start_instance_refresh(GROUP, FakeRefreshPreferences::default())),
-        "InstanceRefreshInProgress"
     );
 }
