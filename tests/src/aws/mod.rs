@@ -1,4 +1,5 @@
-//! Fake AWS endpoints: Auto Scaling, EC2, SNS and EKS behind one local HTTP server.
+//! Fake AWS endpoints: Auto Scaling, EC2, SNS and EKS behind one local HTTP server, and an
+//! EventBridge bus the fake services put their events on.
 //!
 //! The real AWS SDK clients reach it through `AWS_ENDPOINT_URL` (or
 //! `aws_config::...::endpoint_url`) and talk to it exactly as to AWS: requests are routed by
@@ -25,6 +26,7 @@
 mod autoscaling;
 mod ec2;
 mod eks;
+mod eventbridge;
 mod faults;
 mod iam;
 mod protocol;
@@ -32,11 +34,14 @@ mod signature;
 mod sns;
 
 pub use autoscaling::{
-    CompletedBy, FakeAutoScaling, FakeAutoScalingGroup, FakeLifecycleHook, HeartbeatRecord,
-    LifecycleCompletion, LifecycleNotice, LifecycleTransition, WarmPoolState,
+    CompletedBy, FakeAutoScaling, FakeAutoScalingGroup, FakeLaunchTemplate, FakeLifecycleHook,
+    FakeRefreshPreferences, HeartbeatRecord, InstanceMaintenancePolicy, InstanceRefreshStatus,
+    InstanceRefreshView, LaunchedInstance, LifecycleCompletion, LifecycleNotice,
+    LifecycleTransition, WarmPoolState,
 };
 pub use ec2::{FakeEc2, FakeInstance, InstanceState};
 pub use eks::{FakeAccessEntry, FakeCluster, FakeEks, FakeNodegroup};
+pub use eventbridge::{EventPattern, EventSubscription, FakeEventBridge};
 pub use faults::{AwsFault, AwsFaultKind, FakeAwsFaults};
 pub use iam::FakeIam;
 pub use sns::{FakeSns, PublishSource, PublishedMessage, SnsSubscription, SubscriptionFilter};
@@ -70,6 +75,13 @@ pub enum FakeAwsError {
     UnknownTopic(String),
     #[error("no EKS cluster named {0:?}: add it with eks().add_cluster first")]
     UnknownCluster(String),
+    #[error(
+        "Auto Scaling group {0:?} has no launch template: declare one with FakeAutoScalingGroup::launch_template"
+    )]
+    NoLaunchTemplate(String),
+    /// What the fake Auto Scaling API would answer a client (e.g. `InstanceRefreshInProgress`).
+    #[error("Auto Scaling refused: {code}: {message}")]
+    AutoScalingApi { code: String, message: String },
 }
 
 /// The AWS services the fake serves, as named in a SigV4 credential scope.
@@ -136,6 +148,7 @@ pub(crate) struct Shared {
     pub(crate) sns: Mutex<sns::SnsState>,
     pub(crate) eks: Mutex<eks::EksState>,
     pub(crate) iam: Mutex<iam::IamState>,
+    pub(crate) eventbridge: Mutex<eventbridge::EventBridgeState>,
 }
 
 /// Locks a mutex, surviving a panicked holder (test state is still worth reading).
@@ -182,6 +195,7 @@ impl FakeAws {
             sns: Mutex::default(),
             eks: Mutex::default(),
             iam: Mutex::default(),
+            eventbridge: Mutex::default(),
         });
         let router = axum::Router::new()
             .fallback(handle)
@@ -229,6 +243,10 @@ impl FakeAws {
 
     pub fn iam(&self) -> FakeIam {
         FakeIam::new(Arc::clone(&self.shared))
+    }
+
+    pub fn eventbridge(&self) -> FakeEventBridge {
+        FakeEventBridge::new(Arc::clone(&self.shared))
     }
 
     pub fn faults(&self) -> FakeAwsFaults {

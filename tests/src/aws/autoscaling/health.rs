@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::operations::required;
-use super::{AsgState, FakeAutoScaling, LifecycleTransition};
+use super::launch::{launch_new_instance, terminate_at_once};
+use super::operations::{instance_launch_configuration, required};
+use super::{AsgState, FakeAutoScaling, GroupInstance, LifecycleTransition};
 use crate::aws::protocol::{self, ApiError, QueryParams, Reply, element};
 use crate::aws::{Shared, lock};
 
@@ -47,13 +48,13 @@ impl FakeAutoScaling {
     }
 }
 
-/// The group an instance belongs to, with its lifecycle state and zone.
-fn membership(state: &AsgState, instance_id: &str) -> Option<(String, String, String)> {
+/// The group an instance belongs to, and the instance.
+fn membership<'a>(state: &'a AsgState, instance_id: &str) -> Option<(&'a str, &'a GroupInstance)> {
     state.groups.values().find_map(|record| {
         record
             .instances
             .get(instance_id)
-            .map(|(lifecycle, zone)| (record.group.name.clone(), lifecycle.clone(), zone.clone()))
+            .map(|instance| (record.group.name.as_str(), instance))
     })
 }
 
@@ -80,7 +81,7 @@ pub(super) fn describe_auto_scaling_instances(
     let state = lock(&shared.autoscaling.state);
     let mut members = String::new();
     for id in &ids {
-        let Some((group, lifecycle, zone)) = membership(&state, id) else {
+        let Some((group, instance)) = membership(&state, id) else {
             continue;
         };
         let health = if state.unhealthy.contains(id) {
@@ -90,9 +91,10 @@ pub(super) fn describe_auto_scaling_instances(
         };
         members.push_str("<member>");
         members.push_str(&element("InstanceId", id));
-        members.push_str(&element("AutoScalingGroupName", &group));
-        members.push_str(&element("AvailabilityZone", &zone));
-        members.push_str(&element("LifecycleState", &lifecycle));
+        members.push_str(&instance_launch_configuration(instance));
+        members.push_str(&element("AutoScalingGroupName", group));
+        members.push_str(&element("AvailabilityZone", &instance.availability_zone));
+        members.push_str(&element("LifecycleState", &instance.lifecycle_state));
         members.push_str(&element("HealthStatus", health));
         members.push_str("<ProtectedFromScaleIn>false</ProtectedFromScaleIn></member>");
     }
@@ -116,13 +118,18 @@ pub(super) fn set_instance_health(
             "Valid HealthStatus values are Healthy and Unhealthy, not {health}"
         )));
     }
-    let (group, lifecycle, zone, hooks) = {
+    let (group, lifecycle, zone, has_terminating_hook) = {
         let mut state = lock(&shared.autoscaling.state);
-        let Some((group, lifecycle, zone)) = membership(&state, instance_id) else {
+        let Some((group, instance)) = membership(&state, instance_id) else {
             return Err(ApiError::validation(format!(
                 "Instance Id not found - No managed instance found for instance ID: {instance_id}"
             )));
         };
+        let (group, lifecycle, zone) = (
+            group.to_owned(),
+            instance.lifecycle_state.clone(),
+            instance.availability_zone.clone(),
+        );
         if health == "Healthy" {
             state.unhealthy.remove(instance_id);
             return Ok(Reply::Xml(String::new()));
@@ -131,47 +138,28 @@ pub(super) fn set_instance_health(
             // Already on its way out (or not yet in service): nothing more happens.
             return Ok(Reply::Xml(String::new()));
         }
-        let hooks: Vec<LifecycleTransition> = state
-            .groups
-            .get(&group)
-            .map(|r| r.hooks.values().map(|h| h.transition).collect())
-            .unwrap_or_default();
-        (group, lifecycle, zone, hooks)
+        let has_terminating_hook = state.has_hook(&group, LifecycleTransition::Terminating);
+        (group, lifecycle, zone, has_terminating_hook)
     };
     debug_assert_eq!(lifecycle, "InService");
-    let asg = FakeAutoScaling::new(Arc::clone(shared));
-    if hooks.contains(&LifecycleTransition::Terminating) {
-        asg.terminate_instance(&group, instance_id)
-            .map_err(|e| ApiError::new(500, "InternalFailure", e.to_string()))?;
+    let internal =
+        |e: crate::aws::FakeAwsError| ApiError::new(500, "InternalFailure", e.to_string());
+    if has_terminating_hook {
+        FakeAutoScaling::new(Arc::clone(shared))
+            .terminate_instance(&group, instance_id)
+            .map_err(internal)?;
     } else {
-        let mut state = lock(&shared.autoscaling.state);
-        if let Some(record) = state.groups.get_mut(&group) {
-            record.instances.remove(instance_id);
-        }
-        drop(state);
-        crate::aws::ec2::mark_terminated(shared, instance_id);
+        terminate_at_once(shared, &group, instance_id);
     }
     // The replacement: a fresh instance in the same zone.
-    let digest = protocol::uuid_v4().replace('-', "");
-    let replacement_id = format!("i-{}", &digest[..17]);
-    let instance = crate::aws::ec2::FakeInstance::new(&replacement_id, &shared.account.region)
-        .availability_zone(&zone);
-    let replacement_node = instance.private_dns_name.clone();
-    crate::aws::ec2::FakeEc2::new(Arc::clone(shared)).add_instance(instance);
-    if hooks.contains(&LifecycleTransition::Launching) {
-        asg.launch_instance(&group, &replacement_id)
-            .map_err(|e| ApiError::new(500, "InternalFailure", e.to_string()))?;
-    } else {
-        asg.add_instance(&group, &replacement_id, &zone)
-            .map_err(|e| ApiError::new(500, "InternalFailure", e.to_string()))?;
-    }
+    let replacement = launch_new_instance(shared, &group, Some(&zone), None).map_err(internal)?;
     lock(&shared.autoscaling.state)
         .health_replacements
         .push(HealthReplacement {
             group_name: group,
             unhealthy_instance_id: instance_id.to_owned(),
-            replacement_instance_id: replacement_id,
-            replacement_node,
+            replacement_instance_id: replacement.instance_id,
+            replacement_node: replacement.private_dns_name,
         });
     Ok(Reply::Xml(String::new()))
 }

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 
 use super::notifications::lifecycle_message;
 use super::{
-    ActiveAction, AsgState, CompletedBy, FakeAutoScaling, HeartbeatRecord, LifecycleCompletion,
-    LifecycleNotice, LifecycleTransition, Route, WarmPoolState,
+    ActiveAction, AsgState, CompletedBy, FakeAutoScaling, GroupInstance, HeartbeatRecord,
+    LifecycleCompletion, LifecycleNotice, LifecycleTransition, RETAINED, Route, WarmPoolState,
 };
 use crate::aws::protocol;
 use crate::aws::{FakeAwsError, Shared, lock};
@@ -64,6 +64,11 @@ impl FakeAutoScaling {
         let (hook, message, subject) = {
             let mut state = self.state();
             let scale = state.time_scale;
+            let is_member = state
+                .groups
+                .get(group_name)
+                .is_some_and(|record| record.instances.contains_key(instance_id));
+            let joined = if is_member { 0 } else { state.next_joined() };
             let record = state
                 .groups
                 .get_mut(group_name)
@@ -77,15 +82,27 @@ impl FakeAutoScaling {
                     group: group_name.to_owned(),
                     transition: transition.as_str().to_owned(),
                 })?;
-            let zone = record
-                .instances
-                .get(instance_id)
-                .map(|(_, zone)| zone.clone())
-                .or_else(|| record.group.availability_zones.first().cloned())
-                .unwrap_or_else(|| format!("{}a", self.shared.account.region));
-            record
-                .instances
-                .insert(instance_id.to_owned(), (route.wait_state.to_owned(), zone));
+            let default_zone = || {
+                record
+                    .group
+                    .availability_zones
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}a", self.shared.account.region))
+            };
+            // A member keeps its zone and launch configuration; a newcomer gets the group's.
+            match record.instances.get_mut(instance_id) {
+                Some(member) => member.lifecycle_state = route.wait_state.to_owned(),
+                None => {
+                    let member = GroupInstance::joining(
+                        &record.group,
+                        route.wait_state,
+                        &default_zone(),
+                        joined,
+                    );
+                    record.instances.insert(instance_id.to_owned(), member);
+                }
+            }
             let now = Instant::now();
             let heartbeat_timeout = hook.heartbeat_timeout.mul_f64(scale);
             state
@@ -224,12 +241,16 @@ fn spawn_timer(shared: Weak<Shared>, token: String) {
             };
             let result = action.default_result;
             end_action(&shared, &mut state, index, result, by);
+            drop(state);
+            super::launch::announce_departures(&shared);
             return;
         }
     });
 }
 
 /// Ends the action at `index`: records it and moves the instance on, as Auto Scaling does.
+/// An instance that leaves terminated is queued for the terminated callbacks: the caller
+/// announces it (`launch::announce_departures`) once it has unlocked the state.
 pub(super) fn end_action(
     shared: &Shared,
     state: &mut AsgState,
@@ -252,28 +273,38 @@ pub(super) fn end_action(
             if abandoned {
                 record.instances.remove(&action.instance_id);
             } else if let Some(instance) = record.instances.get_mut(&action.instance_id) {
-                instance.0 = pool.lifecycle_state().to_owned();
+                instance.lifecycle_state = pool.lifecycle_state().to_owned();
             }
         }
         if abandoned {
             crate::aws::ec2::mark_terminated(shared, &action.instance_id);
+            state.departed.push(action.instance_id.clone());
         } else {
             crate::aws::ec2::set_state_of(shared, &action.instance_id, pool.ec2_state());
         }
         record_completion(shared, state, action, result, by);
         return;
     }
-    let leaves_group = action.transition == LifecycleTransition::Terminating
-        || result == LifecycleActionResult::Abandon;
+    let terminating = action.transition == LifecycleTransition::Terminating;
+    let abandoned = result == LifecycleActionResult::Abandon;
+    // The instance lifecycle policy: an abandoned termination keeps the instance, running.
+    let retained = terminating
+        && abandoned
+        && state
+            .groups
+            .get(&action.group_name)
+            .is_some_and(|record| record.group.retain_on_abandon);
+    let leaves_group = (terminating || abandoned) && !retained;
     if let Some(record) = state.groups.get_mut(&action.group_name) {
         if leaves_group {
             record.instances.remove(&action.instance_id);
         } else if let Some(instance) = record.instances.get_mut(&action.instance_id) {
-            instance.0 = "InService".to_owned();
+            instance.lifecycle_state = if retained { RETAINED } else { "InService" }.to_owned();
         }
     }
     if leaves_group {
         crate::aws::ec2::mark_terminated(shared, &action.instance_id);
+        state.departed.push(action.instance_id.clone());
     }
     record_completion(shared, state, action, result, by);
 }

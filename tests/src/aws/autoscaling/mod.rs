@@ -11,14 +11,25 @@
 //! One file per job: `hooks` (hooks and the transitions they pause, and the records of
 //! their actions), `lifecycle` (the lifecycle-action state machine: start, timers, end),
 //! `notifications` (the messages Auto Scaling publishes), `warm_pool`, `health` (instance
-//! health for node repair) and `operations` (the Query-protocol operations: parameters in,
-//! XML out). This file holds the groups, the shared state and the handle.
+//! health for node repair), `launch` (launch templates, and the instances Auto Scaling
+//! launches and terminates on its own), `refresh` and `refresh_loop` (instance refreshes;
+//! `refresh_operations` their Query operations) and `operations` (the Query-protocol
+//! operations: parameters in, XML out). This file holds the groups, the shared state and
+//! the handle.
 
 mod health;
 mod hooks;
+mod launch;
 mod lifecycle;
 mod notifications;
 mod operations;
+mod refresh;
+mod refresh_loop;
+mod refresh_operations;
+#[cfg(test)]
+mod refresh_tests;
+#[cfg(test)]
+mod retention_tests;
 mod warm_pool;
 
 pub use self::health::HealthReplacement;
@@ -26,7 +37,9 @@ pub use self::hooks::{
     CompletedBy, FakeLifecycleHook, HeartbeatRecord, LifecycleCompletion, LifecycleNotice,
     LifecycleTransition,
 };
+pub use self::launch::{FakeLaunchTemplate, InstanceMaintenancePolicy, LaunchedInstance};
 pub(crate) use self::operations::dispatch;
+pub use self::refresh::{FakeRefreshPreferences, InstanceRefreshStatus, InstanceRefreshView};
 pub use self::warm_pool::WarmPoolState;
 
 use std::collections::BTreeMap;
@@ -38,6 +51,9 @@ use tokio::time::Instant;
 
 use super::protocol;
 use super::{FakeAwsError, Shared, lock};
+
+/// The lifecycle state of an instance kept after its terminating action was abandoned.
+const RETAINED: &str = "Terminating:Retained";
 
 /// Where a lifecycle action moves an instance: the notification's `Origin` and `Destination`
 /// (`EC2`, `AutoScalingGroup`, `WarmPool`).
@@ -77,6 +93,16 @@ pub struct FakeAutoScalingGroup {
     pub tags: BTreeMap<String, String>,
     /// `HealthCheckGracePeriod` as reported (15 s unless set).
     pub health_check_grace_period: Duration,
+    /// What new instances launch with (`None`: the group reports no template).
+    pub launch_template: Option<FakeLaunchTemplate>,
+    /// What new instances launch as (`m5.large` unless set).
+    pub instance_type: String,
+    pub instance_maintenance_policy: Option<InstanceMaintenancePolicy>,
+    /// The instance lifecycle policy `RetentionTriggers.TerminateHookAbandon = retain`: an
+    /// instance whose terminating action is abandoned stays, `Terminating:Retained`.
+    pub retain_on_abandon: bool,
+    /// Whether the group has an instance lifecycle policy at all (reported only then).
+    pub has_instance_lifecycle_policy: bool,
 }
 
 impl FakeAutoScalingGroup {
@@ -89,7 +115,42 @@ impl FakeAutoScalingGroup {
             availability_zones: Vec::new(),
             tags: BTreeMap::new(),
             health_check_grace_period: Duration::from_secs(15),
+            launch_template: None,
+            instance_type: "m5.large".to_owned(),
+            instance_maintenance_policy: None,
+            retain_on_abandon: false,
+            has_instance_lifecycle_policy: false,
         }
+    }
+
+    pub fn launch_template(mut self, id: &str, name: &str, version: &str) -> Self {
+        self.launch_template = Some(FakeLaunchTemplate::new(id, name, version));
+        self
+    }
+
+    pub fn instance_type(mut self, instance_type: &str) -> Self {
+        self.instance_type = instance_type.to_owned();
+        self
+    }
+
+    pub fn instance_maintenance_policy(
+        mut self,
+        min_healthy_percentage: u32,
+        max_healthy_percentage: u32,
+    ) -> Self {
+        self.instance_maintenance_policy = Some(InstanceMaintenancePolicy {
+            min_healthy_percentage,
+            max_healthy_percentage,
+        });
+        self
+    }
+
+    /// Declares the instance lifecycle policy: `retain` (true) or `terminate` (false) when
+    /// a terminating lifecycle action is abandoned.
+    pub fn retain_on_abandon(mut self, retain: bool) -> Self {
+        self.retain_on_abandon = retain;
+        self.has_instance_lifecycle_policy = true;
+        self
     }
 
     pub fn health_check_grace_period(mut self, grace_period: Duration) -> Self {
@@ -120,8 +181,33 @@ struct GroupRecord {
     arn: String,
     created: jiff::Timestamp,
     hooks: BTreeMap<String, FakeLifecycleHook>,
-    /// Instance id → (lifecycle state, availability zone).
-    instances: BTreeMap<String, (String, String)>,
+    instances: BTreeMap<String, GroupInstance>,
+}
+
+/// An instance of a group.
+#[derive(Debug, Clone)]
+struct GroupInstance {
+    /// `Pending:Wait`, `InService`, `Terminating:Wait`, `Terminating:Retained`, ...
+    lifecycle_state: String,
+    availability_zone: String,
+    /// What it was launched with: the group's configuration when it joined.
+    launch_template: Option<FakeLaunchTemplate>,
+    instance_type: String,
+    /// When it joined, as a sequence number (refreshes replace the oldest first).
+    joined: u64,
+}
+
+impl GroupInstance {
+    /// A member joining `group` now, with the group's launch configuration.
+    fn joining(group: &FakeAutoScalingGroup, state: &str, zone: &str, joined: u64) -> Self {
+        Self {
+            lifecycle_state: state.to_owned(),
+            availability_zone: zone.to_owned(),
+            launch_template: group.launch_template.clone(),
+            instance_type: group.instance_type.clone(),
+            joined,
+        }
+    }
 }
 
 struct ActiveAction {
@@ -152,12 +238,33 @@ pub(crate) struct AsgState {
     unhealthy: std::collections::BTreeSet<String>,
     /// Node repair: replacements launched for unhealthy instances, oldest first.
     health_replacements: Vec<HealthReplacement>,
+    /// Instance refreshes, oldest first.
+    refreshes: Vec<refresh::RefreshRecord>,
+    /// The sequence number the next instance joining a group gets.
+    joined_count: u64,
+    /// Instances that left terminated, not yet announced to the terminated callbacks.
+    departed: Vec<String>,
+}
+
+impl AsgState {
+    fn next_joined(&mut self) -> u64 {
+        self.joined_count += 1;
+        self.joined_count
+    }
+
+    /// Whether the group has a hook pausing `transition`.
+    fn has_hook(&self, group_name: &str, transition: LifecycleTransition) -> bool {
+        self.groups
+            .get(group_name)
+            .is_some_and(|record| record.hooks.values().any(|h| h.transition == transition))
+    }
 }
 
 pub(crate) struct AutoScalingShared {
     state: Mutex<AsgState>,
     /// Bumped on every completion, so waiters wake.
     changed: tokio::sync::watch::Sender<u64>,
+    launchers: Mutex<launch::Launchers>,
 }
 
 impl Default for AutoScalingShared {
@@ -172,8 +279,12 @@ impl Default for AutoScalingShared {
                 time_scale: 1.0,
                 unhealthy: std::collections::BTreeSet::new(),
                 health_replacements: Vec::new(),
+                refreshes: Vec::new(),
+                joined_count: 0,
+                departed: Vec::new(),
             }),
             changed: tokio::sync::watch::Sender::new(0),
+            launchers: Mutex::default(),
         }
     }
 }
@@ -239,7 +350,8 @@ impl FakeAutoScaling {
         Ok(())
     }
 
-    /// Puts an instance in the group as `InService`, without any lifecycle action.
+    /// Puts an instance in the group as `InService`, without any lifecycle action, launched
+    /// with the group's current launch template and instance type.
     pub fn add_instance(
         &self,
         group_name: &str,
@@ -247,14 +359,14 @@ impl FakeAutoScaling {
         availability_zone: &str,
     ) -> Result<(), FakeAwsError> {
         let mut state = self.state();
+        let joined = state.next_joined();
         let record = state
             .groups
             .get_mut(group_name)
             .ok_or_else(|| FakeAwsError::UnknownGroup(group_name.to_owned()))?;
-        record.instances.insert(
-            instance_id.to_owned(),
-            ("InService".to_owned(), availability_zone.to_owned()),
-        );
+        let instance =
+            GroupInstance::joining(&record.group, "InService", availability_zone, joined);
+        record.instances.insert(instance_id.to_owned(), instance);
         Ok(())
     }
 
@@ -265,6 +377,23 @@ impl FakeAutoScaling {
             .groups
             .get(group_name)
             .and_then(|record| record.instances.get(instance_id))
-            .map(|(state, _)| state.clone())
+            .map(|instance| instance.lifecycle_state.clone())
+    }
+
+    /// The instances kept `Terminating:Retained` after their terminating lifecycle action
+    /// was abandoned (the group's instance lifecycle policy).
+    pub fn retained_instances(&self, group_name: &str) -> Vec<String> {
+        self.state()
+            .groups
+            .get(group_name)
+            .map(|record| {
+                record
+                    .instances
+                    .iter()
+                    .filter(|(_, instance)| instance.lifecycle_state == RETAINED)
+                    .map(|(id, _)| id.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }

@@ -7,8 +7,12 @@ use node_manager::aws::LifecycleActionResult;
 use tokio::time::Instant;
 
 use super::health::{describe_auto_scaling_instances, set_instance_health};
+use super::launch::announce_departures;
 use super::lifecycle::end_action;
-use super::{AsgState, CompletedBy, FakeAutoScalingGroup, HeartbeatRecord};
+use super::refresh_operations::{
+    cancel_instance_refresh, describe_instance_refreshes, start_instance_refresh,
+};
+use super::{AsgState, CompletedBy, FakeAutoScalingGroup, GroupInstance, HeartbeatRecord};
 use crate::aws::protocol::{self, ApiError, QueryParams, Reply, element, xml_escape};
 use crate::aws::{Shared, lock};
 
@@ -24,6 +28,9 @@ pub(crate) fn dispatch(
         "RecordLifecycleActionHeartbeat" => record_heartbeat(shared, params),
         "DescribeLifecycleHooks" => describe_lifecycle_hooks(shared, params),
         "DescribeAutoScalingGroups" => describe_groups(shared, params),
+        "StartInstanceRefresh" => start_instance_refresh(shared, params),
+        "DescribeInstanceRefreshes" => describe_instance_refreshes(shared, params),
+        "CancelInstanceRefresh" => cancel_instance_refresh(shared, params),
         other => Err(ApiError::new(
             400,
             "InvalidAction",
@@ -95,6 +102,8 @@ fn complete_lifecycle_action(shared: &Shared, params: &QueryParams) -> Result<Re
     let mut state = lock(&shared.autoscaling.state);
     let index = find_action(&state, params)?;
     end_action(shared, &mut state, index, result, CompletedBy::Call);
+    drop(state);
+    announce_departures(shared);
     Ok(Reply::Xml(String::new()))
 }
 
@@ -194,6 +203,25 @@ fn describe_groups(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiEr
         members.push_str("<member>");
         members.push_str(&element("AutoScalingGroupName", &group.name));
         members.push_str(&element("AutoScalingGroupARN", &record.arn));
+        if let Some(template) = &group.launch_template {
+            members.push_str(&template.xml());
+        }
+        if let Some(policy) = &group.instance_maintenance_policy {
+            members.push_str(&format!(
+                "<InstanceMaintenancePolicy><MinHealthyPercentage>{}</MinHealthyPercentage><MaxHealthyPercentage>{}</MaxHealthyPercentage></InstanceMaintenancePolicy>",
+                policy.min_healthy_percentage, policy.max_healthy_percentage
+            ));
+        }
+        if group.has_instance_lifecycle_policy {
+            let action = if group.retain_on_abandon {
+                "retain"
+            } else {
+                "terminate"
+            };
+            members.push_str(&format!(
+                "<InstanceLifecyclePolicy><RetentionTriggers><TerminateHookAbandon>{action}</TerminateHookAbandon></RetentionTriggers></InstanceLifecyclePolicy>"
+            ));
+        }
         members.push_str(&format!(
             "<MinSize>{}</MinSize><MaxSize>{}</MaxSize><DesiredCapacity>{}</DesiredCapacity><DefaultCooldown>300</DefaultCooldown>",
             group.min_size, group.max_size, group.desired_capacity
@@ -208,11 +236,12 @@ fn describe_groups(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiEr
             &group.health_check_grace_period.as_secs().to_string(),
         ));
         members.push_str("<Instances>");
-        for (instance_id, (lifecycle_state, zone)) in &record.instances {
+        for (instance_id, instance) in &record.instances {
             members.push_str("<member>");
             members.push_str(&element("InstanceId", instance_id));
-            members.push_str(&element("AvailabilityZone", zone));
-            members.push_str(&element("LifecycleState", lifecycle_state));
+            members.push_str(&instance_launch_configuration(instance));
+            members.push_str(&element("AvailabilityZone", &instance.availability_zone));
+            members.push_str(&element("LifecycleState", &instance.lifecycle_state));
             let health = if state.unhealthy.contains(instance_id) {
                 "Unhealthy"
             } else {
@@ -240,6 +269,15 @@ fn describe_groups(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiEr
     Ok(Reply::Xml(format!(
         "<AutoScalingGroups>{members}</AutoScalingGroups>"
     )))
+}
+
+/// An instance's `InstanceType` and `LaunchTemplate`, as both instance listings report them.
+pub(super) fn instance_launch_configuration(instance: &GroupInstance) -> String {
+    let mut xml = element("InstanceType", &instance.instance_type);
+    if let Some(template) = &instance.launch_template {
+        xml.push_str(&template.xml());
+    }
+    xml
 }
 
 #[cfg(test)]

@@ -1,0 +1,247 @@
+//! The replacement loop of an instance refresh: a tokio task that launches and terminates
+//! batch by batch, polls the state for the instances it waits for (never holding the lock
+//! across an await), and records the end with its EventBridge event.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde_json::json;
+
+use super::launch::{launch_new_instance, terminate_at_once};
+use super::refresh::{InstanceRefreshStatus, RefreshRecord};
+use super::{AsgState, FakeAutoScaling, FakeLaunchTemplate, LifecycleTransition, RETAINED};
+use crate::aws::{Shared, lock};
+
+/// How often the loop looks at the instances it waits for.
+pub(super) const POLL: Duration = Duration::from_millis(10);
+
+/// What the loop works from, fixed at the start.
+pub(super) struct Plan {
+    pub(super) id: String,
+    pub(super) group_name: String,
+    /// Outdated instances, oldest first.
+    pub(super) outdated: Vec<String>,
+    pub(super) launch_first: bool,
+    pub(super) batch_size: usize,
+    /// Scaled.
+    pub(super) warmup: Duration,
+    pub(super) launch_template: Option<FakeLaunchTemplate>,
+}
+
+fn record_mut<'a>(state: &'a mut AsgState, id: &str) -> Option<&'a mut RefreshRecord> {
+    state.refreshes.iter_mut().find(|r| r.view.id == id)
+}
+
+/// The loop of one refresh. Gives up quietly once the fake is gone.
+pub(super) async fn run(shared: Weak<Shared>, plan: Plan) {
+    if !set_in_progress(&shared, &plan) {
+        return;
+    }
+    let mut queue = plan.outdated.iter();
+    let end = loop {
+        if cancelling(&shared, &plan.id) {
+            break (InstanceRefreshStatus::Cancelled, None);
+        }
+        // Instances that already left (scale-in, another termination) need no replacing.
+        let batch: Vec<String> = queue
+            .by_ref()
+            .filter(|id| {
+                lifecycle_state(&shared, &plan.group_name, id).as_deref() == Some("InService")
+            })
+            .take(plan.batch_size)
+            .cloned()
+            .collect();
+        if batch.is_empty() {
+            break (InstanceRefreshStatus::Successful, None);
+        }
+        let step = if plan.launch_first {
+            match launch(&shared, &plan, batch.len()).await {
+                // A cancel leaves the new instances in service and the old ones running.
+                Ok(()) if cancelling(&shared, &plan.id) => Ok(()),
+                Ok(()) => terminate(&shared, &plan, &batch).await,
+                Err(reason) => Err(reason),
+            }
+        } else {
+            // The replacements of a terminated batch launch even when cancelling, so the
+            // group gets its capacity back.
+            match terminate(&shared, &plan, &batch).await {
+                Ok(()) => launch(&shared, &plan, batch.len()).await,
+                Err(reason) => Err(reason),
+            }
+        };
+        match step {
+            Ok(()) => {}
+            Err(Some(reason)) => break (InstanceRefreshStatus::Failed, Some(reason)),
+            Err(None) => return,
+        }
+    };
+    finish(&shared, &plan, end.0, end.1);
+}
+
+/// A step's failure: the reason, or `None` when the fake is gone.
+type StepResult = Result<(), Option<String>>;
+
+fn lifecycle_state(shared: &Weak<Shared>, group_name: &str, instance_id: &str) -> Option<String> {
+    let shared = shared.upgrade()?;
+    FakeAutoScaling::new(shared).instance_state(group_name, instance_id)
+}
+
+fn cancelling(shared: &Weak<Shared>, id: &str) -> bool {
+    shared.upgrade().is_some_and(|shared| {
+        record_mut(&mut lock(&shared.autoscaling.state), id)
+            .is_some_and(|r| r.view.status == InstanceRefreshStatus::Cancelling)
+    })
+}
+
+fn set_in_progress(shared: &Weak<Shared>, plan: &Plan) -> bool {
+    let Some(shared) = shared.upgrade() else {
+        return false;
+    };
+    if let Some(record) = record_mut(&mut lock(&shared.autoscaling.state), &plan.id)
+        && record.view.status == InstanceRefreshStatus::Pending
+    {
+        record.view.status = InstanceRefreshStatus::InProgress;
+    }
+    emit(&shared, plan, "EC2 Auto Scaling Instance Refresh Started");
+    true
+}
+
+/// Launches `count` instances and waits until each is in service, then the warmup.
+async fn launch(shared: &Weak<Shared>, plan: &Plan, count: usize) -> StepResult {
+    let mut launched = Vec::with_capacity(count);
+    {
+        let shared = shared.upgrade().ok_or(None)?;
+        for _ in 0..count {
+            let instance = launch_new_instance(
+                &shared,
+                &plan.group_name,
+                None,
+                plan.launch_template.clone(),
+            )
+            .map_err(|e| Some(e.to_string()))?;
+            if let Some(record) = record_mut(&mut lock(&shared.autoscaling.state), &plan.id) {
+                record
+                    .view
+                    .launched_instance_ids
+                    .push(instance.instance_id.clone());
+            }
+            launched.push(instance.instance_id);
+        }
+    }
+    for instance_id in &launched {
+        loop {
+            match lifecycle_state(shared, &plan.group_name, instance_id).as_deref() {
+                Some("InService") => break,
+                Some(_) => tokio::time::sleep(POLL).await,
+                None if shared.upgrade().is_none() => return Err(None),
+                None => {
+                    return Err(Some(format!(
+                        "instance {instance_id} failed to launch: its launching lifecycle action was abandoned"
+                    )));
+                }
+            }
+        }
+    }
+    tokio::time::sleep(plan.warmup).await;
+    Ok(())
+}
+
+/// Terminates `batch` and waits until each instance has left `Terminating:Wait`.
+async fn terminate(shared: &Weak<Shared>, plan: &Plan, batch: &[String]) -> StepResult {
+    {
+        let shared = shared.upgrade().ok_or(None)?;
+        let has_hook = lock(&shared.autoscaling.state)
+            .has_hook(&plan.group_name, LifecycleTransition::Terminating);
+        for instance_id in batch {
+            if has_hook {
+                FakeAutoScaling::new(Arc::clone(&shared))
+                    .terminate_instance(&plan.group_name, instance_id)
+                    .map_err(|e| Some(e.to_string()))?;
+            } else {
+                terminate_at_once(&shared, &plan.group_name, instance_id);
+            }
+        }
+    }
+    let mut retained = None;
+    for instance_id in batch {
+        loop {
+            match lifecycle_state(shared, &plan.group_name, instance_id).as_deref() {
+                Some("Terminating:Wait") => tokio::time::sleep(POLL).await,
+                Some(RETAINED) => {
+                    retained.get_or_insert_with(|| instance_id.clone());
+                    break;
+                }
+                _ => {
+                    let shared = shared.upgrade().ok_or(None)?;
+                    let mut state = lock(&shared.autoscaling.state);
+                    if let Some(record) = record_mut(&mut state, &plan.id) {
+                        record.view.replaced_instance_ids.push(instance_id.clone());
+                        let done = record.view.replaced_instance_ids.len() * 100;
+                        let total = usize::try_from(record.view.instances_to_update).unwrap_or(1);
+                        record.view.percentage_complete =
+                            u32::try_from(done / total.max(1)).unwrap_or(100);
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    match retained {
+        Some(instance_id) => Err(Some(format!(
+            "instance {instance_id} was retained: its terminating lifecycle action was abandoned"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Records the end and puts its event on the bus. A successful refresh with a desired
+/// template leaves the group launching that template.
+fn finish(
+    shared: &Weak<Shared>,
+    plan: &Plan,
+    status: InstanceRefreshStatus,
+    reason: Option<String>,
+) {
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
+    {
+        let mut state = lock(&shared.autoscaling.state);
+        if let Some(record) = record_mut(&mut state, &plan.id) {
+            record.view.status = status;
+            record.view.status_reason = reason;
+            record.end_time = Some(Timestamp::now());
+            if status == InstanceRefreshStatus::Successful {
+                record.view.percentage_complete = 100;
+            }
+        }
+        if status == InstanceRefreshStatus::Successful
+            && let Some(group) = state.groups.get_mut(&plan.group_name)
+            && plan.launch_template.is_some()
+        {
+            group.group.launch_template = plan.launch_template.clone();
+        }
+    }
+    let detail_type = match status {
+        InstanceRefreshStatus::Successful => "EC2 Auto Scaling Instance Refresh Succeeded",
+        InstanceRefreshStatus::Cancelled => "EC2 Auto Scaling Instance Refresh Cancelled",
+        _ => "EC2 Auto Scaling Instance Refresh Failed",
+    };
+    emit(&shared, plan, detail_type);
+}
+
+fn emit(shared: &Shared, plan: &Plan, detail_type: &str) {
+    let arn = lock(&shared.autoscaling.state)
+        .groups
+        .get(&plan.group_name)
+        .map(|record| record.arn.clone())
+        .unwrap_or_default();
+    crate::aws::eventbridge::emit(
+        shared,
+        "aws.autoscaling",
+        detail_type,
+        vec![arn],
+        json!({"InstanceRefreshId": plan.id, "AutoScalingGroupName": plan.group_name}),
+    );
+}
