@@ -163,6 +163,7 @@ pub const SANDBOX_BINARIES: &[&str] = &[
     "launching-hook",
     "nodegroup-auth",
     "node-repair",
+    "instance-refresh",
     "eks-token",
 ];
 

@@ -17,6 +17,7 @@ const LAUNCHING_GROUP: &str = "open-node-manager:launching-hook";
 const NODEGROUP_AUTH_GROUP: &str = "open-node-manager:nodegroup-auth";
 const FORCE_DELETE_GROUP: &str = "open-node-manager:force-delete";
 const NODE_REPAIR_GROUP: &str = "open-node-manager:node-repair";
+const INSTANCE_REFRESH_GROUP: &str = "open-node-manager:instance-refresh";
 
 /// Every object of the manifest, typed.
 #[derive(Debug, Default)]
@@ -152,9 +153,10 @@ fn grant(scope: &str, group: &str, resource: &str, verbs: &[&str], names: &[&str
 #[test]
 fn every_document_is_a_named_rbac_object_of_the_project() {
     let manifest = shipped();
-    // terminating-hook, launching-hook, force-delete, node-repair; nodegroup-auth's is a Role.
-    assert_eq!(manifest.cluster_roles.len(), 4);
-    assert_eq!(manifest.cluster_role_bindings.len(), 4);
+    // terminating-hook, launching-hook, force-delete, node-repair, instance-refresh;
+    // nodegroup-auth's is a Role.
+    assert_eq!(manifest.cluster_roles.len(), 5);
+    assert_eq!(manifest.cluster_role_bindings.len(), 5);
     assert_eq!(manifest.roles.len(), 1);
     assert_eq!(manifest.role_bindings.len(), 1);
     let names = manifest
@@ -294,6 +296,7 @@ fn the_hooks_cannot_touch_aws_auth_and_nodegroup_auth_cannot_touch_nodes_or_pods
         LAUNCHING_GROUP,
         FORCE_DELETE_GROUP,
         NODE_REPAIR_GROUP,
+        INSTANCE_REFRESH_GROUP,
     ] {
         let configmaps: Vec<_> = grants_of(&manifest, group)
             .into_iter()
@@ -329,6 +332,15 @@ fn node_repair_gets_exactly_what_it_uses() {
 }
 
 #[test]
+fn instance_refresh_gets_exactly_what_it_uses() {
+    // Nodes only: no pods, no evictions, no Events, no get (a conflict re-reads by list).
+    assert_exactly(
+        INSTANCE_REFRESH_GROUP,
+        &[grant("*", "", "nodes", &["list", "patch"], &[])],
+    );
+}
+
+#[test]
 fn deleting_pods_needs_the_separate_force_group() {
     let manifest = shipped();
     for group in [
@@ -336,6 +348,7 @@ fn deleting_pods_needs_the_separate_force_group() {
         LAUNCHING_GROUP,
         NODEGROUP_AUTH_GROUP,
         NODE_REPAIR_GROUP,
+        INSTANCE_REFRESH_GROUP,
     ] {
         let grants = grants_of(&manifest, group);
         assert!(

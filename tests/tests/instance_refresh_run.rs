@@ -116,7 +116,10 @@ impl World {
     fn context(&self) -> RefreshContext<kube::Client, InMemoryInstanceRefreshes> {
         let env: &[(&str, &str)] = &[
             ("CLUSTER_NAME", CLUSTER),
-            ("NODE_TAINT", "open-node-manager.io/outdated=true:NoSchedule"),
+            (
+                "NODE_TAINT",
+                "open-node-manager.io/outdated=true:NoSchedule",
+            ),
         ];
         RefreshContext {
             kube: self.client.clone(),
@@ -195,7 +198,10 @@ async fn launch_before_terminate_marks_every_outdated_node_and_the_end_undoes_on
     assert_eq!(report.marked.len(), 3, "{report:?}");
     for i in 0..3 {
         let node = world.node(i);
-        assert!(cordoned(&node) && excluded(&node) && tainted(&node), "node {i}");
+        assert!(
+            cordoned(&node) && excluded(&node) && tainted(&node),
+            "node {i}"
+        );
         let marks = refresh_marks_of(&node).unwrap();
         assert_eq!(marks.instance_refresh_id, REFRESH);
         assert_eq!(marks.instance_id, instance(i));
@@ -206,13 +212,21 @@ async fn launch_before_terminate_marks_every_outdated_node_and_the_end_undoes_on
     let writes = world.patches();
     let again = world.send("Started").await.unwrap();
     assert_eq!(again.marked.len(), 3);
-    assert!(refresh_marks_of(&world.node(0)).unwrap().out_of_service.cordoned);
+    assert!(
+        refresh_marks_of(&world.node(0))
+            .unwrap()
+            .out_of_service
+            .cordoned
+    );
     assert_eq!(world.patches(), writes, "a repeated start writes nothing");
 
     // A Cancelled event while Auto Scaling still reports the refresh in progress is stale.
     let stale = world.send("Cancelled").await.unwrap();
     assert_eq!(stale.outcome, "Stale");
-    assert!(cordoned(&world.node(0)), "nothing undone on an unproven event");
+    assert!(
+        cordoned(&world.node(0)),
+        "nothing undone on an unproven event"
+    );
 
     world.refresh("Cancelled", 100, 200);
     let ended = world.send("Cancelled").await.unwrap();
@@ -221,7 +235,11 @@ async fn launch_before_terminate_marks_every_outdated_node_and_the_end_undoes_on
     for i in 0..3 {
         let node = world.node(i);
         assert!(!excluded(&node) && !tainted(&node), "node {i}");
-        assert_eq!(cordoned(&node), i == 2, "node {i}: only the user's cordon stays");
+        assert_eq!(
+            cordoned(&node),
+            i == 2,
+            "node {i}: only the user's cordon stays"
+        );
         assert!(refresh_marks_of(&node).is_none());
         assert!(
             !node

@@ -68,6 +68,39 @@ fn access_entries_scenario_passes() {
 }
 
 #[test]
+fn instance_refresh_scenario_passes() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("instance-refresh.yaml")]);
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("0 failed"), "{output}");
+    assert!(
+        output.contains("instance-refresh ← EventBridge EC2 Auto Scaling Instance Refresh Started"),
+        "the start reached the function: {output}"
+    );
+}
+
+/// The same node update without the refresh events reaching `instance-refresh`: pods land
+/// on outdated nodes and move twice, and the scenario's check says so.
+#[test]
+fn the_same_refresh_without_instance_refresh_moves_pods_twice() {
+    let dir = std::env::temp_dir().join(format!("sandbox-refresh-off-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("refresh-off.yaml");
+    let text = std::fs::read_to_string(scenario("instance-refresh.yaml"))
+        .expect("scenario")
+        .replace(
+            "preferCachedImages: true",
+            "preferCachedImages: true\nrefreshEvents: false",
+        );
+    std::fs::write(&path, text).expect("write scenario");
+    let (code, output) = run_sandbox(&["--scenario", &path.display().to_string()]);
+    assert_eq!(code, 1, "{output}");
+    assert!(
+        output.contains("✗ no pod was scheduled onto an outdated node"),
+        "{output}"
+    );
+}
+
+#[test]
 fn an_expectation_that_cannot_hold_fails_the_run() {
     let dir = std::env::temp_dir().join(format!("sandbox-negative-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

@@ -199,10 +199,11 @@ enum Flow {
     AwsAuthUpdate,
     AwsAuthCreation,
     Repair,
+    Refresh,
 }
 
 impl Flow {
-    const ALL: [Flow; 7] = [
+    const ALL: [Flow; 8] = [
         Flow::Drain,
         Flow::ForcedDrain,
         Flow::PacedDrain,
@@ -210,6 +211,7 @@ impl Flow {
         Flow::AwsAuthUpdate,
         Flow::AwsAuthCreation,
         Flow::Repair,
+        Flow::Refresh,
     ];
 
     /// The Kubernetes groups of the identity the flow runs as.
@@ -223,6 +225,7 @@ impl Flow {
             Flow::Launch => &["open-node-manager:launching-hook"],
             Flow::AwsAuthUpdate | Flow::AwsAuthCreation => &["open-node-manager:nodegroup-auth"],
             Flow::Repair => &["open-node-manager:node-repair"],
+            Flow::Refresh => &["open-node-manager:instance-refresh"],
         }
     }
 
@@ -240,6 +243,7 @@ impl Flow {
             Flow::AwsAuthUpdate => aws_auth_flow(documents, true).await,
             Flow::AwsAuthCreation => aws_auth_flow(documents, false).await,
             Flow::Repair => repair_flow(documents).await,
+            Flow::Refresh => refresh_flow(documents).await,
         }
     }
 }
@@ -737,6 +741,77 @@ async fn repair_flow(documents: &[Value]) -> FlowResult {
             && reported
             && health.marked_unhealthy() == vec![INSTANCE.to_owned()],
         forbidden: forbidden(&server, "node-repair"),
+    }
+}
+
+/// Instance refresh (its own group): a refresh starts, the outdated node is cordoned with
+/// the refresh's record; the refresh is cancelled, the cordon is undone.
+async fn refresh_flow(documents: &[Value]) -> FlowResult {
+    use node_manager::aws::in_memory::InMemoryInstanceRefreshes;
+    use node_manager::aws::{ConfiguredInstance, GroupConfiguration, InstanceRefreshDescription};
+    use node_manager::instance_refresh::handler::{self, RefreshContext};
+    use node_manager::instance_refresh::settings::RefreshSettings;
+
+    const REFRESH: &str = "5d2ed4c6-3c7f-4c59-9d5e-3f6f4a1e2b7d";
+    let server = cluster(documents).await;
+    let aws = InMemoryInstanceRefreshes::default();
+    aws.put_group(GroupConfiguration {
+        name: GROUP.into(),
+        tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
+        desired_capacity: 1,
+        launch_template: None,
+        maintenance_min_healthy_percentage: None,
+        maintenance_max_healthy_percentage: None,
+        retains_abandoned_instances: false,
+        instances: vec![ConfiguredInstance {
+            instance_id: INSTANCE.into(),
+            lifecycle_state: "InService".into(),
+            instance_type: None,
+            launch_template: None,
+        }],
+    });
+    let refresh = |status: &str| InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: status.into(),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        skip_matching: false,
+        desired_launch_template: None,
+    };
+    let event = |kind: &str| {
+        json!({
+            "version": "0", "id": "e", "detail-type": format!("EC2 Auto Scaling Instance Refresh {kind}"),
+            "source": "aws.autoscaling", "account": "111111111111", "time": "2026-11-27T08:00:00Z",
+            "region": "eu-west-1", "resources": [],
+            "detail": {"InstanceRefreshId": REFRESH, "AutoScalingGroupName": GROUP},
+        })
+    };
+    let env: &[(&str, &str)] = &[("CLUSTER_NAME", CLUSTER)];
+    let ctx = RefreshContext {
+        kube: client(&server, "instance-refresh", Flow::Refresh.groups()).await,
+        autoscaling: aws.clone(),
+        settings: RefreshSettings::from_source(env).unwrap(),
+    };
+    let cordoned = || {
+        server
+            .store()
+            .find::<Node>("", NODE)
+            .and_then(|n| n.spec)
+            .and_then(|s| s.unschedulable)
+            .unwrap_or(false)
+    };
+    aws.put_refresh(refresh("InProgress"));
+    let started = handler::handle(&ctx, &event("Started"), None).await.is_ok();
+    let marked = cordoned();
+    aws.put_refresh(refresh("Cancelled"));
+    let ended = handler::handle(&ctx, &event("Cancelled"), None)
+        .await
+        .is_ok();
+    FlowResult {
+        name: "instance refresh",
+        effect: started && marked && ended && !cordoned(),
+        forbidden: forbidden(&server, "instance-refresh"),
     }
 }
 

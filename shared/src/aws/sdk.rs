@@ -823,9 +823,7 @@ impl InstanceRefreshes for SdkAutoScaling {
                     max_healthy_percentage: percentage(
                         preferences.and_then(|p| p.max_healthy_percentage()),
                     ),
-                    skip_matching: preferences
-                        .and_then(|p| p.skip_matching())
-                        .unwrap_or(false),
+                    skip_matching: preferences.and_then(|p| p.skip_matching()).unwrap_or(false),
                     desired_launch_template: launch_template_of(
                         refresh
                             .desired_configuration()

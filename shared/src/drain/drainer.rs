@@ -36,7 +36,6 @@ use crate::lifecycle::scope::ScopeDecision;
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
-use crate::node_marks::out_of_service::CordonReport;
 use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
 use super::eviction::grace_to_send;
@@ -46,6 +45,7 @@ use super::node_pods::PrefetchedPods;
 use super::report::{DeliveryOutcome, DrainError, DrainReport};
 use super::session::{DrainSession, SessionSettings, SessionStats};
 use crate::node_marks::checkpoint::DrainCheckpoint;
+use crate::node_marks::out_of_service::CordonReport;
 
 /// The function's name: the `Function` metric dimension and the Events' reporter.
 pub const FUNCTION_NAME: &str = "terminating-hook";

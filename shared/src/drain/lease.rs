@@ -17,12 +17,12 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use crate::node_marks::out_of_service::{CordonReport, CordonSteps};
-use crate::node_marks::refresh::{add_record_removal_to_patch, refresh_marks_of};
 use crate::aws::LifecycleActionRef;
 use crate::node_marks::checkpoint::{
     CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision, checkpoint_of,
 };
+use crate::node_marks::out_of_service::{CordonReport, CordonSteps};
+use crate::node_marks::refresh::{add_record_removal_to_patch, refresh_marks_of};
 use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
 use crate::retry::backoff_delay;
 
@@ -114,8 +114,7 @@ pub async fn claim(
                 let refreshed = refresh_marks_of(&node)
                     .map(|m| m.out_of_service)
                     .unwrap_or_default();
-                checkpoint.out_of_service =
-                    Some(earlier.union(&refreshed).union(&steps.record()));
+                checkpoint.out_of_service = Some(earlier.union(&refreshed).union(&steps.record()));
                 (checkpoint, resumed)
             }
             LeaseDecision::HeldByOther { holder, until } => {

@@ -26,9 +26,7 @@ use crate::diagnostic::{FunctionError, diagnostic};
 use crate::lifecycle::node::node_instance_id;
 use crate::lifecycle::scope::{GroupScope, ScopeDecision};
 use crate::node_marks::out_of_service::Undone;
-use crate::node_marks::refresh::{
-    Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node,
-};
+use crate::node_marks::refresh::{Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node};
 use crate::telemetry::{MetricSet, Unit};
 
 /// Nodes per page of the list.
@@ -339,7 +337,14 @@ async fn mark_outdated(
             && marks.instance_refresh_id != event.instance_refresh_id
             && !mark_plan.mark.contains(&marks.instance_id);
         if stale {
-            unmark_one(nodes, node, &marks.instance_refresh_id, report, &mut failures).await;
+            unmark_one(
+                nodes,
+                node,
+                &marks.instance_refresh_id,
+                report,
+                &mut failures,
+            )
+            .await;
         }
     }
     Ok(failures)
@@ -355,7 +360,14 @@ async fn unmark_refresh(
     let labelled = list_nodes(nodes, ListParams::default().labels(&selector)).await?;
     let mut failures = Vec::new();
     for node in &labelled {
-        unmark_one(nodes, node, &event.instance_refresh_id, report, &mut failures).await;
+        unmark_one(
+            nodes,
+            node,
+            &event.instance_refresh_id,
+            report,
+            &mut failures,
+        )
+        .await;
     }
     Ok(failures)
 }

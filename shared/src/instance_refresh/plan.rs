@@ -44,7 +44,10 @@ pub struct MarkPlan {
     pub batch: u32,
 }
 
-fn same_template(instance: Option<&LaunchTemplateRef>, desired: Option<&LaunchTemplateRef>) -> bool {
+fn same_template(
+    instance: Option<&LaunchTemplateRef>,
+    desired: Option<&LaunchTemplateRef>,
+) -> bool {
     let (Some(instance), Some(desired)) = (instance, desired) else {
         return false;
     };
@@ -88,7 +91,9 @@ pub fn plan(refresh: &InstanceRefreshDescription, group: &GroupConfiguration) ->
     let (mark, reserve) = if launch_before_terminate {
         (outdated.clone(), Vec::new())
     } else {
-        let keep = usize::try_from(batch).unwrap_or(usize::MAX).min(outdated.len());
+        let keep = usize::try_from(batch)
+            .unwrap_or(usize::MAX)
+            .min(outdated.len());
         let (mark, reserve) = outdated.split_at(outdated.len() - keep);
         (mark.to_vec(), reserve.to_vec())
     };
@@ -138,7 +143,11 @@ mod tests {
         }
     }
 
-    fn refresh(min: Option<u32>, max: Option<u32>, skip_matching: bool) -> InstanceRefreshDescription {
+    fn refresh(
+        min: Option<u32>,
+        max: Option<u32>,
+        skip_matching: bool,
+    ) -> InstanceRefreshDescription {
         InstanceRefreshDescription {
             instance_refresh_id: "r".into(),
             auto_scaling_group_name: "ng".into(),
@@ -168,14 +177,22 @@ mod tests {
     fn terminate_first_keeps_one_batch_schedulable() {
         let marking = super::plan(&refresh(None, None, false), &group(3, &THREE_OLD));
         assert!(!marking.launch_before_terminate);
-        assert_eq!((marking.min_healthy_percentage, marking.max_healthy_percentage), (90, 100));
+        assert_eq!(
+            (
+                marking.min_healthy_percentage,
+                marking.max_healthy_percentage
+            ),
+            (90, 100)
+        );
         assert_eq!(marking.batch, 1);
         assert_eq!(marking.mark, vec!["i-1", "i-2"]);
         assert_eq!(marking.reserve, vec!["i-3"]);
 
-        let ten: Vec<(String, &str, &str)> =
-            (0..10).map(|i| (format!("i-{i}"), "InService", "1")).collect();
-        let ten: Vec<(&str, &str, &str)> = ten.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
+        let ten: Vec<(String, &str, &str)> = (0..10)
+            .map(|i| (format!("i-{i}"), "InService", "1"))
+            .collect();
+        let ten: Vec<(&str, &str, &str)> =
+            ten.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
         let marking = super::plan(&refresh(Some(50), Some(100), false), &group(10, &ten));
         assert_eq!(marking.batch, 5);
         assert_eq!((marking.mark.len(), marking.reserve.len()), (5, 5));

@@ -20,11 +20,11 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::aws::{AwsError, Instances};
+use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use crate::node_marks::checkpoint::checkpoint_of;
 use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
-use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use crate::node_marks::out_of_service::add_undo_to_patch;
+use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
 use crate::retry::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.

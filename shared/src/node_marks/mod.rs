@@ -5,9 +5,9 @@
 //! ([`events`]) and the rule for writing a Node against concurrent changes.
 
 pub mod checkpoint;
+pub mod events;
 pub mod out_of_service;
 pub mod refresh;
-pub mod events;
 
 use k8s_openapi::api::core::v1::Node;
 

@@ -95,10 +95,7 @@ impl CordonSteps {
         OutOfService {
             labelled: self.label,
             cordoned: self.cordon,
-            taint: self
-                .taint
-                .as_ref()
-                .map(AddedTaint::of),
+            taint: self.taint.as_ref().map(AddedTaint::of),
         }
     }
 

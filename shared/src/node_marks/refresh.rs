@@ -124,7 +124,9 @@ pub fn mark_step(
         .as_ref()
         .and_then(|l| l.get(REFRESH_LABEL))
         .is_some_and(|v| v == refresh_id);
-    if let Some(existing) = existing.as_ref().filter(|m| m.instance_refresh_id == refresh_id)
+    if let Some(existing) = existing
+        .as_ref()
+        .filter(|m| m.instance_refresh_id == refresh_id)
         && steps.is_done()
         && labelled
     {
@@ -167,13 +169,13 @@ pub fn unmark_patch(node: &Node, refresh_id: &str) -> Option<(Value, Undone)> {
 async fn write_with_retries<T>(
     nodes: &Api<Node>,
     mut node: Node,
-    compute: impl Fn(&Node) -> Result<(Value, T), Written<T>>,
+    compute: impl Fn(&Node) -> Computed<T>,
 ) -> Result<Written<T>, kube::Error> {
     let name = node.metadata.name.clone().unwrap_or_default();
     for _ in 0..CONFLICT_ATTEMPTS {
         let (patch, outcome) = match compute(&node) {
-            Ok(write) => write,
-            Err(nothing_to_write) => return Ok(nothing_to_write),
+            Computed::Write(patch, outcome) => (patch, outcome),
+            Computed::Stop(nothing_to_write) => return Ok(nothing_to_write),
         };
         match nodes
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -200,6 +202,14 @@ async fn write_with_retries<T>(
     )))
 }
 
+/// What [`write_with_retries`] does with a node as read.
+enum Computed<T> {
+    /// Write this patch; its outcome is `T`.
+    Write(Value, T),
+    /// Nothing to write: this is the answer.
+    Stop(Written<T>),
+}
+
 enum Written<T> {
     Done(T),
     /// Nothing to write, with what the node carries (if anything of ours).
@@ -221,9 +231,9 @@ pub async fn mark_node(
     let now = Timestamp::now();
     let written = write_with_retries(nodes, node, |node| {
         match mark_step(node, refresh_id, group_name, instance_id, taint, now) {
-            MarkStep::Write(patch, marks) => Ok((patch, marks)),
-            MarkStep::InPlace(marks) => Err(Written::Nothing(Some(marks))),
-            MarkStep::Draining => Err(Written::Draining),
+            MarkStep::Write(patch, marks) => Computed::Write(patch, marks),
+            MarkStep::InPlace(marks) => Computed::Stop(Written::Nothing(Some(marks))),
+            MarkStep::Draining => Computed::Stop(Written::Draining),
         }
     })
     .await?;
@@ -241,8 +251,9 @@ pub async fn unmark_node(
     node: Node,
     refresh_id: &str,
 ) -> Result<Option<Undone>, kube::Error> {
-    let written = write_with_retries(nodes, node, |node| {
-        unmark_patch(node, refresh_id).ok_or(Written::Nothing(None))
+    let written = write_with_retries(nodes, node, |node| match unmark_patch(node, refresh_id) {
+        Some((patch, undone)) => Computed::Write(patch, undone),
+        None => Computed::Stop(Written::Nothing(None)),
     })
     .await?;
     Ok(match written {
@@ -312,8 +323,7 @@ mod tests {
             "metadata": {"name": "n1", "resourceVersion": "7"},
             "spec": {"unschedulable": true},
         }));
-        let (patch, marks) =
-            mark_patch(&user_cordoned, REFRESH, "ng", "i-1", None, at(0)).unwrap();
+        let (patch, marks) = mark_patch(&user_cordoned, REFRESH, "ng", "i-1", None, at(0)).unwrap();
         assert_eq!(patch["metadata"]["resourceVersion"], "7");
         assert_eq!(patch["metadata"]["labels"][REFRESH_LABEL], REFRESH);
         assert!(marks.out_of_service.labelled);
@@ -334,12 +344,11 @@ mod tests {
         assert!(!labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL));
         assert!(!labels.contains_key(REFRESH_LABEL));
         assert!(
-            after
+            !after
                 .metadata
                 .annotations
                 .unwrap_or_default()
-                .get(REFRESH_ANNOTATION)
-                .is_none()
+                .contains_key(REFRESH_ANNOTATION)
         );
     }
 

@@ -12,7 +12,7 @@ use node_manager_testkit::bench::{self, Mode, ms};
 
 #[derive(Parser)]
 #[command(
-    about = "Measures cold start, drains at scale, PDB-paced drains, aws-auth concurrency and token signing"
+    about = "Measures cold start, drains at scale, PDB-paced drains, node updates by instance refresh, aws-auth concurrency and token signing"
 )]
 struct Args {
     /// Small sizes and few runs: checks the suite works (CI).
@@ -22,7 +22,7 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
-    /// aws-auth, token.
+    /// aws-auth, instance-refresh, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -76,6 +76,9 @@ async fn main() -> ExitCode {
     }
     if wanted("aws-auth") {
         report(aws_auth(mode).await);
+    }
+    if wanted("instance-refresh") {
+        report(instance_refresh(mode).await);
     }
     if failed {
         ExitCode::FAILURE
@@ -312,6 +315,65 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
             "mass scale-in broke a budget, a completion or the drain: {}",
             failed.join("; ")
         ))
+    }
+}
+
+async fn instance_refresh(mode: Mode) -> Result<(), String> {
+    let sizes: &[usize] = match mode {
+        Mode::Quick => &[3],
+        Mode::Full => &[3, 10],
+    };
+    println!(
+        "## Node update by instance refresh (N nodes, N Deployments of N replicas, one pod of each per node, PDB maxUnavailable 1 each; launch before terminate = MinHealthy 100 / MaxHealthy 110, one new node at a time, terminate first = Auto Scaling's defaults 90 / 100)\n"
+    );
+    println!(
+        "| nodes | strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods scheduled onto an outdated node after the start | pods moved twice | PDB violations | marks left | time to the end (ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut broken = Vec::new();
+    for &nodes in sizes {
+        for launch_first in [true, false] {
+            for with in [true, false] {
+                let row = bench::instance_refresh(nodes, launch_first, with).await?;
+                let f = &row.figures;
+                println!(
+                    "| {nodes} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} |",
+                    if launch_first {
+                        "launch before terminate"
+                    } else {
+                        "terminate first"
+                    },
+                    if with { "on" } else { "off" },
+                    f.status.as_deref().unwrap_or("did not end"),
+                    f.pods_at_start,
+                    f.evictions,
+                    f.evictions as f64 / f.pods_at_start.max(1) as f64,
+                    f.scheduled_onto_outdated,
+                    f.pods_moved_twice,
+                    f.pdb_violations,
+                    f.marks_left,
+                    ms(f.wall),
+                );
+                if f.status.as_deref() != Some("Successful")
+                    || f.pdb_violations > 0
+                    || f.marks_left > 0
+                {
+                    broken.push(format!(
+                        "{nodes} nodes, launch first {launch_first}, instance-refresh {with}"
+                    ));
+                }
+                if with && launch_first && (f.pods_moved_twice > 0 || f.scheduled_onto_outdated > 0)
+                {
+                    broken.push(format!("{nodes} nodes, launch first: a pod moved twice"));
+                }
+            }
+        }
+    }
+    println!();
+    if broken.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("instance refresh: {}", broken.join("; ")))
     }
 }
 

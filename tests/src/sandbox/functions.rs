@@ -12,7 +12,7 @@ use super::SandboxError;
 use super::timeline::{Source, Timeline};
 use super::world::{FUNCTIONS, Sandbox, setup};
 use crate::account::FakeCredentials;
-use crate::aws::{SnsSubscription, SubscriptionFilter};
+use crate::aws::{EventPattern, SnsSubscription, SubscriptionFilter};
 use crate::binaries;
 use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 
@@ -109,6 +109,50 @@ impl Sandbox {
         Ok(())
     }
 }
+
+impl Sandbox {
+    /// Auto Scaling's instance refresh events, as the stack's EventBridge rule routes them:
+    /// each becomes an invocation of `instance-refresh`, one after the other.
+    pub(super) fn deliver_refresh_events(&mut self) {
+        let mut subscription = self.aws.eventbridge().subscribe(EventPattern {
+            sources: vec!["aws.autoscaling".to_owned()],
+            detail_types: REFRESH_DETAIL_TYPES
+                .iter()
+                .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"))
+                .collect(),
+        });
+        let function = "instance-refresh";
+        let runtime = self.functions[function].clone();
+        let timeline = self.timeline.clone();
+        let timeout = self.function_timeout();
+        self.background.push(tokio::spawn(async move {
+            loop {
+                let Some(event) = subscription.next_event(Duration::from_secs(3600)).await else {
+                    continue;
+                };
+                let summary = format!(
+                    "EventBridge {} {}",
+                    event["detail-type"].as_str().unwrap_or("?"),
+                    event["detail"]["AutoScalingGroupName"]
+                        .as_str()
+                        .unwrap_or("?")
+                );
+                invoke(&timeline, function, &runtime, &event, timeout, &summary).await;
+            }
+        }));
+    }
+}
+
+/// The refresh events the stack's rule forwards (`infra/template.yaml`).
+const REFRESH_DETAIL_TYPES: [&str; 7] = [
+    "Started",
+    "Succeeded",
+    "Failed",
+    "Cancelled",
+    "Rollback Started",
+    "Rollback Succeeded",
+    "Rollback Failed",
+];
 
 /// The SNS deliveries to one hook function.
 struct Delivery {

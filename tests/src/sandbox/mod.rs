@@ -12,7 +12,7 @@ mod report;
 pub mod scenario;
 mod seeding;
 mod serving;
-mod steps;
+pub mod steps;
 pub mod timeline;
 mod world;
 

@@ -35,6 +35,14 @@ pub struct Scenario {
     /// one process per function, deliveries one after the other.
     #[serde(default)]
     pub concurrent_invocations: bool,
+    /// Auto Scaling's instance refresh events reach the `instance-refresh` function (the
+    /// EventBridge rule of the stack). On by default; off shows a refresh without it.
+    #[serde(default = "yes")]
+    pub refresh_events: bool,
+    /// The fake scheduler prefers nodes that already hold a pod's image, then the least
+    /// loaded (kube-scheduler's ImageLocality); off: least loaded only.
+    #[serde(default)]
+    pub prefer_cached_images: bool,
     pub nodegroups: Vec<NodegroupSpec>,
     #[serde(default)]
     pub workloads: Vec<Workload>,
@@ -114,6 +122,10 @@ pub struct NodegroupSpec {
     /// `Hibernated` (none by default).
     #[serde(default)]
     pub warm_pool: Option<String>,
+    /// The group's instance lifecycle policy retains an instance whose terminating
+    /// lifecycle action ends ABANDON (`TerminateHookAbandon: retain`).
+    #[serde(default)]
+    pub retain_on_abandon: bool,
 }
 
 fn default_ami() -> String {
@@ -174,6 +186,42 @@ pub enum Step {
     /// Scale-in with instance reuse: the instance that left the pool last goes back to it
     /// (`AutoScalingGroup` -> `WarmPool`) and is stopped.
     ScaleInToWarmPool(WarmPoolStep),
+    /// A node update: the group's launch template gets a new version and an instance
+    /// refresh replaces every instance through the lifecycle hooks; `instance-refresh`
+    /// takes the outdated nodes out of service when it starts.
+    InstanceRefresh(InstanceRefreshStep),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceRefreshStep {
+    pub nodegroup: String,
+    /// `MinHealthyPercentage` (Auto Scaling's default 90).
+    #[serde(default = "ninety")]
+    pub min_healthy_percentage: u32,
+    /// `MaxHealthyPercentage`: above 100 launches before terminating (default 100).
+    #[serde(default = "one_hundred")]
+    pub max_healthy_percentage: u32,
+    /// `InstanceWarmup` in seconds.
+    #[serde(default)]
+    pub instance_warmup_seconds: f64,
+    /// How the refresh must end: `Successful`, `Failed`, `Cancelled`.
+    #[serde(default = "successful")]
+    pub expect_status: String,
+    /// No pod may be evicted from an outdated node that it was scheduled onto after the
+    /// refresh started (the ping-pong the start's cordon prevents).
+    #[serde(default = "yes")]
+    pub expect_no_pod_moved_twice: bool,
+}
+
+fn ninety() -> u32 {
+    90
+}
+fn one_hundred() -> u32 {
+    100
+}
+fn successful() -> String {
+    "Successful".to_owned()
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -277,6 +325,7 @@ impl Scenario {
                 Step::ScaleOut(s) => &s.nodegroup,
                 Step::ScaleIn(s) => &s.nodegroup,
                 Step::RepairNode(s) => &s.nodegroup,
+                Step::InstanceRefresh(s) => &s.nodegroup,
                 Step::LaunchIntoWarmPool(s)
                 | Step::ScaleOutFromWarmPool(s)
                 | Step::ScaleInToWarmPool(s) => &s.nodegroup,
@@ -349,6 +398,7 @@ mod tests {
             include_str!("../../scenarios/pdb-blocked.yaml"),
             include_str!("../../scenarios/access-entries.yaml"),
             include_str!("../../scenarios/warm-pool.yaml"),
+            include_str!("../../scenarios/instance-refresh.yaml"),
         ] {
             let scenario = Scenario::from_yaml(text).unwrap();
             assert!(!scenario.steps.is_empty(), "{}", scenario.name);

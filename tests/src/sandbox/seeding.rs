@@ -3,22 +3,30 @@
 //! namespaces, workloads, pods and PDBs the scenario places (Kubernetes side).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
 use serde_json::json;
 
 use super::SandboxError;
 use super::scenario::{NodegroupSpec, Workload};
+use super::timeline::Source;
 use super::world::{FUNCTIONS, Sandbox, SimulatedNode, TOPIC_NAME, setup, warm_pool_state};
 use crate::account::FakeCredentials;
 use crate::aws::{
     FakeAutoScalingGroup, FakeCluster, FakeInstance, FakeLifecycleHook, FakeNodegroup,
+    LaunchedInstance,
 };
 use crate::fixtures;
 use crate::kube::Store;
+
+/// The launch template every sandbox group starts with (version 1); a node update publishes
+/// version 2.
+pub(super) const LAUNCH_TEMPLATE_ID: &str = "lt-0a1b2c3d4e5f60718";
+pub(super) const LAUNCH_TEMPLATE_NAME: &str = "eks-nodes";
 
 impl Sandbox {
     /// Each function has its own IAM role, mapped to the functions' Kubernetes group the way
@@ -108,6 +116,8 @@ impl Sandbox {
             .map_err(setup("node group"))?;
         let mut group = FakeAutoScalingGroup::new(&spec.auto_scaling_group)
             .tag("eks:nodegroup-name", &spec.name)
+            .launch_template(LAUNCH_TEMPLATE_ID, LAUNCH_TEMPLATE_NAME, "1")
+            .retain_on_abandon(spec.retain_on_abandon)
             .availability_zones(&[&format!("{}a", self.scenario.region)])
             // The seeded nodes are minutes old in the story, not seconds.
             .health_check_grace_period(Duration::ZERO);
@@ -134,6 +144,93 @@ impl Sandbox {
                 .map_err(setup("lifecycle hook"))?;
         }
         Ok(())
+    }
+
+    /// What the cloud does around instances Auto Scaling launches and terminates on its own
+    /// (an instance refresh): a launched instance's kubelet registers its node (labelled like
+    /// the seeded ones), and a terminated instance's Node is deleted, as the cloud controller
+    /// manager does.
+    pub(super) fn follow_instances(&self) {
+        let autoscaling = self.aws.autoscaling();
+        let runtime = tokio::runtime::Handle::current();
+        let simulation = self.server.simulation().clone();
+        let store = self.server.store().clone();
+        let timeline = self.timeline.clone();
+        let timings = self.scenario.timings.clone();
+        let groups: BTreeMap<String, String> = self
+            .scenario
+            .nodegroups
+            .iter()
+            .map(|n| (n.auto_scaling_group.clone(), n.name.clone()))
+            .collect();
+        let launched_runtime = runtime.clone();
+        let launched_simulation = simulation.clone();
+        let launched_store = store.clone();
+        let launched_timeline = timeline.clone();
+        autoscaling.on_instance_launched(Arc::new(move |instance: &LaunchedInstance| {
+            let simulation = launched_simulation.clone();
+            let store = launched_store.clone();
+            let timeline = launched_timeline.clone();
+            let name = instance.private_dns_name.clone();
+            let provider_id = format!(
+                "aws:///{}/{}",
+                instance.availability_zone, instance.instance_id
+            );
+            let nodegroup = groups
+                .get(&instance.group_name)
+                .cloned()
+                .unwrap_or_default();
+            let zone = instance.availability_zone.clone();
+            let register_after = Duration::from_secs_f64(timings.node_register_seconds);
+            let ready_after = Duration::from_secs_f64(timings.node_ready_seconds);
+            launched_runtime.spawn(async move {
+                tokio::time::sleep(register_after).await;
+                let registered = simulation
+                    .register_node(&name, &provider_id, Some(ready_after))
+                    .map(|_| ());
+                let labelled = store.modify::<Node>("", &name, |node| {
+                    let labels = node.metadata.labels.get_or_insert_default();
+                    labels.insert("eks.amazonaws.com/nodegroup".to_owned(), nodegroup);
+                    labels.insert("topology.kubernetes.io/zone".to_owned(), zone);
+                });
+                timeline.record(
+                    Source::Note,
+                    match (registered, labelled) {
+                        (Ok(()), Ok(_)) => format!("kubelet on {name} registers the node"),
+                        (Err(e), _) => format!("node {name} could not register: {e}"),
+                        (_, Err(e)) => format!("node {name} could not be labelled: {e}"),
+                    },
+                );
+            });
+        }));
+        // The cloud node lifecycle controller deletes the Node of a terminated instance on
+        // its next pass, not at once: as long after as a new one takes to register.
+        let removal_delay = Duration::from_secs_f64(self.scenario.timings.node_register_seconds);
+        autoscaling.on_instance_terminated(Arc::new(move |instance_id: &str| {
+            let (store, timeline) = (store.clone(), timeline.clone());
+            let instance_id = instance_id.to_owned();
+            runtime.spawn(async move {
+                tokio::time::sleep(removal_delay).await;
+                let suffix = format!("/{instance_id}");
+                let Some(node) = store.list::<Node>().into_iter().find(|n| {
+                    n.spec
+                        .as_ref()
+                        .and_then(|s| s.provider_id.as_deref())
+                        .is_some_and(|p| p.ends_with(&suffix))
+                }) else {
+                    return;
+                };
+                let name = node.metadata.name.unwrap_or_default();
+                let deleted = store.delete::<Node>("", &name);
+                timeline.record(
+                    Source::Note,
+                    match deleted {
+                        Ok(()) => format!("instance {instance_id} terminated: node {name} deleted"),
+                        Err(e) => format!("node {name} could not be deleted: {e}"),
+                    },
+                );
+            });
+        }));
     }
 
     /// The EC2 instance behind `node`, in service in node group `spec`'s Auto Scaling group.

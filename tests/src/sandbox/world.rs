@@ -22,11 +22,12 @@ use crate::kube::{FakeApiServer, SimulationTimings};
 use crate::lambda_api::{FunctionSpec, LambdaRuntimeApi};
 
 /// The function binaries the sandbox runs, by their Lambda function name.
-pub const FUNCTIONS: [&str; 4] = [
+pub const FUNCTIONS: [&str; 5] = [
     "nodegroup-auth",
     "launching-hook",
     "terminating-hook",
     "node-repair",
+    "instance-refresh",
 ];
 
 pub(super) const TOPIC_NAME: &str = "eks-asg-lifecycle-hook-topic";
@@ -121,6 +122,10 @@ impl Sandbox {
         sandbox.seed_cluster()?;
         sandbox.start_functions(&credentials).await?;
         sandbox.deliver_lifecycle_notifications()?;
+        if sandbox.scenario.refresh_events {
+            sandbox.deliver_refresh_events();
+        }
+        sandbox.follow_instances();
         let follower = sandbox
             .timeline
             .follow(&sandbox.server, sandbox.aws.clone());
@@ -282,6 +287,7 @@ impl Sandbox {
             Step::ScaleOutFromWarmPool(s) => self.scale_out_from_warm_pool(index, s).await,
             Step::ScaleInToWarmPool(s) => self.scale_in_to_warm_pool(index, s).await,
             Step::RepairNode(s) => self.repair_node(index, s).await,
+            Step::InstanceRefresh(s) => self.instance_refresh(index, s).await,
         }
     }
 
@@ -352,6 +358,7 @@ async fn start_api_server(
             pod_start_delay: Duration::from_secs_f64(timings.pod_start_seconds),
             node_ready_after: Duration::from_secs_f64(timings.node_ready_seconds),
             grace_period_scale: timings.grace_period_scale,
+            prefer_cached_images: scenario.prefer_cached_images,
             ..SimulationTimings::default()
         })
         .start()

@@ -47,6 +47,11 @@ pub struct SimulationTimings {
     pub disrupted_pod_timeout: Duration,
     /// Turns the whole emulation off (a static cluster).
     pub enabled: bool,
+    /// The scheduler prefers nodes that already hold the pod's image (a pod with the same
+    /// first container image runs there), then the least loaded, as kube-scheduler's
+    /// ImageLocality score tilts it toward nodes that ran the workload before. Off: least
+    /// loaded only (every test but the node-update ones).
+    pub prefer_cached_images: bool,
 }
 
 impl Default for SimulationTimings {
@@ -59,6 +64,7 @@ impl Default for SimulationTimings {
             node_ready_after: Duration::from_millis(200),
             disrupted_pod_timeout: Duration::from_secs(120),
             enabled: true,
+            prefer_cached_images: false,
         }
     }
 }
@@ -73,6 +79,7 @@ impl SimulationTimings {
             node_ready_after: Duration::from_secs(30),
             disrupted_pod_timeout: Duration::from_secs(120),
             enabled: true,
+            prefer_cached_images: false,
         }
     }
 

@@ -1,7 +1,7 @@
 //! The scheduler: binds unscheduled pods to Ready nodes whose taints (the cordon's
 //! included) they tolerate, the emptiest first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
@@ -82,8 +82,18 @@ fn fits(pod: &Value, node: &Value) -> bool {
             .all(|taint| tolerates(pod, taint))
 }
 
+/// The pod's first container image.
+fn first_image(pod: &Value) -> String {
+    pod["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 impl Simulation {
-    /// Binds unscheduled pods to the node with the fewest pods among those that take them:
+    /// Binds unscheduled pods to the node with the fewest pods among those that take them
+    /// (with [`super::SimulationTimings::prefer_cached_images`], first among those that hold
+    /// the pod's image):
     /// Ready, and every `NoSchedule`/`NoExecute` taint tolerated, the cordon's included (a
     /// pod tolerating `node.kubernetes.io/unschedulable` may land on a cordoned node, and an
     /// emptying node is the emptiest).
@@ -115,16 +125,29 @@ impl Simulation {
                 *count += 1;
             }
         }
+        let mut images: BTreeSet<(String, String)> = BTreeSet::new();
+        if self.timings.prefer_cached_images {
+            for pod in state.iter(pods, None) {
+                images.insert((spec_str(pod, "nodeName").to_owned(), first_image(pod)));
+            }
+        }
         for mut pod in pending {
+            let image = first_image(&pod);
             let Some(node) = candidates
                 .iter()
                 .filter(|n| fits(&pod, n))
                 .map(|n| meta_str(n, "name"))
-                .min_by_key(|name| load.get(*name).copied().unwrap_or(usize::MAX))
+                .min_by_key(|name| {
+                    let cached = images.contains(&((*name).to_owned(), image.clone()));
+                    (!cached, load.get(*name).copied().unwrap_or(usize::MAX))
+                })
                 .map(str::to_owned)
             else {
                 continue;
             };
+            if self.timings.prefer_cached_images {
+                images.insert((node.clone(), image));
+            }
             if let Some(count) = load.get_mut(&node) {
                 *count += 1;
             }

@@ -1,6 +1,9 @@
 //! The scenario's steps, one module per kind of step. Each plays its step on the sandbox
 //! and returns its checks: (held, what was expected).
 
+mod instance_refresh;
+
+pub use instance_refresh::RefreshFigures;
 mod launch_into_warm_pool;
 mod nodegroup;
 mod repair_node;

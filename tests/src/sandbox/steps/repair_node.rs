@@ -124,14 +124,8 @@ impl Sandbox {
                 node.instance_id
             ),
         );
-        let provider_id = format!("aws:///{}/{new_instance}", node.availability_zone);
-        if let Err(error) = self
-            .register_after_delay(&replacement.replacement_node, &provider_id)
-            .await
-        {
-            checks.push((false, format!("replacement node registered: {error}")));
-            return checks;
-        }
+        // Its kubelet registers the node as for any instance Auto Scaling launches on its
+        // own (the sandbox follows launches: `follow_instances`).
         let timings = &self.scenario.timings;
         let wait =
             Duration::from_secs_f64(timings.drain_timeout_seconds + timings.launch_timeout_seconds)

@@ -1,0 +1,68 @@
+//! Node updates by instance refresh: a group of N nodes carrying Deployments behind PDBs is
+//! refreshed (launch before terminate, and terminate first), once with `instance-refresh`
+//! receiving the refresh events and once without, in fresh worlds. The figures are what the
+//! fakes saw: evictions per pod on the outdated nodes, pods scheduled onto an outdated node
+//! after the start, pods moved twice, PDB violations and the time to the refresh's end. The
+//! fake scheduler prefers nodes that already hold a pod's image, as kube-scheduler's
+//! ImageLocality score does: the old nodes, which is what sends an evicted pod to the next
+//! outdated node when nothing cordons it.
+
+use crate::sandbox::Scenario;
+use crate::sandbox::scenario::InstanceRefreshStep;
+use crate::sandbox::steps::RefreshFigures;
+
+use super::drain::start;
+
+/// One measured refresh.
+#[derive(Debug, Clone)]
+pub struct RefreshRow {
+    pub nodes: usize,
+    pub launch_before_terminate: bool,
+    pub with_instance_refresh: bool,
+    pub figures: RefreshFigures,
+}
+
+/// The world: one group of `nodes` nodes, `nodes` Deployments of `nodes` replicas with
+/// `maxUnavailable: 1` (one pod of each per node, so every node carries one pod of each),
+/// and the aws-node DaemonSet.
+fn scenario(nodes: usize, refresh_events: bool) -> String {
+    let mut yaml = format!(
+        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01 }}\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
+    );
+    for d in 0..nodes {
+        let placement: Vec<String> = (0..nodes).map(|n| n.to_string()).collect();
+        yaml.push_str(&format!(
+            "  - {{ kind: Deployment, namespace: app, name: web-{d}, replicas: {nodes}, placement: [{}], pdb: {{ maxUnavailable: 1 }} }}\n",
+            placement.join(", ")
+        ));
+    }
+    yaml.push_str("steps: []\n");
+    yaml
+}
+
+/// Refreshes a fresh group of `nodes` nodes and measures it.
+pub async fn instance_refresh(
+    nodes: usize,
+    launch_before_terminate: bool,
+    with_instance_refresh: bool,
+) -> Result<RefreshRow, String> {
+    let yaml = scenario(nodes, with_instance_refresh);
+    Scenario::from_yaml(&yaml).map_err(|e| e.to_string())?;
+    let sandbox = start(&yaml).await?;
+    let step = InstanceRefreshStep {
+        nodegroup: "ng".to_owned(),
+        min_healthy_percentage: if launch_before_terminate { 100 } else { 90 },
+        max_healthy_percentage: if launch_before_terminate { 110 } else { 100 },
+        instance_warmup_seconds: 0.0,
+        expect_status: "Successful".to_owned(),
+        expect_no_pod_moved_twice: true,
+    };
+    let figures = sandbox.run_instance_refresh(&step).await;
+    sandbox.shutdown().await;
+    Ok(RefreshRow {
+        nodes,
+        launch_before_terminate,
+        with_instance_refresh,
+        figures: figures?,
+    })
+}
