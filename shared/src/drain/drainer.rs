@@ -36,7 +36,6 @@ use crate::lifecycle::scope::ScopeDecision;
 use crate::lifecycle::settings::DrainSettings;
 
 use super::backoff::Backoff;
-use crate::node_marks::out_of_service::CordonReport;
 use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
 use super::eviction::grace_to_send;
@@ -46,6 +45,7 @@ use super::node_pods::PrefetchedPods;
 use super::report::{DeliveryOutcome, DrainError, DrainReport};
 use super::session::{DrainSession, SessionSettings, SessionStats};
 use crate::node_marks::checkpoint::DrainCheckpoint;
+use crate::node_marks::out_of_service::CordonReport;
 
 /// The function's name: the `Function` metric dimension and the Events' reporter.
 pub const FUNCTION_NAME: &str = "terminating-hook";
@@ -505,6 +505,7 @@ impl<C: HookClients> Drainer<C> {
             stats: SessionStats::default(),
             node_not_ready_since: None,
             reported_stuck: Default::default(),
+            reported_held: Default::default(),
             renew_failures: 0,
             first_listed: None,
             prefetched_pods: prefetch.take().await,
@@ -512,6 +513,8 @@ impl<C: HookClients> Drainer<C> {
         let policy = DeadlinePolicy {
             force: self.settings().force,
             timeout_result: self.settings().timeout_result,
+            autoscaling: &self.context.autoscaling,
+            action: &request.notification.action,
         };
         let budget = request.invocation.budget;
         let hand_over_at = budget.hand_over_at();
