@@ -18,7 +18,7 @@ use node_manager::aws::{
 };
 use node_manager::cluster::token::sign_token;
 use node_manager::drain::{
-    DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, Invocation,
+    DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, InstanceFate, Invocation,
 };
 use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
@@ -29,6 +29,12 @@ use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::store::StoredKind;
 use node_manager_testkit::kube::{AuditEvent, FakeApiServer, FaultAction, FaultRule};
 use serde_json::{Value, json};
+
+// The scenarios of one feature each, on this file's `Scenario` (one test binary).
+#[path = "drain_scenarios/do_not_disrupt.rs"]
+mod do_not_disrupt;
+#[path = "drain_scenarios/retention.rs"]
+mod retention;
 
 const CLUSTER: &str = "ironman-2022";
 const GROUP: &str = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
@@ -382,6 +388,7 @@ async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_complet
                 result: LifecycleActionResult::Continue,
                 outcome: CompletionOutcome::Completed,
                 drain: DrainEnd::Drained,
+                instance: InstanceFate::Terminates,
             }]
         ),
         "{:?}",

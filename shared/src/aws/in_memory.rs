@@ -54,6 +54,8 @@ struct AutoScalingState {
     pending: HashMap<(String, String, String), String>,
     hooks: HashMap<(String, String), LifecycleHook>,
     tags: HashMap<String, BTreeMap<String, String>>,
+    /// Groups that keep instances whose terminating action ends ABANDON.
+    retaining: std::collections::HashSet<String>,
     completions: Vec<RecordedCompletion>,
     heartbeats: Vec<LifecycleActionRef>,
 }
@@ -77,6 +79,17 @@ impl InMemoryAutoScaling {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
         );
+    }
+
+    /// Sets whether `group` (added with [`Self::add_group`]) retains instances whose
+    /// terminating lifecycle action ends ABANDON (its instance lifecycle policy).
+    pub fn set_retains_abandoned_instances(&self, group: &str, retains: bool) {
+        let mut state = lock(&self.state);
+        if retains {
+            state.retaining.insert(group.to_owned());
+        } else {
+            state.retaining.remove(group);
+        }
     }
 
     pub fn add_hook(&self, group: &str, hook: LifecycleHook) {
@@ -167,6 +180,18 @@ impl AutoScaling for InMemoryAutoScaling {
     ) -> Result<Option<BTreeMap<String, String>>, AwsError> {
         self.faults.take("DescribeAutoScalingGroups")?;
         Ok(lock(&self.state).tags.get(group_name).cloned())
+    }
+
+    async fn retains_abandoned_instances(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<bool>, AwsError> {
+        self.faults.take("DescribeAutoScalingGroups")?;
+        let state = lock(&self.state);
+        Ok(state
+            .tags
+            .contains_key(group_name)
+            .then(|| state.retaining.contains(group_name)))
     }
 }
 

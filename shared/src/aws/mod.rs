@@ -159,6 +159,14 @@ pub trait AutoScaling: Send + Sync {
         &self,
         group_name: &str,
     ) -> impl Future<Output = Result<Option<BTreeMap<String, String>>, AwsError>> + Send;
+
+    /// Whether the group keeps an instance whose terminating lifecycle action ends ABANDON
+    /// (`InstanceLifecyclePolicy.RetentionTriggers.TerminateHookAbandon = retain`: the
+    /// instance stays in `Terminating:Retained`); `None` when the group does not exist.
+    fn retains_abandoned_instances(
+        &self,
+        group_name: &str,
+    ) -> impl Future<Output = Result<Option<bool>, AwsError>> + Send;
 }
 
 /// EC2: what the domain needs to know about an instance.

@@ -251,6 +251,34 @@ impl AutoScaling for SdkAutoScaling {
                     .collect()
             }))
     }
+
+    async fn retains_abandoned_instances(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<bool>, AwsError> {
+        let output = self
+            .client
+            .describe_auto_scaling_groups()
+            .auto_scaling_group_names(group_name)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+        Ok(output
+            .auto_scaling_groups()
+            .iter()
+            .find(|g| g.auto_scaling_group_name() == Some(group_name))
+            .map(retains_abandoned_instances))
+    }
+}
+
+/// Whether `group`'s instance lifecycle policy keeps instances whose terminating action ends
+/// ABANDON (`RetentionTriggers.TerminateHookAbandon = retain`; absent means terminate).
+fn retains_abandoned_instances(group: &aws_sdk_autoscaling::types::AutoScalingGroup) -> bool {
+    group
+        .instance_lifecycle_policy()
+        .and_then(|p| p.retention_triggers())
+        .and_then(|t| t.terminate_hook_abandon())
+        .is_some_and(|action| action.as_str() == "retain")
 }
 
 /// EC2 through `aws-sdk-ec2`.
@@ -874,11 +902,7 @@ impl InstanceRefreshes for SdkAutoScaling {
                     maintenance_max_healthy_percentage: percentage(
                         maintenance.and_then(|m| m.max_healthy_percentage()),
                     ),
-                    retains_abandoned_instances: group
-                        .instance_lifecycle_policy()
-                        .and_then(|p| p.retention_triggers())
-                        .and_then(|t| t.terminate_hook_abandon())
-                        .is_some_and(|action| action.as_str() == "retain"),
+                    retains_abandoned_instances: retains_abandoned_instances(group),
                     instances: group
                         .instances()
                         .iter()

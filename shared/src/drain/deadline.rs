@@ -1,6 +1,7 @@
 //! What this invocation's share of a drain comes to ([`NextStep`]), and the policy at the
-//! drain deadline: report the pods still there (PodEvictionFailure, completed with
-//! `DRAIN_TIMEOUT_RESULT`), or with `DRAIN_FORCE` delete them ([`super::force`]) and settle.
+//! drain deadline: report the pods still there (PodEvictionFailure, completed as
+//! `DRAIN_TIMEOUT_RESULT` and the group's instance retention say, [`super::retention`]), or
+//! with `DRAIN_FORCE` delete them ([`super::force`]) and settle.
 
 use std::time::Duration;
 
@@ -10,15 +11,18 @@ use super::events::{DrainEvents, reason};
 use super::force::{ForcedDeletion, delete_pod_with_retries};
 use super::plan::PodKey;
 use super::report::DrainEnd;
+use super::retention::{FailedDrainCompletion, RETENTION_LOOKUP_BOUND, complete_failed_drain};
 use super::session::{DrainSession, SessionEnd};
 use super::stuck::{StuckPod, StuckReason};
-use crate::aws::LifecycleActionResult;
+use crate::aws::{AutoScaling, LifecycleActionRef};
+use crate::lifecycle::settings::DrainTimeoutResult;
 
 /// What the invocation does once its session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextStep {
-    /// The drain is over: complete the lifecycle action.
-    Complete(DrainEnd),
+    /// The drain is over: complete the lifecycle action; how, when the drain failed (pods
+    /// left at the deadline), otherwise with CONTINUE.
+    Complete(DrainEnd, Option<FailedDrainCompletion>),
     /// The invocation is nearly out of time: hand the drain to a fresh one.
     HandOver,
     /// Another invocation took the drain: stop quietly.
@@ -27,16 +31,19 @@ pub enum NextStep {
     RetryForcedDeletion(Vec<String>),
 }
 
-/// The deadline policy, from [`crate::lifecycle::settings::DrainSettings`].
-#[derive(Debug, Clone, Copy)]
-pub struct DeadlinePolicy {
+/// The deadline policy, from [`crate::lifecycle::settings::DrainSettings`], and what it asks
+/// Auto Scaling about the instance's group.
+pub struct DeadlinePolicy<'a, A: AutoScaling> {
     /// `DRAIN_FORCE`: delete the pods eviction could not move.
     pub force: bool,
-    /// `DRAIN_TIMEOUT_RESULT`: named in the report of the pods left.
-    pub timeout_result: LifecycleActionResult,
+    /// `DRAIN_TIMEOUT_RESULT`: how a drain with pods left is completed ([`super::retention`]).
+    pub timeout_result: DrainTimeoutResult,
+    pub autoscaling: &'a A,
+    /// The lifecycle action being completed (its group and instance).
+    pub action: &'a LifecycleActionRef,
 }
 
-impl DeadlinePolicy {
+impl<A: AutoScaling> DeadlinePolicy<'_, A> {
     /// Runs the session, then applies the policy if it ended at the deadline.
     pub async fn run(
         &self,
@@ -45,12 +52,12 @@ impl DeadlinePolicy {
         hand_over_at: Instant,
     ) -> Result<NextStep, kube::Error> {
         let stuck = match session.run(hand_over_at).await? {
-            SessionEnd::Settled => return Ok(NextStep::Complete(DrainEnd::Drained)),
-            SessionEnd::NodeGone => return Ok(NextStep::Complete(DrainEnd::NodeGone)),
+            SessionEnd::Settled => return Ok(NextStep::Complete(DrainEnd::Drained, None)),
+            SessionEnd::NodeGone => return Ok(NextStep::Complete(DrainEnd::NodeGone, None)),
             SessionEnd::HandOver => return Ok(NextStep::HandOver),
             SessionEnd::LeaseLost => return Ok(NextStep::LeaseLost),
             SessionEnd::PodsUnknown(cause) => {
-                return Ok(self.report_pods_unknown(session, events, cause));
+                return Ok(self.report_pods_unknown(session, events, cause).await);
             }
             SessionEnd::DeadlinePassed(stuck) => stuck,
         };
@@ -58,55 +65,74 @@ impl DeadlinePolicy {
             self.force_and_settle(session, events, &stuck, hand_over_at)
                 .await
         } else {
-            Ok(self.report_stuck(session, events, &stuck))
+            Ok(self.report_stuck(session, events, &stuck).await)
         }
     }
 
+    /// How the drain that failed is completed (asking the group's retention when it matters).
+    async fn failed_drain_completion(&self) -> FailedDrainCompletion {
+        complete_failed_drain(
+            self.timeout_result,
+            self.autoscaling,
+            self.action,
+            RETENTION_LOOKUP_BOUND,
+        )
+        .await
+    }
+
     /// The pods were never listed: they may still be running; complete, and say so.
-    fn report_pods_unknown(
+    async fn report_pods_unknown(
         &self,
         session: &DrainSession<'_>,
         events: &DrainEvents,
         cause: String,
     ) -> NextStep {
+        let completion = self.failed_drain_completion().await;
         let note = format!(
-            "The drain deadline of node {} passed and its pods could not be listed ({cause}): they may still be running. Completing the lifecycle action with {}.",
-            session.node_name,
-            self.timeout_result.as_str()
+            "The drain deadline of node {} passed and its pods could not be listed ({cause}): they may still be running. {}",
+            session.node_name, completion.sentence
         );
-        tracing::warn!(step = "pod_eviction_failure", cause, "{note}");
+        tracing::warn!(
+            step = "pod_eviction_failure",
+            cause,
+            result = completion.result.as_str(),
+            instance = completion.fate.label(),
+            "{note}"
+        );
         events.warning(
             &session.node_reference(),
             reason::POD_EVICTION_FAILURE,
             note,
         );
-        NextStep::Complete(DrainEnd::EvictionFailure(vec![format!(
-            "pods unknown: {cause}"
-        )]))
+        NextStep::Complete(
+            DrainEnd::EvictionFailure(vec![format!("pods unknown: {cause}")]),
+            Some(completion),
+        )
     }
 
     /// Without force: name the pods still there, and complete.
-    fn report_stuck(
+    async fn report_stuck(
         &self,
         session: &DrainSession<'_>,
         events: &DrainEvents,
         stuck: &[StuckPod],
     ) -> NextStep {
+        let completion = self.failed_drain_completion().await;
         let listed: Vec<String> = stuck.iter().map(ToString::to_string).collect();
         let note = format!(
-            "{} pod(s) could not be evicted from node {} before the drain deadline: {}. Completing the lifecycle action with {}.",
+            "{} pod(s) could not be evicted from node {} before the drain deadline: {}. {}",
             stuck.len(),
             session.node_name,
             listed.join(", "),
-            self.timeout_result.as_str()
+            completion.sentence
         );
-        tracing::warn!(step = "pod_eviction_failure", pods = ?listed, "{note}");
+        tracing::warn!(step = "pod_eviction_failure", pods = ?listed, result = completion.result.as_str(), instance = completion.fate.label(), "{note}");
         events.warning(
             &session.node_reference(),
             reason::POD_EVICTION_FAILURE,
             note,
         );
-        NextStep::Complete(DrainEnd::EvictionFailure(listed))
+        NextStep::Complete(DrainEnd::EvictionFailure(listed), Some(completion))
     }
 
     /// With force: delete the pods eviction could not move, wait (within the time left)
@@ -153,7 +179,7 @@ impl DeadlinePolicy {
             Err(end) => {
                 return Ok(match end {
                     SessionEnd::LeaseLost => NextStep::LeaseLost,
-                    _ => NextStep::Complete(DrainEnd::NodeGone),
+                    _ => NextStep::Complete(DrainEnd::NodeGone, None),
                 });
             }
         };
@@ -175,6 +201,12 @@ impl DeadlinePolicy {
             deleted.len(),
             deleted.join(", ")
         );
+        // Pods refused for good still run: the drain failed, completed as DRAIN_TIMEOUT_RESULT says.
+        let completion = if refused.is_empty() {
+            None
+        } else {
+            Some(self.failed_drain_completion().await)
+        };
         if !refused.is_empty() {
             note.push_str(&format!(
                 "; the API server refused to delete {} (they still run; check the role's force-delete group): {}",
@@ -189,18 +221,21 @@ impl DeadlinePolicy {
                 terminating.join(", ")
             ));
         }
+        if let Some(completion) = &completion {
+            note.push_str(&format!(". {}", completion.sentence));
+        }
         tracing::warn!(step = "forced", outcome = end.label(), pods = ?deleted, refused = ?refused, terminating = ?terminating, "{note}");
         events.warning(&session.node_reference(), reason::DRAIN_FORCED, note);
         if let Some(end) = session.mark_drained().await? {
             return Ok(match end {
                 SessionEnd::LeaseLost => NextStep::LeaseLost,
-                _ => NextStep::Complete(DrainEnd::NodeGone),
+                _ => NextStep::Complete(DrainEnd::NodeGone, None),
             });
         }
         Ok(match session.settle(hand_over_at).await? {
             SessionEnd::HandOver => NextStep::HandOver,
             SessionEnd::LeaseLost => NextStep::LeaseLost,
-            _ => NextStep::Complete(end),
+            _ => NextStep::Complete(end, completion),
         })
     }
 }

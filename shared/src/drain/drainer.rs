@@ -505,6 +505,7 @@ impl<C: HookClients> Drainer<C> {
             stats: SessionStats::default(),
             node_not_ready_since: None,
             reported_stuck: Default::default(),
+            reported_held: Default::default(),
             renew_failures: 0,
             first_listed: None,
             prefetched_pods: prefetch.take().await,
@@ -512,6 +513,8 @@ impl<C: HookClients> Drainer<C> {
         let policy = DeadlinePolicy {
             force: self.settings().force,
             timeout_result: self.settings().timeout_result,
+            autoscaling: &self.context.autoscaling,
+            action: &request.notification.action,
         };
         let budget = request.invocation.budget;
         let hand_over_at = budget.hand_over_at();

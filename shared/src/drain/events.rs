@@ -41,6 +41,8 @@ pub mod reason {
     /// Pods whose deletion is overdue (or on a node not Ready): no longer waited for.
     pub const POD_DELETION_STUCK: &str = "PodDeletionStuck";
     pub const LIFECYCLE_ACTION_COMPLETED: &str = "LifecycleActionCompleted";
+    /// Pods annotated `karpenter.sh/do-not-disrupt`: never evicted, they hold the drain.
+    pub const DO_NOT_DISRUPT: &str = "DoNotDisrupt";
 }
 
 /// An Event waiting to be written.

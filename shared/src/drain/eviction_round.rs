@@ -133,6 +133,7 @@ impl DrainSession<'_> {
         let context = self.plan_context();
         let plan = DrainPlan::in_context(pods.pods(), &context);
         self.report_stuck(&plan);
+        self.report_held(&plan);
         let latecomers: Vec<PodKey> = plan
             .tolerating_latecomers()
             .filter(|k| !round.reported_latecomers.contains(*k))

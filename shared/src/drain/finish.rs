@@ -10,6 +10,7 @@ use super::drainer::{DrainProgress, DrainRequest, Drainer};
 use super::events::reason;
 use super::lease::{NodeLease, Update};
 use super::report::{DeliveryOutcome, DrainEnd, DrainError};
+use super::retention::{FailedDrainCompletion, InstanceFate};
 use super::session::SessionStats;
 use crate::aws::{CompletionOutcome, LifecycleActionResult};
 use crate::lifecycle::hand_over::{HandOver, complete_action};
@@ -53,9 +54,9 @@ impl<C: HookClients> Drainer<C> {
                 );
                 Ok(DeliveryOutcome::LeaseLost)
             }
-            NextStep::Complete(drain) => {
+            NextStep::Complete(drain, failed) => {
                 let finished = (stats, started_at);
-                self.complete_drain(drain, finished, lease, node_reference, request)
+                self.complete_drain(drain, failed, finished, lease, node_reference, request)
                     .await
             }
         }
@@ -121,18 +122,19 @@ impl<C: HookClients> Drainer<C> {
     async fn complete_drain(
         &self,
         drain: DrainEnd,
+        failed: Option<FailedDrainCompletion>,
         (stats, started_at): (SessionStats, Timestamp),
         lease: &mut NodeLease,
         node_reference: &ObjectReference,
         request: &DrainRequest<'_>,
     ) -> Result<DeliveryOutcome, DrainError> {
         let notification = request.notification;
-        let result = match &drain {
-            DrainEnd::EvictionFailure(_) | DrainEnd::ForceRefused { .. } => {
-                self.settings().timeout_result
-            }
-            _ => LifecycleActionResult::Continue,
-        };
+        // A failed drain (pods left) was decided at the deadline, retention included; any
+        // other end lets the instance go.
+        let (result, instance) = failed.map_or(
+            (LifecycleActionResult::Continue, InstanceFate::Terminates),
+            |f| (f.result, f.fate),
+        );
         let outcome = self.complete(notification, result).await?;
         let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
         let bound = request.invocation.budget.closing_write_bound();
@@ -146,12 +148,21 @@ impl<C: HookClients> Drainer<C> {
             );
         }
         let duration = Timestamp::now().duration_since(started_at);
-        tracing::info!(step = "completed", result = result.as_str(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
+        tracing::info!(step = "completed", result = result.as_str(), instance = instance.label(), completion = ?outcome, drain = drain.label(), drain_seconds = duration.as_secs_f64(), "lifecycle action completed");
+        let kept = match instance {
+            InstanceFate::Retained => {
+                "; the instance and this node are kept (Terminating:Retained)"
+            }
+            InstanceFate::Unknown => {
+                "; the instance is kept only if its group retains abandoned instances"
+            }
+            InstanceFate::Terminates => "",
+        };
         request.events.normal(
             node_reference,
             reason::LIFECYCLE_ACTION_COMPLETED,
             format!(
-                "Lifecycle action of instance {} completed with {} ({})",
+                "Lifecycle action of instance {} completed with {} ({}){kept}",
                 notification.action.instance_id,
                 result.as_str(),
                 drain.label()
@@ -163,11 +174,14 @@ impl<C: HookClients> Drainer<C> {
                 duration.as_secs_f64().max(0.0),
                 crate::telemetry::Unit::Seconds,
             )
+            .property("LifecycleActionResult", result.as_str())
+            .property("Instance", instance.label())
             .emit();
         Ok(DeliveryOutcome::Completed {
             result,
             outcome,
             drain,
+            instance,
         })
     }
 

@@ -14,6 +14,8 @@
 //! 6. at the deadline, reports the pods and budgets in the way ([`stuck`], [`budgets`]) or
 //!    deletes them ([`force`]), as [`deadline`] decides;
 //! 7. settles, then completes the lifecycle action — [`session`], [`drainer`] (`finish.rs`);
+//!    a drain that failed, as `DRAIN_TIMEOUT_RESULT` and the group's instance retention
+//!    say — [`retention`];
 //! 8. before the invocation runs out, hands over to a fresh one
 //!    ([`crate::lifecycle::hand_over`]).
 //!
@@ -39,9 +41,11 @@ pub mod metrics;
 pub mod node_pods;
 pub mod plan;
 pub mod report;
+pub mod retention;
 pub mod session;
 pub mod stuck;
 
 pub use crate::lifecycle::handler::Invocation;
 pub use drainer::{Drainer, FUNCTION_NAME};
 pub use report::{DeliveryOutcome, DrainEnd, DrainError, DrainReport, RecordReport};
+pub use retention::InstanceFate;

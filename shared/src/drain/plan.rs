@@ -8,6 +8,13 @@
 //! pods (the DaemonSet controller would put them straight back, and they keep the node's
 //! networking and logging alive until the very end).
 //!
+//! Pods annotated `karpenter.sh/do-not-disrupt: "true"` are never evicted: their owner asked
+//! that nothing disrupts them voluntarily, and a scale-in, refresh or rebalancing is the
+//! operator's choice, not theirs. They hold the drain (the node is not drained while one is
+//! there) without holding back the tiers, until the drain deadline, where they are reported
+//! (or, with `DRAIN_FORCE`, deleted) like any pod left — what Karpenter does once a node's
+//! `terminationGracePeriod` runs out.
+//!
 //! Two kinds of pods stop holding the drain (see [`PlanContext`]):
 //! - a pod whose deletion is overdue (its `deletionTimestamp`, the end of its grace period,
 //!   plus `STUCK_POD_SECONDS`), or any pod being deleted on a node that has not been Ready
@@ -26,6 +33,9 @@ use k8s_openapi::api::core::v1::Pod;
 
 /// The annotation the kubelet puts on the API copy of a static pod.
 pub(crate) const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// Karpenter's opt-out of voluntary disruption; only the value `"true"` counts.
+pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
 
 /// Priority classes whose pods keep the cluster working (DNS, CNI, metrics): evicted last,
 /// after every ordinary pod is gone, so what the ordinary pods need while they shut down
@@ -163,6 +173,9 @@ pub enum PodDisposition {
     StuckDeletion(EvictionTier),
     /// Bound after the cordon and tolerating it: left on the node (see the module doc).
     SkipToleratesCordon,
+    /// Annotated `karpenter.sh/do-not-disrupt: "true"`: never evicted; holds the drain until
+    /// its deadline (see the module doc).
+    HoldDoNotDisrupt,
     /// Evicted in its tier.
     Evict(EvictionTier),
 }
@@ -197,14 +210,28 @@ impl PodDisposition {
             }
             (Some(_), _) => Self::AwaitDeletion(tier),
             (None, _) if context.tolerating_latecomer(pod) => Self::SkipToleratesCordon,
+            (None, _) if asks_not_to_be_disrupted(pod) => Self::HoldDoNotDisrupt,
             (None, _) => Self::Evict(tier),
         }
     }
 
     /// Whether the node is not empty while this pod is on it.
     pub fn blocks_drain(self) -> bool {
-        matches!(self, Self::AwaitDeletion(_) | Self::Evict(_))
+        matches!(
+            self,
+            Self::AwaitDeletion(_) | Self::Evict(_) | Self::HoldDoNotDisrupt
+        )
     }
+}
+
+/// Whether the pod carries `karpenter.sh/do-not-disrupt: "true"` (Karpenter reads no other
+/// value as an opt-out).
+pub fn asks_not_to_be_disrupted(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DO_NOT_DISRUPT_ANNOTATION))
+        .is_some_and(|value| value == "true")
 }
 
 /// One pod, as much of it as the drain needs to act on it and report it.
@@ -250,6 +277,9 @@ pub struct DrainPlan {
     tiers: BTreeMap<EvictionTier, TierPods>,
     /// Pods left on the node on purpose, with the reason (stuck deletions included).
     pub skipped: Vec<(PodKey, PodDisposition)>,
+    /// Pods never evicted that still hold the drain (`karpenter.sh/do-not-disrupt`): apart
+    /// from the tiers, so the critical tier does not wait for them.
+    held: Vec<PlannedPod>,
     /// When the next pod still waited for becomes a stuck deletion, if any will: the plan
     /// changes then without any pod changing.
     pub next_change_at: Option<Timestamp>,
@@ -281,16 +311,21 @@ impl DrainPlan {
                     plan.next_change_at = Some(plan.next_change_at.map_or(at, |t| t.min(at)));
                 }
             }
+            let grace_period_seconds = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds);
             match disposition {
                 PodDisposition::Evict(tier) => {
                     plan.tiers.entry(tier).or_default().evict.push(PlannedPod {
                         key,
-                        grace_period_seconds: pod
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.termination_grace_period_seconds),
+                        grace_period_seconds,
                     })
                 }
+                PodDisposition::HoldDoNotDisrupt => plan.held.push(PlannedPod {
+                    key,
+                    grace_period_seconds,
+                }),
                 PodDisposition::AwaitDeletion(tier) => {
                     plan.tiers.entry(tier).or_default().terminating.push(key)
                 }
@@ -302,14 +337,17 @@ impl DrainPlan {
             tier.terminating.sort();
         }
         plan.skipped.sort_by(|a, b| a.0.cmp(&b.0));
+        plan.held.sort_by(|a, b| a.key.cmp(&b.key));
         plan
     }
 
     /// Whether no pod that has to go is left: the node is drained.
     pub fn is_drained(&self) -> bool {
-        self.tiers
-            .values()
-            .all(|t| t.evict.is_empty() && t.terminating.is_empty())
+        self.held.is_empty()
+            && self
+                .tiers
+                .values()
+                .all(|t| t.evict.is_empty() && t.terminating.is_empty())
     }
 
     /// The tier being drained now: the first one with any pod left.
@@ -329,9 +367,23 @@ impl DrainPlan {
             .unwrap_or_default()
     }
 
-    /// Every pod still to evict, all tiers (what force deletes at the deadline).
+    /// Every pod force deletes at the deadline if it is still there: those still to evict,
+    /// all tiers, then the held ones (no eviction moves them; force deletes every pod left).
     pub fn all_to_evict(&self) -> impl Iterator<Item = &PlannedPod> {
-        self.tiers.values().flat_map(|t| t.evict.iter())
+        self.tiers
+            .values()
+            .flat_map(|t| t.evict.iter())
+            .chain(self.held.iter())
+    }
+
+    /// The pods never evicted that hold the drain (`karpenter.sh/do-not-disrupt`).
+    pub fn held(&self) -> &[PlannedPod] {
+        &self.held
+    }
+
+    /// Whether the pod is held (never evicted).
+    pub fn is_held(&self, pod: &PodKey) -> bool {
+        self.held.iter().any(|p| p.key == *pod)
     }
 
     /// The tiers in eviction order, each with its pods to evict and its pods already
@@ -363,11 +415,12 @@ impl DrainPlan {
             .map(|(k, _)| k)
     }
 
-    /// Every pod that keeps the node from being drained (to evict or terminating).
+    /// Every pod that keeps the node from being drained (to evict, terminating, or held).
     pub fn remaining(&self) -> impl Iterator<Item = &PodKey> {
         self.tiers
             .values()
             .flat_map(|t| t.evict.iter().map(|p| &p.key).chain(t.terminating.iter()))
+            .chain(self.held.iter().map(|p| &p.key))
     }
 }
 
@@ -549,6 +602,80 @@ mod tests {
             names(&plan.all_to_evict().cloned().collect::<Vec<_>>()),
             ["critical"]
         );
+    }
+
+    fn do_not_disrupt(value: &str) -> serde_json::Value {
+        json!({"metadata": {"annotations": {DO_NOT_DISRUPT_ANNOTATION: value}}})
+    }
+
+    #[test]
+    fn a_do_not_disrupt_pod_is_held_apart_from_the_tiers_and_keeps_the_node_undrained() {
+        let pods = vec![
+            pod("default", "batch", do_not_disrupt("true")),
+            pod("default", "web", json!({})),
+            pod(
+                "kube-system",
+                "dns",
+                json!({"spec": {"priorityClassName": "system-cluster-critical"}}),
+            ),
+        ];
+        let plan = DrainPlan::new(&pods);
+        assert_eq!(names(plan.to_evict_now()), ["web"]);
+        assert_eq!(names(plan.held()), ["batch"]);
+        assert!(plan.skipped.is_empty(), "{plan:?}");
+        // web gone: the critical tier is next; the held pod does not hold it back.
+        let plan = DrainPlan::new([&pods[0], &pods[2]]);
+        assert_eq!(plan.current_tier(), Some(EvictionTier::Critical));
+        assert_eq!(names(plan.to_evict_now()), ["dns"]);
+        // Only the held pod left: nothing to evict, yet the node is not drained.
+        let plan = DrainPlan::new([&pods[0]]);
+        assert!(plan.to_evict_now().is_empty());
+        assert_eq!(plan.current_tier(), None);
+        assert!(!plan.is_drained());
+        let remaining: Vec<_> = plan.remaining().map(|k| k.name.as_str()).collect();
+        assert_eq!(remaining, ["batch"]);
+        assert!(plan.is_held(&PodKey::of(&pods[0]).unwrap()));
+        // Force deletes it at the deadline like any pod left.
+        assert_eq!(
+            names(&plan.all_to_evict().cloned().collect::<Vec<_>>()),
+            ["batch"]
+        );
+        assert!(PodDisposition::HoldDoNotDisrupt.blocks_drain());
+    }
+
+    #[test]
+    fn only_the_value_true_holds_a_pod_and_deletions_and_daemon_sets_come_first() {
+        for value in ["false", "yes", ""] {
+            let pods = vec![pod("default", "p", do_not_disrupt(value))];
+            assert_eq!(
+                names(DrainPlan::new(&pods).to_evict_now()),
+                ["p"],
+                "{value}"
+            );
+        }
+        let deleting = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let pods = vec![
+            pod(
+                "default",
+                "leaving",
+                merge_all([
+                    do_not_disrupt("true"),
+                    json!({"metadata": {"deletionTimestamp": deleting}}),
+                ]),
+            ),
+            pod(
+                "kube-system",
+                "agent",
+                merge_all([
+                    do_not_disrupt("true"),
+                    owned_by("DaemonSet", "apps/v1", true),
+                ]),
+            ),
+        ];
+        let plan = DrainPlan::new(&pods);
+        assert!(plan.held().is_empty(), "{plan:?}");
+        assert!(plan.is_terminating(&PodKey::of(&pods[0]).unwrap()));
+        assert_eq!(plan.skipped[0].1, PodDisposition::SkipDaemonSet);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What a terminating-hook invocation reports: each record's outcome, how a drain ended, and
 //! the errors that make the invocation fail (so Lambda retries it).
 
+use super::retention::InstanceFate;
 use crate::aws::{AwsError, CompletionOutcome, LifecycleActionResult};
 use crate::cluster::ClusterAccessError;
 use crate::diagnostic::{FunctionError, diagnostic};
@@ -77,6 +78,9 @@ pub enum DeliveryOutcome {
         result: LifecycleActionResult,
         outcome: CompletionOutcome,
         drain: DrainEnd,
+        /// Whether the instance terminates or is kept (a failed drain on a group that
+        /// retains abandoned instances, see [`super::retention`]).
+        instance: InstanceFate,
     },
     /// Handed to a fresh invocation.
     HandedOver { continuation: u32 },
@@ -116,9 +120,15 @@ impl DeliveryOutcome {
                 result,
                 outcome,
                 drain,
+                instance,
             } => {
+                let kept = match instance {
+                    InstanceFate::Terminates => "",
+                    InstanceFate::Retained => ", instance retained",
+                    InstanceFate::Unknown => ", instance retained if its group retains",
+                };
                 format!(
-                    "completed {} ({}, {outcome:?})",
+                    "completed {} ({}, {outcome:?}{kept})",
                     result.as_str(),
                     drain.label()
                 )

@@ -77,6 +77,8 @@ pub struct DrainSession<'a> {
     pub node_not_ready_since: Option<Timestamp>,
     /// Stuck deletions already reported (one Event per pod).
     pub reported_stuck: BTreeSet<PodKey>,
+    /// Pods held by `karpenter.sh/do-not-disrupt` already reported (one Event per pod).
+    pub reported_held: BTreeSet<PodKey>,
     /// Lease renewals that failed in a row: the next is tried sooner, with jitter.
     pub renew_failures: u32,
     /// The UIDs of this invocation's first complete list of the node's pods (see

@@ -1,6 +1,7 @@
 //! The pods a drain could not get off the node: deletions stuck on a node whose kubelet no
-//! longer confirms them (reported once, then no longer waited for), and the pods still there
-//! at the drain deadline, each with the budgets in its way and the reason.
+//! longer confirms them (reported once, then no longer waited for), pods that ask not to be
+//! disrupted (reported once, never evicted), and the pods still there at the drain deadline,
+//! each with the budgets in its way and the reason.
 
 use std::collections::BTreeMap;
 
@@ -33,6 +34,8 @@ pub enum StuckReason {
     InFlight,
     /// Not tried: it waited for an earlier tier (critical pods wait for the ordinary ones).
     NotReached,
+    /// Never tried: annotated `karpenter.sh/do-not-disrupt: "true"`.
+    DoNotDisrupt,
 }
 
 impl std::fmt::Display for StuckPod {
@@ -40,6 +43,12 @@ impl std::fmt::Display for StuckPod {
         write!(f, "{}", self.pod)?;
         match (&self.why, self.budgets.as_slice()) {
             (StuckReason::Terminating, _) => write!(f, " (still terminating)"),
+            (StuckReason::DoNotDisrupt, _) => {
+                write!(
+                    f,
+                    " (do-not-disrupt: karpenter.sh/do-not-disrupt, never evicted)"
+                )
+            }
             (StuckReason::NotReached, _) => {
                 write!(f, " (not evicted yet: waits for the pods before it)")
             }
@@ -89,6 +98,34 @@ impl DrainSession<'_> {
         self.reported_stuck.extend(new);
     }
 
+    /// Reports the pods of `plan` held by `karpenter.sh/do-not-disrupt` not reported yet: a
+    /// log line and a Warning Event on the node naming them, so an operator sees why the
+    /// drain waits.
+    pub(super) fn report_held(&mut self, plan: &DrainPlan) {
+        let new: Vec<PodKey> = plan
+            .held()
+            .iter()
+            .map(|p| &p.key)
+            .filter(|k| !self.reported_held.contains(*k))
+            .cloned()
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        let names: Vec<String> = new.iter().map(ToString::to_string).collect();
+        let note = format!(
+            "Not evicting {} pod(s) annotated karpenter.sh/do-not-disrupt=true: {}. They keep node {} from being drained until the drain deadline ({}), where the deadline policy applies to them as to any pod left (DRAIN_FORCE deletes them; otherwise PodEvictionFailure and DRAIN_TIMEOUT_RESULT). Remove the annotation or delete the pods to let the drain finish sooner.",
+            new.len(),
+            names.join(", "),
+            self.node_name,
+            self.checkpoint.deadline
+        );
+        tracing::warn!(step = "held_do_not_disrupt", node = %self.node_name, pods = ?names, "{note}");
+        self.events
+            .warning(&self.node_reference(), reason::DO_NOT_DISRUPT, note);
+        self.reported_held.extend(new);
+    }
+
     pub(super) async fn stuck_pods(
         &mut self,
         pods: &NodePods,
@@ -134,6 +171,7 @@ impl DrainSession<'_> {
             }
             let why = match refusal {
                 _ if terminating => StuckReason::Terminating,
+                _ if plan.is_held(key) => StuckReason::DoNotDisrupt,
                 Some(refusal) => StuckReason::Refused(refusal),
                 None if queue.is_in_flight(key) => StuckReason::InFlight,
                 None => StuckReason::NotReached,
@@ -193,5 +231,14 @@ mod tests {
             why: StuckReason::NotReached,
         };
         assert!(later.to_string().contains("not evicted yet"));
+        let held = StuckPod {
+            pod: key("e"),
+            budgets: vec!["web".into()],
+            why: StuckReason::DoNotDisrupt,
+        };
+        assert_eq!(
+            held.to_string(),
+            "default/e (do-not-disrupt: karpenter.sh/do-not-disrupt, never evicted)"
+        );
     }
 }

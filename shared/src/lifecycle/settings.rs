@@ -62,8 +62,8 @@ pub struct DrainSettings {
     /// (bypassing PodDisruptionBudgets).
     pub force: bool,
     /// `DRAIN_TIMEOUT_RESULT` (CONTINUE): the lifecycle result when the deadline passes
-    /// without force.
-    pub timeout_result: LifecycleActionResult,
+    /// without force (or force could not delete every pod).
+    pub timeout_result: DrainTimeoutResult,
     /// `POD_GRACE_PERIOD_SECONDS` (unset: each pod's own `terminationGracePeriodSeconds`).
     pub pod_grace_period: Option<Duration>,
     /// `NODE_TAINT` (unset): a taint put on the node with the cordon, `key[=value]:Effect`.
@@ -101,11 +101,45 @@ impl DrainSettings {
             )?,
             lease_duration: seconds(source, "DRAIN_LEASE_SECONDS", Duration::from_secs(60))?,
             force: source.flag("DRAIN_FORCE", false)?,
-            timeout_result: result(source, "DRAIN_TIMEOUT_RESULT")?,
+            timeout_result: drain_timeout_result(source, "DRAIN_TIMEOUT_RESULT")?,
             pod_grace_period: optional_seconds(source, "POD_GRACE_PERIOD_SECONDS")?,
             taint: node_taint(source)?,
             stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
         })
+    }
+}
+
+/// `DRAIN_TIMEOUT_RESULT`: how the lifecycle action of a drain that failed (pods left at the
+/// deadline) is completed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DrainTimeoutResult {
+    /// CONTINUE: the instance terminates with the pods still on it (what EKS does).
+    Continue,
+    /// ABANDON: the instance terminates too, unless its group retains abandoned instances.
+    Abandon,
+    /// ABANDON when the group retains abandoned instances (the instance and its node are kept
+    /// for inspection), CONTINUE otherwise: never an ABANDON that would terminate anyway.
+    Retain,
+}
+
+impl DrainTimeoutResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Continue => "CONTINUE",
+            Self::Abandon => "ABANDON",
+            Self::Retain => "RETAIN",
+        }
+    }
+
+    /// Parses `CONTINUE`, `ABANDON` or `RETAIN` (case-insensitive).
+    pub fn parse(value: &str) -> Option<Self> {
+        match value.trim().to_ascii_uppercase().as_str() {
+            "RETAIN" => Some(Self::Retain),
+            other => match LifecycleActionResult::parse(other)? {
+                LifecycleActionResult::Continue => Some(Self::Continue),
+                LifecycleActionResult::Abandon => Some(Self::Abandon),
+            },
+        }
     }
 }
 
@@ -244,6 +278,20 @@ fn result(
     }
 }
 
+fn drain_timeout_result(
+    source: &(impl SettingsSource + ?Sized),
+    name: &'static str,
+) -> Result<DrainTimeoutResult, SettingsError> {
+    match source.value(name) {
+        None => Ok(DrainTimeoutResult::Continue),
+        Some(value) => DrainTimeoutResult::parse(&value).ok_or(SettingsError::Invalid {
+            name,
+            value,
+            expected: "CONTINUE, ABANDON or RETAIN",
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -258,7 +306,7 @@ mod tests {
         assert_eq!(drain.settle, Duration::from_secs(60));
         assert_eq!(drain.eviction_concurrency, 16);
         assert!(!drain.force);
-        assert_eq!(drain.timeout_result, LifecycleActionResult::Continue);
+        assert_eq!(drain.timeout_result, DrainTimeoutResult::Continue);
         assert_eq!(drain.pod_grace_period, None);
         assert_eq!(drain.taint, None);
         assert_eq!(drain.stuck_pod_after, Duration::from_secs(60));
@@ -348,6 +396,32 @@ mod tests {
             };
             assert!(err.to_string().contains(name), "{err}");
         }
+    }
+
+    #[test]
+    fn drain_timeout_result_takes_retain_and_the_lifecycle_results() {
+        for (value, expected) in [
+            ("RETAIN", DrainTimeoutResult::Retain),
+            (" retain ", DrainTimeoutResult::Retain),
+            ("abandon", DrainTimeoutResult::Abandon),
+            ("CONTINUE", DrainTimeoutResult::Continue),
+        ] {
+            let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("DRAIN_TIMEOUT_RESULT", value)];
+            assert_eq!(
+                DrainSettings::from_source(env).unwrap().timeout_result,
+                expected,
+                "{value}"
+            );
+        }
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("DRAIN_TIMEOUT_RESULT", "KEEP")];
+        let err = DrainSettings::from_source(env).unwrap_err().to_string();
+        assert!(
+            err.contains("DRAIN_TIMEOUT_RESULT") && err.contains("RETAIN"),
+            "{err}"
+        );
+        // RETAIN is the drain's own word: the launching hook's result stays a lifecycle result.
+        let env: &[(&str, &str)] = &[("CLUSTER_NAME", "c"), ("LAUNCH_TIMEOUT_RESULT", "RETAIN")];
+        assert!(LaunchSettings::from_source(env).is_err());
     }
 
     #[test]

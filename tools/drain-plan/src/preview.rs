@@ -6,8 +6,9 @@
 //! disruptions lets `a` of its pods go per wave (its replacements must be Ready before the
 //! next wave: slow-starting replacements make waves longer), pods without a budget go
 //! `EVICTION_CONCURRENCY` at a time, and the tiers go one after the other. What it is sure
-//! of: a budget allowing no disruption now, or a pod that more than one budget selects,
-//! stops the drain until the deadline unless something else changes.
+//! of: a budget allowing no disruption now, a pod that more than one budget selects, or a pod
+//! annotated `karpenter.sh/do-not-disrupt: "true"` (never evicted), stops the drain until the
+//! deadline unless something else changes.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -21,15 +22,11 @@ use node_manager::drain::plan::{
 };
 use node_manager::drain::session::not_ready_since;
 use node_manager::lifecycle::node::{is_ready, node_instance_id};
-use node_manager::lifecycle::settings::DrainSettings;
+use node_manager::lifecycle::settings::{DrainSettings, DrainTimeoutResult};
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use serde::Serialize;
 
 use crate::snapshot::Snapshot;
-
-/// Karpenter's opt-out of voluntary disruption. The drain evicts such pods anyway (the
-/// instance is going away); the plan points them out.
-pub const DO_NOT_DISRUPT_ANNOTATION: &str = "karpenter.sh/do-not-disrupt";
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
@@ -42,6 +39,9 @@ pub struct Preview {
     pub evict: Vec<EvictedPod>,
     /// Pods already being deleted: waited for, not evicted again.
     pub terminating: Vec<PodRef>,
+    /// Pods annotated `karpenter.sh/do-not-disrupt: "true"`: never evicted, they hold the
+    /// drain until its deadline.
+    pub held: Vec<PodRef>,
     /// Pods the drain leaves on the node, with the reason.
     pub left: Vec<LeftPod>,
     /// The budgets that select a pod to evict.
@@ -105,8 +105,6 @@ pub struct EvictedPod {
     pub tier: Tier,
     /// The budgets that select it (names, its namespace).
     pub budgets: Vec<String>,
-    /// `karpenter.sh/do-not-disrupt: "true"`: evicted anyway.
-    pub do_not_disrupt: bool,
     /// `emptyDir` or `hostPath` volumes: their data goes with the instance.
     pub local_storage: bool,
     /// No controller owns it: nothing recreates it elsewhere.
@@ -158,7 +156,8 @@ pub struct Estimate {
     /// what is left of a drain under way).
     pub deadline_seconds: u64,
     pub reaches_deadline: bool,
-    /// Pods no eviction can move now: selected by a blocking budget or by more than one.
+    /// Pods no eviction can move now: selected by a blocking budget or by more than one, or
+    /// held by `karpenter.sh/do-not-disrupt`.
     pub blocked: Vec<PodRef>,
     /// What happens at the deadline (`DRAIN_FORCE`, `DRAIN_TIMEOUT_RESULT`).
     pub at_deadline: String,
@@ -235,7 +234,9 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
                 PodDisposition::SkipMirror => LeftReason::Mirror,
                 PodDisposition::SkipToleratesCordon => LeftReason::ToleratesCordon,
                 PodDisposition::StuckDeletion(_) => LeftReason::StuckDeletion,
-                PodDisposition::AwaitDeletion(_) | PodDisposition::Evict(_) => return None,
+                PodDisposition::AwaitDeletion(_)
+                | PodDisposition::Evict(_)
+                | PodDisposition::HoldDoNotDisrupt => return None,
             };
             Some(LeftPod {
                 pod: key.into(),
@@ -248,7 +249,8 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
     let deadline = checkpoint.as_ref().map_or(settings.drain_timeout, |c| {
         Duration::from_secs(c.deadline.duration_since(now).as_secs().max(0) as u64)
     });
-    let estimate = estimate(&evict, &budgets, settings, deadline);
+    let held: Vec<PodRef> = plan.held().iter().map(|p| PodRef::from(&p.key)).collect();
+    let estimate = estimate(&evict, &held, &budgets, settings, deadline);
     Preview {
         node: NodeSummary {
             name: node.metadata.name.clone().unwrap_or_default(),
@@ -258,6 +260,7 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
         },
         evict,
         terminating,
+        held,
         left,
         budgets,
         estimate,
@@ -273,10 +276,6 @@ fn evicted_pod(
 ) -> EvictedPod {
     let meta = pod.map(|p| &p.metadata);
     let spec = pod.and_then(|p| p.spec.as_ref());
-    let do_not_disrupt = meta
-        .and_then(|m| m.annotations.as_ref())
-        .and_then(|a| a.get(DO_NOT_DISRUPT_ANNOTATION))
-        .is_some_and(|v| v == "true");
     let local_storage = spec.and_then(|s| s.volumes.as_ref()).is_some_and(|v| {
         v.iter()
             .any(|v| v.empty_dir.is_some() || v.host_path.is_some())
@@ -295,7 +294,6 @@ fn evicted_pod(
         pod: (&planned.key).into(),
         tier: tier.into(),
         budgets,
-        do_not_disrupt,
         local_storage,
         no_controller,
         grace_period_seconds,
@@ -337,6 +335,7 @@ fn budget_summaries(snapshot: &Snapshot, evict: &[EvictedPod]) -> Vec<BudgetSumm
 
 fn estimate(
     evict: &[EvictedPod],
+    held: &[PodRef],
     budgets: &[BudgetSummary],
     settings: &DrainSettings,
     deadline: Duration,
@@ -355,14 +354,16 @@ fn estimate(
             _ => true,
         })
         .map(|p| p.pod.clone())
+        .chain(held.iter().cloned())
         .collect();
     let at_deadline = if settings.force {
         "the pods still there are deleted (DRAIN_FORCE), bypassing their budgets".to_owned()
     } else {
-        format!(
-            "the lifecycle action completes with {} and the pods still there go with the instance (PodEvictionFailure)",
-            settings.timeout_result.as_str()
-        )
+        match settings.timeout_result {
+            DrainTimeoutResult::Retain => "the lifecycle action completes with ABANDON if the group retains abandoned instances (the instance and node are kept for inspection), else with CONTINUE and the pods still there go with the instance (PodEvictionFailure)".to_owned(),
+            DrainTimeoutResult::Abandon => "the lifecycle action completes with ABANDON and the pods still there go with the instance unless its group retains abandoned instances (PodEvictionFailure)".to_owned(),
+            DrainTimeoutResult::Continue => "the lifecycle action completes with CONTINUE and the pods still there go with the instance (PodEvictionFailure)".to_owned(),
+        }
     };
     let deadline_seconds = deadline.as_secs();
     if !blocked.is_empty() {

@@ -77,9 +77,6 @@ pub fn table(preview: &Preview) -> String {
         ];
         for pod in &preview.evict {
             let mut notes = Vec::new();
-            if pod.do_not_disrupt {
-                notes.push("do-not-disrupt (evicted anyway)");
-            }
             if pod.local_storage {
                 notes.push("local storage (lost)");
             }
@@ -107,6 +104,16 @@ pub fn table(preview: &Preview) -> String {
     if !preview.terminating.is_empty() {
         let _ = writeln!(out, "\nAlready terminating (waited for):");
         for pod in &preview.terminating {
+            let _ = writeln!(out, "  {pod}");
+        }
+    }
+
+    if !preview.held.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nHeld, never evicted (karpenter.sh/do-not-disrupt): the drain waits for its deadline:"
+        );
+        for pod in &preview.held {
             let _ = writeln!(out, "  {pod}");
         }
     }
@@ -240,8 +247,8 @@ mod tests {
         .unwrap()
     }
 
-    /// web (3 pods, a budget allowing 1), a bare pod with scratch space and Karpenter's
-    /// opt-out, coredns (critical), a DaemonSet pod and a mirror pod.
+    /// web (3 pods, a budget allowing 1), a bare pod with scratch space, coredns (critical), a
+    /// DaemonSet pod and a mirror pod.
     fn snapshot(web_allowed: i32) -> Snapshot {
         Snapshot {
             node: node(),
@@ -265,7 +272,7 @@ mod tests {
                     "default",
                     "scratch",
                     json!({
-                        "metadata": {"ownerReferences": [], "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+                        "metadata": {"ownerReferences": []},
                         "spec": {"volumes": [{"name": "tmp", "emptyDir": {}}], "terminationGracePeriodSeconds": 5},
                     }),
                 ),
@@ -319,7 +326,6 @@ mod tests {
             ]
         );
         let scratch = &doc["evict"][0];
-        assert_eq!(scratch["doNotDisrupt"], true);
         assert_eq!(scratch["localStorage"], true);
         assert_eq!(scratch["noController"], true);
         assert_eq!(scratch["budgets"], json!([]));
@@ -400,6 +406,54 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_do_not_disrupt_pod_is_held_and_the_drain_reaches_its_deadline() {
+        let mut snapshot = snapshot(1);
+        let batch = pod(
+            "default",
+            "batch-1",
+            json!({"metadata": {"annotations": {"karpenter.sh/do-not-disrupt": "true"}}}),
+        );
+        snapshot.pods.push(batch);
+        let preview = preview(
+            &snapshot,
+            &settings(&[("DRAIN_TIMEOUT_RESULT", "RETAIN")]),
+            now(),
+        );
+        let doc: Value = serde_json::from_str(&json(&preview)).unwrap();
+        assert_eq!(
+            doc["held"],
+            json!([{"namespace": "default", "name": "batch-1"}])
+        );
+        assert!(
+            doc["evict"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|p| p["name"] != "batch-1")
+        );
+        let estimate = &doc["estimate"];
+        assert_eq!(estimate["reachesDeadline"], true);
+        assert_eq!(
+            estimate["blocked"],
+            json!([{"namespace": "default", "name": "batch-1"}])
+        );
+        assert!(
+            estimate["atDeadline"]
+                .as_str()
+                .unwrap()
+                .contains("ABANDON if the group retains"),
+            "{estimate}"
+        );
+        let text = table(&preview);
+        assert!(
+            text.contains(
+                "Held, never evicted (karpenter.sh/do-not-disrupt): the drain waits for its deadline:\n  default/batch-1\n"
+            ),
+            "{text}"
+        );
+    }
+
     fn preview_with(extra: &[(&str, &str)]) -> Preview {
         preview(&snapshot(1), &settings(extra), now())
     }
@@ -411,7 +465,7 @@ mod tests {
             "Node ip-10-0-1-1.eu-west-1.compute.internal (instance i-0123456789abcdef0, Ready)",
             "Evicted, in this order (critical last):",
             "  TIER      POD                    BUDGETS  GRACE  NOTES",
-            "  ordinary  default/scratch        -        5s     do-not-disrupt (evicted anyway); local storage (lost); no controller (not recreated)",
+            "  ordinary  default/scratch        -        5s     local storage (lost); no controller (not recreated)",
             "  ordinary  default/web-1          web      20s    BLOCKED now",
             "  critical  kube-system/coredns-1  -        10s",
             "Left on the node:",

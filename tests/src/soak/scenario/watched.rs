@@ -99,6 +99,13 @@ impl AutoScaling for WatchedAutoScaling {
     ) -> Result<Option<BTreeMap<String, String>>, AwsError> {
         self.inner.group_tags(group_name).await
     }
+
+    async fn retains_abandoned_instances(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<bool>, AwsError> {
+        self.inner.retains_abandoned_instances(group_name).await
+    }
 }
 
 /// Whether the pod belongs to the Deployment that tolerates the cordon: like a DaemonSet
