@@ -78,6 +78,14 @@ fn instance_refresh_scenario_passes() {
     );
 }
 
+#[test]
+fn a_refresh_whose_drain_fails_keeps_that_node_and_restores_the_rest() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("instance-refresh-failed.yaml")]);
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("0 failed"), "{output}");
+    assert!(output.contains("PodEvictionFailure"), "{output}");
+}
+
 /// The same node update without the refresh events reaching `instance-refresh`: pods land
 /// on outdated nodes and move twice, and the scenario's check says so.
 #[test]

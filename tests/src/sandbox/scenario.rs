@@ -399,6 +399,7 @@ mod tests {
             include_str!("../../scenarios/access-entries.yaml"),
             include_str!("../../scenarios/warm-pool.yaml"),
             include_str!("../../scenarios/instance-refresh.yaml"),
+            include_str!("../../scenarios/instance-refresh-failed.yaml"),
         ] {
             let scenario = Scenario::from_yaml(text).unwrap();
             assert!(!scenario.steps.is_empty(), "{}", scenario.name);

@@ -132,8 +132,15 @@ impl Sandbox {
             checks.push((
                 !figures.retained.is_empty(),
                 format!(
-                    "the instance whose drain failed was retained ({:?}), its node still cordoned ({:?})",
-                    figures.retained, figures.cordoned_left
+                    "the instance whose drain failed was retained ({:?})",
+                    figures.retained
+                ),
+            ));
+            checks.push((
+                figures.cordoned_left.len() == figures.retained.len(),
+                format!(
+                    "only the retained instances' nodes stay cordoned ({:?})",
+                    figures.cordoned_left
                 ),
             ));
         }
