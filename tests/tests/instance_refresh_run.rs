@@ -324,3 +324,63 @@ async fn foreign_unconfirmed_and_malformed_events_write_nothing() {
     assert_eq!(world.patches(), 0, "no event above may write");
     assert!(!cordoned(&world.node(0)) && !cordoned(&world.node(1)));
 }
+
+/// The end of refresh A was never delivered; refresh B of the same group starts. B takes over
+/// A's marks on the nodes it replaces too, and undoes A's on the nodes it leaves.
+#[tokio::test]
+async fn a_refresh_whose_end_was_missed_is_cleaned_up_by_the_next_one() {
+    const NEXT: &str = "0f9d9a4e-5c1b-4f5e-9a31-2b7c8d6e1f00";
+    let world = World::start(2).await;
+    world.refresh("InProgress", 100, 200);
+    assert_eq!(world.send("Started").await.unwrap().marked.len(), 2);
+    // A ended (its Succeeded event lost); node 1's instance is now on the desired template.
+    world.refresh("Successful", 100, 200);
+    let mut group = GroupConfiguration {
+        name: GROUP.into(),
+        tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
+        desired_capacity: 2,
+        launch_template: Some(template("2")),
+        maintenance_min_healthy_percentage: None,
+        maintenance_max_healthy_percentage: None,
+        retains_abandoned_instances: false,
+        instances: Vec::new(),
+    };
+    for (i, version) in [(0, "1"), (1, "2")] {
+        group.instances.push(ConfiguredInstance {
+            instance_id: instance(i),
+            lifecycle_state: "InService".into(),
+            instance_type: Some("m5.large".into()),
+            launch_template: Some(template(version)),
+        });
+    }
+    world.aws.put_group(group);
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: NEXT.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        skip_matching: true,
+        desired_launch_template: None,
+    });
+    let mut started = event("Started", GROUP);
+    started["detail"]["InstanceRefreshId"] = json!(NEXT);
+    let report = handler::handle(&world.context(), &started, Some(ACCOUNT))
+        .await
+        .unwrap();
+    assert_eq!(report.marked, vec![node_name(0)], "{report:?}");
+    let kept = world.node(0);
+    let marks = refresh_marks_of(&kept).unwrap();
+    assert_eq!(marks.instance_refresh_id, NEXT);
+    assert!(
+        marks.out_of_service.cordoned,
+        "A's cordon is carried over as ours"
+    );
+    assert!(cordoned(&kept));
+    let skipped = world.node(1);
+    assert!(
+        !cordoned(&skipped) && !excluded(&skipped) && refresh_marks_of(&skipped).is_none(),
+        "A's marks undone on the node B does not replace"
+    );
+    assert_eq!(report.unmarked.len(), 1, "{report:?}");
+}

@@ -135,6 +135,37 @@ fn is_no_active_action(error: &AwsError) -> bool {
     error.kind == AwsErrorKind::Invalid && error.message.contains(NO_ACTIVE_LIFECYCLE_ACTION)
 }
 
+impl SdkAutoScaling {
+    /// The group named `group_name` (`DescribeAutoScalingGroups`), `None` when it does not
+    /// exist.
+    async fn describe_group(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<aws_sdk_autoscaling::types::AutoScalingGroup>, AwsError> {
+        let output = self
+            .client
+            .describe_auto_scaling_groups()
+            .auto_scaling_group_names(group_name)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+        Ok(output
+            .auto_scaling_groups
+            .unwrap_or_default()
+            .into_iter()
+            .find(|g| g.auto_scaling_group_name() == Some(group_name)))
+    }
+}
+
+/// A group's tags as a map.
+fn tags_of(group: &aws_sdk_autoscaling::types::AutoScalingGroup) -> BTreeMap<String, String> {
+    group
+        .tags()
+        .iter()
+        .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
+        .collect()
+}
+
 impl AutoScaling for SdkAutoScaling {
     async fn complete_lifecycle_action(
         &self,
@@ -232,41 +263,17 @@ impl AutoScaling for SdkAutoScaling {
         &self,
         group_name: &str,
     ) -> Result<Option<BTreeMap<String, String>>, AwsError> {
-        let output = self
-            .client
-            .describe_auto_scaling_groups()
-            .auto_scaling_group_names(group_name)
-            .send()
-            .await
-            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
-        Ok(output
-            .auto_scaling_groups()
-            .iter()
-            .find(|g| g.auto_scaling_group_name() == Some(group_name))
-            .map(|group| {
-                group
-                    .tags()
-                    .iter()
-                    .filter_map(|t| Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned())))
-                    .collect()
-            }))
+        Ok(self.describe_group(group_name).await?.as_ref().map(tags_of))
     }
 
     async fn retains_abandoned_instances(
         &self,
         group_name: &str,
     ) -> Result<Option<bool>, AwsError> {
-        let output = self
-            .client
-            .describe_auto_scaling_groups()
-            .auto_scaling_group_names(group_name)
-            .send()
-            .await
-            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
-        Ok(output
-            .auto_scaling_groups()
-            .iter()
-            .find(|g| g.auto_scaling_group_name() == Some(group_name))
+        Ok(self
+            .describe_group(group_name)
+            .await?
+            .as_ref()
             .map(retains_abandoned_instances))
     }
 }
@@ -699,13 +706,7 @@ impl InstanceHealth for SdkAutoScaling {
                 out.extend(output.auto_scaling_groups().iter().filter_map(|group| {
                     Some(GroupHealthSettings {
                         name: group.auto_scaling_group_name()?.to_owned(),
-                        tags: group
-                            .tags()
-                            .iter()
-                            .filter_map(|t| {
-                                Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned()))
-                            })
-                            .collect(),
+                        tags: tags_of(group),
                         health_check_grace_period: Duration::from_secs(
                             group.health_check_grace_period().unwrap_or(0).max(0) as u64,
                         ),
@@ -865,58 +866,41 @@ impl InstanceRefreshes for SdkAutoScaling {
         &self,
         group_name: &str,
     ) -> Result<Option<GroupConfiguration>, AwsError> {
-        let output = self
-            .client
-            .describe_auto_scaling_groups()
-            .auto_scaling_group_names(group_name)
-            .send()
-            .await
-            .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
-        Ok(output
-            .auto_scaling_groups()
-            .iter()
-            .find(|g| g.auto_scaling_group_name() == Some(group_name))
-            .map(|group| {
-                let maintenance = group.instance_maintenance_policy();
-                GroupConfiguration {
-                    name: group_name.to_owned(),
-                    tags: group
-                        .tags()
-                        .iter()
-                        .filter_map(|t| {
-                            Some((t.key()?.to_owned(), t.value().unwrap_or("").to_owned()))
-                        })
-                        .collect(),
-                    desired_capacity: percentage(group.desired_capacity()).unwrap_or(0),
-                    launch_template: launch_template_of(group.launch_template()).or_else(|| {
-                        launch_template_of(
-                            group
-                                .mixed_instances_policy()
-                                .and_then(|m| m.launch_template())
-                                .and_then(|t| t.launch_template_specification()),
-                        )
-                    }),
-                    maintenance_min_healthy_percentage: percentage(
-                        maintenance.and_then(|m| m.min_healthy_percentage()),
-                    ),
-                    maintenance_max_healthy_percentage: percentage(
-                        maintenance.and_then(|m| m.max_healthy_percentage()),
-                    ),
-                    retains_abandoned_instances: retains_abandoned_instances(group),
-                    instances: group
-                        .instances()
-                        .iter()
-                        .map(|instance| ConfiguredInstance {
-                            instance_id: instance.instance_id().unwrap_or_default().to_owned(),
-                            lifecycle_state: instance
-                                .lifecycle_state()
-                                .map(|s| s.as_str().to_owned())
-                                .unwrap_or_default(),
-                            instance_type: instance.instance_type().map(str::to_owned),
-                            launch_template: launch_template_of(instance.launch_template()),
-                        })
-                        .collect(),
-                }
-            }))
+        Ok(self.describe_group(group_name).await?.map(|group| {
+            let maintenance = group.instance_maintenance_policy();
+            GroupConfiguration {
+                name: group_name.to_owned(),
+                tags: tags_of(&group),
+                desired_capacity: percentage(group.desired_capacity()).unwrap_or(0),
+                launch_template: launch_template_of(group.launch_template()).or_else(|| {
+                    launch_template_of(
+                        group
+                            .mixed_instances_policy()
+                            .and_then(|m| m.launch_template())
+                            .and_then(|t| t.launch_template_specification()),
+                    )
+                }),
+                maintenance_min_healthy_percentage: percentage(
+                    maintenance.and_then(|m| m.min_healthy_percentage()),
+                ),
+                maintenance_max_healthy_percentage: percentage(
+                    maintenance.and_then(|m| m.max_healthy_percentage()),
+                ),
+                retains_abandoned_instances: retains_abandoned_instances(&group),
+                instances: group
+                    .instances()
+                    .iter()
+                    .map(|instance| ConfiguredInstance {
+                        instance_id: instance.instance_id().unwrap_or_default().to_owned(),
+                        lifecycle_state: instance
+                            .lifecycle_state()
+                            .map(|s| s.as_str().to_owned())
+                            .unwrap_or_default(),
+                        instance_type: instance.instance_type().map(str::to_owned),
+                        launch_template: launch_template_of(instance.launch_template()),
+                    })
+                    .collect(),
+            }
+        }))
     }
 }

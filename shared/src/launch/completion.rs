@@ -269,9 +269,9 @@ impl<C: HookClients> Launcher<C> {
                     node = %node_name,
                     asg = %notification.action.auto_scaling_group_name,
                     went_to_pool_at = restored.went_to_pool_at.as_deref().unwrap_or_default(),
-                    uncordoned = restored.uncordoned,
-                    unlabelled = restored.unlabelled,
-                    untainted = restored.untainted.as_deref().unwrap_or_default(),
+                    uncordoned = restored.undone.uncordoned,
+                    unlabelled = restored.undone.unlabelled,
+                    untainted = restored.undone.untainted.as_deref().unwrap_or_default(),
                     "node back from the warm pool: the scale-in's drain undone ({})",
                     restored.summary()
                 );

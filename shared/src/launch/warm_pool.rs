@@ -20,10 +20,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::aws::{AwsError, Instances};
-use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use crate::node_marks::checkpoint::checkpoint_of;
 use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use crate::node_marks::out_of_service::add_undo_to_patch;
+use crate::node_marks::out_of_service::{Undone, add_undo_to_patch};
 use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
 use crate::retry::{RetryPolicy, with_retries};
 
@@ -69,13 +68,9 @@ pub(crate) async fn wait_until_running(
 /// What the return from the warm pool undid on the node (the launch report's `restored`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Restored {
-    /// `spec.unschedulable` cleared: the drain had cordoned the node.
-    pub uncordoned: bool,
-    /// The exclude-from-external-load-balancers label removed.
-    pub unlabelled: bool,
-    /// The drain's taint removed (`key=value:Effect`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub untainted: Option<String>,
+    /// What was undone: the cordon, the load-balancer label, the drain's taint.
+    #[serde(flatten)]
+    pub undone: Undone,
     /// When the instance went to the pool, as the terminating hook recorded it (`None`: the
     /// scale-in's completion was not recorded, e.g. its action timed out).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -88,16 +83,7 @@ pub struct Restored {
 impl Restored {
     /// The undone items, for log lines and Events.
     pub fn summary(&self) -> String {
-        let mut items = Vec::new();
-        if self.uncordoned {
-            items.push("uncordoned".to_owned());
-        }
-        if self.unlabelled {
-            items.push(format!("label {EXCLUDE_FROM_LOAD_BALANCERS_LABEL} removed"));
-        }
-        if let Some(taint) = &self.untainted {
-            items.push(format!("taint {taint} removed"));
-        }
+        let mut items = self.undone.items();
         items.push("drain checkpoint removed".to_owned());
         items.join(", ")
     }
@@ -129,10 +115,7 @@ pub(crate) fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Re
         restored.unknown_changes = true;
         return Some((patch, restored));
     };
-    let undone = add_undo_to_patch(&changed, node, &mut patch);
-    restored.uncordoned = undone.uncordoned;
-    restored.unlabelled = undone.unlabelled;
-    restored.untainted = undone.untainted;
+    restored.undone = add_undo_to_patch(&changed, node, &mut patch);
     Some((patch, restored))
 }
 
@@ -198,6 +181,7 @@ mod tests {
     use super::*;
     use crate::aws::LifecycleActionRef;
     use crate::aws::in_memory::InMemoryInstances;
+    use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
     use crate::node_marks::checkpoint::{AddedTaint, OutOfService};
 
     const INSTANCE: &str = "i-0123456789abcdef0";
@@ -273,9 +257,11 @@ mod tests {
                 },
             })
         );
-        assert!(restored.uncordoned && restored.unlabelled && !restored.unknown_changes);
+        assert!(
+            restored.undone.uncordoned && restored.undone.unlabelled && !restored.unknown_changes
+        );
         assert_eq!(
-            restored.untainted.as_deref(),
+            restored.undone.untainted.as_deref(),
             Some("open-node-manager.io/draining=true:NoSchedule")
         );
         assert!(restored.went_to_pool_at.is_some());
@@ -292,8 +278,8 @@ mod tests {
         let node = drained_node(Some(checkpoint(INSTANCE, Some(only_label))));
         let (patch, restored) = restore_patch(&node, INSTANCE).unwrap();
         assert!(patch.get("spec").is_none(), "{patch}");
-        assert!(!restored.uncordoned && restored.unlabelled);
-        assert_eq!(restored.untainted, None);
+        assert!(!restored.undone.uncordoned && restored.undone.unlabelled);
+        assert_eq!(restored.undone.untainted, None);
     }
 
     #[test]
@@ -304,7 +290,7 @@ mod tests {
             patch,
             json!({"metadata": {"resourceVersion": "42", "annotations": {CHECKPOINT_ANNOTATION: null}}})
         );
-        assert!(restored.unknown_changes && !restored.uncordoned);
+        assert!(restored.unknown_changes && !restored.undone.uncordoned);
     }
 
     #[test]
@@ -324,7 +310,11 @@ mod tests {
         node.metadata.labels = None;
         let (patch, restored) = restore_patch(&node, INSTANCE).unwrap();
         assert!(patch.get("spec").is_none() && patch["metadata"].get("labels").is_none());
-        assert!(!restored.uncordoned && !restored.unlabelled && restored.untainted.is_none());
+        assert!(
+            !restored.undone.uncordoned
+                && !restored.undone.unlabelled
+                && restored.undone.untainted.is_none()
+        );
     }
 
     #[tokio::test]
