@@ -151,6 +151,7 @@ pub async fn cold_start(mode: Mode) -> Result<Vec<ColdStartRow>, String> {
         "launching-hook",
         "nodegroup-auth",
         "node-repair",
+        "instance-refresh",
     ] {
         let spec = sandbox
             .function_spec(function)
@@ -162,6 +163,16 @@ pub async fn cold_start(mode: Mode) -> Result<Vec<ColdStartRow>, String> {
             "node-repair" => {
                 json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}})
             }
+            // Like the hooks' test notification, an event the function reads and answers
+            // without a call: start-up, parsing and the answer.
+            "instance-refresh" => json!({
+                "version": "0", "id": "7e1b6c1e-0d6e-4a49-9a55-1f2e3d4c5b6a",
+                "detail-type": "EC2 Auto Scaling Instance Refresh Checkpoint Reached",
+                "source": "aws.autoscaling", "account": "111111111111",
+                "time": "2026-11-27T08:00:00Z", "region": "eu-west-1", "resources": [],
+                "detail": {"InstanceRefreshId": "c613620e-07e2-4ed2-a9e2-ef8258911ade",
+                           "AutoScalingGroupName": group, "CheckpointPercentage": "50"},
+            }),
             _ => test_notification(group),
         };
         rows.push(measure(&spec, &event, runs).await?);
