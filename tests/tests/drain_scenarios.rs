@@ -368,6 +368,23 @@ fn completed_once(s: &Scenario, result: LifecycleActionResult) {
     assert_eq!(completions[0].action, action());
 }
 
+/// The one outcome of `report`, a completion after a failed drain: its result, the pods left
+/// (as reported) and the instance's fate.
+fn eviction_failure(report: &DrainReport) -> (LifecycleActionResult, &[String], InstanceFate) {
+    let [
+        DeliveryOutcome::Completed {
+            result,
+            drain: DrainEnd::EvictionFailure(stuck),
+            instance,
+            ..
+        },
+    ] = report.outcomes.as_slice()
+    else {
+        panic!("{:?}", report.outcomes)
+    };
+    (*result, stuck.as_slice(), *instance)
+}
+
 #[tokio::test]
 async fn reference_scenario_labels_cordons_evicts_nginx_and_coredns_then_completes_once() {
     let s = reference_cluster(false, 30).await;
@@ -568,17 +585,8 @@ async fn unsatisfiable_pdb_is_reported_at_the_deadline_and_the_action_completed(
     let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
-    let [
-        DeliveryOutcome::Completed {
-            result,
-            drain: DrainEnd::EvictionFailure(stuck),
-            ..
-        },
-    ] = report.outcomes.as_slice()
-    else {
-        panic!("{:?}", report.outcomes)
-    };
-    assert_eq!(*result, LifecycleActionResult::Continue);
+    let (result, stuck, _) = eviction_failure(&report);
+    assert_eq!(result, LifecycleActionResult::Continue);
     // The nginx pods, refused by the budget, and coredns, which waits for them (critical tier).
     assert_eq!(stuck.len(), 5, "{stuck:?}");
     let nginx: Vec<&String> = stuck
@@ -748,15 +756,7 @@ async fn two_pdbs_on_one_pod_are_reported_not_a_crash() {
     let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
-    let [
-        DeliveryOutcome::Completed {
-            drain: DrainEnd::EvictionFailure(stuck),
-            ..
-        },
-    ] = report.outcomes.as_slice()
-    else {
-        panic!("{:?}", report.outcomes)
-    };
+    let (_, stuck, _) = eviction_failure(&report);
     let nginx: Vec<&String> = stuck
         .iter()
         .filter(|p| p.starts_with("default/nginx-"))

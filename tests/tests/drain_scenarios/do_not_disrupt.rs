@@ -36,16 +36,7 @@ async fn a_do_not_disrupt_pod_is_never_evicted_and_fails_the_drain_at_its_deadli
     let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
-    let [
-        DeliveryOutcome::Completed {
-            result,
-            drain: DrainEnd::EvictionFailure(stuck),
-            ..
-        },
-    ] = report.outcomes.as_slice()
-    else {
-        panic!("{:?}", report.outcomes)
-    };
+    let (result, stuck, _) = eviction_failure(&report);
     // The ordinary and the critical tiers were evicted around it; only the held pod is left.
     assert_eq!(
         stuck,
@@ -53,7 +44,7 @@ async fn a_do_not_disrupt_pod_is_never_evicted_and_fails_the_drain_at_its_deadli
             "default/{HELD} (do-not-disrupt: karpenter.sh/do-not-disrupt, never evicted)"
         )]
     );
-    assert_eq!(*result, LifecycleActionResult::Continue);
+    assert_eq!(result, LifecycleActionResult::Continue);
     completed_once(&s, LifecycleActionResult::Continue);
     let evicted = evicted_pod_names(&s);
     assert_eq!(

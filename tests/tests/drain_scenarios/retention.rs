@@ -24,19 +24,9 @@ async fn failed_drain(s: &Scenario, timeout_result: &str) -> DrainReport {
 }
 
 fn completed_as(report: &DrainReport) -> (LifecycleActionResult, InstanceFate) {
-    let [
-        DeliveryOutcome::Completed {
-            result,
-            drain: DrainEnd::EvictionFailure(stuck),
-            instance,
-            ..
-        },
-    ] = report.outcomes.as_slice()
-    else {
-        panic!("{:?}", report.outcomes)
-    };
+    let (result, stuck, instance) = eviction_failure(report);
     assert_eq!(stuck.len(), 5, "{stuck:?}");
-    (*result, *instance)
+    (result, instance)
 }
 
 #[tokio::test]
