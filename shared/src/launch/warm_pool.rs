@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -23,7 +22,7 @@ use crate::aws::{AwsError, Instances};
 use crate::node_marks::checkpoint::checkpoint_of;
 use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use crate::node_marks::out_of_service::{Undone, add_undo_to_patch};
-use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
+use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
 use crate::retry::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.
@@ -138,37 +137,22 @@ pub(crate) async fn restore_returning_node(
     node: Node,
     instance_id: &str,
 ) -> Result<Restore, kube::Error> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let mut node = node;
-    for _ in 0..CONFLICT_ATTEMPTS {
-        let Some((patch, restored)) = restore_patch(&node, instance_id) else {
-            return Ok(Restore::NothingOfOurs);
-        };
-        match nodes
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(written) => {
-                return Ok(Restore::Restored {
-                    node: Box::new(written),
-                    restored,
-                });
-            }
-            Err(kube::Error::Api(status)) if status.is_conflict() => {
-                match nodes.get_opt(&name).await? {
-                    Some(fresh) => node = fresh,
-                    None => return Ok(Restore::NodeGone),
-                }
-            }
-            Err(kube::Error::Api(status)) if status.is_not_found() => {
-                return Ok(Restore::NodeGone);
-            }
-            Err(error) => return Err(error),
-        }
-    }
-    Err(conflicts_exhausted(format!(
-        "node {name} changed {CONFLICT_ATTEMPTS} times while its drain was being undone"
-    )))
+    let patched = patch_recomputing(
+        nodes,
+        node,
+        Reread::Get,
+        "its drain was being undone",
+        |node| match restore_patch(node, instance_id) {
+            Some((patch, restored)) => PatchStep::Write(patch, restored),
+            None => PatchStep::Stop(()),
+        },
+    )
+    .await?;
+    Ok(match patched {
+        Patched::Written(node, restored) => Restore::Restored { node, restored },
+        Patched::Stopped(()) => Restore::NothingOfOurs,
+        Patched::NodeGone => Restore::NodeGone,
+    })
 }
 
 #[cfg(test)]

@@ -17,13 +17,12 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::checkpoint::{OutOfService, checkpoint_of};
 use super::out_of_service::{CordonSteps, Undone, add_undo_to_patch};
-use super::{CONFLICT_ATTEMPTS, conflicts_exhausted};
+use super::{PatchStep, Patched, Reread, patch_recomputing};
 
 /// The Node label naming the instance refresh whose marks the node carries.
 pub const REFRESH_LABEL: &str = "open-node-manager.io/instance-refresh";
@@ -132,14 +131,16 @@ pub fn mark_step(
     {
         return MarkStep::InPlace(existing.clone());
     }
+    let marked_at = existing
+        .as_ref()
+        .filter(|m| m.instance_refresh_id == refresh_id)
+        .map_or(now, |m| m.marked_at);
     let earlier = existing.map(|m| m.out_of_service).unwrap_or_default();
     let marks = RefreshMarks {
         instance_refresh_id: refresh_id.to_owned(),
         auto_scaling_group_name: group_name.to_owned(),
         instance_id: instance_id.to_owned(),
-        marked_at: refresh_marks_of(node)
-            .filter(|m| m.instance_refresh_id == refresh_id)
-            .map_or(now, |m| m.marked_at),
+        marked_at,
         out_of_service: earlier.union(&steps.record()),
     };
     let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
@@ -163,61 +164,9 @@ pub fn unmark_patch(node: &Node, refresh_id: &str) -> Option<(Value, Undone)> {
     Some((patch, undone))
 }
 
-/// Writes a patch computed from the node as read, recomputing it against a fresh read on
-/// a conflict (the kubelet updates nodes often). `compute` returns `None` when there is
-/// nothing to write; that ends it with `Ok(None)`.
-async fn write_with_retries<T>(
-    nodes: &Api<Node>,
-    mut node: Node,
-    compute: impl Fn(&Node) -> Computed<T>,
-) -> Result<Written<T>, kube::Error> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    for _ in 0..CONFLICT_ATTEMPTS {
-        let (patch, outcome) = match compute(&node) {
-            Computed::Write(patch, outcome) => (patch, outcome),
-            Computed::Stop(nothing_to_write) => return Ok(nothing_to_write),
-        };
-        match nodes
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(Written::Done(outcome)),
-            Err(kube::Error::Api(status)) if status.is_conflict() => {
-                // Read again with the list verb the function holds anyway (no `get` grant).
-                let fields = format!("metadata.name={name}");
-                let fresh = nodes.list(&ListParams::default().fields(&fields)).await?;
-                match fresh.items.into_iter().next() {
-                    Some(fresh) => node = fresh,
-                    None => return Ok(Written::NodeGone),
-                }
-            }
-            Err(kube::Error::Api(status)) if status.is_not_found() => {
-                return Ok(Written::NodeGone);
-            }
-            Err(error) => return Err(error),
-        }
-    }
-    Err(conflicts_exhausted(format!(
-        "node {name} changed {CONFLICT_ATTEMPTS} times while its instance refresh marks were written"
-    )))
-}
-
-/// What [`write_with_retries`] does with a node as read.
-enum Computed<T> {
-    /// Write this patch; its outcome is `T`.
-    Write(Value, T),
-    /// Nothing to write: this is the answer.
-    Stop(Written<T>),
-}
-
-enum Written<T> {
-    Done(T),
-    /// Nothing to write, with what the node carries (if anything of ours).
-    Nothing(Option<T>),
-    /// The drain works on the node.
-    Draining,
-    NodeGone,
-}
+/// What a failed write of the marks was doing (the function holds `list`, not `get`, on
+/// nodes: a conflict re-reads by list).
+const WRITING: &str = "its instance refresh marks were written";
 
 /// Marks `node` for the refresh, in one conditional write (repeated on conflicts).
 pub async fn mark_node(
@@ -229,18 +178,18 @@ pub async fn mark_node(
     taint: Option<&Taint>,
 ) -> Result<Marked, kube::Error> {
     let now = Timestamp::now();
-    let written = write_with_retries(nodes, node, |node| {
+    let patched = patch_recomputing(nodes, node, Reread::List, WRITING, |node| {
         match mark_step(node, refresh_id, group_name, instance_id, taint, now) {
-            MarkStep::Write(patch, marks) => Computed::Write(patch, marks),
-            MarkStep::InPlace(marks) => Computed::Stop(Written::Nothing(Some(marks))),
-            MarkStep::Draining => Computed::Stop(Written::Draining),
+            MarkStep::Write(patch, marks) => PatchStep::Write(patch, marks),
+            MarkStep::InPlace(marks) => PatchStep::Stop(Marked::Marked(marks)),
+            MarkStep::Draining => PatchStep::Stop(Marked::Draining),
         }
     })
     .await?;
-    Ok(match written {
-        Written::Done(marks) | Written::Nothing(Some(marks)) => Marked::Marked(marks),
-        Written::Draining => Marked::Draining,
-        Written::Nothing(None) | Written::NodeGone => Marked::NodeGone,
+    Ok(match patched {
+        Patched::Written(_, marks) => Marked::Marked(marks),
+        Patched::Stopped(marked) => marked,
+        Patched::NodeGone => Marked::NodeGone,
     })
 }
 
@@ -251,14 +200,20 @@ pub async fn unmark_node(
     node: Node,
     refresh_id: &str,
 ) -> Result<Option<Undone>, kube::Error> {
-    let written = write_with_retries(nodes, node, |node| match unmark_patch(node, refresh_id) {
-        Some((patch, undone)) => Computed::Write(patch, undone),
-        None => Computed::Stop(Written::Nothing(None)),
-    })
+    let patched = patch_recomputing(
+        nodes,
+        node,
+        Reread::List,
+        WRITING,
+        |node| match unmark_patch(node, refresh_id) {
+            Some((patch, undone)) => PatchStep::Write(patch, undone),
+            None => PatchStep::Stop(()),
+        },
+    )
     .await?;
-    Ok(match written {
-        Written::Done(undone) => Some(undone),
-        Written::Nothing(_) | Written::Draining | Written::NodeGone => None,
+    Ok(match patched {
+        Patched::Written(_, undone) => Some(undone),
+        Patched::Stopped(()) | Patched::NodeGone => None,
     })
 }
 
