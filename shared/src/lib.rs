@@ -35,6 +35,7 @@ pub mod cluster;
 pub mod diagnostic;
 #[cfg(feature = "runtime")]
 pub mod drain;
+pub mod instance_notice;
 #[cfg(feature = "runtime")]
 pub mod instance_refresh;
 #[cfg(feature = "runtime")]

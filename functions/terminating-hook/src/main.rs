@@ -1,13 +1,15 @@
 //! The terminating hook Lambda function: wiring only. The drain lives in
-//! `node_manager::drain`; this builds the clients once per execution environment and hands
-//! every invocation to it.
+//! `node_manager::drain`, instance notices (Spot, rebalance, maintenance) in
+//! `node_manager::instance_notice`; this builds the clients once per execution environment and
+//! hands every invocation to them.
 
 use lambda_runtime::{LambdaEvent, service_fn};
 use node_manager::aws::http_client::load_sdk_config;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotifications};
 use node_manager::cluster::ClusterAccess;
 use node_manager::cluster::connection::EksConnection;
-use node_manager::drain::{self, Drainer};
+use node_manager::drain::{self, Drainer, Invocation};
+use node_manager::instance_notice;
 use node_manager::lifecycle::handler::HookHandler;
 use node_manager::lifecycle::settings::DrainSettings;
 use node_manager::settings::ProcessEnv;
@@ -36,7 +38,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     );
     let drainer = &drainer;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
-        drainer.handle(event.payload, &event.context).await
+        let invocation = Invocation::from_context(&event.context, drainer.hand_over_margin());
+        instance_notice::handle_terminating_hook_event(drainer, event.payload, &invocation).await
     }))
     .await
 }

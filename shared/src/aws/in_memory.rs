@@ -206,6 +206,8 @@ pub struct InMemoryInstances {
     states: Arc<Mutex<HashMap<String, String>>>,
     /// Instance id → (instance profile ARN, tags), for instances added with a profile.
     profiles: Arc<Mutex<BTreeMap<String, ProfiledInstance>>>,
+    /// What instance notices are proven with.
+    pub notices: InMemoryInstanceNotices,
     pub faults: InMemoryFaults,
 }
 
@@ -306,6 +308,73 @@ impl Instances for InMemoryInstances {
         Ok(lock(&self.names)
             .contains_key(instance_id)
             .then(|| "running".to_owned()))
+    }
+}
+
+/// EC2's answers about instance notices, as a test sets them.
+#[derive(Debug, Default, Clone)]
+pub struct InMemoryInstanceNotices {
+    facts: Arc<Mutex<HashMap<String, InstanceFacts>>>,
+    spot_statuses: Arc<Mutex<HashMap<String, String>>>,
+    scheduled: Arc<Mutex<HashMap<String, Vec<ScheduledInstanceEvent>>>>,
+    pub faults: InMemoryFaults,
+}
+
+impl InMemoryInstanceNotices {
+    pub fn set_facts(&self, instance_id: &str, facts: InstanceFacts) {
+        lock(&self.facts).insert(instance_id.to_owned(), facts);
+    }
+
+    pub fn set_spot_status(&self, spot_request_id: &str, code: &str) {
+        lock(&self.spot_statuses).insert(spot_request_id.to_owned(), code.to_owned());
+    }
+
+    pub fn schedule(&self, instance_id: &str, event: ScheduledInstanceEvent) {
+        lock(&self.scheduled)
+            .entry(instance_id.to_owned())
+            .or_default()
+            .push(event);
+    }
+}
+
+impl InstanceNotices for InMemoryInstanceNotices {
+    async fn instance_facts(&self, instance_id: &str) -> Result<Option<InstanceFacts>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        Ok(lock(&self.facts).get(instance_id).cloned())
+    }
+
+    async fn spot_request_status(&self, spot_request_id: &str) -> Result<Option<String>, AwsError> {
+        self.faults.take("DescribeSpotInstanceRequests")?;
+        Ok(lock(&self.spot_statuses).get(spot_request_id).cloned())
+    }
+
+    async fn scheduled_events(
+        &self,
+        instance_id: &str,
+    ) -> Result<Vec<ScheduledInstanceEvent>, AwsError> {
+        self.faults.take("DescribeInstanceStatus")?;
+        Ok(lock(&self.scheduled)
+            .get(instance_id)
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+impl InstanceNotices for InMemoryInstances {
+    async fn instance_facts(&self, instance_id: &str) -> Result<Option<InstanceFacts>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        self.notices.instance_facts(instance_id).await
+    }
+
+    async fn spot_request_status(&self, spot_request_id: &str) -> Result<Option<String>, AwsError> {
+        self.notices.spot_request_status(spot_request_id).await
+    }
+
+    async fn scheduled_events(
+        &self,
+        instance_id: &str,
+    ) -> Result<Vec<ScheduledInstanceEvent>, AwsError> {
+        self.notices.scheduled_events(instance_id).await
     }
 }
 

@@ -186,6 +186,59 @@ pub trait Instances: Send + Sync {
     ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
 }
 
+/// What an instance notice needs to know about its instance (one `DescribeInstances`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceFacts {
+    /// The EC2 state name (`running`, `stopping`, ...).
+    pub state: Option<String>,
+    /// The Auto Scaling group, from the `aws:autoscaling:groupName` tag Auto Scaling puts on
+    /// its instances (an `aws:` tag nobody else can set).
+    pub auto_scaling_group: Option<String>,
+    /// The Spot request of a Spot instance; `None` for an On-Demand one.
+    pub spot_request_id: Option<String>,
+}
+
+/// A scheduled event of an instance, as `DescribeInstanceStatus` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduledInstanceEvent {
+    /// `instance-retirement`, `instance-stop`, `instance-reboot`, `system-reboot`,
+    /// `system-maintenance`.
+    pub code: String,
+    /// The earliest time it may start.
+    pub not_before: Option<jiff::Timestamp>,
+    /// EC2 keeps completed and cancelled events for a while, their descriptions starting
+    /// with `[Completed]` or `[Canceled]`: those are not pending.
+    pub description: String,
+}
+
+impl ScheduledInstanceEvent {
+    pub fn is_pending(&self) -> bool {
+        !(self.description.starts_with("[Completed]") || self.description.starts_with("[Canceled]"))
+    }
+}
+
+/// EC2: what proves an instance notice before the drain it starts.
+pub trait InstanceNotices: Send + Sync {
+    /// The instance's state, group and Spot request; `None` when EC2 does not know it.
+    fn instance_facts(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<Option<InstanceFacts>, AwsError>> + Send;
+
+    /// The status code of a Spot request (`fulfilled`, `marked-for-termination`,
+    /// `marked-for-stop`, ...); `None` when EC2 does not know it.
+    fn spot_request_status(
+        &self,
+        spot_request_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+
+    /// The instance's scheduled events (`DescribeInstanceStatus`, all states).
+    fn scheduled_events(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<Vec<ScheduledInstanceEvent>, AwsError>> + Send;
+}
+
 /// The EC2 states in which an instance still holds (or will again hold) its instance
 /// profile's credentials: everything but `shutting-down` and `terminated`.
 pub const LIVE_INSTANCE_STATES: [&str; 4] = ["pending", "running", "stopping", "stopped"];

@@ -354,6 +354,92 @@ impl Instances for SdkInstances {
     }
 }
 
+impl InstanceNotices for SdkInstances {
+    async fn instance_facts(&self, instance_id: &str) -> Result<Option<InstanceFacts>, AwsError> {
+        Ok(self.describe(instance_id).await?.map(|instance| {
+            let auto_scaling_group = instance
+                .tags()
+                .iter()
+                .find(|t| t.key() == Some("aws:autoscaling:groupName"))
+                .and_then(|t| t.value())
+                .map(str::to_owned);
+            InstanceFacts {
+                state: instance
+                    .state()
+                    .and_then(|s| s.name())
+                    .map(|n| n.as_str().to_owned()),
+                auto_scaling_group,
+                spot_request_id: instance.spot_instance_request_id().map(str::to_owned),
+            }
+        }))
+    }
+
+    async fn spot_request_status(&self, spot_request_id: &str) -> Result<Option<String>, AwsError> {
+        let output = match self
+            .client
+            .describe_spot_instance_requests()
+            .spot_instance_request_ids(spot_request_id)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => {
+                let error = classify("DescribeSpotInstanceRequests", e);
+                return match error.kind {
+                    AwsErrorKind::NotFound => Ok(None),
+                    _ => Err(error),
+                };
+            }
+        };
+        Ok(output
+            .spot_instance_requests()
+            .iter()
+            .find(|r| r.spot_instance_request_id() == Some(spot_request_id))
+            .and_then(|r| r.status())
+            .and_then(|s| s.code())
+            .map(str::to_owned))
+    }
+
+    async fn scheduled_events(
+        &self,
+        instance_id: &str,
+    ) -> Result<Vec<ScheduledInstanceEvent>, AwsError> {
+        let output = match self
+            .client
+            .describe_instance_status()
+            .instance_ids(instance_id)
+            .include_all_instances(true)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => {
+                let error = classify("DescribeInstanceStatus", e);
+                return match error.kind {
+                    AwsErrorKind::NotFound => Ok(Vec::new()),
+                    _ => Err(error),
+                };
+            }
+        };
+        Ok(output
+            .instance_statuses()
+            .iter()
+            .filter(|s| s.instance_id() == Some(instance_id))
+            .flat_map(|s| s.events())
+            .map(|event| ScheduledInstanceEvent {
+                code: event
+                    .code()
+                    .map(|c| c.as_str().to_owned())
+                    .unwrap_or_default(),
+                not_before: event
+                    .not_before()
+                    .and_then(|t| jiff::Timestamp::from_second(t.secs()).ok()),
+                description: event.description().unwrap_or_default().to_owned(),
+            })
+            .collect())
+    }
+}
+
 impl InstancesByProfile for SdkInstances {
     /// Two `DescribeInstances` queries, because EC2 ANDs filters: instances tagged
     /// `eks:cluster-name` = cluster (managed node groups), then those carrying the

@@ -27,6 +27,7 @@ use crate::cluster::connection::KubeConnection;
 use crate::lifecycle::handler::{
     Clients, HandledRecord, HookClients, HookContext, HookHandler, Invocation,
 };
+use crate::lifecycle::hand_over::HandOver;
 use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper, PendingUnproven};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{
@@ -46,6 +47,10 @@ use super::report::{DeliveryOutcome, DrainError, DrainReport};
 use super::session::{DrainSession, SessionSettings, SessionStats};
 use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::node_marks::out_of_service::CordonReport;
+
+/// How often a lifecycle drain waiting for a notice drain on its node looks again: the notice
+/// drain lets go of its lease when it ends, and the lifecycle drain should follow at once.
+const NOTICE_DRAIN_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The function's name: the `Function` metric dimension and the Events' reporter.
 pub const FUNCTION_NAME: &str = "terminating-hook";
@@ -195,17 +200,7 @@ impl<C: HookClients> Drainer<C> {
         }
 
         let client = self.context.kube.client().await?;
-        let events = if self.record_events {
-            DrainEvents::new(Recorder::new(
-                client.clone(),
-                Reporter {
-                    controller: format!("open-node-manager/{FUNCTION_NAME}"),
-                    instance: Some(invocation.request_id.clone()).filter(|id| !id.is_empty()),
-                },
-            ))
-        } else {
-            DrainEvents::disabled()
-        };
+        let events = self.events_queue(&client, invocation);
         let request = DrainRequest {
             delivery,
             notification,
@@ -216,6 +211,20 @@ impl<C: HookClients> Drainer<C> {
         let outcome = Box::pin(self.drain_node(&request)).await;
         events.flush().await;
         outcome
+    }
+
+    /// The queue of this invocation's Events (disabled when `record_events` is off).
+    pub fn events_queue(&self, client: &kube::Client, invocation: &Invocation) -> DrainEvents {
+        if !self.record_events {
+            return DrainEvents::disabled();
+        }
+        DrainEvents::new(Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: format!("open-node-manager/{FUNCTION_NAME}"),
+                instance: Some(invocation.request_id.clone()).filter(|id| !id.is_empty()),
+            },
+        ))
     }
 
     /// From the instance's Node to the completion or hand-over: find, claim, announce,
@@ -377,7 +386,40 @@ impl<C: HookClients> Drainer<C> {
                         cordon,
                     }));
                 }
-                Claim::HeldByOther { holder, until } => (holder, until),
+                Claim::HeldByOther {
+                    holder,
+                    until,
+                    notice_drain: true,
+                } => {
+                    // A drain started by an instance notice (Spot warning, ...) is on the
+                    // node: it ends within its notice's time, then this drain takes it over
+                    // (keeping what it did), so exactly one drain runs and this action is
+                    // still completed. Wait for it, looking often (it lets go of its lease
+                    // when it ends); hand over when this invocation runs out of time.
+                    if !waited_for_lease {
+                        tracing::info!(step = "notice_drain_wait", holder, until = %until, "a drain for an instance notice is on this node: taking it over when it ends");
+                        waited_for_lease = true;
+                    }
+                    let wait = lease_wait(until).min(NOTICE_DRAIN_POLL);
+                    if wait + NOTICE_DRAIN_POLL >= invocation.budget.remaining() {
+                        return self.hand_over_unclaimed(request, keeper).await;
+                    }
+                    node = match self
+                        .wait_for_lease(lease, wait, notification, keeper)
+                        .await?
+                    {
+                        ControlFlow::Continue(node) => node,
+                        ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
+                    };
+                    continue;
+                }
+                Claim::HeldByOther { holder, until, .. } => (holder, until),
+                Claim::JoinLifecycleDrain { .. } => {
+                    // Only a notice's decision joins; a lifecycle claim never gets this.
+                    return Err(DrainError::Internal(
+                        "a lifecycle claim was told to join a lifecycle drain".to_owned(),
+                    ));
+                }
                 Claim::AlreadyCompleted => {
                     tracing::info!(
                         step = "already_completed",
@@ -409,6 +451,34 @@ impl<C: HookClients> Drainer<C> {
                 ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
             };
         }
+    }
+
+    /// Hands the notification to a fresh invocation before this one claimed anything (it ran
+    /// out of time waiting for a notice drain to end).
+    async fn hand_over_unclaimed(
+        &self,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<ControlFlow<DeliveryOutcome, ClaimedDrain>, DrainError> {
+        let handed = self
+            .context
+            .hand_over(keeper, request.delivery)
+            .await
+            .map_err(|source| DrainError::HandOver {
+                node: String::new(),
+                source,
+            })?;
+        Ok(ControlFlow::Break(match handed {
+            HandOver::Published { continuation, .. } => {
+                tracing::info!(
+                    step = "handed_over",
+                    continuation,
+                    "invocation time nearly up while a notice drain is on the node: handed to a fresh invocation"
+                );
+                DeliveryOutcome::HandedOver { continuation }
+            }
+            HandOver::ActionGone => DeliveryOutcome::ActionGone,
+        }))
     }
 
     /// Waits `wait` for another holder's lease to run out, heartbeating (the wait may be as
@@ -561,7 +631,7 @@ impl<C: HookClients> Drainer<C> {
     }
 
     /// The knobs of a session, from the settings.
-    fn session_settings(&self) -> SessionSettings {
+    pub(super) fn session_settings(&self) -> SessionSettings {
         let settings = self.settings();
         SessionSettings {
             settle: settings.settle,

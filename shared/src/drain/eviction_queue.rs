@@ -44,11 +44,29 @@ pub enum Recorded {
     RetryAt(Instant),
 }
 
+/// How long before an instance notice's end a pod's grace period must be over: the kubelet
+/// still has to stop the containers and report the pod gone before the instance is.
+pub const NOTICE_END_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The grace period a pod whose own (or configured) grace is `grace` gets when the instance
+/// stops at `ends_by`: at most the whole seconds left before `ends_by` minus
+/// [`NOTICE_END_MARGIN`], at least 1 (0 would ask for an immediate kill, skipping preStop
+/// hooks and SIGTERM). A pod without a grace period has Kubernetes' default of 30 s.
+pub fn capped_grace(grace: Option<i64>, ends_by: jiff::Timestamp, now: jiff::Timestamp) -> i64 {
+    const KUBERNETES_DEFAULT_GRACE: i64 = 30;
+    let left = ends_by.as_second() - now.as_second()
+        - i64::try_from(NOTICE_END_MARGIN.as_secs()).unwrap_or(i64::MAX);
+    grace.unwrap_or(KUBERNETES_DEFAULT_GRACE).min(left).max(1)
+}
+
 pub struct EvictionQueue {
     backoff: Backoff,
     concurrency: usize,
     /// Overrides each pod's own grace period when set.
     grace_period_override: Option<i64>,
+    /// When the instance stops running (an instance notice's end): each grace period sent is
+    /// cut so that the pod ends [`NOTICE_END_MARGIN`] before it.
+    grace_ends_by: Option<jiff::Timestamp>,
     entries: HashMap<PodKey, Entry>,
     in_flight: FuturesUnordered<EvictionFuture>,
 }
@@ -59,9 +77,16 @@ impl EvictionQueue {
             backoff,
             concurrency: concurrency.max(1),
             grace_period_override,
+            grace_ends_by: None,
             entries: HashMap::new(),
             in_flight: FuturesUnordered::new(),
         }
+    }
+
+    /// Caps the grace periods sent from now on to end before `ends_by` (see
+    /// [`capped_grace`]); `None` lifts the cap.
+    pub fn cap_grace_to(&mut self, ends_by: Option<jiff::Timestamp>) {
+        self.grace_ends_by = ends_by;
     }
 
     /// Starts evictions for the `pods` that are due, up to the concurrency limit. `evict`
@@ -99,7 +124,10 @@ impl EvictionQueue {
                     );
                 }
             }
-            let grace = self.grace_period_override.or(pod.grace_period_seconds);
+            let mut grace = self.grace_period_override.or(pod.grace_period_seconds);
+            if let Some(ends_by) = self.grace_ends_by {
+                grace = Some(capped_grace(grace, ends_by, jiff::Timestamp::now()));
+            }
             self.in_flight.push(evict(pod.key.clone(), grace));
             started += 1;
         }

@@ -57,14 +57,16 @@ impl EvictionRound {
         };
         let settings = session.settings;
         let deadline_at = instant_at(session.checkpoint.deadline);
+        let mut queue = EvictionQueue::new(
+            settings.backoff,
+            settings.eviction_concurrency,
+            settings.grace_period_seconds,
+        );
+        queue.cap_grace_to(session.notice_end());
         Self {
             pods,
             budget_watch: BudgetWatch::new(client, settings.backoff),
-            queue: EvictionQueue::new(
-                settings.backoff,
-                settings.eviction_concurrency,
-                settings.grace_period_seconds,
-            ),
+            queue,
             deadline_at,
             unlisted_deadline_at: deadline_at.max(Instant::now()) + UNLISTED_PODS_GRACE,
             renew_at: Instant::now() + session.renew_interval(),
@@ -198,6 +200,10 @@ impl DrainSession<'_> {
                 round.renew_at = Instant::now() + self.renew_interval();
                 // The node's readiness may have changed.
                 round.planned = None;
+                // An instance notice may have joined the drain (a Spot warning during a
+                // scale-in): its end is the deadline now, and caps the grace periods.
+                round.deadline_at = instant_at(self.checkpoint.deadline);
+                round.queue.cap_grace_to(self.notice_end());
             }
             (pod, outcome) = round.queue.next_answer() => {
                 self.on_answer(&mut round.queue, &mut round.budget_watch, &pod, outcome, &mut round.reported_multiple).await;

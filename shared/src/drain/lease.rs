@@ -47,10 +47,17 @@ pub enum Claim {
         /// What the claim's write changed besides the checkpoint.
         cordon: CordonReport,
     },
-    /// Another invocation holds it: exit quietly.
-    HeldByOther { holder: String, until: Timestamp },
+    /// Another invocation holds it: exit quietly. `notice_drain`: the holder drains for an
+    /// instance notice (a lifecycle drain waits for it to end, then takes its drain over).
+    HeldByOther {
+        holder: String,
+        until: Timestamp,
+        notice_drain: bool,
+    },
     /// The drain of this action is complete.
     AlreadyCompleted,
+    /// (Notices only.) A lifecycle drain of the instance is under way; nothing written.
+    JoinLifecycleDrain { node: Box<Node> },
     /// The node was deleted meanwhile.
     NodeGone,
 }
@@ -83,20 +90,34 @@ pub async fn claim(
     drain_timeout: Duration,
     taint: Option<&Taint>,
 ) -> Result<Claim, kube::Error> {
+    let decide = |existing: Option<&DrainCheckpoint>, now| {
+        DrainCheckpoint::decide(
+            existing,
+            action,
+            &holder.id,
+            now,
+            drain_timeout,
+            holder.lease_duration,
+        )
+    };
+    claim_with(nodes, node, taint, decide).await
+}
+
+/// [`claim`] with the decision given: the lifecycle drain's ([`DrainCheckpoint::decide`]) or
+/// an instance notice's ([`DrainCheckpoint::decide_notice`]).
+pub async fn claim_with(
+    nodes: &Api<Node>,
+    node: Node,
+    taint: Option<&Taint>,
+    decide: impl Fn(Option<&DrainCheckpoint>, Timestamp) -> LeaseDecision,
+) -> Result<Claim, kube::Error> {
     let name = node.metadata.name.clone().unwrap_or_default();
     let mut node = node;
     let mut transient_failures = 0;
     let mut conflicts = 0;
     while conflicts < CONFLICT_ATTEMPTS {
         let existing = checkpoint_of(&node);
-        let decision = DrainCheckpoint::decide(
-            existing.as_ref(),
-            action,
-            &holder.id,
-            Timestamp::now(),
-            drain_timeout,
-            holder.lease_duration,
-        );
+        let decision = decide(existing.as_ref(), Timestamp::now());
         let steps = CordonSteps::needed(&node, taint);
         let (checkpoint, resumed) = match decision {
             LeaseDecision::Claim {
@@ -118,9 +139,19 @@ pub async fn claim(
                 (checkpoint, resumed)
             }
             LeaseDecision::HeldByOther { holder, until } => {
-                return Ok(Claim::HeldByOther { holder, until });
+                let notice_drain = existing.is_some_and(|e| e.action.is_notice());
+                return Ok(Claim::HeldByOther {
+                    holder,
+                    until,
+                    notice_drain,
+                });
             }
             LeaseDecision::AlreadyCompleted => return Ok(Claim::AlreadyCompleted),
+            LeaseDecision::JoinLifecycleDrain => {
+                return Ok(Claim::JoinLifecycleDrain {
+                    node: Box::new(node),
+                });
+            }
         };
         let written = match write(nodes, &name, &node, &checkpoint, Some(&steps)).await {
             Ok(written) => written,

@@ -39,6 +39,7 @@ pub mod force;
 pub mod lease;
 pub mod metrics;
 pub mod node_pods;
+pub mod notice;
 pub mod plan;
 pub mod report;
 pub mod retention;

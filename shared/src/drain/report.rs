@@ -236,6 +236,8 @@ pub enum DrainError {
     NoAnswerBeforeHandOver { instance_id: String },
     #[error("the drain deadline of node {node} passed and force is configured, but these pods could not be deleted yet (the invocation fails so it is retried): {}", .pods.join(", "))]
     ForceIncomplete { node: String, pods: Vec<String> },
+    #[error("internal error (a bug; please report it): {0}")]
+    Internal(String),
     #[error("{} of the event's records failed: {}", .0.len(), .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Records(Vec<DrainError>),
 }
@@ -254,6 +256,7 @@ impl FunctionError for DrainError {
             Self::ForceIncomplete { .. } => "ForcedDeletionIncomplete",
             Self::NoTimeToWork { .. } => "HandOverMarginTooLarge",
             Self::NoAnswerBeforeHandOver { .. } => "NoAnswerBeforeHandOver",
+            Self::Internal(_) => "InternalError",
             Self::Records(_) => "RecordsFailed",
         }
     }

@@ -193,11 +193,18 @@ impl DrainSession<'_> {
     /// Waits out the settle period, renewing the lease, unless the invocation ends first.
     pub async fn settle(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
         let drained_at = self.checkpoint.drained_at.unwrap_or_else(Timestamp::now);
-        let settled_at = instant_at(
-            drained_at
-                .checked_add(self.settings.settle)
-                .unwrap_or(Timestamp::MAX),
-        );
+        let mut settled_at = drained_at
+            .checked_add(self.settings.settle)
+            .unwrap_or(Timestamp::MAX);
+        // An instance that stops soon (an instance notice) is not waited for past its end:
+        // the settle is cut to what fits, and the node is reported drained then.
+        if let Some(end) = self.notice_end() {
+            let last_useful = end
+                .checked_sub(super::eviction_queue::NOTICE_END_MARGIN)
+                .unwrap_or(end);
+            settled_at = settled_at.min(last_useful.max(drained_at));
+        }
+        let settled_at = instant_at(settled_at);
         if Instant::now() < settled_at {
             tracing::info!(step = "settling", node = %self.node_name, settle_seconds = self.settings.settle.as_secs_f64(), "waiting for load balancers to let go of the node");
         }
@@ -276,6 +283,14 @@ impl DrainSession<'_> {
             Update::LeaseLost => Ok(Some(SessionEnd::LeaseLost)),
             Update::NodeGone => Ok(Some(SessionEnd::NodeGone)),
         }
+    }
+
+    /// When the instance stops running, if an instance notice on the drain says so.
+    pub fn notice_end(&self) -> Option<Timestamp> {
+        self.checkpoint
+            .notice
+            .as_ref()
+            .and_then(|n| n.instance_ends_at)
     }
 
     pub fn node_reference(&self) -> k8s_openapi::api::core::v1::ObjectReference {

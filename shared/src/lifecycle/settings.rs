@@ -72,6 +72,8 @@ pub struct DrainSettings {
     /// pod being deleted still holds the drain, and how long a node may be NotReady before
     /// its pods being deleted stop holding it (a dead kubelet never confirms a deletion).
     pub stuck_pod_after: Duration,
+    /// Spot interruptions, rebalance recommendations, scheduled maintenance.
+    pub notices: crate::instance_notice::settings::NoticeSettings,
 }
 
 impl DrainSettings {
@@ -105,6 +107,7 @@ impl DrainSettings {
             pod_grace_period: optional_seconds(source, "POD_GRACE_PERIOD_SECONDS")?,
             taint: node_taint(source)?,
             stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
+            notices: crate::instance_notice::settings::NoticeSettings::from_source(source)?,
         })
     }
 }

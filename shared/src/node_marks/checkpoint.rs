@@ -47,6 +47,91 @@ impl CheckpointAction {
     pub fn serves(&self, action: &LifecycleActionRef) -> bool {
         *self == Self::from(action)
     }
+
+    /// Whether this is the stand-in of a drain started by an instance notice (see
+    /// [`notice_action`]): it serves no lifecycle action.
+    pub fn is_notice(&self) -> bool {
+        self.lifecycle_hook_name.is_empty() && self.token.is_empty()
+    }
+}
+
+/// The stand-in "action" of a drain started by an instance notice (Spot interruption,
+/// rebalance recommendation, scheduled maintenance, an instance stopping) rather than by a
+/// lifecycle hook: the instance's group and id, no hook and no token. Every notice about one
+/// instance maps to the same stand-in, so a repeated notice finds the drain already there
+/// (resumed, busy or done) exactly as a repeated lifecycle notification does.
+pub fn notice_action(group_name: &str, instance_id: &str) -> LifecycleActionRef {
+    LifecycleActionRef {
+        auto_scaling_group_name: group_name.to_owned(),
+        lifecycle_hook_name: String::new(),
+        instance_id: instance_id.to_owned(),
+        token: String::new(),
+    }
+}
+
+/// What an instance notice says is coming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NoticeKind {
+    /// `EC2 Spot Instance Interruption Warning`: the instance goes in two minutes.
+    SpotInterruption,
+    /// `EC2 Instance Rebalance Recommendation`: the instance is at elevated risk.
+    RebalanceRecommendation,
+    /// An AWS Health scheduled change (retirement, stop, reboot, maintenance).
+    ScheduledMaintenance,
+    /// `EC2 Instance State-change Notification`: stopping or shutting down now.
+    InstanceStopping,
+}
+
+impl NoticeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SpotInterruption => "spot-interruption",
+            Self::RebalanceRecommendation => "rebalance-recommendation",
+            Self::ScheduledMaintenance => "scheduled-maintenance",
+            Self::InstanceStopping => "instance-stopping",
+        }
+    }
+}
+
+/// The instance notice a drain answers, kept in its checkpoint: a lifecycle drain of the same
+/// instance takes the notice's end time (deadline and grace cap) into account, and a notice
+/// drain is taken over by the lifecycle drain instead of running twice.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceNotice {
+    pub kind: NoticeKind,
+    pub received_at: Timestamp,
+    /// When the instance stops running (Spot: the notice's time plus two minutes; scheduled
+    /// maintenance: its start); `None` when the notice does not say (a rebalance
+    /// recommendation). Pods' grace periods are capped to end before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_ends_at: Option<Timestamp>,
+    /// The node is only taken out of service, nobody drains it (`REBALANCE_ACTION=cordon`):
+    /// undone when no termination follows in time.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordon_only: bool,
+}
+
+impl InstanceNotice {
+    /// Both notices in one: the earlier end, draining if either drains, the stronger kind.
+    fn merged(&self, newer: &Self) -> Self {
+        let instance_ends_at = match (self.instance_ends_at, newer.instance_ends_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let kind = if newer.cordon_only && !self.cordon_only {
+            self.kind
+        } else {
+            newer.kind
+        };
+        Self {
+            kind,
+            received_at: self.received_at.min(newer.received_at),
+            instance_ends_at,
+            cordon_only: self.cordon_only && newer.cordon_only,
+        }
+    }
 }
 
 /// Who works on the drain, and until when without renewing.
@@ -167,6 +252,9 @@ pub struct DrainCheckpoint {
     /// launching hook then undoes [`Self::out_of_service`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_warm_pool_at: Option<Timestamp>,
+    /// The instance notice this drain answers, if any (see [`InstanceNotice`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<InstanceNotice>,
 }
 
 /// Whether an invocation may work on a node's drain.
@@ -183,6 +271,9 @@ pub enum LeaseDecision {
     HeldByOther { holder: String, until: Timestamp },
     /// This action's drain is finished and completed.
     AlreadyCompleted,
+    /// (Notices only.) A lifecycle drain of the instance is under way: the notice is added to
+    /// its checkpoint ([`DrainCheckpoint::joined_by`]) instead of starting a second drain.
+    JoinLifecycleDrain,
 }
 
 impl DrainCheckpoint {
@@ -204,6 +295,7 @@ impl DrainCheckpoint {
             completed_at: None,
             out_of_service: None,
             to_warm_pool_at: None,
+            notice: None,
         }
     }
 
@@ -242,6 +334,9 @@ impl DrainCheckpoint {
                 until: existing.lease.expires_at(),
             };
         }
+        if existing.action.is_notice() && existing.action.instance_id == action.instance_id {
+            return existing.adopted_by(action, holder, now, drain_timeout, lease_duration);
+        }
         if !existing.action.serves(action) {
             return fresh();
         }
@@ -254,6 +349,138 @@ impl DrainCheckpoint {
             checkpoint,
             resumed: true,
         }
+    }
+
+    /// A lifecycle action's drain taking over the notice drain of its instance (the notice
+    /// drain ended or let go of its lease): what the notice drain did stays (when it
+    /// started, what it took out of service, whether the node is drained), the action is the
+    /// lifecycle hook's, and the deadline stays the notice's end when it has one: the
+    /// instance goes then whatever the hook's timeout says. A notice that only cordoned
+    /// (nothing drained yet) starts the drain's clock now.
+    fn adopted_by(
+        &self,
+        action: &LifecycleActionRef,
+        holder: &str,
+        now: Timestamp,
+        drain_timeout: Duration,
+        lease_duration: Duration,
+    ) -> LeaseDecision {
+        let own_deadline = now.checked_add(drain_timeout).unwrap_or(Timestamp::MAX);
+        let mut checkpoint = self.clone();
+        checkpoint.action = CheckpointAction::from(action);
+        checkpoint.lease = Lease::new(holder, now, lease_duration);
+        checkpoint.completed_at = None;
+        checkpoint.to_warm_pool_at = None;
+        let drained_before = self.notice.as_ref().is_some_and(|n| !n.cordon_only);
+        if drained_before {
+            checkpoint.deadline = self.deadline.min(own_deadline);
+        } else {
+            checkpoint.started_at = now;
+            checkpoint.deadline = own_deadline;
+            checkpoint.drained_at = None;
+        }
+        if let Some(notice) = checkpoint.notice.as_mut() {
+            notice.cordon_only = false;
+        }
+        LeaseDecision::Claim {
+            checkpoint,
+            resumed: drained_before,
+        }
+    }
+
+    /// Decides what an invocation answering an instance `notice` may do given the checkpoint
+    /// found on the node. `action` is the instance's [`notice_action`]; `deadline` when the
+    /// notice drain must be over.
+    ///
+    /// - No checkpoint, or a stale one (another instance under the same node name, or a
+    ///   completed drain of an instance that went back to a warm pool): a new notice drain.
+    /// - A lifecycle drain of the instance, not completed: [`LeaseDecision::JoinLifecycleDrain`];
+    ///   completed: [`LeaseDecision::AlreadyCompleted`] (the node was emptied already).
+    /// - A notice drain: busy while another invocation holds it, done once completed, else
+    ///   resumed with both notices merged (a cordon-only rebalance followed by the Spot
+    ///   warning becomes the Spot drain).
+    pub fn decide_notice(
+        existing: Option<&Self>,
+        action: &LifecycleActionRef,
+        notice: &InstanceNotice,
+        holder: &str,
+        now: Timestamp,
+        deadline: Timestamp,
+        lease_duration: Duration,
+    ) -> LeaseDecision {
+        let fresh = || {
+            let mut checkpoint =
+                Self::start(action, now, Duration::ZERO, holder, lease_duration);
+            checkpoint.deadline = deadline;
+            checkpoint.notice = Some(notice.clone());
+            if notice.cordon_only {
+                checkpoint.lease.holder = None;
+            }
+            LeaseDecision::Claim {
+                checkpoint,
+                resumed: false,
+            }
+        };
+        let Some(existing) = existing else {
+            return fresh();
+        };
+        if existing.action.instance_id != action.instance_id {
+            return fresh();
+        }
+        if !existing.action.is_notice() {
+            return match (existing.completed_at, existing.to_warm_pool_at) {
+                (None, _) => LeaseDecision::JoinLifecycleDrain,
+                (Some(_), None) => LeaseDecision::AlreadyCompleted,
+                (Some(_), Some(_)) => fresh(),
+            };
+        }
+        if existing.lease.held_by_other(holder, now) {
+            return LeaseDecision::HeldByOther {
+                holder: existing.lease.holder.clone().unwrap_or_default(),
+                until: existing.lease.expires_at(),
+            };
+        }
+        if existing.completed_at.is_some() {
+            return LeaseDecision::AlreadyCompleted;
+        }
+        let mut checkpoint = existing.clone();
+        let earlier = existing.notice.clone().unwrap_or_else(|| notice.clone());
+        let merged = earlier.merged(notice);
+        let was_cordon_only = earlier.cordon_only;
+        if was_cordon_only && !merged.cordon_only {
+            checkpoint.started_at = now;
+            checkpoint.deadline = deadline;
+        } else {
+            checkpoint.deadline = existing.deadline.min(deadline);
+        }
+        checkpoint.lease = Lease::new(holder, now, lease_duration);
+        if merged.cordon_only {
+            checkpoint.lease.holder = None;
+        }
+        checkpoint.notice = Some(merged);
+        LeaseDecision::Claim {
+            checkpoint,
+            resumed: !was_cordon_only,
+        }
+    }
+
+    /// A lifecycle drain's checkpoint with a notice about its instance added: the deadline
+    /// comes forward to the notice's end, and the drain caps grace periods to it from its
+    /// next checkpoint write on. `None` when the notice changes nothing (already recorded).
+    pub fn joined_by(&self, notice: &InstanceNotice) -> Option<Self> {
+        let merged = match &self.notice {
+            Some(earlier) => earlier.merged(notice),
+            None => InstanceNotice {
+                cordon_only: false,
+                ..notice.clone()
+            },
+        };
+        let mut next = self.clone();
+        if let Some(ends_at) = merged.instance_ends_at {
+            next.deadline = next.deadline.min(ends_at);
+        }
+        next.notice = Some(merged);
+        (next != *self).then_some(next)
     }
 
     /// The same checkpoint with the lease renewed by `holder`.

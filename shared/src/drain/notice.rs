@@ -1,0 +1,338 @@
+//! The drain an instance notice starts (a Spot interruption warning, a rebalance
+//! recommendation, scheduled maintenance, an instance stopping): no lifecycle action to prove,
+//! heartbeat or complete, and an end the instance sets, not a hook timeout.
+//!
+//! It is the lifecycle drain's session on the same checkpoint, so the two never both run:
+//! - a lifecycle drain already on the node is *joined* (the notice's end becomes its deadline
+//!   and caps its grace periods, [`DrainCheckpoint::joined_by`]); nothing else is written;
+//! - a lifecycle notification arriving during a notice drain waits for it to end and takes
+//!   the drain over ([`DrainCheckpoint::decide`]), then completes its action.
+//!
+//! Which notices lead here, and when, is `crate::instance_notice`'s decision.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use serde_json::json;
+
+use super::drainer::{Drainer, kube_error};
+use super::events::{DrainEvents, reason};
+use super::lease::{self, Claim, LeaseHolder, NodeLease, Update};
+use super::report::DrainError;
+use super::session::{DrainSession, SessionEnd, SessionStats};
+use crate::aws::LifecycleActionRef;
+use crate::lifecycle::handler::{HookClients, Invocation};
+use crate::node_marks::checkpoint::{
+    CHECKPOINT_ANNOTATION, DrainCheckpoint, InstanceNotice, checkpoint_of,
+};
+use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
+
+/// What became of a notice's drain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoticeDrainOutcome {
+    /// The node is empty (and settled, as far as the instance's end allowed).
+    Drained { pods_evicted: u32 },
+    /// The instance's end (or the drain deadline) came first: these pods were still there.
+    PodsLeft { pods: Vec<String> },
+    /// Taken out of service only (`REBALANCE_ACTION=cordon`).
+    CordonedOnly,
+    /// A lifecycle drain of the instance is under way: the notice was added to it.
+    JoinedLifecycleDrain,
+    /// The node was drained already (by this notice's drain or a lifecycle drain).
+    AlreadyDrained,
+    /// Another invocation is draining the node for this notice.
+    Duplicate { holder: String },
+    /// A lifecycle drain took the drain over.
+    TakenOverByLifecycleDrain,
+    /// The node disappeared.
+    NodeGone,
+    /// This invocation ran out of time; the lease was released for whoever comes next.
+    OutOfTime,
+}
+
+impl NoticeDrainOutcome {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Drained { .. } => "Drained",
+            Self::PodsLeft { .. } => "PodsLeft",
+            Self::CordonedOnly => "CordonedOnly",
+            Self::JoinedLifecycleDrain => "JoinedLifecycleDrain",
+            Self::AlreadyDrained => "AlreadyDrained",
+            Self::Duplicate { .. } => "Duplicate",
+            Self::TakenOverByLifecycleDrain => "TakenOverByLifecycleDrain",
+            Self::NodeGone => "NodeGone",
+            Self::OutOfTime => "OutOfTime",
+        }
+    }
+}
+
+/// One notice about one instance whose node was found.
+pub struct NoticeDrainRequest<'a> {
+    pub client: &'a kube::Client,
+    pub node: Node,
+    /// The instance's [`crate::node_marks::checkpoint::notice_action`].
+    pub action: &'a LifecycleActionRef,
+    pub notice: &'a InstanceNotice,
+    /// When the drain must be over.
+    pub deadline: Timestamp,
+    pub invocation: &'a Invocation,
+    pub events: &'a DrainEvents,
+}
+
+impl<C: HookClients> Drainer<C> {
+    /// Takes the node out of service and drains it for `request.notice`, or joins the
+    /// lifecycle drain already on it.
+    pub async fn drain_for_notice(
+        &self,
+        request: NoticeDrainRequest<'_>,
+    ) -> Result<NoticeDrainOutcome, DrainError> {
+        let name = request.node.metadata.name.clone().unwrap_or_default();
+        let nodes: Api<Node> = Api::all(request.client.clone());
+        let holder = LeaseHolder {
+            id: request.invocation.request_id.clone(),
+            lease_duration: self.settings().lease_duration,
+        };
+        let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
+        let decide = |existing: Option<&DrainCheckpoint>, now| {
+            DrainCheckpoint::decide_notice(
+                existing,
+                request.action,
+                request.notice,
+                &holder.id,
+                now,
+                request.deadline,
+                holder.lease_duration,
+            )
+        };
+        let cutoff = request.invocation.budget.cutoff_at();
+        let claim = tokio::time::timeout_at(
+            cutoff,
+            lease::claim_with(&nodes, request.node.clone(), taint.as_ref(), decide),
+        )
+        .await
+        .map_err(|_| DrainError::NoAnswerBeforeHandOver {
+            instance_id: request.action.instance_id.clone(),
+        })?
+        .map_err(|source| kube_error(&name, source))?;
+        let (node, checkpoint, resumed, cordon) = match claim {
+            Claim::Claimed {
+                node,
+                checkpoint,
+                resumed,
+                cordon,
+            } => (*node, checkpoint, resumed, cordon),
+            Claim::HeldByOther { holder, .. } => {
+                tracing::info!(step = "duplicate", holder, "another invocation is draining this node for the notice: exiting quietly");
+                return Ok(NoticeDrainOutcome::Duplicate { holder });
+            }
+            Claim::AlreadyCompleted => {
+                tracing::info!(step = "already_drained", "the node was drained already");
+                return Ok(NoticeDrainOutcome::AlreadyDrained);
+            }
+            Claim::JoinLifecycleDrain { node } => {
+                return join_lifecycle_drain(&nodes, *node, request.notice).await;
+            }
+            Claim::NodeGone => return Ok(NoticeDrainOutcome::NodeGone),
+        };
+        let node_reference = DrainEvents::node_reference(&name, node.metadata.uid.as_deref());
+        let kind = request.notice.kind.as_str();
+        if cordon.changed_anything() {
+            tracing::info!(step = "cordoned", notice = kind, labelled = cordon.labelled, cordoned = cordon.cordoned, tainted = cordon.tainted, "node excluded from load balancers and cordoned");
+            request.events.normal(
+                &node_reference,
+                reason::CORDONED,
+                format!("Node {name} excluded from external load balancers and marked unschedulable ({kind} of instance {})", request.action.instance_id),
+            );
+        }
+        if checkpoint.notice.as_ref().is_some_and(|n| n.cordon_only) {
+            return Ok(NoticeDrainOutcome::CordonedOnly);
+        }
+        if !resumed {
+            let ends = request
+                .notice
+                .instance_ends_at
+                .map(|t| format!(", the instance stops at {t}"))
+                .unwrap_or_default();
+            tracing::info!(step = "drain_started", notice = kind, deadline = %checkpoint.deadline, "drain started for an instance notice");
+            request.events.normal(
+                &node_reference,
+                reason::DRAIN_STARTED,
+                format!(
+                    "Draining node {name}: {kind} of instance {}{ends} (deadline {})",
+                    request.action.instance_id, checkpoint.deadline
+                ),
+            );
+        }
+        let mut lease = NodeLease {
+            nodes,
+            name: name.clone(),
+            holder,
+            last_written: None,
+        };
+        self.run_notice_session(node, checkpoint, &mut lease, &request)
+            .await
+    }
+
+    /// Runs the session on the claimed checkpoint and records how it ended.
+    async fn run_notice_session(
+        &self,
+        node: Node,
+        checkpoint: DrainCheckpoint,
+        lease: &mut NodeLease,
+        request: &NoticeDrainRequest<'_>,
+    ) -> Result<NoticeDrainOutcome, DrainError> {
+        let settings = self.session_settings();
+        let mut session = DrainSession {
+            client: request.client,
+            node_name: lease.name.clone(),
+            node_uid: node.metadata.uid.clone(),
+            holder: &lease.holder,
+            settings: &settings,
+            events: request.events,
+            checkpoint,
+            last_written: Some(node),
+            stats: SessionStats::default(),
+            node_not_ready_since: None,
+            reported_stuck: Default::default(),
+            reported_held: Default::default(),
+            renew_failures: 0,
+            first_listed: None,
+            prefetched_pods: None,
+        };
+        let budget = request.invocation.budget;
+        let ran = tokio::time::timeout_at(budget.cutoff_at(), session.run(budget.hand_over_at()))
+            .await
+            .unwrap_or(Ok(SessionEnd::HandOver))
+            .map_err(|source| kube_error(&lease.name, source))?;
+        let stats = session.stats;
+        let node_reference = session.node_reference();
+        lease.last_written = session.last_written.take();
+        let outcome = match ran {
+            SessionEnd::Settled => {
+                tracing::info!(step = "drained", pods_evicted = stats.pods_evicted, "node drained for the instance notice");
+                NoticeDrainOutcome::Drained {
+                    pods_evicted: stats.pods_evicted,
+                }
+            }
+            SessionEnd::DeadlinePassed(stuck) => {
+                let pods: Vec<String> = stuck.iter().map(|p| p.pod.to_string()).collect();
+                let note = format!(
+                    "The instance's end came before node {} was empty; still there: {}",
+                    lease.name,
+                    stuck
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+                tracing::warn!(step = "pod_eviction_failure", pods = ?pods, "{note}");
+                request
+                    .events
+                    .warning(&node_reference, reason::POD_EVICTION_FAILURE, note);
+                NoticeDrainOutcome::PodsLeft { pods }
+            }
+            SessionEnd::PodsUnknown(cause) => {
+                let note = format!(
+                    "The instance's end came and the pods of node {} could not be listed ({cause}): they may still be running",
+                    lease.name
+                );
+                tracing::warn!(step = "pod_eviction_failure", cause, "{note}");
+                request
+                    .events
+                    .warning(&node_reference, reason::POD_EVICTION_FAILURE, note);
+                NoticeDrainOutcome::PodsLeft {
+                    pods: vec![format!("pods unknown: {cause}")],
+                }
+            }
+            SessionEnd::HandOver => {
+                tracing::warn!(
+                    step = "out_of_time",
+                    "the invocation ran out of time before the notice drain ended: lease released"
+                );
+                lease.release(budget.closing_write_bound()).await;
+                return Ok(NoticeDrainOutcome::OutOfTime);
+            }
+            SessionEnd::LeaseLost => {
+                tracing::info!(
+                    step = "taken_over",
+                    "a lifecycle drain took the drain over: stopping"
+                );
+                return Ok(NoticeDrainOutcome::TakenOverByLifecycleDrain);
+            }
+            SessionEnd::NodeGone => return Ok(NoticeDrainOutcome::NodeGone),
+        };
+        // The notice's drain is over: mark it so (a repeated notice then has nothing to
+        // do) and let go of the lease at once, so a lifecycle drain waiting for it takes the
+        // node over now rather than when the lease would lapse.
+        let finished = tokio::time::timeout(
+            budget.closing_write_bound(),
+            lease.update(|c, now| {
+                let mut next = c.handed_over(now);
+                next.continuations = c.continuations;
+                next.completed_at.get_or_insert(now);
+                next
+            }),
+        )
+        .await;
+        match finished {
+            Ok(Ok(Update::Written(_))) => {}
+            Ok(Ok(Update::LeaseLost)) => return Ok(NoticeDrainOutcome::TakenOverByLifecycleDrain),
+            Ok(Ok(Update::NodeGone)) => return Ok(NoticeDrainOutcome::NodeGone),
+            Ok(Err(error)) => {
+                tracing::warn!(step = "end_unrecorded", %error, "could not record the end of the notice drain; its lease lapses by itself");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    step = "end_unrecorded",
+                    "recording the end of the notice drain got no answer in time; its lease lapses by itself"
+                );
+            }
+        }
+        Ok(outcome)
+    }
+}
+
+/// Adds `notice` to the lifecycle drain's checkpoint on `node` (conditional on the node's
+/// `resourceVersion`, recomputed on conflicts): its session takes the new deadline and the
+/// grace cap at its next checkpoint write.
+async fn join_lifecycle_drain(
+    nodes: &Api<Node>,
+    node: Node,
+    notice: &InstanceNotice,
+) -> Result<NoticeDrainOutcome, DrainError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let written = patch_recomputing(
+        nodes,
+        node,
+        Reread::Get,
+        "adding an instance notice to its drain",
+        |node| {
+            let Some(current) = checkpoint_of(node).filter(|c| !c.action.is_notice()) else {
+                return PatchStep::Stop(());
+            };
+            match current.joined_by(notice) {
+                Some(next) => PatchStep::Write(
+                    json!({"metadata": {
+                        "resourceVersion": node.metadata.resource_version,
+                        "annotations": {CHECKPOINT_ANNOTATION: next.to_json()},
+                    }}),
+                    (),
+                ),
+                None => PatchStep::Stop(()),
+            }
+        },
+    )
+    .await
+    .map_err(|source| kube_error(&name, source))?;
+    match written {
+        Patched::Written(..) => {
+            tracing::info!(
+                step = "joined",
+                "a lifecycle drain is on the node: the notice's end is now its deadline"
+            );
+            Ok(NoticeDrainOutcome::JoinedLifecycleDrain)
+        }
+        Patched::Stopped(()) => Ok(NoticeDrainOutcome::JoinedLifecycleDrain),
+        Patched::NodeGone => Ok(NoticeDrainOutcome::NodeGone),
+    }
+}
