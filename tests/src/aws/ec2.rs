@@ -1,10 +1,14 @@
-//! Fake EC2: `DescribeInstances` over the instances a test adds.
+//! Fake EC2: `DescribeInstances` over the instances a test adds, and the state-change
+//! notifications EC2 puts on the default EventBridge bus when an instance's state changes.
+//! The Spot and scheduled-event side (`DescribeSpotInstanceRequests`,
+//! `DescribeInstanceStatus`, interruption warnings) lives in `interruptions`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
+use super::interruptions::{FakeSpotRequest, ScheduledEvent};
 use super::protocol::{self, ApiError, QueryParams, Reply, element};
 use super::{Shared, lock};
 
@@ -20,7 +24,7 @@ pub enum InstanceState {
 }
 
 impl InstanceState {
-    fn code_and_name(self) -> (u16, &'static str) {
+    pub(super) fn code_and_name(self) -> (u16, &'static str) {
         match self {
             Self::Pending => (0, "pending"),
             Self::Running => (16, "running"),
@@ -49,6 +53,10 @@ pub struct FakeInstance {
     /// `LaunchTime`: when the instance last started (EC2 moves it forward when a stopped
     /// instance starts again).
     pub launch_time: jiff::Timestamp,
+    /// The Spot request of a Spot instance (`None`: On-Demand).
+    pub spot_request: Option<FakeSpotRequest>,
+    /// What `DescribeInstanceStatus` reports in `eventsSet`, oldest first.
+    pub scheduled_events: Vec<ScheduledEvent>,
 }
 
 impl FakeInstance {
@@ -75,7 +83,20 @@ impl FakeInstance {
             tags: BTreeMap::new(),
             iam_instance_profile_arn: None,
             launch_time: jiff::Timestamp::now(),
+            spot_request: None,
+            scheduled_events: Vec::new(),
         }
+    }
+
+    /// A Spot instance: EC2 reports `instanceLifecycle` `spot` and a one-time Spot request
+    /// (`sir-` and 8 characters derived from the id, stable across runs), fulfilled at the
+    /// instance's launch time.
+    pub fn spot(mut self) -> Self {
+        self.spot_request = Some(FakeSpotRequest::fulfilled(
+            &self.instance_id,
+            self.launch_time,
+        ));
+        self
     }
 
     pub fn private_dns_name(mut self, name: &str) -> Self {
@@ -111,7 +132,7 @@ impl FakeInstance {
 
 #[derive(Default)]
 pub(crate) struct Ec2State {
-    instances: BTreeMap<String, FakeInstance>,
+    pub(super) instances: BTreeMap<String, FakeInstance>,
     /// Instance ids rebooted by `RebootInstances`, in call order.
     reboots: Vec<String>,
 }
@@ -201,22 +222,73 @@ fn reboot_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiE
 
 /// Called when Auto Scaling stops or starts an instance of a warm pool.
 /// A start (into `Pending` or `Running` from any other state) is a new launch for EC2.
+/// A change of state is announced on the bus, as EC2 does; setting the same state again is
+/// no transition and announces nothing.
 pub(crate) fn set_state_of(shared: &Shared, instance_id: &str, state: InstanceState) {
-    if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+    let changed = {
+        let mut ec2 = lock(&shared.ec2);
+        let Some(instance) = ec2.instances.get_mut(instance_id) else {
+            return;
+        };
         let starting = |s| matches!(s, InstanceState::Pending | InstanceState::Running);
         if starting(state) && !starting(instance.state) {
             instance.launch_time = jiff::Timestamp::now();
         }
+        let changed = instance.state != state;
         instance.state = state;
+        changed
+    };
+    if changed {
+        emit_state_change(shared, instance_id, state);
     }
 }
 
 /// Called when Auto Scaling lets an instance go: EC2 reports it terminated, without DNS name.
+/// EC2 announces `shutting-down` then `terminated` (a termination always passes through
+/// `shutting-down`), each only if the instance was not already past it.
 pub(crate) fn mark_terminated(shared: &Shared, instance_id: &str) {
-    if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+    let previous = {
+        let mut ec2 = lock(&shared.ec2);
+        let Some(instance) = ec2.instances.get_mut(instance_id) else {
+            return;
+        };
+        let previous = instance.state;
         instance.state = InstanceState::Terminated;
         instance.private_dns_name.clear();
+        previous
+    };
+    if !matches!(
+        previous,
+        InstanceState::ShuttingDown | InstanceState::Terminated
+    ) {
+        emit_state_change(shared, instance_id, InstanceState::ShuttingDown);
     }
+    if previous != InstanceState::Terminated {
+        emit_state_change(shared, instance_id, InstanceState::Terminated);
+    }
+}
+
+/// `arn:<partition>:ec2:<region>:<account>:instance/<id>`, as EC2's events name an instance.
+pub(super) fn instance_arn(shared: &Shared, instance_id: &str) -> String {
+    let account = &shared.account;
+    format!(
+        "arn:{}:ec2:{}:{}:instance/{instance_id}",
+        account.partition, account.region, account.account_id
+    )
+}
+
+/// `EC2 Instance State-change Notification` for `state`, as EC2 puts it on the default bus.
+fn emit_state_change(shared: &Shared, instance_id: &str, state: InstanceState) {
+    super::eventbridge::emit(
+        shared,
+        "aws.ec2",
+        "EC2 Instance State-change Notification",
+        vec![instance_arn(shared, instance_id)],
+        serde_json::json!({
+            "instance-id": instance_id,
+            "state": state.code_and_name().1,
+        }),
+    );
 }
 
 pub(crate) fn dispatch(
@@ -227,6 +299,10 @@ pub(crate) fn dispatch(
     match operation {
         "DescribeInstances" => describe_instances(shared, params),
         "RebootInstances" => reboot_instances(shared, params),
+        "DescribeSpotInstanceRequests" => {
+            super::interruptions::describe_spot_instance_requests(shared, params)
+        }
+        "DescribeInstanceStatus" => super::interruptions::describe_instance_status(shared, params),
         other => Err(ApiError::new(
             400,
             "InvalidAction",
@@ -261,15 +337,8 @@ fn filter_matches(instance: &FakeInstance, name: &str, values: &[String]) -> boo
     }
 }
 
-fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
-    let ids = protocol::query_list(params, "InstanceId");
-    if let Some(bad) = ids.iter().find(|id| !is_instance_id(id)) {
-        return Err(ApiError::new(
-            400,
-            "InvalidInstanceID.Malformed",
-            format!("Invalid id: \"{bad}\""),
-        ));
-    }
+/// The `Filter.N.Name` / `Filter.N.Value.M` pairs of an EC2 request, in order.
+pub(super) fn query_filters(params: &QueryParams) -> Vec<(String, Vec<String>)> {
     let mut filters = Vec::new();
     for index in 1.. {
         let Some(name) = params.get(&format!("Filter.{index}.Name")) else {
@@ -278,29 +347,44 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
         let values = protocol::query_list(params, &format!("Filter.{index}.Value"));
         filters.push((name.clone(), values));
     }
-    let state = lock(&shared.ec2);
-    let missing: Vec<&String> = ids
+    filters
+}
+
+/// EC2's answer to instance ids it cannot read (`InvalidInstanceID.Malformed`) or does not
+/// know (`InvalidInstanceID.NotFound`, every unknown id named).
+pub(super) fn check_instance_ids(state: &Ec2State, ids: &[String]) -> Result<(), ApiError> {
+    if let Some(bad) = ids.iter().find(|id| !is_instance_id(id)) {
+        return Err(ApiError::new(
+            400,
+            "InvalidInstanceID.Malformed",
+            format!("Invalid id: \"{bad}\""),
+        ));
+    }
+    let missing: Vec<&str> = ids
         .iter()
         .filter(|id| !state.instances.contains_key(*id))
+        .map(String::as_str)
         .collect();
     match missing.as_slice() {
-        [] => {}
-        [one] => {
-            return Err(ApiError::new(
-                400,
-                "InvalidInstanceID.NotFound",
-                format!("The instance ID '{one}' does not exist"),
-            ));
-        }
-        many => {
-            let joined: Vec<&str> = many.iter().map(|s| s.as_str()).collect();
-            return Err(ApiError::new(
-                400,
-                "InvalidInstanceID.NotFound",
-                format!("The instance IDs '{}' do not exist", joined.join(", ")),
-            ));
-        }
+        [] => Ok(()),
+        [one] => Err(ApiError::new(
+            400,
+            "InvalidInstanceID.NotFound",
+            format!("The instance ID '{one}' does not exist"),
+        )),
+        many => Err(ApiError::new(
+            400,
+            "InvalidInstanceID.NotFound",
+            format!("The instance IDs '{}' do not exist", many.join(", ")),
+        )),
     }
+}
+
+fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
+    let ids = protocol::query_list(params, "InstanceId");
+    let filters = query_filters(params);
+    let state = lock(&shared.ec2);
+    check_instance_ids(&state, &ids)?;
     let account_id = &shared.account.account_id;
     let mut reservations = String::new();
     for instance in state.instances.values() {
@@ -334,8 +418,18 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
                 )
             })
             .unwrap_or_default();
+        let spot = instance
+            .spot_request
+            .as_ref()
+            .map(|request| {
+                format!(
+                    "<instanceLifecycle>spot</instanceLifecycle>{}",
+                    element("spotInstanceRequestId", &request.spot_instance_request_id)
+                )
+            })
+            .unwrap_or_default();
         reservations.push_str(&format!(
-            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}<tagSet>{tags}</tagSet></item></instancesSet></item>",
+            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}{spot}<tagSet>{tags}</tagSet></item></instancesSet></item>",
             element("instanceId", &instance.instance_id),
             element("imageId", &instance.image_id),
             element("privateDnsName", &instance.private_dns_name),

@@ -10,7 +10,8 @@
 //! Beyond the APIs, the fake keeps what a test needs to judge a function: the Auto Scaling
 //! lifecycle state machine (tokens, heartbeat and global timeouts, default results) with a
 //! record of every completion, SNS subscriptions that hand the Lambda SNS event to a test,
-//! fault injection (throttling, 5xx, latency) and a log of every request.
+//! EC2's Spot interruptions and scheduled maintenance with the events EC2 and AWS Health put
+//! on the bus, fault injection (throttling, 5xx, latency) and a log of every request.
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), node_manager_testkit::aws::FakeAwsError> {
@@ -29,6 +30,9 @@ mod eks;
 mod eventbridge;
 mod faults;
 mod iam;
+mod interruptions;
+#[cfg(test)]
+mod interruptions_tests;
 mod protocol;
 mod signature;
 mod sns;
@@ -44,6 +48,10 @@ pub use eks::{FakeAccessEntry, FakeCluster, FakeEks, FakeNodegroup};
 pub use eventbridge::{EventPattern, EventSubscription, FakeEventBridge};
 pub use faults::{AwsFault, AwsFaultKind, FakeAwsFaults};
 pub use iam::FakeIam;
+pub use interruptions::{
+    FakeInterruptions, FakeSpotRequest, ScheduledEvent, ScheduledEventCode, SpotInterruption,
+    SpotInterruptionAction,
+};
 pub use sns::{FakeSns, PublishSource, PublishedMessage, SnsSubscription, SubscriptionFilter};
 
 use std::collections::BTreeMap;
@@ -79,6 +87,19 @@ pub enum FakeAwsError {
         "Auto Scaling group {0:?} has no launch template: declare one with FakeAutoScalingGroup::launch_template"
     )]
     NoLaunchTemplate(String),
+    #[error("no EC2 instance {0:?}: add it with ec2().add_instance first")]
+    UnknownInstance(String),
+    #[error("EC2 instance {0:?} is not a Spot instance: declare it with FakeInstance::spot")]
+    NotSpot(String),
+    /// Auto Scaling's Spot instances are terminated when interrupted, never stopped.
+    #[error(
+        "instance {instance_id:?} is in Auto Scaling group {group:?}, which terminates interrupted Spot instances: {action} is not an interruption it carries out"
+    )]
+    GroupOnlyTerminates {
+        instance_id: String,
+        group: String,
+        action: String,
+    },
     /// What the fake Auto Scaling API would answer a client (e.g. `InstanceRefreshInProgress`).
     #[error("Auto Scaling refused: {code}: {message}")]
     AutoScalingApi { code: String, message: String },
@@ -247,6 +268,12 @@ impl FakeAws {
 
     pub fn eventbridge(&self) -> FakeEventBridge {
         FakeEventBridge::new(Arc::clone(&self.shared))
+    }
+
+    /// Spot interruptions, rebalance recommendations and scheduled maintenance: what EC2 and
+    /// AWS Health report and put on the bus about an instance about to go.
+    pub fn interruptions(&self) -> FakeInterruptions {
+        FakeInterruptions::new(Arc::clone(&self.shared))
     }
 
     pub fn faults(&self) -> FakeAwsFaults {

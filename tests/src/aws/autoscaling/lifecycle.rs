@@ -39,6 +39,25 @@ impl FakeAutoScaling {
         self.start_action(group_name, instance_id, LifecycleTransition::Terminating)
     }
 
+    /// Auto Scaling's answer to EC2 interrupting a member of `group_name` (a Spot
+    /// interruption warning): it terminates the instance at once, as a scale-in would:
+    /// through the group's terminating hook (its notification sent) when it has one, else
+    /// the instance leaves the group terminated. Returns the hook's notice, if any.
+    pub(crate) fn terminate_interrupted(
+        &self,
+        group_name: &str,
+        instance_id: &str,
+    ) -> Result<Option<LifecycleNotice>, FakeAwsError> {
+        if self
+            .state()
+            .has_hook(group_name, LifecycleTransition::Terminating)
+        {
+            return self.terminate_instance(group_name, instance_id).map(Some);
+        }
+        super::launch::terminate_at_once(&self.shared, group_name, instance_id);
+        Ok(None)
+    }
+
     fn start_action(
         &self,
         group_name: &str,

@@ -310,6 +310,22 @@ impl FakeAutoScaling {
         self.state().time_scale = scale.max(0.0);
     }
 
+    /// `declared` as it runs under the time scale: the same scaling for durations other fakes
+    /// declare in AWS terms (a Spot interruption's notice), so they keep their proportion to
+    /// hook timeouts.
+    pub(crate) fn scaled(&self, declared: Duration) -> Duration {
+        declared.mul_f64(self.state().time_scale)
+    }
+
+    /// The group `instance_id` is a member of, if any.
+    pub(crate) fn group_of(&self, instance_id: &str) -> Option<String> {
+        self.state()
+            .groups
+            .iter()
+            .find(|(_, record)| record.instances.contains_key(instance_id))
+            .map(|(name, _)| name.clone())
+    }
+
     /// Adds (or replaces) a group; its hooks and instances are kept on replace.
     pub fn add_group(&self, group: FakeAutoScalingGroup) {
         let account = &self.shared.account;
