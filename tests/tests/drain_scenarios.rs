@@ -33,6 +33,8 @@ use serde_json::{Value, json};
 // The scenarios of one feature each, on this file's `Scenario` (one test binary).
 #[path = "drain_scenarios/do_not_disrupt.rs"]
 mod do_not_disrupt;
+#[path = "drain_scenarios/instance_notices.rs"]
+mod instance_notices;
 #[path = "drain_scenarios/retention.rs"]
 mod retention;
 

@@ -24,10 +24,10 @@ use tracing::Instrument;
 
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
+use crate::lifecycle::hand_over::HandOver;
 use crate::lifecycle::handler::{
     Clients, HandledRecord, HookClients, HookContext, HookHandler, Invocation,
 };
-use crate::lifecycle::hand_over::HandOver;
 use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper, PendingUnproven};
 use crate::lifecycle::node::find_node;
 use crate::lifecycle::notification::{

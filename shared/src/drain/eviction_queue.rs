@@ -54,7 +54,8 @@ pub const NOTICE_END_MARGIN: std::time::Duration = std::time::Duration::from_sec
 /// hooks and SIGTERM). A pod without a grace period has Kubernetes' default of 30 s.
 pub fn capped_grace(grace: Option<i64>, ends_by: jiff::Timestamp, now: jiff::Timestamp) -> i64 {
     const KUBERNETES_DEFAULT_GRACE: i64 = 30;
-    let left = ends_by.as_second() - now.as_second()
+    let left = ends_by.as_second()
+        - now.as_second()
         - i64::try_from(NOTICE_END_MARGIN.as_secs()).unwrap_or(i64::MAX);
     grace.unwrap_or(KUBERNETES_DEFAULT_GRACE).min(left).max(1)
 }

@@ -122,7 +122,11 @@ impl<C: HookClients> Drainer<C> {
                 cordon,
             } => (*node, checkpoint, resumed, cordon),
             Claim::HeldByOther { holder, .. } => {
-                tracing::info!(step = "duplicate", holder, "another invocation is draining this node for the notice: exiting quietly");
+                tracing::info!(
+                    step = "duplicate",
+                    holder,
+                    "another invocation is draining this node for the notice: exiting quietly"
+                );
                 return Ok(NoticeDrainOutcome::Duplicate { holder });
             }
             Claim::AlreadyCompleted => {
@@ -137,7 +141,14 @@ impl<C: HookClients> Drainer<C> {
         let node_reference = DrainEvents::node_reference(&name, node.metadata.uid.as_deref());
         let kind = request.notice.kind.as_str();
         if cordon.changed_anything() {
-            tracing::info!(step = "cordoned", notice = kind, labelled = cordon.labelled, cordoned = cordon.cordoned, tainted = cordon.tainted, "node excluded from load balancers and cordoned");
+            tracing::info!(
+                step = "cordoned",
+                notice = kind,
+                labelled = cordon.labelled,
+                cordoned = cordon.cordoned,
+                tainted = cordon.tainted,
+                "node excluded from load balancers and cordoned"
+            );
             request.events.normal(
                 &node_reference,
                 reason::CORDONED,
@@ -209,7 +220,11 @@ impl<C: HookClients> Drainer<C> {
         lease.last_written = session.last_written.take();
         let outcome = match ran {
             SessionEnd::Settled => {
-                tracing::info!(step = "drained", pods_evicted = stats.pods_evicted, "node drained for the instance notice");
+                tracing::info!(
+                    step = "drained",
+                    pods_evicted = stats.pods_evicted,
+                    "node drained for the instance notice"
+                );
                 NoticeDrainOutcome::Drained {
                     pods_evicted: stats.pods_evicted,
                 }

@@ -30,10 +30,14 @@ pub const SPOT_NOTICE: std::time::Duration = std::time::Duration::from_secs(120)
 pub enum Announcement {
     /// The Spot instance is interrupted two minutes after the event's time; `action` is
     /// `terminate`, `stop` or `hibernate`.
-    SpotInterruption { action: String },
+    SpotInterruption {
+        action: String,
+    },
     RebalanceRecommendation,
     /// The instance is `stopping` or `shutting-down` now.
-    Stopping { state: String },
+    Stopping {
+        state: String,
+    },
     /// AWS Health scheduled a change: `type_code` (e.g.
     /// `AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED`) starting at `starts_at` (as the event says;
     /// EC2's own schedule is checked before acting).
@@ -388,7 +392,12 @@ mod tests {
             json!({"instance-id": "i-0a1b2c3d"}),
         );
         bad_account["account"] = json!("12345");
-        assert!(parse(&bad_account).unwrap_err().to_string().contains("account"));
+        assert!(
+            parse(&bad_account)
+                .unwrap_err()
+                .to_string()
+                .contains("account")
+        );
         let mut no_detail = bad_account.clone();
         no_detail["account"] = json!("123456789012");
         no_detail["detail"] = json!("text");
@@ -402,7 +411,12 @@ mod tests {
             json!({"service": "EC2", "eventTypeCode": "X", "eventTypeCategory": "scheduledChange",
                    "startTime": "soon", "affectedEntities": [{"entityValue": "i-0a1b2c3d"}]}),
         );
-        assert!(parse(&bad_start).unwrap_err().to_string().contains("startTime"));
+        assert!(
+            parse(&bad_start)
+                .unwrap_err()
+                .to_string()
+                .contains("startTime")
+        );
     }
 
     #[test]
@@ -410,7 +424,8 @@ mod tests {
         let lifecycle = json!({"source": "aws.autoscaling", "detail-type": "EC2 Instance-terminate Lifecycle Action"});
         assert!(!is_notice_event(&lifecycle));
         assert!(!is_notice_event(&json!({"Records": []})));
-        let schedule = json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
+        let schedule =
+            json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}});
         assert!(is_notice_event(&schedule));
         assert_eq!(parse(&schedule).unwrap(), NoticeEvent::Sweep);
     }

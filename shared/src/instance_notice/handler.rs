@@ -18,19 +18,21 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::event::{Announcement, InstanceEvent, NoticeEvent, NoticeEventError, SPOT_NOTICE};
-use super::maintenance::{PlannedMaintenance, plan_maintenance};
+use super::maintenance::{
+    MaintenanceRecord, PlannedMaintenance, clear_maintenance, plan_maintenance,
+};
 use super::settings::RebalanceAction;
 use super::sweep::sweep;
 use crate::aws::{AwsError, InstanceNotices};
 use crate::cluster::ClusterAccessError;
 use crate::cluster::connection::KubeConnection;
+use crate::diagnostic::{FunctionError, diagnostic};
 use crate::drain::notice::{NoticeDrainOutcome, NoticeDrainRequest};
-use crate::drain::{Drainer, DrainError};
+use crate::drain::{DrainError, Drainer};
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::lifecycle::node::{NodeLookupError, find_node};
 use crate::lifecycle::scope::ScopeDecision;
 use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, notice_action};
-use crate::diagnostic::{FunctionError, diagnostic};
 
 /// How long EC2 calls that prove a notice may take in all: the drain they gate has two
 /// minutes.
@@ -60,15 +62,21 @@ pub enum NoticeError {
     Malformed(#[from] NoticeEventError),
     #[error("cannot reach the cluster's Kubernetes API: {0}")]
     Cluster(#[from] ClusterAccessError),
-    #[error("cannot check instance {instance_id} with EC2 or Auto Scaling (nothing was written): {source}")]
+    #[error(
+        "cannot check instance {instance_id} with EC2 or Auto Scaling (nothing was written): {source}"
+    )]
     Aws {
         instance_id: String,
         #[source]
         source: AwsError,
     },
-    #[error("EC2 does not confirm the event for instance {instance_id} (nothing was written): {reason}")]
+    #[error(
+        "EC2 does not confirm the event for instance {instance_id} (nothing was written): {reason}"
+    )]
     Unconfirmed { instance_id: String, reason: String },
-    #[error("EC2 did not answer within {PROOF_BOUND:?} about instance {instance_id} (nothing was written)")]
+    #[error(
+        "EC2 did not answer within {PROOF_BOUND:?} about instance {instance_id} (nothing was written)"
+    )]
     NoAnswer { instance_id: String },
     #[error("cannot find the node of instance {instance_id}: {source}")]
     NodeLookup {
@@ -200,7 +208,11 @@ where
         };
         let (notice, deadline) = match plan {
             Plan::Nothing(name, why) => {
-                tracing::info!(step = "no_action", why, "nothing to do for this instance event");
+                tracing::info!(
+                    step = "no_action",
+                    why,
+                    "nothing to do for this instance event"
+                );
                 return Ok(outcome(name, Some(why)));
             }
             Plan::Act { notice, deadline } => (notice, deadline),
@@ -224,11 +236,33 @@ where
         };
         let client = self.drainer.context.kube.client().await?;
         let Some(node) = self.node(&client, instance_id).await? else {
-            tracing::info!(step = "no_node", "the instance has no node: nothing to drain");
+            tracing::info!(
+                step = "no_node",
+                "the instance has no node: nothing to drain"
+            );
             return Ok(outcome("NoNode", None));
         };
+        // A plan made for this maintenance earlier is replaced by the drain now.
+        if notice.kind == NoticeKind::ScheduledMaintenance
+            && let Some(record) = MaintenanceRecord::of(&node)
+        {
+            clear_maintenance(&client, node.clone(), &record)
+                .await
+                .map_err(|source| DrainError::Kubernetes {
+                    node: node.metadata.name.clone().unwrap_or_default(),
+                    source,
+                })?;
+        }
         let drained = self
-            .drain(&client, node, &group, instance_id, &notice, deadline, invocation)
+            .drain(
+                &client,
+                node,
+                &group,
+                instance_id,
+                &notice,
+                deadline,
+                invocation,
+            )
             .await?;
         let detail = match &drained {
             NoticeDrainOutcome::PodsLeft { pods } => Some(pods.join(", ")),
@@ -317,7 +351,9 @@ where
             .await
             .map_err(aws)?
         else {
-            return Ok(Checked::Foreign("EC2 does not know the instance".to_owned()));
+            return Ok(Checked::Foreign(
+                "EC2 does not know the instance".to_owned(),
+            ));
         };
         let Some(group) = facts.auto_scaling_group.clone() else {
             return Ok(Checked::Foreign(
@@ -350,7 +386,10 @@ where
                         .await
                         .map_err(aws)?,
                 };
-                if !status.as_deref().is_some_and(|s| s.starts_with("marked-for-")) {
+                if !status
+                    .as_deref()
+                    .is_some_and(|s| s.starts_with("marked-for-"))
+                {
                     return Err(unconfirmed(format!(
                         "its Spot request's status is {}, not marked for interruption",
                         status.as_deref().unwrap_or("unknown")
@@ -422,7 +461,9 @@ where
                         group,
                         plan: Plan::Nothing(
                             "NotScheduled",
-                            format!("EC2 lists no pending scheduled event ({type_code}): completed or cancelled"),
+                            format!(
+                                "EC2 lists no pending scheduled event ({type_code}): completed or cancelled"
+                            ),
                         ),
                     });
                 };
@@ -479,4 +520,3 @@ fn announcement_name(announcement: &Announcement) -> &'static str {
         Announcement::ScheduledChange { .. } => "ScheduledChange",
     }
 }
-

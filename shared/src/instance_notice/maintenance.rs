@@ -91,19 +91,25 @@ pub async fn clear_maintenance(
     record: &MaintenanceRecord,
 ) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
-    patch_recomputing(&nodes, node, Reread::Get, "clearing planned maintenance", |node| {
-        if MaintenanceRecord::of(node).as_ref() != Some(record) {
-            return PatchStep::Stop(());
-        }
-        PatchStep::Write(
-            json!({"metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "labels": {MAINTENANCE_LABEL: null},
-                "annotations": {MAINTENANCE_ANNOTATION: null},
-            }}),
-            (),
-        )
-    })
+    patch_recomputing(
+        &nodes,
+        node,
+        Reread::Get,
+        "clearing planned maintenance",
+        |node| {
+            if MaintenanceRecord::of(node).as_ref() != Some(record) {
+                return PatchStep::Stop(());
+            }
+            PatchStep::Write(
+                json!({"metadata": {
+                    "resourceVersion": node.metadata.resource_version,
+                    "labels": {MAINTENANCE_LABEL: null},
+                    "annotations": {MAINTENANCE_ANNOTATION: null},
+                }}),
+                (),
+            )
+        },
+    )
     .await?;
     Ok(())
 }

@@ -102,8 +102,8 @@ mod tests {
                 .rebalance_action,
             RebalanceAction::Nothing
         );
-        let error = NoticeSettings::from_source(&source(&[("REBALANCE_ACTION", "evict")]))
-            .unwrap_err();
+        let error =
+            NoticeSettings::from_source(&source(&[("REBALANCE_ACTION", "evict")])).unwrap_err();
         assert!(error.to_string().contains("REBALANCE_ACTION"), "{error}");
     }
 }

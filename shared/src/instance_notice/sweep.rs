@@ -91,7 +91,10 @@ where
             instances.push(InstanceOutcome {
                 instance_id: record.instance_id,
                 outcome: "MaintenancePlanDropped".to_owned(),
-                detail: Some(format!("{} started at {}", record.type_code, record.starts_at)),
+                detail: Some(format!(
+                    "{} started at {}",
+                    record.type_code, record.starts_at
+                )),
             });
             continue;
         }
@@ -114,8 +117,17 @@ where
                 invocation,
             )
             .await?;
-        tracing::info!(step = "maintenance_drain", instance_id = record.instance_id, outcome = drained.name(), "planned maintenance drain ran");
-        if let Some(fresh) = nodes.get_opt(node.metadata.name.as_deref().unwrap_or_default()).await.map_err(kube)? {
+        tracing::info!(
+            step = "maintenance_drain",
+            instance_id = record.instance_id,
+            outcome = drained.name(),
+            "planned maintenance drain ran"
+        );
+        if let Some(fresh) = nodes
+            .get_opt(node.metadata.name.as_deref().unwrap_or_default())
+            .await
+            .map_err(kube)?
+        {
             clear_maintenance(&client, fresh, &record)
                 .await
                 .map_err(kube)?;
@@ -146,18 +158,26 @@ fn is_expired_rebalance_cordon(
 /// Undoes what the cordon-only record says we did and removes the record, in one write
 /// conditional on the node's `resourceVersion`; what was undone.
 async fn undo_rebalance_cordon(nodes: &Api<Node>, node: Node) -> Result<Vec<String>, kube::Error> {
-    let written = patch_recomputing(nodes, node, Reread::Get, "undoing a rebalance cordon", |node| {
-        let Some(checkpoint) = checkpoint_of(node).filter(|c| is_expired_rebalance_cordon(c, Timestamp::now())) else {
-            return PatchStep::Stop(());
-        };
-        let mut patch = json!({"metadata": {
-            "resourceVersion": node.metadata.resource_version,
-            "annotations": {CHECKPOINT_ANNOTATION: null},
-        }});
-        let ours = checkpoint.out_of_service.unwrap_or_default();
-        let undone = add_undo_to_patch(&ours, node, &mut patch);
-        PatchStep::Write(patch, undone.items())
-    })
+    let written = patch_recomputing(
+        nodes,
+        node,
+        Reread::Get,
+        "undoing a rebalance cordon",
+        |node| {
+            let Some(checkpoint) =
+                checkpoint_of(node).filter(|c| is_expired_rebalance_cordon(c, Timestamp::now()))
+            else {
+                return PatchStep::Stop(());
+            };
+            let mut patch = json!({"metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {CHECKPOINT_ANNOTATION: null},
+            }});
+            let ours = checkpoint.out_of_service.unwrap_or_default();
+            let undone = add_undo_to_patch(&ours, node, &mut patch);
+            PatchStep::Write(patch, undone.items())
+        },
+    )
     .await?;
     Ok(match written {
         Patched::Written(_, items) => items,

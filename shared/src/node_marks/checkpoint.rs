@@ -409,8 +409,7 @@ impl DrainCheckpoint {
         lease_duration: Duration,
     ) -> LeaseDecision {
         let fresh = || {
-            let mut checkpoint =
-                Self::start(action, now, Duration::ZERO, holder, lease_duration);
+            let mut checkpoint = Self::start(action, now, Duration::ZERO, holder, lease_duration);
             checkpoint.deadline = deadline;
             checkpoint.notice = Some(notice.clone());
             if notice.cordon_only {

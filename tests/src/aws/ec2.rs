@@ -383,6 +383,9 @@ pub(super) fn check_instance_ids(state: &Ec2State, ids: &[String]) -> Result<(),
 fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
     let ids = protocol::query_list(params, "InstanceId");
     let filters = query_filters(params);
+    // Read before EC2's own state is locked (Auto Scaling's paths lock the two the other
+    // way round).
+    let groups = super::autoscaling::FakeAutoScaling::memberships(shared);
     let state = lock(&shared.ec2);
     check_instance_ids(&state, &ids)?;
     let account_id = &shared.account.account_id;
@@ -400,7 +403,15 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
         let (code, name) = instance.state.code_and_name();
         let reservation_id = format!("r-{}", &instance.instance_id[2..]);
         let mut tags = String::new();
-        for (key, value) in &instance.tags {
+        // Auto Scaling tags its instances with their group, a tag nobody else may set.
+        let group_tag = groups
+            .get(&instance.instance_id)
+            .map(|group| ("aws:autoscaling:groupName".to_owned(), group.clone()));
+        for (key, value) in instance
+            .tags
+            .iter()
+            .chain(group_tag.as_ref().map(|(k, v)| (k, v)))
+        {
             tags.push_str(&format!(
                 "<item>{}{}</item>",
                 element("key", key),

@@ -318,6 +318,23 @@ impl FakeAutoScaling {
     }
 
     /// The group `instance_id` is a member of, if any.
+    /// Every instance in a group, with its group (what EC2's `aws:autoscaling:groupName` tag
+    /// says).
+    pub(crate) fn memberships(
+        shared: &super::Shared,
+    ) -> std::collections::BTreeMap<String, String> {
+        lock(&shared.autoscaling.state)
+            .groups
+            .iter()
+            .flat_map(|(name, record)| {
+                record
+                    .instances
+                    .keys()
+                    .map(move |id| (id.clone(), name.clone()))
+            })
+            .collect()
+    }
+
     pub(crate) fn group_of(&self, instance_id: &str) -> Option<String> {
         self.state()
             .groups
