@@ -221,6 +221,12 @@ impl FunctionWorldBuilder {
         self
     }
 
+    /// Makes the seeded instance a Spot instance (its Spot request fulfilled).
+    pub fn spot(mut self) -> Self {
+        self.instance = self.instance.spot();
+        self
+    }
+
     /// Seeds `instance_id` running in EC2 but not yet in the group and without a node, for a
     /// launch (`aws.autoscaling().launch_instance`) to start.
     pub fn pending_instance(mut self, instance_id: &str) -> Self {

@@ -623,13 +623,18 @@ fn rule_pattern_for(template: &Value, cluster: &str) -> Value {
     serde_json::from_str(&text).expect("pattern")
 }
 
-/// EventBridge matching for the pattern features the template uses: lists of exact values
-/// and `{"exists": bool}`.
+/// EventBridge matching for the pattern features the template uses: lists of exact values,
+/// `{"exists": bool}` and `$or`.
 fn pattern_matches(pattern: &Value, event: &Value) -> bool {
     let Some(fields) = pattern.as_object() else {
         return false;
     };
     fields.iter().all(|(key, expected)| {
+        if key == "$or" {
+            return expected
+                .as_array()
+                .is_some_and(|branches| branches.iter().any(|b| pattern_matches(b, event)));
+        }
         let actual = event.get(key);
         match expected {
             Value::Object(_) => actual.is_some_and(|a| pattern_matches(expected, a)),
@@ -642,6 +647,89 @@ fn pattern_matches(pattern: &Value, event: &Value) -> bool {
             _ => false,
         }
     })
+}
+
+/// A rule's pattern from the template (no intrinsics in it).
+fn rule_pattern(template: &Value, rule: &str) -> Value {
+    template["Resources"][rule]["Properties"]["EventPattern"].clone()
+}
+
+#[test]
+fn instance_notice_rules_forward_what_the_terminating_hook_acts_on_and_nothing_else() {
+    let template = main_template();
+    let ec2 = rule_pattern(&template, "InstanceNoticeEventsRule");
+    let health = rule_pattern(&template, "ScheduledMaintenanceEventsRule");
+    let event = |source: &str, detail_type: &str, detail: Value| json!({"source": source, "detail-type": detail_type, "detail": detail});
+    let forwarded = [
+        event(
+            "aws.ec2",
+            "EC2 Spot Instance Interruption Warning",
+            json!({"instance-id": "i-0a1b2c3d", "instance-action": "terminate"}),
+        ),
+        event(
+            "aws.ec2",
+            "EC2 Instance Rebalance Recommendation",
+            json!({"instance-id": "i-0a1b2c3d"}),
+        ),
+        event(
+            "aws.ec2",
+            "EC2 Instance State-change Notification",
+            json!({"instance-id": "i-0a1b2c3d", "state": "shutting-down"}),
+        ),
+        event(
+            "aws.ec2",
+            "EC2 Instance State-change Notification",
+            json!({"instance-id": "i-0a1b2c3d", "state": "stopping"}),
+        ),
+    ];
+    for e in &forwarded {
+        assert!(pattern_matches(&ec2, e), "{e}");
+        assert!(
+            node_manager::instance_notice::event::is_notice_event(e),
+            "{e}"
+        );
+    }
+    let dropped = [
+        event(
+            "aws.ec2",
+            "EC2 Instance State-change Notification",
+            json!({"instance-id": "i-0a1b2c3d", "state": "running"}),
+        ),
+        event(
+            "aws.ec2",
+            "EC2 Instance State-change Notification",
+            json!({"instance-id": "i-0a1b2c3d", "state": "terminated"}),
+        ),
+        event("aws.ec2", "EBS Volume Notification", json!({})),
+    ];
+    for e in &dropped {
+        assert!(!pattern_matches(&ec2, e), "{e}");
+    }
+    let scheduled = event(
+        "aws.health",
+        "AWS Health Event",
+        json!({"service": "EC2", "eventTypeCategory": "scheduledChange"}),
+    );
+    assert!(pattern_matches(&health, &scheduled));
+    for (service, category) in [("RDS", "scheduledChange"), ("EC2", "issue")] {
+        let other = event(
+            "aws.health",
+            "AWS Health Event",
+            json!({"service": service, "eventTypeCategory": category}),
+        );
+        assert!(!pattern_matches(&health, &other), "{other}");
+    }
+    // Both deliver to the terminating hook, whose sweep runs on a schedule.
+    for rule in ["InstanceNoticeEventsRule", "ScheduledMaintenanceEventsRule"] {
+        let targets = &template["Resources"][rule]["Properties"]["Targets"];
+        assert_eq!(
+            targets[0]["Arn"],
+            attribute("TerminatingHookFunction", "Arn")
+        );
+    }
+    let sweep = &template["Resources"]["TerminatingHookFunction"]["Properties"]["Events"]["InstanceNoticeSweep"];
+    assert_eq!(sweep["Type"], "Schedule");
+    assert_eq!(sweep["Properties"]["Schedule"], "rate(5 minutes)");
 }
 
 #[test]
@@ -714,6 +802,8 @@ fn iam_grants_no_wildcard_action_and_resource_star_only_for_reads_without_resour
         "autoscaling:DescribeAutoScalingInstances",
         "ec2:DescribeInstances",
         "autoscaling:DescribeInstanceRefreshes",
+        "ec2:DescribeSpotInstanceRequests",
+        "ec2:DescribeInstanceStatus",
     ];
     for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
         for (owner, statement) in policy_statements(&template) {
@@ -1470,7 +1560,7 @@ fn every_dead_letter_queue_and_every_function_has_its_alarms() {
             }
         }
     }
-    assert_eq!(queues.len(), 3, "{queues:?}");
+    assert_eq!(queues.len(), 4, "{queues:?}");
     for queue in &queues {
         assert!(
             watched(
