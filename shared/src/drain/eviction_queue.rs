@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::backoff::Backoff;
 use super::eviction::EvictionOutcome;
-use super::plan::{PlannedPod, PodKey};
+use super::plan::{DEFAULT_GRACE_PERIOD_SECONDS, NOTICE_END_MARGIN, PlannedPod, PodKey};
 
 /// An eviction in flight.
 pub type EvictionFuture = Pin<Box<dyn Future<Output = (PodKey, EvictionOutcome)> + Send>>;
@@ -44,20 +44,19 @@ pub enum Recorded {
     RetryAt(Instant),
 }
 
-/// How long before an instance notice's end a pod's grace period must be over: the kubelet
-/// still has to stop the containers and report the pod gone before the instance is.
-pub const NOTICE_END_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// The grace period a pod whose own (or configured) grace is `grace` gets when the instance
 /// stops at `ends_by`: at most the whole seconds left before `ends_by` minus
 /// [`NOTICE_END_MARGIN`], at least 1 (0 would ask for an immediate kill, skipping preStop
 /// hooks and SIGTERM). A pod without a grace period has Kubernetes' default of 30 s.
+
 pub fn capped_grace(grace: Option<i64>, ends_by: jiff::Timestamp, now: jiff::Timestamp) -> i64 {
-    const KUBERNETES_DEFAULT_GRACE: i64 = 30;
     let left = ends_by.as_second()
         - now.as_second()
         - i64::try_from(NOTICE_END_MARGIN.as_secs()).unwrap_or(i64::MAX);
-    grace.unwrap_or(KUBERNETES_DEFAULT_GRACE).min(left).max(1)
+    grace
+        .unwrap_or(DEFAULT_GRACE_PERIOD_SECONDS)
+        .min(left)
+        .max(1)
 }
 
 pub struct EvictionQueue {
@@ -235,6 +234,22 @@ impl EvictionQueue {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn grace_periods_are_cut_to_end_before_the_instance_and_never_to_zero() {
+        let end = jiff::Timestamp::from_second(1_700_000_120).unwrap();
+        let at = |second: i64| jiff::Timestamp::from_second(1_700_000_000 + second).unwrap();
+        // 60 s left, 5 s margin: at most 55.
+        assert_eq!(capped_grace(Some(300), end, at(60)), 55);
+        assert_eq!(
+            capped_grace(Some(20), end, at(60)),
+            20,
+            "a shorter one is kept"
+        );
+        assert_eq!(capped_grace(None, end, at(60)), 30, "Kubernetes' default");
+        assert_eq!(capped_grace(Some(30), end, at(118)), 1, "never 0");
+        assert_eq!(capped_grace(Some(30), end, at(500)), 1, "past the end");
+    }
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 

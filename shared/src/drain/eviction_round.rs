@@ -105,9 +105,11 @@ impl DrainSession<'_> {
                     return Ok(None);
                 }
                 if let Some((_, plan)) = &round.planned {
+                    let now = Instant::now();
+                    round.queue.offer(plan.to_evict_now(), now, &evict);
                     round
                         .queue
-                        .offer(plan.to_evict_now(), Instant::now(), evict);
+                        .offer(plan.due_before_instance_end(), now, &evict);
                 }
             }
             if let Some(end) = self.next_wake_up(&mut round, hand_over_at).await {

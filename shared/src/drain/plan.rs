@@ -67,9 +67,32 @@ pub struct PlanContext {
     /// `STUCK_POD_SECONDS`: how long past its deletion deadline (or after the node stopped
     /// being Ready) a terminating pod is still waited for.
     pub stuck_after: Duration,
+    /// When the instance stops running (an instance notice): critical pods are evicted
+    /// early enough to end gracefully before it, even while others are still leaving.
+    pub instance_ends_at: Option<Timestamp>,
 }
 
+/// How long before an instance notice's end a pod's grace period must be over: the kubelet
+/// still has to stop the containers and report the pod gone before the instance is.
+pub const NOTICE_END_MARGIN: Duration = Duration::from_secs(5);
+
+/// A pod's grace period when it has none set: Kubernetes' default.
+pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
+
 impl PlanContext {
+    /// The latest time `pod` can be evicted and still end within its own grace period before
+    /// the instance's end; `None` without a notice.
+    fn latest_graceful_eviction(&self, pod: &PlannedPod) -> Option<Timestamp> {
+        let end = self.instance_ends_at?;
+        let grace = pod
+            .grace_period_seconds
+            .unwrap_or(DEFAULT_GRACE_PERIOD_SECONDS)
+            .max(0);
+        let before = jiff::SignedDuration::from_secs(grace)
+            + jiff::SignedDuration::try_from(NOTICE_END_MARGIN).unwrap_or_default();
+        Some(end.checked_sub(before).unwrap_or(Timestamp::MIN))
+    }
+
     /// When a pod being deleted since `deletion_timestamp` stops holding the drain.
     fn stuck_at(&self, deletion_timestamp: Timestamp) -> Timestamp {
         let margin =
@@ -283,6 +306,10 @@ pub struct DrainPlan {
     /// When the next pod still waited for becomes a stuck deletion, if any will: the plan
     /// changes then without any pod changing.
     pub next_change_at: Option<Timestamp>,
+    /// Critical pods whose turn would come too late for their grace period before the
+    /// instance's end (see [`PlanContext::instance_ends_at`]): evicted now, with the tier
+    /// before them still leaving.
+    due_before_instance_end: Vec<PlannedPod>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -336,9 +363,41 @@ impl DrainPlan {
             tier.evict.sort_by(|a, b| a.key.cmp(&b.key));
             tier.terminating.sort();
         }
+        plan.bring_forward_for_instance_end(context);
         plan.skipped.sort_by(|a, b| a.0.cmp(&b.0));
         plan.held.sort_by(|a, b| a.key.cmp(&b.key));
         plan
+    }
+
+    /// With an instance notice and the critical tier still waiting: the critical pods that
+    /// must be evicted now to end within their own grace period before the instance does;
+    /// the next such time becomes a plan change.
+    fn bring_forward_for_instance_end(&mut self, context: &PlanContext) {
+        let (Some(now), Some(_)) = (context.now, context.instance_ends_at) else {
+            return;
+        };
+        if self.current_tier() != Some(EvictionTier::Ordinary) {
+            return;
+        }
+        let Some(critical) = self.tiers.get(&EvictionTier::Critical) else {
+            return;
+        };
+        for pod in &critical.evict {
+            let Some(latest) = context.latest_graceful_eviction(pod) else {
+                continue;
+            };
+            if latest <= now {
+                self.due_before_instance_end.push(pod.clone());
+            } else {
+                self.next_change_at = Some(self.next_change_at.map_or(latest, |t| t.min(latest)));
+            }
+        }
+    }
+
+    /// The critical pods to evict now although the tier before them is still leaving (see
+    /// [`PlanContext::instance_ends_at`]).
+    pub fn due_before_instance_end(&self) -> &[PlannedPod] {
+        &self.due_before_instance_end
     }
 
     /// Whether no pod that has to go is left: the node is drained.
@@ -717,8 +776,43 @@ mod tests {
         Timestamp::from_second(1_700_000_000 + seconds).unwrap()
     }
 
+    #[test]
+    fn before_an_instance_end_critical_pods_go_in_time_to_end_gracefully() {
+        let pods = vec![
+            pod(
+                "default",
+                "web",
+                json!({"spec": {"terminationGracePeriodSeconds": 300}}),
+            ),
+            pod(
+                "kube-system",
+                "dns",
+                json!({"spec": {"priorityClassName": "system-cluster-critical", "terminationGracePeriodSeconds": 30}}),
+            ),
+        ];
+        // The instance ends at 120: dns must be evicted by 120 - 30 - 5 = 85.
+        let mut ctx = context(0);
+        ctx.instance_ends_at = Some(at(120));
+        let early = DrainPlan::in_context(&pods, &ctx);
+        assert_eq!(names(early.to_evict_now()), ["web"]);
+        assert!(early.due_before_instance_end().is_empty());
+        assert_eq!(early.next_change_at, Some(at(85)), "woken when dns is due");
+        ctx.now = Some(at(85));
+        let due = DrainPlan::in_context(&pods, &ctx);
+        assert_eq!(names(due.to_evict_now()), ["web"]);
+        assert_eq!(names(due.due_before_instance_end()), ["dns"]);
+        // Without a notice, critical pods wait for the others whatever the time.
+        ctx.instance_ends_at = None;
+        assert!(
+            DrainPlan::in_context(&pods, &ctx)
+                .due_before_instance_end()
+                .is_empty()
+        );
+    }
+
     fn context(now: i64) -> PlanContext {
         PlanContext {
+            instance_ends_at: None,
             now: Some(at(now)),
             cordoned_at: Some(at(0)),
             not_ready_since: None,

@@ -175,6 +175,7 @@ impl DrainSession<'_> {
             not_ready_since: self.node_not_ready_since,
             first_listed: self.first_listed.clone(),
             stuck_after: self.settings.stuck_pod_after,
+            instance_ends_at: self.notice_end(),
         }
     }
 
@@ -200,7 +201,7 @@ impl DrainSession<'_> {
         // the settle is cut to what fits, and the node is reported drained then.
         if let Some(end) = self.notice_end() {
             let last_useful = end
-                .checked_sub(super::eviction_queue::NOTICE_END_MARGIN)
+                .checked_sub(super::plan::NOTICE_END_MARGIN)
                 .unwrap_or(end);
             settled_at = settled_at.min(last_useful.max(drained_at));
         }

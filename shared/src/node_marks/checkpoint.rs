@@ -672,6 +672,199 @@ mod tests {
         assert_eq!(fresh.completed_at, None);
     }
 
+    fn spot_notice(received: i64, ends: i64) -> InstanceNotice {
+        InstanceNotice {
+            kind: NoticeKind::SpotInterruption,
+            received_at: at(received),
+            instance_ends_at: Some(at(ends)),
+            cordon_only: false,
+        }
+    }
+
+    fn notice_of_instance() -> LifecycleActionRef {
+        notice_action("eks-demo-ng", "i-07e9ea9eb19a67337")
+    }
+
+    #[test]
+    fn a_notice_starts_its_own_drain_until_the_instance_ends() {
+        let action = notice_of_instance();
+        let (cp, resumed) = claimed(DrainCheckpoint::decide_notice(
+            None,
+            &action,
+            &spot_notice(0, 120),
+            "req-n",
+            at(0),
+            at(120),
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert!(cp.action.is_notice());
+        assert_eq!(cp.deadline, at(120));
+        assert!(cp.is_held_by("req-n", at(1)));
+        let round_trip = DrainCheckpoint::parse(&cp.to_json()).unwrap();
+        assert_eq!(round_trip, cp);
+        // A duplicate while it runs is turned away; once completed, nothing to do.
+        assert!(matches!(
+            DrainCheckpoint::decide_notice(
+                Some(&cp),
+                &action,
+                &spot_notice(0, 120),
+                "req-m",
+                at(5),
+                at(120),
+                LEASE
+            ),
+            LeaseDecision::HeldByOther { .. }
+        ));
+        let mut done = cp.handed_over(at(60));
+        done.completed_at = Some(at(60));
+        assert_eq!(
+            DrainCheckpoint::decide_notice(
+                Some(&done),
+                &action,
+                &spot_notice(0, 120),
+                "req-m",
+                at(61),
+                at(120),
+                LEASE
+            ),
+            LeaseDecision::AlreadyCompleted
+        );
+    }
+
+    #[test]
+    fn a_notice_joins_a_running_lifecycle_drain_and_brings_its_deadline_forward() {
+        let lifecycle = DrainCheckpoint::start(&action("t"), at(0), TIMEOUT, "req-1", LEASE);
+        assert_eq!(
+            DrainCheckpoint::decide_notice(
+                Some(&lifecycle),
+                &notice_of_instance(),
+                &spot_notice(10, 130),
+                "req-n",
+                at(10),
+                at(130),
+                LEASE
+            ),
+            LeaseDecision::JoinLifecycleDrain
+        );
+        let joined = lifecycle.joined_by(&spot_notice(10, 130)).unwrap();
+        assert_eq!(joined.deadline, at(130));
+        assert_eq!(joined.lease, lifecycle.lease, "the lease stays the drain's");
+        assert_eq!(joined.action, lifecycle.action);
+        // A repeated notice with a later end changes nothing: no write.
+        assert_eq!(joined.joined_by(&spot_notice(11, 131)), None);
+        // A drain that already completed needs nothing.
+        let mut completed = lifecycle.clone();
+        completed.completed_at = Some(at(50));
+        assert_eq!(
+            DrainCheckpoint::decide_notice(
+                Some(&completed),
+                &notice_of_instance(),
+                &spot_notice(60, 180),
+                "req-n",
+                at(60),
+                at(180),
+                LEASE
+            ),
+            LeaseDecision::AlreadyCompleted
+        );
+    }
+
+    #[test]
+    fn a_lifecycle_drain_takes_over_a_finished_notice_drain_keeping_what_it_did() {
+        let mut notice =
+            DrainCheckpoint::start(&notice_of_instance(), at(0), Duration::ZERO, "req-n", LEASE);
+        notice.deadline = at(120);
+        notice.notice = Some(spot_notice(0, 120));
+        notice.drained_at = Some(at(30));
+        notice.out_of_service = Some(OutOfService {
+            labelled: true,
+            cordoned: true,
+            taint: None,
+        });
+        // While the notice drain holds its lease, the lifecycle drain waits.
+        assert!(matches!(
+            DrainCheckpoint::decide(Some(&notice), &action("t"), "req-1", at(10), TIMEOUT, LEASE),
+            LeaseDecision::HeldByOther { .. }
+        ));
+        let mut ended = notice.handed_over(at(40));
+        ended.completed_at = Some(at(40));
+        let (cp, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&ended),
+            &action("t"),
+            "req-1",
+            at(41),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(resumed);
+        assert!(cp.action.serves(&action("t")));
+        assert_eq!(cp.started_at, at(0));
+        assert_eq!(
+            cp.deadline,
+            at(120),
+            "the instance's end, not the hook's timeout"
+        );
+        assert_eq!(cp.drained_at, Some(at(30)));
+        assert_eq!(
+            cp.completed_at, None,
+            "the lifecycle action is still to complete"
+        );
+        assert_eq!(cp.out_of_service, ended.out_of_service);
+        assert!(cp.is_held_by("req-1", at(42)));
+    }
+
+    #[test]
+    fn a_rebalance_cordon_becomes_the_spot_drain_or_the_termination_drain() {
+        let stand_in = notice_of_instance();
+        let rebalance = InstanceNotice {
+            kind: NoticeKind::RebalanceRecommendation,
+            received_at: at(0),
+            instance_ends_at: None,
+            cordon_only: true,
+        };
+        let (cordon, _) = claimed(DrainCheckpoint::decide_notice(
+            None,
+            &stand_in,
+            &rebalance,
+            "req-r",
+            at(0),
+            at(1800),
+            LEASE,
+        ));
+        assert_eq!(
+            cordon.lease.holder, None,
+            "nobody drains a cordon-only notice"
+        );
+        // The Spot warning follows: a drain until the instance's end, started now.
+        let (spot, resumed) = claimed(DrainCheckpoint::decide_notice(
+            Some(&cordon),
+            &stand_in,
+            &spot_notice(100, 220),
+            "req-s",
+            at(100),
+            at(220),
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert_eq!((spot.started_at, spot.deadline), (at(100), at(220)));
+        let merged = spot.notice.unwrap();
+        assert_eq!(merged.kind, NoticeKind::SpotInterruption);
+        assert!(!merged.cordon_only);
+        // Or the termination comes: the hook's drain from now, with its own timeout.
+        let (hooked, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&cordon),
+            &action("t"),
+            "req-1",
+            at(300),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert_eq!((hooked.started_at, hooked.deadline), (at(300), at(1200)));
+        assert!(!hooked.notice.unwrap().cordon_only);
+    }
+
     #[test]
     fn lease_duration_survives_in_millis() {
         let cp = DrainCheckpoint::start(

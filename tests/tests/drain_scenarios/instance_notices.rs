@@ -137,10 +137,11 @@ fn function_writes(s: &Scenario) -> Vec<AuditEvent> {
 
 #[tokio::test]
 async fn a_spot_warning_drains_the_node_in_time_with_grace_periods_capped_and_critical_pods_last() {
-    // 100 s after the warning: 20 s left, so a 30 s grace period is cut to 15 s.
-    let s = spot_cluster(30).await;
+    // Right after the warning: 120 s left, so nginx's 300 s grace periods are cut to at
+    // most 115 s, and coredns (30 s) is not due before the others are gone.
+    let s = spot_cluster(300).await;
     let drainer = s.drainer(&[("DRAIN_TIMEOUT_SECONDS", "900")]);
-    let response = notice(&drainer, spot_warning(Duration::from_secs(100)), "req-spot")
+    let response = notice(&drainer, spot_warning(Duration::ZERO), "req-spot")
         .await
         .unwrap();
     assert_eq!(outcome(&response), "Drained", "{response}");
@@ -156,7 +157,11 @@ async fn a_spot_warning_drains_the_node_in_time_with_grace_periods_capped_and_cr
     assert_eq!(graces.len(), 5, "{graces:?}");
     for (pod, grace) in &graces {
         let grace = grace.unwrap_or_else(|| panic!("{pod}: no grace period sent"));
-        assert!((1..=15).contains(&grace), "{pod}: {grace}");
+        if pod.starts_with("nginx-") {
+            assert!((100..=115).contains(&grace), "{pod}: {grace}");
+        } else {
+            assert!(grace <= 30, "{pod}: {grace}");
+        }
     }
     let evicted = evicted_pod_names(&s);
     assert!(
@@ -183,6 +188,46 @@ async fn a_spot_warning_drains_the_node_in_time_with_grace_periods_capped_and_cr
     .unwrap();
     assert_eq!(outcome(&again), "AlreadyDrained");
     assert_eq!(function_writes(&s).len(), before);
+}
+
+/// When a request reached the API server.
+fn received(event: &AuditEvent) -> jiff::Timestamp {
+    event.request_received_timestamp.parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_critical_pod_that_would_end_too_late_is_evicted_with_the_others() {
+    // 100 s left: a critical pod with a 100 s grace period cannot wait for nginx (its 300 s
+    // cut to 95 s, 0.95 s in the emulation) and still end before the instance.
+    let s = spot_cluster(300).await;
+    let mut agent = fixtures::running_pod("kube-system", "node-agent", NODE, &[("app", "agent")]);
+    if let Some(spec) = agent.spec.as_mut() {
+        spec.priority_class_name = Some("system-node-critical".into());
+        spec.termination_grace_period_seconds = Some(100);
+    }
+    s.create(&agent);
+    let drainer = s.drainer(&[]);
+    let response = notice(&drainer, spot_warning(Duration::from_secs(20)), "req-spot")
+        .await
+        .unwrap();
+    assert_eq!(outcome(&response), "Drained", "{response}");
+    let evictions = s.server.audit().subresource_requests("pods", "eviction");
+    let first_nginx = evictions
+        .iter()
+        .filter(|e| e.name().starts_with("nginx-"))
+        .map(received)
+        .min()
+        .unwrap();
+    let agent = evictions.iter().find(|e| e.name() == "node-agent").unwrap();
+    let waited = received(agent).duration_since(first_nginx);
+    assert!(
+        waited < jiff::SignedDuration::from_millis(500),
+        "the agent waited {waited:?} for nginx to leave"
+    );
+    let grace = agent.request_object.as_ref().unwrap()["deleteOptions"]["gracePeriodSeconds"]
+        .as_i64()
+        .unwrap();
+    assert!((90..=95).contains(&grace), "{grace}");
 }
 
 #[tokio::test]

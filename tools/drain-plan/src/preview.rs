@@ -179,6 +179,10 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
         not_ready_since: not_ready_since(node),
         first_listed: None,
         stuck_after: settings.stuck_pod_after,
+        instance_ends_at: checkpoint
+            .as_ref()
+            .and_then(|c| c.notice.as_ref())
+            .and_then(|n| n.instance_ends_at),
     };
     let plan = DrainPlan::in_context(&snapshot.pods, &context);
     let pods_by_key: BTreeMap<(&str, &str), &Pod> = snapshot
