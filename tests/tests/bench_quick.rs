@@ -20,6 +20,7 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## PDB-paced drain",
         "## Mass scale-in",
         "## aws-auth under concurrency",
+        "## Spot interruption",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }

@@ -12,6 +12,7 @@ pub mod drain;
 pub mod launch_lookup;
 pub mod pdb_paced;
 pub mod refresh;
+pub mod spot;
 pub mod timeline;
 
 use std::time::Duration;
@@ -21,6 +22,7 @@ pub use cold_start::{ColdStartRow, cold_start, token_signing};
 pub use drain::{DrainFigures, PdbFigures, drain_at_scale, pdb_constrained_drain};
 pub use pdb_paced::{MassFigures, PacedFigures, mass_scale_in, mass_throttle, pdb_paced_drain};
 pub use refresh::{RefreshRow, instance_refresh};
+pub use spot::{SpotFigures, spot_interruption};
 
 /// How much to run: `quick` keeps CI fast (it only proves the suite still works), `full`
 /// produces the figures in `BENCHMARKS.md`.

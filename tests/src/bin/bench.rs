@@ -12,7 +12,7 @@ use node_manager_testkit::bench::{self, Mode, ms};
 
 #[derive(Parser)]
 #[command(
-    about = "Measures cold start, drains at scale, PDB-paced drains, node updates by instance refresh, aws-auth concurrency and token signing"
+    about = "Measures cold start, drains at scale, PDB-paced drains, node updates by instance refresh, Spot interruptions, aws-auth concurrency and token signing"
 )]
 struct Args {
     /// Small sizes and few runs: checks the suite works (CI).
@@ -22,7 +22,7 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
-    /// aws-auth, instance-refresh, token.
+    /// aws-auth, instance-refresh, spot-interruption, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -79,6 +79,9 @@ async fn main() -> ExitCode {
     }
     if wanted("instance-refresh") {
         report(instance_refresh(mode).await);
+    }
+    if wanted("spot-interruption") {
+        report(spot_interruption(mode).await);
     }
     if failed {
         ExitCode::FAILURE
@@ -374,6 +377,61 @@ async fn instance_refresh(mode: Mode) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("instance refresh: {}", broken.join("; ")))
+    }
+}
+
+async fn spot_interruption(mode: Mode) -> Result<(), String> {
+    let sizes: &[usize] = match mode {
+        Mode::Quick => &[30],
+        Mode::Full => &[30, 110],
+    };
+    let mix = match mode {
+        Mode::Quick => {
+            "grace periods scaled down for CI: 60% 1 s, 20% 2 s, 10% 3 s, 10% critical 1 s"
+        }
+        Mode::Full => {
+            "60% of the pods with a 30 s grace period, 20% 60 s, 10% 300 s (more than the notice allows), 10% system-cluster-critical 30 s"
+        }
+    };
+    println!(
+        "## Spot interruption: notice to empty (one node, bare pods, {mix}; grace periods in real time; the instance ends 120 s after the warning, every pod's grace period is cut to end 5 s before it)
+"
+    );
+    println!(
+        "| pods | outcome | notice → first eviction (ms) | notice → node empty (ms) | pods gone before the end | with their own grace | with a cut grace (smallest, s) | critical pods gone at (ms) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut broken = Vec::new();
+    for &pods in sizes {
+        let f = bench::spot_interruption(pods, mode).await?;
+        println!(
+            "| {pods} | {} | {} | {} | {} of {pods} | {} | {}{} | {} |",
+            f.outcome,
+            f.notice_to_first_eviction.map_or("-".to_owned(), ms),
+            f.notice_to_empty.map_or("not empty".to_owned(), ms),
+            f.ended_before_end,
+            f.with_own_grace,
+            f.with_cut_grace,
+            f.smallest_cut_grace
+                .map(|g| format!(" ({g})"))
+                .unwrap_or_default(),
+            f.critical_gone_at.map_or("-".to_owned(), ms),
+        );
+        if f.ended_before_end != pods || f.outcome != "Drained" {
+            broken.push(format!(
+                "{pods} pods: {} of them ended in time",
+                f.ended_before_end
+            ));
+        }
+        if f.critical_pods > 0 && f.critical_gone_at.is_none() {
+            broken.push(format!("{pods} pods: a critical pod outlived the instance"));
+        }
+    }
+    println!();
+    if broken.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("spot interruption: {}", broken.join("; ")))
     }
 }
 
