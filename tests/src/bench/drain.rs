@@ -262,6 +262,109 @@ pub(super) async fn kubectl_drain(yaml: &str, latency: Duration) -> Result<Durat
     Ok(elapsed)
 }
 
+/// A drain with the sandbox's default timings: grace periods of 30 s lasting 0.6 s, settle
+/// 1 s, no injected latency.
+#[derive(Debug, Clone)]
+pub struct DefaultDrainFigures {
+    pub pods: usize,
+    pub runs: usize,
+    /// Medians: notification → first eviction at the API server, → no pod left on the node,
+    /// → `CompleteLifecycleAction` (the settle included).
+    pub first_eviction: Duration,
+    pub empty: Duration,
+    pub completed: Duration,
+    /// One grace period: the drain cannot empty the node faster (every eviction in flight
+    /// at once, each pod taking its grace period).
+    pub bound: Duration,
+    pub requests: usize,
+}
+
+/// The grace period of the scenario's pods (Kubernetes' default) and the sandbox's scale.
+const DEFAULT_GRACE_SECONDS: f64 = 30.0;
+const DEFAULT_GRACE_SCALE: f64 = 0.02;
+
+/// Drains one node with `pods` pods of one Deployment (no PodDisruptionBudget) `runs` times
+/// with the sandbox's default timings, timing the notification to the first eviction, to the
+/// empty node and to the completion.
+pub async fn drain_with_default_timings(
+    pods: usize,
+    runs: usize,
+) -> Result<DefaultDrainFigures, String> {
+    let placement = vec!["0"; pods].join(", ");
+    let yaml = format!(
+        "name: drain-defaults-{pods}\n\
+         description: one node with {pods} pods, default timings\n\
+         timings: {{ gracePeriodScale: {DEFAULT_GRACE_SCALE} }}\n\
+         nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-bench, nodeRole: bench-node-role, nodes: 3 }}\n\
+         workloads:\n  - {{ kind: Deployment, namespace: bench, name: app, replicas: {pods}, placement: [{placement}] }}\n  - {{ kind: DaemonSet, namespace: kube-system, name: kube-proxy }}\n\
+         steps:\n  - scaleIn: {{ nodegroup: ng, node: 0 }}\n"
+    );
+    let (mut firsts, mut empties, mut completions, mut requests) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..runs.max(1) {
+        let sandbox = start(&yaml).await?;
+        let (node, _) = sandbox.seeded_node("ng", 0).ok_or("no node")?;
+        let store = sandbox.server().store().clone();
+        let hook = sandbox
+            .function("terminating-hook")
+            .ok_or("no terminating-hook")?;
+        let invocations_before = hook.invocations().len();
+        let started_wall = jiff::Timestamp::now();
+        let started = Instant::now();
+        let on_node = |store: &crate::kube::Store| {
+            store
+                .list::<k8s_openapi::api::core::v1::Pod>()
+                .iter()
+                .filter(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str())
+                })
+                .filter(|p| p.metadata.namespace.as_deref() == Some("bench"))
+                .count()
+        };
+        let watch = async {
+            loop {
+                if on_node(&store) == 0 {
+                    return started.elapsed();
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        };
+        let (completed, empty) =
+            tokio::join!(scale_in(&sandbox, "the default-timings drain"), watch);
+        let completed = completed?;
+        let returned_by = Instant::now() + Duration::from_secs(30);
+        while hook.invocations().len() <= invocations_before && Instant::now() < returned_by {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let function_requests = sandbox
+            .server()
+            .audit()
+            .filter(|e| e.user_agent.contains("terminating-hook"));
+        let first = function_requests
+            .iter()
+            .filter(|e| e.subresource() == "eviction")
+            .filter_map(|e| e.request_received_timestamp.parse::<jiff::Timestamp>().ok())
+            .min()
+            .and_then(|at| Duration::try_from(at.duration_since(started_wall)).ok())
+            .ok_or("no eviction")?;
+        firsts.push(first);
+        empties.push(empty);
+        completions.push(completed);
+        requests.push(function_requests.len());
+        sandbox.shutdown().await;
+    }
+    requests.sort_unstable();
+    Ok(DefaultDrainFigures {
+        pods,
+        runs: firsts.len(),
+        first_eviction: super::median(&mut firsts),
+        empty: super::median(&mut empties),
+        completed: super::median(&mut completions),
+        bound: Duration::from_secs_f64(DEFAULT_GRACE_SECONDS * DEFAULT_GRACE_SCALE),
+        requests: requests[(requests.len() - 1) / 2],
+    })
+}
+
 #[derive(Debug, Clone)]
 pub struct PdbFigures {
     pub deployments: usize,

@@ -19,7 +19,10 @@ use std::time::Duration;
 
 pub use aws_auth::{AwsAuthFigures, aws_auth_concurrency};
 pub use cold_start::{ColdStartRow, cold_start, token_signing};
-pub use drain::{DrainFigures, PdbFigures, drain_at_scale, pdb_constrained_drain};
+pub use drain::{
+    DefaultDrainFigures, DrainFigures, PdbFigures, drain_at_scale, drain_with_default_timings,
+    pdb_constrained_drain,
+};
 pub use pdb_paced::{MassFigures, PacedFigures, mass_scale_in, mass_throttle, pdb_paced_drain};
 pub use refresh::{RefreshRow, instance_refresh};
 pub use spot::{SpotFigures, spot_interruption};

@@ -22,7 +22,7 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
-    /// aws-auth, instance-refresh, spot-interruption, token.
+    /// drain-defaults, aws-auth, instance-refresh, spot-interruption, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -64,6 +64,9 @@ async fn main() -> ExitCode {
     }
     if wanted("drain") {
         report(drain(mode, &args.pods, args.kubectl_runs).await);
+    }
+    if wanted("drain-defaults") {
+        report(drain_defaults(mode).await);
     }
     if wanted("pdb") {
         report(pdb(mode).await);
@@ -378,6 +381,32 @@ async fn instance_refresh(mode: Mode) -> Result<(), String> {
     } else {
         Err(format!("instance refresh: {}", broken.join("; ")))
     }
+}
+
+async fn drain_defaults(mode: Mode) -> Result<(), String> {
+    let (pods, runs) = match mode {
+        Mode::Quick => (30, 1),
+        Mode::Full => (110, 5),
+    };
+    let f = bench::drain_with_default_timings(pods, runs).await?;
+    println!(
+        "## Drain with the default timings ({pods} pods of one Deployment, no PodDisruptionBudget, 30 s grace periods lasting 0.6 s, settle 1 s, no injected latency; medians of {} drains)\n",
+        f.runs
+    );
+    println!(
+        "| pods | notification → first eviction (ms) | → node empty (ms) | bound: one grace period (ms) | empty vs bound | → completed, settle included (ms) | requests |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| {pods} | {} | {} | {} | {:.2}x | {} | {} |\n",
+        ms(f.first_eviction),
+        ms(f.empty),
+        ms(f.bound),
+        f.empty.as_secs_f64() / f.bound.as_secs_f64(),
+        ms(f.completed),
+        f.requests
+    );
+    Ok(())
 }
 
 async fn spot_interruption(mode: Mode) -> Result<(), String> {
