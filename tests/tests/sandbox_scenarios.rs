@@ -109,6 +109,46 @@ fn the_same_refresh_without_instance_refresh_moves_pods_twice() {
 }
 
 #[test]
+fn spot_interruption_scenario_passes() {
+    let (code, output) = run_sandbox(&["--scenario", &scenario("spot-interruption.yaml")]);
+    assert_eq!(code, 0, "{output}");
+    assert!(output.contains("0 failed"), "{output}");
+    assert!(
+        output.contains("terminating-hook ← EventBridge EC2 Spot Instance Interruption Warning"),
+        "the warning reached the function: {output}"
+    );
+    assert!(
+        output.contains("terminating-hook ← SNS TERMINATING"),
+        "so did the lifecycle notification: {output}"
+    );
+}
+
+/// The same interruption on a stack whose rules do not deliver instance notices: only the
+/// lifecycle notification drains the node, with the drain timeout as its deadline, far past
+/// the moment EC2 takes the instance; the scenario's checks say so.
+#[test]
+fn the_same_interruption_without_instance_notices_drains_past_the_instance_end() {
+    let dir = std::env::temp_dir().join(format!("sandbox-notices-off-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("notices-off.yaml");
+    let text = std::fs::read_to_string(scenario("spot-interruption.yaml"))
+        .expect("scenario")
+        .replace("timings:", "instanceNoticeEvents: false\ntimings:");
+    std::fs::write(&path, text).expect("write scenario");
+    let (code, output) = run_sandbox(&["--scenario", &path.display().to_string()]);
+    assert_eq!(code, 1, "{output}");
+    assert!(
+        output
+            .contains("✗ the node's drain answers the Spot notice and works to the instance's end"),
+        "{output}"
+    );
+    assert!(
+        output.contains("✗ terminating-hook confirmed the Spot warning"),
+        "{output}"
+    );
+}
+
+#[test]
 fn an_expectation_that_cannot_hold_fails_the_run() {
     let dir = std::env::temp_dir().join(format!("sandbox-negative-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

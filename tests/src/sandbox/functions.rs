@@ -1,6 +1,7 @@
 //! The function processes of a sandbox: started from the built binaries through the local
-//! Lambda Runtime API, fed every SNS delivery of the lifecycle topic, and invoked with a
-//! record on the timeline of what went in and what came out.
+//! Lambda Runtime API, fed every SNS delivery of the lifecycle topic and the EventBridge
+//! events the stack's rules route, and invoked with a record on the timeline of what went in
+//! and what came out.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -154,6 +155,171 @@ const REFRESH_DETAIL_TYPES: [&str; 7] = [
     "Rollback Failed",
 ];
 
+impl Sandbox {
+    /// EC2's and AWS Health's instance events, as the stack's `InstanceNoticeEventsRule` and
+    /// `ScheduledMaintenanceEventsRule` route them: each matching event becomes an
+    /// invocation of `terminating-hook` at once, on a process of its own (started when none
+    /// is idle), as Lambda runs concurrent invocations, so a warning and the lifecycle
+    /// notification it comes with are handled together, not one after the other.
+    pub(super) fn deliver_instance_notices(&mut self) {
+        let mut subscription = self.aws.eventbridge().subscribe(EventPattern {
+            sources: vec!["aws.ec2".to_owned(), "aws.health".to_owned()],
+            detail_types: NOTICE_DETAIL_TYPES.map(str::to_owned).to_vec(),
+        });
+        let function = "terminating-hook";
+        let pool = Arc::new(NoticePool {
+            spec: self.specs[function].clone(),
+            idle: Mutex::default(),
+            scaled_out: self.scaled_out.clone(),
+            timeline: self.timeline.clone(),
+            timeout: self.function_timeout(),
+            answers: self.notice_answers.clone(),
+        });
+        self.background.push(tokio::spawn(async move {
+            loop {
+                let Some(event) = subscription.next_event(Duration::from_secs(3600)).await else {
+                    continue;
+                };
+                if !routed_by_notice_rules(&event) {
+                    continue;
+                }
+                tokio::spawn(pool.clone().deliver(event));
+            }
+        }));
+    }
+}
+
+/// The detail types of the stack's two instance-notice rules (`infra/template.yaml`).
+const NOTICE_DETAIL_TYPES: [&str; 4] = [
+    "EC2 Spot Instance Interruption Warning",
+    "EC2 Instance Rebalance Recommendation",
+    "EC2 Instance State-change Notification",
+    "AWS Health Event",
+];
+
+/// The `detail` part of the rules' patterns (the fake bus matches source and detail type
+/// only): EC2 actions and the two state changes that mean going down, and AWS Health's
+/// scheduled changes of EC2.
+fn routed_by_notice_rules(event: &Value) -> bool {
+    let detail = &event["detail"];
+    match event["source"].as_str() {
+        Some("aws.ec2") => match (detail.get("instance-action"), detail.get("state")) {
+            (Some(action), _) => {
+                matches!(action.as_str(), Some("terminate" | "stop" | "hibernate"))
+            }
+            (None, Some(state)) => matches!(state.as_str(), Some("stopping" | "shutting-down")),
+            (None, None) => true,
+        },
+        Some("aws.health") => {
+            detail["service"] == "EC2" && detail["eventTypeCategory"] == "scheduledChange"
+        }
+        _ => false,
+    }
+}
+
+/// One instance event delivered to `terminating-hook`, and how the invocation ended.
+#[derive(Debug, Clone)]
+pub(super) struct NoticeAnswer {
+    pub(super) detail_type: String,
+    /// The instances the event names (EC2's `instance-id`, AWS Health's affected entities).
+    pub(super) instance_ids: Vec<String>,
+    /// `None` when the function could not be invoked.
+    pub(super) outcome: Option<InvocationOutcome>,
+}
+
+impl NoticeAnswer {
+    /// The outcome the response gives `instance_id` (`Drained`, `JoinedLifecycleDrain`,
+    /// ...), or the error type of a failed invocation.
+    pub(super) fn outcome_for(&self, instance_id: &str) -> Option<String> {
+        match self.outcome.as_ref()? {
+            InvocationOutcome::Response(response) => response["instances"]
+                .as_array()?
+                .iter()
+                // The function writes `instance_id` (its report's camelCase stops at the
+                // top level); `instanceId` is what the documented shape says.
+                .find(|i| i["instanceId"] == instance_id || i["instance_id"] == instance_id)
+                .and_then(|i| i["outcome"].as_str())
+                .map(str::to_owned),
+            InvocationOutcome::Error { error_type, .. } => Some(error_type.clone()),
+            InvocationOutcome::Timeout => Some("timed out".to_owned()),
+        }
+    }
+}
+
+fn instances_named(event: &Value) -> Vec<String> {
+    let detail = &event["detail"];
+    if let Some(id) = detail["instance-id"].as_str() {
+        return vec![id.to_owned()];
+    }
+    detail["affectedEntities"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|entity| entity["entityValue"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `terminating-hook`'s processes for instance events, apart from the one the lifecycle
+/// notifications use.
+struct NoticePool {
+    spec: FunctionSpec,
+    idle: Mutex<Vec<Arc<LambdaRuntimeApi>>>,
+    scaled_out: Arc<Mutex<Vec<Arc<LambdaRuntimeApi>>>>,
+    timeline: Timeline,
+    timeout: Duration,
+    answers: Arc<Mutex<Vec<NoticeAnswer>>>,
+}
+
+impl NoticePool {
+    async fn deliver(self: Arc<Self>, event: Value) {
+        let function = "terminating-hook";
+        let free = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let process = match free {
+            Some(process) => Some(process),
+            None => {
+                start_another(
+                    function,
+                    self.spec.clone(),
+                    &self.scaled_out,
+                    &self.timeline,
+                )
+                .await
+            }
+        };
+        let instance_ids = instances_named(&event);
+        let detail_type = event["detail-type"].as_str().unwrap_or("?").to_owned();
+        let outcome = match &process {
+            Some(process) => {
+                let summary = format!("EventBridge {detail_type} {}", instance_ids.join(" "));
+                invoke(
+                    &self.timeline,
+                    function,
+                    process,
+                    &event,
+                    self.timeout,
+                    &summary,
+                )
+                .await
+            }
+            None => None,
+        };
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(NoticeAnswer {
+                detail_type,
+                instance_ids,
+                outcome,
+            });
+        if let Some(process) = process {
+            self.idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(process);
+        }
+    }
+}
+
 /// The SNS deliveries to one hook function.
 struct Delivery {
     function: &'static str,
@@ -201,10 +367,13 @@ impl Delivery {
                 let free = idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
                 let process = match free {
                     Some(process) => process,
-                    None => match this.scale_out(spec, &scaled_out).await {
-                        Some(process) => process,
-                        None => return,
-                    },
+                    None => {
+                        match start_another(this.function, spec, &scaled_out, &this.timeline).await
+                        {
+                            Some(process) => process,
+                            None => return,
+                        }
+                    }
                 };
                 invoke(
                     &this.timeline,
@@ -219,29 +388,31 @@ impl Delivery {
             });
         }
     }
+}
 
-    /// A new process of the function, or `None` (recorded) if it cannot start.
-    async fn scale_out(
-        &self,
-        spec: FunctionSpec,
-        scaled_out: &Mutex<Vec<Arc<LambdaRuntimeApi>>>,
-    ) -> Option<Arc<LambdaRuntimeApi>> {
-        match LambdaRuntimeApi::start_function(spec).await {
-            Ok(process) => {
-                let process = Arc::new(process);
-                scaled_out
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(process.clone());
-                Some(process)
-            }
-            Err(error) => {
-                self.timeline.record(
-                    Source::Lambda,
-                    format!("{} could not scale out: {error}", self.function),
-                );
-                None
-            }
+/// A new process of `function`, kept in `scaled_out` to be stopped at the end, or `None`
+/// (recorded) if it cannot start.
+async fn start_another(
+    function: &str,
+    spec: FunctionSpec,
+    scaled_out: &Mutex<Vec<Arc<LambdaRuntimeApi>>>,
+    timeline: &Timeline,
+) -> Option<Arc<LambdaRuntimeApi>> {
+    match LambdaRuntimeApi::start_function(spec).await {
+        Ok(process) => {
+            let process = Arc::new(process);
+            scaled_out
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(process.clone());
+            Some(process)
+        }
+        Err(error) => {
+            timeline.record(
+                Source::Lambda,
+                format!("{function} could not scale out: {error}"),
+            );
+            None
         }
     }
 }

@@ -39,6 +39,12 @@ pub struct Scenario {
     /// EventBridge rule of the stack). On by default; off shows a refresh without it.
     #[serde(default = "yes")]
     pub refresh_events: bool,
+    /// EC2's Spot interruption warnings, rebalance recommendations and state changes, and
+    /// AWS Health's scheduled changes reach `terminating-hook` (the stack's
+    /// `InstanceNoticeEventsRule` and `ScheduledMaintenanceEventsRule`). On by default; off
+    /// shows a stack without them, where only lifecycle notifications drain nodes.
+    #[serde(default = "yes")]
+    pub instance_notice_events: bool,
     /// The fake scheduler prefers nodes that already hold a pod's image, then the least
     /// loaded (kube-scheduler's ImageLocality); off: least loaded only.
     #[serde(default)]
@@ -126,6 +132,10 @@ pub struct NodegroupSpec {
     /// lifecycle action ends ABANDON (`TerminateHookAbandon: retain`).
     #[serde(default)]
     pub retain_on_abandon: bool,
+    /// The group's instances are Spot instances (EC2 reports a Spot request for each), which
+    /// EC2 may interrupt.
+    #[serde(default)]
+    pub spot: bool,
 }
 
 fn default_ami() -> String {
@@ -190,6 +200,27 @@ pub enum Step {
     /// refresh replaces every instance through the lifecycle hooks; `instance-refresh`
     /// takes the outdated nodes out of service when it starts.
     InstanceRefresh(InstanceRefreshStep),
+    /// EC2 interrupts a seeded Spot instance (terminate): the warning goes on the
+    /// EventBridge bus and Auto Scaling terminates the instance at once through its
+    /// terminating hook, so `terminating-hook` hears of it twice, together.
+    SpotInterruption(SpotInterruptionStep),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpotInterruptionStep {
+    pub nodegroup: String,
+    /// Index of the seeded node whose instance is interrupted.
+    #[serde(default)]
+    pub node: usize,
+    /// How long after the warning EC2 terminates the instance (EC2: two minutes, which is
+    /// also what the function counts on).
+    #[serde(default = "two_minutes")]
+    pub notice_seconds: f64,
+}
+
+fn two_minutes() -> f64 {
+    120.0
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -326,6 +357,7 @@ impl Scenario {
                 Step::ScaleIn(s) => &s.nodegroup,
                 Step::RepairNode(s) => &s.nodegroup,
                 Step::InstanceRefresh(s) => &s.nodegroup,
+                Step::SpotInterruption(s) => &s.nodegroup,
                 Step::LaunchIntoWarmPool(s)
                 | Step::ScaleOutFromWarmPool(s)
                 | Step::ScaleInToWarmPool(s) => &s.nodegroup,
@@ -353,6 +385,19 @@ impl Scenario {
                 return bad(format!(
                     "a warm-pool step names node group {group}, which has no warmPool"
                 ));
+            }
+            if let Step::SpotInterruption(s) = step {
+                if !spec.spot {
+                    return bad(format!(
+                        "spotInterruption names node group {group}, which is not spot: true"
+                    ));
+                }
+                if s.node >= spec.nodes {
+                    return bad(format!(
+                        "spotInterruption names node {} of {group}, which has {} seeded nodes",
+                        s.node, spec.nodes
+                    ));
+                }
             }
             if let Step::ScaleIn(s) = step
                 && s.node >= spec.nodes
@@ -400,6 +445,7 @@ mod tests {
             include_str!("../../scenarios/warm-pool.yaml"),
             include_str!("../../scenarios/instance-refresh.yaml"),
             include_str!("../../scenarios/instance-refresh-failed.yaml"),
+            include_str!("../../scenarios/spot-interruption.yaml"),
         ] {
             let scenario = Scenario::from_yaml(text).unwrap();
             assert!(!scenario.steps.is_empty(), "{}", scenario.name);
@@ -414,6 +460,27 @@ mod tests {
         let text = "name: x\nnodegroups:\n  - { name: ng, autoScalingGroup: asg, nodeRole: r, warmPool: Frozen }\nsteps: []\n";
         let err = Scenario::from_yaml(text).unwrap_err();
         assert!(err.to_string().contains("Frozen"), "{err}");
+    }
+
+    #[test]
+    fn a_spot_interruption_needs_a_spot_group_and_a_seeded_node() {
+        let step = "steps:\n  - spotInterruption: { nodegroup: ng, node: 1 }\n";
+        let on_demand = format!(
+            "name: x\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg, nodeRole: r, nodes: 2 }}\n{step}"
+        );
+        let err = Scenario::from_yaml(&on_demand).unwrap_err();
+        assert!(err.to_string().contains("not spot"), "{err}");
+        let one_node = format!(
+            "name: x\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg, nodeRole: r, nodes: 1, spot: true }}\n{step}"
+        );
+        let err = Scenario::from_yaml(&one_node).unwrap_err();
+        assert!(err.to_string().contains("1 seeded nodes"), "{err}");
+        let fine = one_node.replace("node: 1", "node: 0");
+        let scenario = Scenario::from_yaml(&fine).unwrap();
+        let Step::SpotInterruption(step) = &scenario.steps[0] else {
+            panic!("{:?}", scenario.steps);
+        };
+        assert_eq!(step.notice_seconds, 120.0);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the lifecycle topic and the instances (AWS side); the functions' identities; and the nodes,
 //! namespaces, workloads, pods and PDBs the scenario places (Kubernetes side).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -167,7 +167,22 @@ impl Sandbox {
         let launched_simulation = simulation.clone();
         let launched_store = store.clone();
         let launched_timeline = timeline.clone();
+        let ec2 = self.aws.ec2();
+        let spot_groups: BTreeSet<String> = self
+            .scenario
+            .nodegroups
+            .iter()
+            .filter(|n| n.spot)
+            .map(|n| n.auto_scaling_group.clone())
+            .collect();
         autoscaling.on_instance_launched(Arc::new(move |instance: &LaunchedInstance| {
+            // A Spot group's launches are Spot instances too (Auto Scaling asked EC2 for
+            // Spot capacity), which the fake EC2 created On-Demand.
+            if spot_groups.contains(&instance.group_name)
+                && let Some(launched) = ec2.instance(&instance.instance_id)
+            {
+                ec2.add_instance(launched.spot());
+            }
             let simulation = launched_simulation.clone();
             let store = launched_store.clone();
             let timeline = launched_timeline.clone();
@@ -239,12 +254,13 @@ impl Sandbox {
         spec: &NodegroupSpec,
         node: &SimulatedNode,
     ) -> Result<(), SandboxError> {
-        self.aws.ec2().add_instance(
-            FakeInstance::new(&node.instance_id, &self.scenario.region)
-                .private_dns_name(&node.name)
-                .availability_zone(&node.availability_zone)
-                .tag("eks:nodegroup-name", &spec.name),
-        );
+        let instance = FakeInstance::new(&node.instance_id, &self.scenario.region)
+            .private_dns_name(&node.name)
+            .availability_zone(&node.availability_zone)
+            .tag("eks:nodegroup-name", &spec.name);
+        self.aws
+            .ec2()
+            .add_instance(if spec.spot { instance.spot() } else { instance });
         self.aws
             .autoscaling()
             .add_instance(

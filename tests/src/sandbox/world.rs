@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use super::functions::NoticeAnswer;
 use super::scenario::{NodegroupSpec, Scenario, Step};
 use super::timeline::{Source, Timeline};
 use super::{SandboxError, SandboxReport};
@@ -71,6 +72,9 @@ pub struct Sandbox {
     pub(super) probes: AtomicU32,
     /// Processes started when Lambda scaled out (`concurrentInvocations`), to stop at the end.
     pub(super) scaled_out: Arc<std::sync::Mutex<Vec<Arc<LambdaRuntimeApi>>>>,
+    /// Every instance event delivered to `terminating-hook`, with its answer, in the order
+    /// the invocations ended.
+    pub(super) notice_answers: Arc<std::sync::Mutex<Vec<NoticeAnswer>>>,
 }
 
 /// Maps a set-up failure to a [`SandboxError::Setup`] naming `what` was being set up.
@@ -116,6 +120,7 @@ impl Sandbox {
             from_warm_pool: std::sync::Mutex::default(),
             probes: AtomicU32::new(0),
             scaled_out: Arc::default(),
+            notice_answers: Arc::default(),
         };
         sandbox.seed_aws()?;
         let credentials = sandbox.grant_function_identities()?;
@@ -124,6 +129,9 @@ impl Sandbox {
         sandbox.deliver_lifecycle_notifications()?;
         if sandbox.scenario.refresh_events {
             sandbox.deliver_refresh_events();
+        }
+        if sandbox.scenario.instance_notice_events {
+            sandbox.deliver_instance_notices();
         }
         sandbox.follow_instances();
         let follower = sandbox
@@ -288,6 +296,7 @@ impl Sandbox {
             Step::ScaleInToWarmPool(s) => self.scale_in_to_warm_pool(index, s).await,
             Step::RepairNode(s) => self.repair_node(index, s).await,
             Step::InstanceRefresh(s) => self.instance_refresh(index, s).await,
+            Step::SpotInterruption(s) => self.spot_interruption(index, s).await,
         }
     }
 

@@ -277,15 +277,6 @@ impl Sandbox {
         })
     }
 
-    fn pdb_violations(&self) -> usize {
-        self.server
-            .disruption_log()
-            .evictions()
-            .iter()
-            .filter(|r| !r.broken_budgets().is_empty())
-            .count()
-    }
-
     /// The end event is handled after Auto Scaling ends the refresh: wait for it.
     async fn wait_for_marks_undone(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;

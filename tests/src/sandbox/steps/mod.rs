@@ -11,6 +11,7 @@ mod scale_in;
 mod scale_in_to_warm_pool;
 mod scale_out;
 mod scale_out_from_warm_pool;
+mod spot_interruption;
 
 use std::time::Duration;
 
@@ -78,6 +79,16 @@ impl Sandbox {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Evictions so far that broke a PodDisruptionBudget (the fake's disruption log).
+    fn pdb_violations(&self) -> usize {
+        self.server
+            .disruption_log()
+            .evictions()
+            .iter()
+            .filter(|r| !r.broken_budgets().is_empty())
+            .count()
     }
 
     /// How many lifecycle actions of `instance_id` ended so far.
