@@ -48,7 +48,6 @@ pub enum Recorded {
 /// stops at `ends_by`: at most the whole seconds left before `ends_by` minus
 /// [`NOTICE_END_MARGIN`], at least 1 (0 would ask for an immediate kill, skipping preStop
 /// hooks and SIGTERM). A pod without a grace period has Kubernetes' default of 30 s.
-
 pub fn capped_grace(grace: Option<i64>, ends_by: jiff::Timestamp, now: jiff::Timestamp) -> i64 {
     let left = ends_by.as_second()
         - now.as_second()

@@ -106,10 +106,10 @@ impl DrainSession<'_> {
                 }
                 if let Some((_, plan)) = &round.planned {
                     let now = Instant::now();
-                    round.queue.offer(plan.to_evict_now(), now, &evict);
+                    round.queue.offer(plan.to_evict_now(), now, evict);
                     round
                         .queue
-                        .offer(plan.due_before_instance_end(), now, &evict);
+                        .offer(plan.due_before_instance_end(), now, evict);
                 }
             }
             if let Some(end) = self.next_wake_up(&mut round, hand_over_at).await {

@@ -40,6 +40,7 @@ const PROOF_BOUND: Duration = Duration::from_secs(10);
 
 /// What was done for one instance of an event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct InstanceOutcome {
     pub instance_id: String,
     pub outcome: String,
