@@ -246,6 +246,20 @@ pub(crate) fn set_state_of(shared: &Shared, instance_id: &str, state: InstanceSt
 /// Called when Auto Scaling lets an instance go: EC2 reports it terminated, without DNS name.
 /// EC2 announces `shutting-down` then `terminated` (a termination always passes through
 /// `shutting-down`), each only if the instance was not already past it.
+/// The tag name Auto Scaling puts on its instances.
+const GROUP_TAG: &str = "aws:autoscaling:groupName";
+
+/// Keeps the group tag on an instance that leaves its group terminated: EC2 goes on
+/// describing a terminated instance with its tags for a while, the group's included.
+pub(crate) fn keep_group_tag(shared: &Shared, instance_id: &str, group_name: &str) {
+    if let Some(instance) = lock(&shared.ec2).instances.get_mut(instance_id) {
+        instance
+            .tags
+            .entry(GROUP_TAG.to_owned())
+            .or_insert_with(|| group_name.to_owned());
+    }
+}
+
 pub(crate) fn mark_terminated(shared: &Shared, instance_id: &str) {
     let previous = {
         let mut ec2 = lock(&shared.ec2);
@@ -406,7 +420,8 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
         // Auto Scaling tags its instances with their group, a tag nobody else may set.
         let group_tag = groups
             .get(&instance.instance_id)
-            .map(|group| ("aws:autoscaling:groupName".to_owned(), group.clone()));
+            .filter(|_| !instance.tags.contains_key(GROUP_TAG))
+            .map(|group| (GROUP_TAG.to_owned(), group.clone()));
         for (key, value) in instance
             .tags
             .iter()

@@ -206,6 +206,7 @@ pub(super) fn terminate_at_once(shared: &Shared, group_name: &str, instance_id: 
     if let Some(record) = state.groups.get_mut(group_name) {
         record.instances.remove(instance_id);
     }
+    crate::aws::ec2::keep_group_tag(shared, instance_id, group_name);
     crate::aws::ec2::mark_terminated(shared, instance_id);
     state.departed.push(instance_id.to_owned());
     drop(state);

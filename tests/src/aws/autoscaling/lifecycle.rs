@@ -296,6 +296,7 @@ pub(super) fn end_action(
             }
         }
         if abandoned {
+            crate::aws::ec2::keep_group_tag(shared, &action.instance_id, &action.group_name);
             crate::aws::ec2::mark_terminated(shared, &action.instance_id);
             state.departed.push(action.instance_id.clone());
         } else {
@@ -322,6 +323,7 @@ pub(super) fn end_action(
         }
     }
     if leaves_group {
+        crate::aws::ec2::keep_group_tag(shared, &action.instance_id, &action.group_name);
         crate::aws::ec2::mark_terminated(shared, &action.instance_id);
         state.departed.push(action.instance_id.clone());
     }
