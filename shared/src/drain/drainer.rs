@@ -563,23 +563,16 @@ impl<C: HookClients> Drainer<C> {
         request: &DrainRequest<'_>,
     ) -> Result<ControlFlow<DeliveryOutcome, DrainProgress>, DrainError> {
         let session_settings = self.session_settings();
-        let mut session = DrainSession {
-            client: request.client,
-            node_name: lease.name.clone(),
-            node_uid: claimed.node.metadata.uid.clone(),
-            holder: &lease.holder,
-            settings: &session_settings,
-            events: request.events,
-            checkpoint: claimed.checkpoint,
-            last_written: Some(claimed.node),
-            stats: SessionStats::default(),
-            node_not_ready_since: None,
-            reported_stuck: Default::default(),
-            reported_held: Default::default(),
-            renew_failures: 0,
-            first_listed: None,
-            prefetched_pods: prefetch.take().await,
-        };
+        let prefetched = prefetch.take().await;
+        let mut session = DrainSession::start(
+            request.client,
+            claimed.node,
+            claimed.checkpoint,
+            &lease.holder,
+            &session_settings,
+            request.events,
+            prefetched,
+        );
         let policy = DeadlinePolicy {
             force: self.settings().force,
             timeout_result: self.settings().timeout_result,

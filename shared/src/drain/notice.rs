@@ -19,7 +19,7 @@ use super::drainer::{Drainer, kube_error};
 use super::events::{DrainEvents, reason};
 use super::lease::{self, Claim, LeaseHolder, NodeLease, Update};
 use super::report::DrainError;
-use super::session::{DrainSession, SessionEnd, SessionStats};
+use super::session::{DrainSession, SessionEnd};
 use crate::aws::LifecycleActionRef;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::checkpoint::{
@@ -193,23 +193,15 @@ impl<C: HookClients> Drainer<C> {
         request: &NoticeDrainRequest<'_>,
     ) -> Result<NoticeDrainOutcome, DrainError> {
         let settings = self.session_settings();
-        let mut session = DrainSession {
-            client: request.client,
-            node_name: lease.name.clone(),
-            node_uid: node.metadata.uid.clone(),
-            holder: &lease.holder,
-            settings: &settings,
-            events: request.events,
+        let mut session = DrainSession::start(
+            request.client,
+            node,
             checkpoint,
-            last_written: Some(node),
-            stats: SessionStats::default(),
-            node_not_ready_since: None,
-            reported_stuck: Default::default(),
-            reported_held: Default::default(),
-            renew_failures: 0,
-            first_listed: None,
-            prefetched_pods: None,
-        };
+            &lease.holder,
+            &settings,
+            request.events,
+            None,
+        );
         let budget = request.invocation.budget;
         let ran = tokio::time::timeout_at(budget.cutoff_at(), session.run(budget.hand_over_at()))
             .await

@@ -89,6 +89,38 @@ pub struct DrainSession<'a> {
     pub prefetched_pods: Option<NodePods>,
 }
 
+impl<'a> DrainSession<'a> {
+    /// A session on the drain `holder` just claimed: `node` as the claim wrote it, with
+    /// `checkpoint`; the pods' watch given when it was started already.
+    pub fn start(
+        client: &'a kube::Client,
+        node: Node,
+        checkpoint: DrainCheckpoint,
+        holder: &'a LeaseHolder,
+        settings: &'a SessionSettings,
+        events: &'a DrainEvents,
+        prefetched_pods: Option<NodePods>,
+    ) -> Self {
+        Self {
+            client,
+            node_name: node.metadata.name.clone().unwrap_or_default(),
+            node_uid: node.metadata.uid.clone(),
+            holder,
+            settings,
+            events,
+            checkpoint,
+            last_written: Some(node),
+            stats: SessionStats::default(),
+            node_not_ready_since: None,
+            reported_stuck: Default::default(),
+            reported_held: Default::default(),
+            renew_failures: 0,
+            first_listed: None,
+            prefetched_pods,
+        }
+    }
+}
+
 impl DrainSession<'_> {
     fn nodes(&self) -> Api<Node> {
         Api::all(self.client.clone())
