@@ -32,7 +32,7 @@ fi
 build_options=(--sanitizer "${FUZZ_SANITIZER:-none}")
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(lifecycle_message cloudtrail_event map_roles)
+    targets=(lifecycle_message cloudtrail_event map_roles instance_event)
 fi
 
 cd "$root/fuzz"
@@ -42,7 +42,7 @@ cd "$root/fuzz"
 seeds="$(mktemp -d)"
 trap 'rm -rf "$seeds"' EXIT
 touch "$seeds/started"
-mkdir -p "$seeds"/{lifecycle_message,cloudtrail_event,map_roles}
+mkdir -p "$seeds"/{lifecycle_message,cloudtrail_event,map_roles,instance_event}
 if [ -d "$fixtures" ]; then
     cp "$fixtures"/sns-*.json "$seeds/lifecycle_message/" 2>/dev/null || true
     cp "$fixtures"/eventbridge-*.json "$seeds/cloudtrail_event/" 2>/dev/null || true

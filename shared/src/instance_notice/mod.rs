@@ -13,6 +13,7 @@ pub mod event;
 pub mod handler;
 #[cfg(feature = "runtime")]
 pub mod maintenance;
+#[cfg(feature = "runtime")]
 pub mod settings;
 #[cfg(feature = "runtime")]
 pub mod sweep;
