@@ -26,6 +26,10 @@ pub struct ColdStartRow {
     /// Size of the arm64 Lambda artifact (`bootstrap`), when `cargo lambda build` made one.
     pub arm64_size_bytes: Option<u64>,
     pub runs: usize,
+    /// The median over rounds of this binary's init ÷ the bare binary's in the same round
+    /// (1.0 for the bare binary itself): each round starts every binary once, one after the
+    /// other, so the ratio compares processes started moments apart.
+    pub init_vs_bare: f64,
 }
 
 /// The `autoscaling:TEST_NOTIFICATION` Auto Scaling sends when a hook is created, as SNS
@@ -72,80 +76,51 @@ fn arm64_artifact(function: &str) -> Option<u64> {
         .map(|m| m.len())
 }
 
-/// Starts `spec` `runs` times as a fresh process and invokes `event` once each.
-async fn measure(spec: &FunctionSpec, event: &Value, runs: usize) -> Result<ColdStartRow, String> {
-    let mut init = Vec::new();
-    let mut first = Vec::new();
-    let mut rss = Vec::new();
-    for _ in 0..runs {
-        let runtime = LambdaRuntimeApi::start_function(spec.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        let outcome = runtime
-            .invoke(event, Duration::from_secs(30))
-            .await
-            .map_err(|e| e.to_string())?;
-        // A cold start is only measured on a process that served the event: anything else
-        // is a failure to report with what the process said, not a missing figure.
-        if !matches!(outcome, InvocationOutcome::Response(_)) {
-            let output = runtime.output();
-            runtime.kill().await;
-            return Err(format!(
-                "{}: the measured invocation ended with {outcome:?}; the process wrote:\n{output}",
-                spec.name
-            ));
-        }
-        let timings = runtime.timings();
-        init.push(
-            timings
-                .to_first_next
-                .ok_or("the function never asked for an event")?,
-        );
-        first.push(
-            timings
-                .to_first_response
-                .ok_or("the function never answered")?,
-        );
-        rss.push(runtime.peak_rss_kib().unwrap_or_default());
-        runtime.kill().await;
-    }
-    rss.sort_unstable();
-    Ok(ColdStartRow {
-        binary: spec.name.clone(),
-        init: median(&mut init),
-        first_response: median(&mut first),
-        peak_rss_kib: rss
-            .get((rss.len().max(1) - 1) / 2)
-            .copied()
-            .unwrap_or_default(),
-        size_bytes: std::fs::metadata(&spec.binary)
-            .map(|m| m.len())
-            .unwrap_or_default(),
-        arm64_size_bytes: arm64_artifact(&spec.name),
-        runs,
-    })
-}
-
-/// Cold start of the bare baseline and each function, interleaved per run so machine noise
-/// hits all of them alike. The hooks get a test notification (what Auto Scaling sends when
-/// a hook is attached); `nodegroup-auth` a `CreateNodegroup` event it must act on (discovery,
-/// token, TLS to the API server, one `aws-auth` read).
-pub async fn cold_start(mode: Mode) -> Result<Vec<ColdStartRow>, String> {
-    let runs = match mode {
-        Mode::Quick => 2,
-        Mode::Full => 15,
-    };
-    let sandbox = Sandbox::start(Scenario::reference().map_err(|e| e.to_string())?, false)
+/// One fresh process of `spec`, invoked once with `event`: its init, first response and peak
+/// RSS.
+async fn measure_once(
+    spec: &FunctionSpec,
+    event: &Value,
+) -> Result<(Duration, Duration, u64), String> {
+    let runtime = LambdaRuntimeApi::start_function(spec.clone())
         .await
         .map_err(|e| e.to_string())?;
-    // Map the node role first, so every measured nodegroup-auth run is the same no-op check.
-    sandbox.play_step(0).await;
+    let outcome = runtime
+        .invoke(event, Duration::from_secs(30))
+        .await
+        .map_err(|e| e.to_string())?;
+    // A cold start is only measured on a process that served the event: anything else is a
+    // failure to report with what the process said, not a missing figure.
+    if !matches!(outcome, InvocationOutcome::Response(_)) {
+        let output = runtime.output();
+        runtime.kill().await;
+        return Err(format!(
+            "{}: the measured invocation ended with {outcome:?}; the process wrote:\n{output}",
+            spec.name
+        ));
+    }
+    let timings = runtime.timings();
+    let measured = (
+        timings
+            .to_first_next
+            .ok_or("the function never asked for an event")?,
+        timings
+            .to_first_response
+            .ok_or("the function never answered")?,
+        runtime.peak_rss_kib().unwrap_or_default(),
+    );
+    runtime.kill().await;
+    Ok(measured)
+}
+
+/// The events each measured binary gets.
+fn measured_binaries(sandbox: &Sandbox) -> Result<Vec<(FunctionSpec, Value)>, String> {
     let group = "eks-demo-ng-02c1ba5d-75b6-fbdf-4569-aa31827ad412";
     let baseline = FunctionSpec::new(
         "echo-lambda",
         binaries::try_function_binary("echo-lambda").map_err(|e| e.to_string())?,
     );
-    let mut rows = vec![measure(&baseline, &json!({"ping": 1}), runs).await?];
+    let mut binaries = vec![(baseline, json!({"ping": 1}))];
     for function in [
         "terminating-hook",
         "launching-hook",
@@ -175,10 +150,63 @@ pub async fn cold_start(mode: Mode) -> Result<Vec<ColdStartRow>, String> {
             }),
             _ => test_notification(group),
         };
-        rows.push(measure(&spec, &event, runs).await?);
+        binaries.push((spec, event));
+    }
+    Ok(binaries)
+}
+
+/// Cold start of the bare baseline and each function, interleaved: each round starts every
+/// binary once, one after the other, so machine noise hits all of them alike. The hooks get a
+/// test notification (what Auto Scaling sends when a hook is attached); `nodegroup-auth` a
+/// `CreateNodegroup` event it must act on (discovery, token, TLS to the API server, one
+/// `aws-auth` read).
+pub async fn cold_start(mode: Mode) -> Result<Vec<ColdStartRow>, String> {
+    let rounds = match mode {
+        Mode::Quick => 2,
+        Mode::Full => 40,
+    };
+    let sandbox = Sandbox::start(Scenario::reference().map_err(|e| e.to_string())?, false)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Map the node role first, so every measured nodegroup-auth run is the same no-op check.
+    sandbox.play_step(0).await;
+    let binaries = measured_binaries(&sandbox)?;
+    let mut samples: Vec<Vec<(Duration, Duration, u64)>> = vec![Vec::new(); binaries.len()];
+    for _ in 0..rounds {
+        for (index, (spec, event)) in binaries.iter().enumerate() {
+            samples[index].push(measure_once(spec, event).await?);
+        }
     }
     sandbox.shutdown().await;
-    Ok(rows)
+    let baseline: Vec<Duration> = samples[0].iter().map(|s| s.0).collect();
+    Ok(binaries
+        .iter()
+        .zip(samples)
+        .map(|((spec, _), samples)| {
+            let mut ratios: Vec<f64> = samples
+                .iter()
+                .zip(&baseline)
+                .map(|(s, bare)| s.0.as_secs_f64() / bare.as_secs_f64().max(f64::EPSILON))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let mut init: Vec<Duration> = samples.iter().map(|s| s.0).collect();
+            let mut first: Vec<Duration> = samples.iter().map(|s| s.1).collect();
+            let mut rss: Vec<u64> = samples.iter().map(|s| s.2).collect();
+            rss.sort_unstable();
+            ColdStartRow {
+                binary: spec.name.clone(),
+                init: median(&mut init),
+                first_response: median(&mut first),
+                peak_rss_kib: rss[(rss.len() - 1) / 2],
+                size_bytes: std::fs::metadata(&spec.binary)
+                    .map(|m| m.len())
+                    .unwrap_or_default(),
+                arm64_size_bytes: arm64_artifact(&spec.name),
+                runs: rounds,
+                init_vs_bare: ratios[(ratios.len() - 1) / 2],
+            }
+        })
+        .collect())
 }
 
 /// Median time to sign one EKS token, over `count` signings.

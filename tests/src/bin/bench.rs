@@ -95,9 +95,8 @@ async fn main() -> ExitCode {
 
 async fn cold_start(mode: Mode) -> Result<(), String> {
     let rows = bench::cold_start(mode).await?;
-    let baseline = rows.first().map(|r| r.init).unwrap_or_default();
     println!(
-        "## Cold start (medians over {} fresh processes each)\n",
+        "## Cold start (medians over {} rounds; each round starts every binary once, in turn; init vs bare: the median of the ratios within a round)\n",
         rows.first().map_or(0, |r| r.runs)
     );
     println!(
@@ -105,11 +104,7 @@ async fn cold_start(mode: Mode) -> Result<(), String> {
     );
     println!("|---|---|---|---|---|---|---|");
     for row in &rows {
-        let ratio = if baseline.is_zero() {
-            0.0
-        } else {
-            row.init.as_secs_f64() / baseline.as_secs_f64()
-        };
+        let ratio = row.init_vs_bare;
         println!(
             "| {} | {} | {ratio:.2}x | {} | {:.1} | {:.1} | {} |",
             row.binary,
