@@ -392,8 +392,8 @@ impl DrainCheckpoint {
     /// found on the node. `action` is the instance's [`notice_action`]; `deadline` when the
     /// notice drain must be over.
     ///
-    /// - No checkpoint, or a stale one (another instance under the same node name, or a
-    ///   completed drain of an instance that went back to a warm pool): a new notice drain.
+    /// - No checkpoint, or a stale one (another instance under the same node name): a new
+    ///   notice drain.
     /// - A lifecycle drain of the instance, not completed: [`LeaseDecision::JoinLifecycleDrain`];
     ///   completed: [`LeaseDecision::AlreadyCompleted`] (the node was emptied already).
     /// - A notice drain: busy while another invocation holds it, done once completed, else
@@ -427,10 +427,12 @@ impl DrainCheckpoint {
             return fresh();
         }
         if !existing.action.is_notice() {
-            return match (existing.completed_at, existing.to_warm_pool_at) {
-                (None, _) => LeaseDecision::JoinLifecycleDrain,
-                (Some(_), None) => LeaseDecision::AlreadyCompleted,
-                (Some(_), Some(_)) => fresh(),
+            // Completed, the node is drained: also when the instance went to a warm pool
+            // (which stops it, a `stopping` notice of our own doing); the launching hook
+            // removes the checkpoint when the instance comes back.
+            return match existing.completed_at {
+                None => LeaseDecision::JoinLifecycleDrain,
+                Some(_) => LeaseDecision::AlreadyCompleted,
             };
         }
         if existing.lease.held_by_other(holder, now) {
@@ -753,7 +755,23 @@ mod tests {
         assert_eq!(joined.action, lifecycle.action);
         // A repeated notice with a later end changes nothing: no write.
         assert_eq!(joined.joined_by(&spot_notice(11, 131)), None);
-        // A drain that already completed needs nothing.
+        // A drain that already completed needs nothing, also when the instance went to a
+        // warm pool (stopping it is our own doing).
+        let mut pooled = lifecycle.clone();
+        pooled.completed_at = Some(at(50));
+        pooled.to_warm_pool_at = Some(at(50));
+        assert_eq!(
+            DrainCheckpoint::decide_notice(
+                Some(&pooled),
+                &notice_of_instance(),
+                &spot_notice(60, 180),
+                "req-n",
+                at(60),
+                at(180),
+                LEASE
+            ),
+            LeaseDecision::AlreadyCompleted
+        );
         let mut completed = lifecycle.clone();
         completed.completed_at = Some(at(50));
         assert_eq!(
