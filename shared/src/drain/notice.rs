@@ -274,8 +274,7 @@ impl<C: HookClients> Drainer<C> {
         let finished = tokio::time::timeout(
             budget.closing_write_bound(),
             lease.update(|c, now| {
-                let mut next = c.handed_over(now);
-                next.continuations = c.continuations;
+                let mut next = c.released(now);
                 next.completed_at.get_or_insert(now);
                 next
             }),

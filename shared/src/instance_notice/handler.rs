@@ -218,16 +218,13 @@ where
             }
             Plan::Act { notice, deadline } => (notice, deadline),
             Plan::Later(planned) => {
-                let client = self.drainer.context.kube.client().await?;
-                let Some(node) = self.node(&client, instance_id).await? else {
+                let Some((client, node)) = self.client_and_node(instance_id).await? else {
                     return Ok(outcome("NoNode", None));
                 };
+                let name = node.metadata.name.clone().unwrap_or_default();
                 let written = plan_maintenance(&client, node, &group, instance_id, &planned)
                     .await
-                    .map_err(|source| DrainError::Kubernetes {
-                        node: String::new(),
-                        source,
-                    })?;
+                    .map_err(|source| kube_error(&name, source))?;
                 tracing::info!(step = "maintenance_planned", drain_from = %planned.drain_from, starts_at = %planned.starts_at, written, "scheduled maintenance recorded: the sweep drains the node from the given time");
                 return Ok(outcome(
                     "MaintenancePlanned",
@@ -235,25 +232,9 @@ where
                 ));
             }
         };
-        let client = self.drainer.context.kube.client().await?;
-        let Some(node) = self.node(&client, instance_id).await? else {
-            tracing::info!(
-                step = "no_node",
-                "the instance has no node: nothing to drain"
-            );
+        let Some((client, node)) = self.client_and_node(instance_id).await? else {
             return Ok(outcome("NoNode", None));
         };
-        // A plan made for this maintenance earlier is replaced by the drain now.
-        if notice.kind == NoticeKind::ScheduledMaintenance
-            && let Some(record) = MaintenanceRecord::of(&node)
-        {
-            clear_maintenance(&client, node.clone(), &record)
-                .await
-                .map_err(|source| DrainError::Kubernetes {
-                    node: node.metadata.name.clone().unwrap_or_default(),
-                    source,
-                })?;
-        }
         let drained = self
             .drain(
                 &client,
@@ -287,6 +268,11 @@ where
         deadline: Timestamp,
         invocation: &Invocation,
     ) -> Result<NoticeDrainOutcome, NoticeError> {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        // A maintenance plan on the node is done with once the drain for it has run (a plan
+        // left by a failed drain is drained again by the sweep).
+        let plan = MaintenanceRecord::of(&node)
+            .filter(|_| notice.kind == NoticeKind::ScheduledMaintenance);
         let events = self.drainer.events_queue(client, invocation);
         let action = notice_action(group, instance_id);
         let drained = self
@@ -302,24 +288,40 @@ where
             })
             .await;
         events.flush().await;
-        Ok(drained?)
+        let drained = drained?;
+        if let Some(record) = plan {
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+            let fresh = nodes
+                .get_opt(&name)
+                .await
+                .map_err(|source| kube_error(&name, source))?;
+            if let Some(fresh) = fresh {
+                clear_maintenance(client, fresh, &record)
+                    .await
+                    .map_err(|source| kube_error(&name, source))?;
+            }
+        }
+        Ok(drained)
     }
 
-    pub(super) async fn node(
+    /// The cluster's client and the instance's Node; `None` when the instance has no node.
+    async fn client_and_node(
         &self,
-        client: &kube::Client,
         instance_id: &str,
-    ) -> Result<Option<k8s_openapi::api::core::v1::Node>, NoticeError> {
-        let node = find_node(client, &self.drainer.context.instances, instance_id)
+    ) -> Result<Option<(kube::Client, k8s_openapi::api::core::v1::Node)>, NoticeError> {
+        let client = self.drainer.context.kube.client().await?;
+        let node = find_node(&client, &self.drainer.context.instances, instance_id)
             .await
             .map_err(|source| NoticeError::NodeLookup {
                 instance_id: instance_id.to_owned(),
                 source,
             })?;
-        if let Some(name) = node.as_ref().and_then(|n| n.metadata.name.as_deref()) {
-            tracing::Span::current().record("node", name);
-        }
-        Ok(node)
+        let Some(node) = node else {
+            tracing::info!(step = "no_node", "the instance has no node: nothing to do");
+            return Ok(None);
+        };
+        tracing::Span::current().record("node", node.metadata.name.as_deref().unwrap_or_default());
+        Ok(Some((client, node)))
     }
 
     /// Whose the instance is, and what EC2 confirms of the event.
@@ -474,10 +476,8 @@ where
                 if now >= first {
                     Plan::Nothing("Past", format!("{type_code} started at {first}"))
                 } else if now >= drain_from {
-                    Plan::Act {
-                        notice: notice(NoticeKind::ScheduledMaintenance, now, Some(first)),
-                        deadline: first.min(later(now, settings.drain_timeout)),
-                    }
+                    let (notice, deadline) = maintenance_drain(first, now, settings.drain_timeout);
+                    Plan::Act { notice, deadline }
                 } else {
                     Plan::Later(PlannedMaintenance {
                         type_code: type_code.clone(),
@@ -507,6 +507,27 @@ pub(super) fn notice(
         instance_ends_at,
         cordon_only: false,
     }
+}
+
+/// The notice and deadline of a drain for scheduled maintenance starting at `starts_at`:
+/// over by the start, and no longer than a drain may take.
+pub(super) fn maintenance_drain(
+    starts_at: Timestamp,
+    now: Timestamp,
+    drain_timeout: Duration,
+) -> (InstanceNotice, Timestamp) {
+    (
+        notice(NoticeKind::ScheduledMaintenance, now, Some(starts_at)),
+        starts_at.min(later(now, drain_timeout)),
+    )
+}
+
+/// A Kubernetes error about node `name`, as the drain reports it.
+pub(super) fn kube_error(name: &str, source: kube::Error) -> NoticeError {
+    NoticeError::Drain(DrainError::Kubernetes {
+        node: name.to_owned(),
+        source,
+    })
 }
 
 pub(super) fn later(at: Timestamp, by: Duration) -> Timestamp {

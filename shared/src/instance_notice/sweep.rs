@@ -14,14 +14,16 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::json;
 
-use super::handler::{InstanceOutcome, NoticeError, NoticeHandler, NoticeReport, later, notice};
+use super::handler::{
+    InstanceOutcome, NoticeError, NoticeHandler, NoticeReport, kube_error, maintenance_drain,
+};
 use super::maintenance::{MAINTENANCE_LABEL, MaintenanceRecord, clear_maintenance};
 use crate::aws::InstanceNotices;
 use crate::cluster::connection::KubeConnection;
-use crate::drain::{DrainError, Drainer};
+use crate::drain::Drainer;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::lifecycle::node::node_instance_id;
-use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, NoticeKind, checkpoint_of};
+use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, checkpoint_of};
 use crate::node_marks::out_of_service::add_undo_to_patch;
 use crate::node_marks::{
     EXCLUDE_FROM_LOAD_BALANCERS_LABEL, PatchStep, Patched, Reread, patch_recomputing,
@@ -36,12 +38,8 @@ where
 {
     let client = drainer.context.kube.client().await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    let kube = |source| {
-        NoticeError::Drain(DrainError::Kubernetes {
-            node: String::new(),
-            source,
-        })
-    };
+    // The lists are of all nodes: no node to name.
+    let kube = |source| kube_error("", source);
     let mut instances = Vec::new();
     let now = Timestamp::now();
 
@@ -59,7 +57,10 @@ where
             continue;
         }
         let instance_id = checkpoint.action.instance_id.clone();
-        let undone = undo_rebalance_cordon(&nodes, node).await.map_err(kube)?;
+        let name = node.metadata.name.clone().unwrap_or_default();
+        let undone = undo_rebalance_cordon(&nodes, node)
+            .await
+            .map_err(|source| kube_error(&name, source))?;
         tracing::info!(step = "rebalance_cordon_undone", instance_id, undone = ?undone, "no termination followed the rebalance recommendation: our cordon undone");
         instances.push(InstanceOutcome {
             instance_id,
@@ -85,31 +86,31 @@ where
             continue;
         }
         if now >= record.starts_at || !same_instance {
+            let name = node.metadata.name.clone().unwrap_or_default();
             clear_maintenance(&client, node, &record)
                 .await
-                .map_err(kube)?;
+                .map_err(|source| kube_error(&name, source))?;
             instances.push(InstanceOutcome {
                 instance_id: record.instance_id,
                 outcome: "MaintenancePlanDropped".to_owned(),
-                detail: Some(format!(
-                    "{} started at {}",
-                    record.type_code, record.starts_at
-                )),
+                detail: Some(if same_instance {
+                    format!("{} started at {}", record.type_code, record.starts_at)
+                } else {
+                    "the node now belongs to another instance".to_owned()
+                }),
             });
             continue;
         }
-        let notice = notice(
-            NoticeKind::ScheduledMaintenance,
+        let (notice, deadline) = maintenance_drain(
+            record.starts_at,
             now,
-            Some(record.starts_at),
+            drainer.context.settings.drain_timeout,
         );
-        let deadline = record
-            .starts_at
-            .min(later(now, drainer.context.settings.drain_timeout));
+        // The drain clears the plan once it has run.
         let drained = handler
             .drain(
                 &client,
-                node.clone(),
+                node,
                 &record.auto_scaling_group_name,
                 &record.instance_id,
                 &notice,
@@ -123,15 +124,6 @@ where
             outcome = drained.name(),
             "planned maintenance drain ran"
         );
-        if let Some(fresh) = nodes
-            .get_opt(node.metadata.name.as_deref().unwrap_or_default())
-            .await
-            .map_err(kube)?
-        {
-            clear_maintenance(&client, fresh, &record)
-                .await
-                .map_err(kube)?;
-        }
         instances.push(InstanceOutcome {
             instance_id: record.instance_id,
             outcome: drained.name().to_owned(),
