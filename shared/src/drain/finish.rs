@@ -223,8 +223,7 @@ impl<C: HookClients> Drainer<C> {
 async fn record_completion(lease: &mut NodeLease, to_warm_pool: bool) {
     let completed = lease
         .update(|c, now| {
-            let mut next = c.handed_over(now);
-            next.continuations = c.continuations;
+            let mut next = c.released(now);
             // Without a settle period the drained time was not written yet.
             next.drained_at = c.drained_at.or(Some(now));
             next.completed_at = Some(now);

@@ -360,15 +360,7 @@ impl NodeLease {
     /// Lets go of the lease so another invocation need not wait for it to expire; gives up
     /// after `within` (the lease then expires by itself).
     pub(super) async fn release(&mut self, within: Duration) {
-        let released = tokio::time::timeout(
-            within,
-            self.update(|c, now| {
-                let mut next = c.handed_over(now);
-                next.continuations = c.continuations;
-                next
-            }),
-        )
-        .await;
+        let released = tokio::time::timeout(within, self.update(|c, now| c.released(now))).await;
         match released {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => {

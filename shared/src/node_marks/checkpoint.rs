@@ -500,6 +500,14 @@ impl DrainCheckpoint {
         next
     }
 
+    /// The checkpoint with the lease let go at `now`, not as a hand-over (the continuation
+    /// count stays): the drain ended, or its holder stops without handing over.
+    pub fn released(&self, now: Timestamp) -> Self {
+        let mut next = self.handed_over(now);
+        next.continuations = self.continuations;
+        next
+    }
+
     /// Whether `holder` still holds the lease at `now` (it may have expired and been taken).
     pub fn is_held_by(&self, holder: &str, now: Timestamp) -> bool {
         self.names_holder(holder) && now < self.lease.expires_at()
