@@ -370,6 +370,23 @@ fn completed_once(s: &Scenario, result: LifecycleActionResult) {
     assert_eq!(completions[0].action, action());
 }
 
+/// `report`'s one outcome is a completion after the node was drained, and the action was
+/// completed once, with CONTINUE.
+fn drained_and_completed_once(s: &Scenario, report: &DrainReport) {
+    assert!(
+        matches!(
+            report.outcomes.as_slice(),
+            [DeliveryOutcome::Completed {
+                drain: DrainEnd::Drained,
+                ..
+            }]
+        ),
+        "{:?}",
+        report.outcomes
+    );
+    completed_once(s, LifecycleActionResult::Continue);
+}
+
 /// The one outcome of `report`, a completion after a failed drain: its result, the pods left
 /// (as reported) and the instance's fate.
 fn eviction_failure(report: &DrainReport) -> (LifecycleActionResult, &[String], InstanceFate) {
@@ -552,18 +569,7 @@ async fn pdb_min_available_holds_the_drain_until_replacements_are_ready() {
     let report = drain_terminating(&drainer, "req-1", Duration::from_secs(60))
         .await
         .unwrap();
-    assert!(
-        matches!(
-            report.outcomes.as_slice(),
-            [DeliveryOutcome::Completed {
-                drain: DrainEnd::Drained,
-                ..
-            }]
-        ),
-        "{:?}",
-        report.outcomes
-    );
-    completed_once(&s, LifecycleActionResult::Continue);
+    drained_and_completed_once(&s, &report);
     assert!(
         refused_evictions(&s, 429) > 0,
         "the budget refused evictions while replacements started"

@@ -18,18 +18,24 @@ const SPOT_REQUEST: &str = "sir-0a1b2c3d";
 /// marked for termination.
 async fn spot_cluster(nginx_grace: i64) -> Scenario {
     let s = reference_cluster(false, nginx_grace).await;
-    s.instances.notices.set_facts(
-        INSTANCE,
-        InstanceFacts {
-            state: Some("running".into()),
-            auto_scaling_group: Some(GROUP.into()),
-            spot_request_id: Some(SPOT_REQUEST.into()),
-        },
-    );
+    set_facts(&s, "running", Some(GROUP), true);
     s.instances
         .notices
         .set_spot_status(SPOT_REQUEST, "marked-for-termination");
     s
+}
+
+/// What EC2 answers about the instance: its state, its group, whether it is a Spot instance
+/// (with [`SPOT_REQUEST`]).
+fn set_facts(s: &Scenario, state: &str, group: Option<&str>, spot: bool) {
+    s.instances.notices.set_facts(
+        INSTANCE,
+        InstanceFacts {
+            state: Some(state.into()),
+            auto_scaling_group: group.map(str::to_owned),
+            spot_request_id: spot.then(|| SPOT_REQUEST.to_owned()),
+        },
+    );
 }
 
 fn ec2_event(detail_type: &str, time: jiff::Timestamp, detail: Value) -> Value {
@@ -327,14 +333,7 @@ async fn events_of_other_clusters_and_unconfirmed_warnings_write_nothing() {
     let drainer = s.drainer(&[]);
 
     // Not in any group (Karpenter's, standalone).
-    s.instances.notices.set_facts(
-        INSTANCE,
-        InstanceFacts {
-            state: Some("running".into()),
-            auto_scaling_group: None,
-            spot_request_id: Some(SPOT_REQUEST.into()),
-        },
-    );
+    set_facts(&s, "running", None, true);
     let response = notice(&drainer, spot_warning(Duration::ZERO), "req-1")
         .await
         .unwrap();
@@ -343,14 +342,7 @@ async fn events_of_other_clusters_and_unconfirmed_warnings_write_nothing() {
     // Another cluster's group.
     s.autoscaling
         .add_group("other-ng", &[("eks:cluster-name", "another-cluster")]);
-    s.instances.notices.set_facts(
-        INSTANCE,
-        InstanceFacts {
-            state: Some("running".into()),
-            auto_scaling_group: Some("other-ng".into()),
-            spot_request_id: Some(SPOT_REQUEST.into()),
-        },
-    );
+    set_facts(&s, "running", Some("other-ng"), true);
     let response = notice(&drainer, spot_warning(Duration::ZERO), "req-2")
         .await
         .unwrap();
@@ -363,14 +355,7 @@ async fn events_of_other_clusters_and_unconfirmed_warnings_write_nothing() {
     assert_eq!(outcome(&response), "Foreign", "{response}");
 
     // Ours, but EC2 has not marked the Spot request: an error, nothing written.
-    s.instances.notices.set_facts(
-        INSTANCE,
-        InstanceFacts {
-            state: Some("running".into()),
-            auto_scaling_group: Some(GROUP.into()),
-            spot_request_id: Some(SPOT_REQUEST.into()),
-        },
-    );
+    set_facts(&s, "running", Some(GROUP), true);
     s.instances
         .notices
         .set_spot_status(SPOT_REQUEST, "fulfilled");
@@ -450,18 +435,7 @@ async fn a_rebalance_cordon_taken_over_by_the_termination_is_not_undone_and_some
     let report = drain_terminating(&drainer, "req-hook", Duration::from_secs(60))
         .await
         .unwrap();
-    assert!(
-        matches!(
-            report.outcomes.as_slice(),
-            [DeliveryOutcome::Completed {
-                drain: DrainEnd::Drained,
-                ..
-            }]
-        ),
-        "{:?}",
-        report.outcomes
-    );
-    completed_once(&s, LifecycleActionResult::Continue);
+    drained_and_completed_once(&s, &report);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let swept = notice(&drainer, sweep_event(), "req-sweep").await.unwrap();
     assert_eq!(swept["instances"], json!([]), "{swept}");
@@ -623,14 +597,7 @@ async fn a_stopping_instance_whose_termination_was_drained_needs_nothing_more() 
     drain_terminating(&drainer, "req-hook", Duration::from_secs(60))
         .await
         .unwrap();
-    s.instances.notices.set_facts(
-        INSTANCE,
-        InstanceFacts {
-            state: Some("shutting-down".into()),
-            auto_scaling_group: Some(GROUP.into()),
-            spot_request_id: None,
-        },
-    );
+    set_facts(&s, "shutting-down", Some(GROUP), false);
     let before = function_writes(&s).len();
     let event = ec2_event(
         "EC2 Instance State-change Notification",
@@ -642,14 +609,7 @@ async fn a_stopping_instance_whose_termination_was_drained_needs_nothing_more() 
     assert_eq!(function_writes(&s).len(), before);
 
     // A state change EC2 contradicts (still running) is refused.
-    s.instances.notices.set_facts(
-        INSTANCE,
-        InstanceFacts {
-            state: Some("running".into()),
-            auto_scaling_group: Some(GROUP.into()),
-            spot_request_id: None,
-        },
-    );
+    set_facts(&s, "running", Some(GROUP), false);
     let error = notice(&drainer, event, "req-2").await.unwrap_err();
     assert!(error.to_string().contains("EC2 says running"), "{error}");
 }
