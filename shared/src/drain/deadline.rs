@@ -196,31 +196,13 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
         } else {
             DrainEnd::Forced(deleted.clone())
         };
-        let mut note = format!(
-            "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE): {}",
-            deleted.len(),
-            deleted.join(", ")
-        );
         // Pods refused for good still run: the drain failed, completed as DRAIN_TIMEOUT_RESULT says.
         let completion = if refused.is_empty() {
             None
         } else {
             Some(self.failed_drain_completion().await)
         };
-        if !refused.is_empty() {
-            note.push_str(&format!(
-                "; the API server refused to delete {} (they still run; check the role's force-delete group): {}",
-                refused.len(),
-                refused.join(", ")
-            ));
-        }
-        if !terminating.is_empty() {
-            note.push_str(&format!(
-                "; {} still terminating when the invocation's time ran out: {}",
-                terminating.len(),
-                terminating.join(", ")
-            ));
-        }
+        let mut note = forced_note(&deleted, &refused, &terminating);
         if let Some(completion) = &completion {
             note.push_str(&format!(". {}", completion.sentence));
         }
@@ -253,6 +235,40 @@ struct ForcedDeletions {
     failed: Vec<PodKey>,
     /// Terminating already (not deleted again).
     terminating: Vec<PodKey>,
+}
+
+/// The `DrainForced` Event's note: what was deleted, refused and still terminating, each list
+/// named only when it has pods (an Event reading "deleted 0 pod(s): " says nothing).
+fn forced_note(deleted: &[String], refused: &[String], terminating: &[String]) -> String {
+    let mut note = format!(
+        "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE){}",
+        deleted.len(),
+        listed(deleted)
+    );
+    if !refused.is_empty() {
+        note.push_str(&format!(
+            "; the API server refused to delete {} (they still run; check the role's force-delete group){}",
+            refused.len(),
+            listed(refused)
+        ));
+    }
+    if !terminating.is_empty() {
+        note.push_str(&format!(
+            "; {} still terminating when the invocation's time ran out{}",
+            terminating.len(),
+            listed(terminating)
+        ));
+    }
+    note
+}
+
+/// `": a, b"`, or nothing for no names.
+fn listed(names: &[String]) -> String {
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", names.join(", "))
+    }
 }
 
 fn names(pods: &[PodKey]) -> Vec<String> {
@@ -339,5 +355,33 @@ async fn wait_until_gone(
             renew_at = Instant::now() + session.renew_interval();
         }
         tokio::time::sleep_until((now + poll).min(hand_over_at).min(renew_at)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forced_note;
+
+    fn pods(names: &[&str]) -> Vec<String> {
+        names.iter().map(|name| (*name).to_string()).collect()
+    }
+
+    #[test]
+    fn forced_note_names_no_empty_list() {
+        let note = forced_note(&[], &[], &pods(&["web/a"]));
+        assert_eq!(
+            note,
+            "Drain deadline passed: deleted 0 pod(s) that eviction could not move (DRAIN_FORCE); 1 still terminating when the invocation's time ran out: web/a"
+        );
+        assert!(!note.contains(": ;"), "{note}");
+    }
+
+    #[test]
+    fn forced_note_lists_every_group_that_has_pods() {
+        let note = forced_note(&pods(&["web/a", "web/b"]), &pods(&["db/c"]), &[]);
+        assert_eq!(
+            note,
+            "Drain deadline passed: deleted 2 pod(s) that eviction could not move (DRAIN_FORCE): web/a, web/b; the API server refused to delete 1 (they still run; check the role's force-delete group): db/c"
+        );
     }
 }
