@@ -50,6 +50,41 @@ fn is_watch(uri: &http::Uri) -> bool {
     })
 }
 
+/// `request` with the empty query parts kube's request builder leaves (`…/nodes/n?`,
+/// `…?&limit=500`) taken out, so the API server's audit log and access logs show the request
+/// as written.
+fn without_empty_query_parts<B>(mut request: http::Request<B>) -> http::Request<B> {
+    let uri = request.uri();
+    let Some(query) = uri.query() else {
+        return request;
+    };
+    let tidy = query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .collect::<Vec<_>>()
+        .join("&");
+    let raw_has_question_mark = uri
+        .path_and_query()
+        .is_some_and(|pq| pq.as_str().contains('?'));
+    if tidy == query && !(tidy.is_empty() && raw_has_question_mark) {
+        return request;
+    }
+    let path_and_query = if tidy.is_empty() {
+        uri.path().to_owned()
+    } else {
+        format!("{}?{tidy}", uri.path())
+    };
+    let mut parts = uri.clone().into_parts();
+    match path_and_query.parse() {
+        Ok(tidied) => parts.path_and_query = Some(tidied),
+        Err(_) => return request,
+    }
+    if let Ok(tidied) = http::Uri::from_parts(parts) {
+        *request.uri_mut() = tidied;
+    }
+    request
+}
+
 /// Builds a client for `cluster` that authenticates with tokens from `tokens`.
 ///
 /// Needs a Tokio runtime (the client's request queue runs on it).
@@ -89,6 +124,7 @@ pub(crate) fn build_client(
     let eviction_transport =
         kube::Client::try_from(no_retry).map_err(ClusterAccessError::Client)?;
     let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let request = without_empty_query_parts(request);
         let transport = if is_eviction(request.uri()) {
             eviction_transport.clone()
         } else {
@@ -129,5 +165,27 @@ mod tests {
         assert!(!is_watch(&uri("https://k/api/v1/nodes?limit=500")));
         assert!(!is_watch(&uri("https://k/api/v1/nodes/n")));
         assert!(!is_watch(&uri("https://k/api/v1/pods?watch=false")));
+    }
+
+    #[test]
+    fn empty_query_parts_are_taken_out() {
+        let tidied = |s: &str| {
+            let request = http::Request::get(s).body(()).unwrap();
+            without_empty_query_parts(request).uri().to_string()
+        };
+        assert_eq!(
+            tidied("https://k/api/v1/nodes/n?"),
+            "https://k/api/v1/nodes/n"
+        );
+        assert_eq!(
+            tidied("https://k/api/v1/pods?&limit=500&&labelSelector=a%3Db"),
+            "https://k/api/v1/pods?limit=500&labelSelector=a%3Db"
+        );
+        assert_eq!(tidied("/api/v1/nodes?&"), "/api/v1/nodes");
+        assert_eq!(
+            tidied("https://k/api/v1/nodes?limit=500"),
+            "https://k/api/v1/nodes?limit=500"
+        );
+        assert_eq!(tidied("https://k/api/v1/nodes"), "https://k/api/v1/nodes");
     }
 }
