@@ -783,3 +783,21 @@ async fn an_api_brownout_at_the_hand_over_time_still_hands_over_before_the_deadl
     let completions = w.aws.autoscaling().completions();
     assert_eq!(completions.len(), 1, "{completions:?}");
 }
+
+/// Every request and watch of an invocation share one connection: the client offers HTTP/2
+/// over ALPN, as kubectl does, and the API server (like kube-apiserver) accepts it. Over
+/// HTTP/1.1 the concurrent evictions and the watch of the node's pods each held a TLS
+/// connection of their own.
+#[tokio::test]
+async fn a_drain_shares_one_connection_to_the_api_server() {
+    let w = drain_world(&[]).await;
+    let before = w.server.connections_accepted();
+    terminate(&w).await;
+    assert!(
+        evicted(&drain_writes(&w)).len() >= 5,
+        "{}",
+        trail(&drain_writes(&w))
+    );
+    let opened = w.server.connections_accepted() - before;
+    assert_eq!(opened, 1, "connections opened by the drain");
+}

@@ -5,6 +5,14 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use http::header::USER_AGENT;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client as PooledClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::ConfigExt;
+use kube::client::retry::RetryPolicy;
+use tower::ServiceBuilder;
+use tower::retry::RetryLayer;
 
 use super::bearer::{BearerAuth, TokenSource};
 use super::discovery::ClusterInfo;
@@ -48,6 +56,59 @@ fn is_watch(uri: &http::Uri) -> bool {
             .split('&')
             .any(|pair| pair == "watch=true" || pair == "watch=1")
     })
+}
+
+/// The connections to the API server: TLS with the cluster's CA only, HTTP/2 when the server
+/// offers it over ALPN (kube-apiserver does), so every request and every watch of an
+/// invocation share one connection instead of holding a TLS connection each; HTTP/1.1
+/// otherwise.
+fn connection_pool(
+    config: &kube::Config,
+) -> Result<PooledClient<HttpsConnector<HttpConnector>, kube::client::Body>, ClusterAccessError> {
+    // The connector offers `h2` and `http/1.1` over ALPN itself (it refuses a config that
+    // names protocols already).
+    let tls = config
+        .rustls_client_config()
+        .map_err(ClusterAccessError::Client)?;
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(config.connect_timeout);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .enable_http2()
+        .wrap_connector(tcp);
+    // A silent HTTP/2 connection (an API server replaced behind the endpoint) is found by its
+    // missed pings within half a minute, not left to hold every watch of the invocation.
+    Ok(PooledClient::builder(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .http2_keep_alive_timeout(Duration::from_secs(10))
+        .build(connector))
+}
+
+/// A `kube::Client` over `pool`: the cluster's base URI, the function's headers and, with
+/// `retry`, kube's own retry of 429/503/504 (it honours `Retry-After`).
+fn stack(
+    config: &kube::Config,
+    pool: PooledClient<HttpsConnector<HttpConnector>, kube::client::Body>,
+    retry: bool,
+) -> Result<kube::Client, ClusterAccessError> {
+    let retry = retry.then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(retry)
+        .layer(
+            config
+                .extra_headers_layer()
+                .map_err(ClusterAccessError::Client)?,
+        )
+        .map_err(tower::BoxError::from)
+        .service(pool);
+    Ok(kube::Client::new(service, "default"))
 }
 
 /// `request` with the empty query parts kube's request builder leaves (`…/nodes/n?`,
@@ -112,17 +173,15 @@ pub(crate) fn build_client(
         .map_err(|e| ClusterAccessError::Client(kube::Error::Service(Box::new(e))))?;
     config.headers.push((USER_AGENT, agent));
 
-    // The unauthenticated stack (TLS, base URI, user agent, kube's retry of 429/503/504) is a
-    // client of its own: its request queue makes it cheap to clone, which the 401 retry needs.
-    //
-    // Evictions go through a twin without kube's retry: their 429 is a PodDisruptionBudget
-    // refusal the drain must see, count, back off from with jitter and name in its report,
-    // not a throttle to be hidden inside one call for up to 15 attempts.
-    let mut no_retry = config.clone();
-    no_retry.default_retry = false;
-    let transport = kube::Client::try_from(config).map_err(ClusterAccessError::Client)?;
-    let eviction_transport =
-        kube::Client::try_from(no_retry).map_err(ClusterAccessError::Client)?;
+    // One pool of connections to the API server, shared by two unauthenticated stacks (base
+    // URI, user agent): one with kube's retry of 429/503/504, and one without it for
+    // evictions, whose 429 is a PodDisruptionBudget refusal the drain must see, count, back
+    // off from with jitter and name in its report, not a throttle to be hidden inside one call
+    // for up to 15 attempts. Each stack is a `kube::Client`: its request queue makes it cheap to
+    // clone, which the 401 retry needs.
+    let pool = connection_pool(&config)?;
+    let transport = stack(&config, pool.clone(), true)?;
+    let eviction_transport = stack(&config, pool, false)?;
     let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
         let request = without_empty_query_parts(request);
         let transport = if is_eviction(request.uri()) {

@@ -45,13 +45,13 @@ mod watch;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use base64::Engine as _;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use rand::Rng as _;
 use tokio::net::TcpListener;
 
@@ -202,7 +202,14 @@ impl FakeApiServerBuilder {
         });
         let tls = (!self.plain_http)
             .then(|| tokio_rustls::TlsAcceptor::from(certificates.server_config.clone()));
-        tokio::spawn(accept_loop(listener, tls, state, shutdown.clone()));
+        let connections = Arc::new(AtomicU64::new(0));
+        tokio::spawn(accept_loop(
+            listener,
+            tls,
+            state,
+            connections.clone(),
+            shutdown.clone(),
+        ));
         let simulation = Simulation::new(store.clone(), self.timings);
         tokio::spawn(simulation.clone().run(shutdown));
         Ok(FakeApiServer {
@@ -218,6 +225,7 @@ impl FakeApiServerBuilder {
             faults,
             simulation,
             static_tokens,
+            connections,
             shutdown: shutdown_sender,
         })
     }
@@ -227,6 +235,7 @@ async fn accept_loop(
     listener: TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
     state: Arc<ServerState>,
+    connections: Arc<AtomicU64>,
     mut shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
     loop {
@@ -241,6 +250,7 @@ async fn accept_loop(
             },
         };
         let _ = stream.set_nodelay(true);
+        connections.fetch_add(1, Ordering::Relaxed);
         let state = state.clone();
         let tls = tls.clone();
         let shutdown = shutdown.clone();
@@ -267,9 +277,10 @@ async fn serve_connection<S>(
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let service = service_fn(move |request| api::serve(state.clone(), request, peer));
-    let connection = http1::Builder::new()
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), service);
+    // HTTP/2 (offered over ALPN, as kube-apiserver does; or h2c on plain HTTP) or HTTP/1.1,
+    // whichever the client speaks.
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::select! {
         result = connection => {
             if let Err(error) = result {
@@ -294,10 +305,18 @@ pub struct FakeApiServer {
     faults: Faults,
     simulation: Simulation,
     static_tokens: Arc<RwLock<HashMap<String, UserInfo>>>,
+    /// TCP connections accepted so far.
+    connections: Arc<AtomicU64>,
     shutdown: tokio::sync::watch::Sender<bool>,
 }
 
 impl FakeApiServer {
+    /// How many TCP connections clients have opened to this server so far (HTTP/2 clients
+    /// multiplex every request and watch over one).
+    pub fn connections_accepted(&self) -> u64 {
+        self.connections.load(Ordering::Relaxed)
+    }
+
     pub fn builder() -> FakeApiServerBuilder {
         FakeApiServerBuilder {
             cluster_name: "ironman-2022".to_owned(),

@@ -78,7 +78,8 @@ impl ClusterCertificates {
                 ],
                 PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der())),
             )?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // As kube-apiserver: HTTP/2 for clients that offer it, HTTP/1.1 for the rest.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Self {
             ca_pem: ca_cert.pem(),
             server_config: Arc::new(config),
