@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::Node;
 use node_manager::node_marks::refresh::refresh_marks_of;
 use node_manager_testkit::account::FakeAccount;
 use node_manager_testkit::aws::{
-    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeAws, FakeCluster, FakeInstance,
-    FakeLifecycleHook, FakeRefreshPreferences,
+    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeAws, FakeCluster,
+    FakeEc2LaunchTemplate, FakeInstance, FakeLifecycleHook, FakeRefreshPreferences,
 };
 use node_manager_testkit::binaries::function_binary;
 use node_manager_testkit::e2e::function_group;
@@ -80,26 +80,13 @@ impl RefreshWorld {
         autoscaling
             .add_hook(
                 GROUP,
-                FakeLifecycleHook::terminating("terminate").heartbeat_timeout(Duration::from_secs(3600)),
+                FakeLifecycleHook::terminating("terminate")
+                    .heartbeat_timeout(Duration::from_secs(3600)),
             )
             .unwrap();
-        let yesterday = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24);
-        let mut old = Vec::new();
-        for i in 0..count {
-            let id = old_instance(i);
-            let instance = FakeInstance::new(&id, "eu-west-1")
-                .availability_zone(ZONE)
-                .launch_time(yesterday);
-            aws.ec2().add_instance(instance.clone());
-            autoscaling.add_instance(GROUP, &id, ZONE).unwrap();
-            server
-                .register_node(
-                    &instance.private_dns_name,
-                    &format!("aws:///{ZONE}/{id}"),
-                    Some(Duration::ZERO),
-                )
-                .unwrap();
-            old.push(id);
+        let old: Vec<String> = (0..count).map(old_instance).collect();
+        for id in &old {
+            add_instance_launched_yesterday(&aws, &server, id);
         }
         autoscaling.set_launch_template_version(GROUP, "2").unwrap();
         let events = aws.eventbridge().subscribe(EventPattern {
@@ -167,7 +154,12 @@ impl RefreshWorld {
     }
 
     fn node_of(&self, instance_id: &str) -> Node {
-        let name = self.aws.ec2().instance(instance_id).unwrap().private_dns_name;
+        let name = self
+            .aws
+            .ec2()
+            .instance(instance_id)
+            .unwrap()
+            .private_dns_name;
         self.server.store().find::<Node>("", &name).unwrap()
     }
 
@@ -196,6 +188,24 @@ impl RefreshWorld {
         }
         panic!("the refresh launched no replacement");
     }
+}
+
+/// An instance of [`GROUP`] launched a day ago with the group's current configuration,
+/// with its Ready node.
+fn add_instance_launched_yesterday(aws: &FakeAws, server: &FakeApiServer, id: &str) {
+    let yesterday = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24);
+    let instance = FakeInstance::new(id, "eu-west-1")
+        .availability_zone(ZONE)
+        .launch_time(yesterday);
+    aws.ec2().add_instance(instance.clone());
+    aws.autoscaling().add_instance(GROUP, id, ZONE).unwrap();
+    server
+        .register_node(
+            &instance.private_dns_name,
+            &format!("aws:///{ZONE}/{id}"),
+            Some(Duration::ZERO),
+        )
+        .unwrap();
 }
 
 fn cordoned(node: &Node) -> bool {
@@ -281,7 +291,10 @@ async fn an_end_event_ahead_of_auto_scaling_fails_for_a_retry_and_then_undoes_th
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(autoscaling.has_active_action(id), "{id} waits in Terminating:Wait");
+        assert!(
+            autoscaling.has_active_action(id),
+            "{id} waits in Terminating:Wait"
+        );
     }
     autoscaling.cancel_instance_refresh(GROUP).unwrap();
     let operator = world.aws.account().add_role_credentials("operator");
@@ -302,6 +315,48 @@ async fn an_end_event_ahead_of_auto_scaling_fails_for_a_retry_and_then_undoes_th
     assert_eq!(ended["outcome"], "Unmarked", "{ended}");
     assert_eq!(ended["unmarked"].as_array().unwrap().len(), 2, "{ended}");
     let retried = world.response_to(&early).await;
-    assert_eq!(retried["outcome"], "Unmarked", "a retry of the early event finds nothing left: {retried}");
+    assert_eq!(
+        retried["outcome"], "Unmarked",
+        "a retry of the early event finds nothing left: {retried}"
+    );
     assert!(retried.get("unmarked").is_none(), "{retried}");
+}
+
+/// `SkipMatching` with the group on `$Latest`: Auto Scaling resolves it (to version 2 here)
+/// and keeps the instance already on 2; only the one on version 1 is marked.
+#[tokio::test]
+async fn skip_matching_resolves_latest_and_leaves_the_instance_already_on_it() {
+    let mut world = RefreshWorld::start(1).await;
+    let current = "i-0b0000000000000c2";
+    // Launched yesterday too, after the group moved to version 2.
+    add_instance_launched_yesterday(&world.aws, &world.server, current);
+    world
+        .aws
+        .ec2()
+        .add_launch_template(FakeEc2LaunchTemplate::new("lt-0abc", "nodes", 1, 2));
+    let autoscaling = world.aws.autoscaling();
+    autoscaling
+        .set_launch_template_version(GROUP, "$Latest")
+        .unwrap();
+    autoscaling
+        .start_instance_refresh(
+            GROUP,
+            FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200)
+                .instance_warmup(WARMUP)
+                .skip_matching(true),
+        )
+        .unwrap();
+    let started = world.next_event("Started").await;
+    let answer = world.response_to(&started).await;
+    assert_eq!(
+        answer["plan"]["outdated"],
+        serde_json::json!([world.old[0]]),
+        "{answer}"
+    );
+    assert!(cordoned(&world.node_of(&world.old[0])));
+    assert!(
+        !cordoned(&world.node_of(current)),
+        "the instance already on $Latest stays schedulable: {answer}"
+    );
 }
