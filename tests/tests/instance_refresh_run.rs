@@ -554,3 +554,77 @@ async fn a_start_that_overlaps_the_refreshs_end_undoes_its_own_marks() {
         );
     }
 }
+
+/// Instances Auto Scaling never replaces with the refresh's default preferences (protected
+/// from scale-in, `ScaleInProtectedInstances: Ignore`; `Standby`, `StandbyInstances:
+/// Ignore`) stay schedulable; with `Refresh` and `Terminate` they are outdated.
+#[tokio::test]
+async fn protected_and_standby_instances_are_marked_only_when_the_refresh_replaces_them() {
+    let world = World::start(3).await;
+    let mut group = world.group();
+    group.instances[1].protected_from_scale_in = true;
+    group.instances[2].lifecycle_state = "Standby".into();
+    world.aws.put_group(group);
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        start_time: Some(refresh_start()),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        scale_in_protected_instances: Some("Ignore".into()),
+        ..InstanceRefreshDescription::default()
+    });
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked, vec![node_name(0)], "{report:?}");
+    assert!(!cordoned(&world.node(1)) && !cordoned(&world.node(2)));
+
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        start_time: Some(refresh_start()),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        scale_in_protected_instances: Some("Refresh".into()),
+        standby_instances: Some("Terminate".into()),
+        ..InstanceRefreshDescription::default()
+    });
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked.len(), 3, "{report:?}");
+}
+
+/// `SkipMatching` with a desired mixed instances policy: the instance on the policy's
+/// template and one of its types is left alone; the group's own (older) template does not
+/// decide; an instance of a type no override names is outdated.
+#[tokio::test]
+async fn skip_matching_compares_a_desired_mixed_instances_policy() {
+    use node_manager::aws::{MixedInstancesPolicyRef, TemplateOverride};
+    let world = World::start(3).await;
+    let mut group = world.group();
+    // The group still launches version 2; the refresh wants version 1 (a rollback of the AMI)
+    // on m5.large or m6i.large.
+    group.instances[2].instance_type = Some("c5.large".into());
+    world.aws.put_group(group);
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        start_time: Some(refresh_start()),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        skip_matching: true,
+        desired_mixed_instances_policy: Some(MixedInstancesPolicyRef {
+            launch_template: Some(template("1")),
+            overrides: ["m5.large", "m6i.large"]
+                .map(|t| TemplateOverride {
+                    instance_type: Some(t.into()),
+                    launch_template: None,
+                })
+                .to_vec(),
+        }),
+        ..InstanceRefreshDescription::default()
+    });
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked, vec![node_name(2)], "{report:?}");
+}
