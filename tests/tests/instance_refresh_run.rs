@@ -154,7 +154,7 @@ impl World {
     fn patches(&self) -> usize {
         self.server
             .audit()
-            .filter(|e| e.user_agent.contains("instance-refresh") && e.verb == "patch")
+            .filter(|e| e.user.username == "instance-refresh" && e.verb == "patch")
             .len()
     }
 }
@@ -627,4 +627,44 @@ async fn skip_matching_compares_a_desired_mixed_instances_policy() {
     });
     let report = world.send("Started").await.unwrap();
     assert_eq!(report.marked, vec![node_name(2)], "{report:?}");
+}
+
+/// An outdated instance whose node had not registered at `Started` is listed without a node;
+/// the refresh's next `Checkpoint Reached` plans again and marks it once it has registered,
+/// leaving the nodes already marked as they are.
+#[tokio::test]
+async fn a_node_that_registers_after_the_start_is_marked_at_the_next_checkpoint() {
+    let world = World::start(2).await;
+    let late = 2;
+    let mut group = world.group();
+    group.instances.push(ConfiguredInstance {
+        instance_id: instance(late),
+        lifecycle_state: "InService".into(),
+        instance_type: Some("m5.large".into()),
+        launch_template: Some(template("1")),
+        protected_from_scale_in: false,
+    });
+    world.aws.put_group(group);
+    world
+        .aws
+        .put_launch_time(&instance(late), launched_before_the_refresh());
+    world.refresh("InProgress", 100, 200);
+    let started = world.send("Started").await.unwrap();
+    assert_eq!(started.marked.len(), 2, "{started:?}");
+    assert_eq!(started.without_node, vec![instance(late)], "{started:?}");
+
+    world
+        .server
+        .register_node(
+            &node_name(late),
+            &format!("aws:///eu-west-1a/{}", instance(late)),
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    let writes = world.patches();
+    let checkpoint = world.send("Checkpoint Reached").await.unwrap();
+    assert_eq!(checkpoint.outcome, "Marked", "{checkpoint:?}");
+    assert_eq!(checkpoint.marked.len(), 3, "{checkpoint:?}");
+    assert!(cordoned(&world.node(late)));
+    assert_eq!(world.patches(), writes + 1, "only the late node is written");
 }
