@@ -10,7 +10,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use node_manager::aws::in_memory::InMemoryInstanceRefreshes;
 use node_manager::aws::{
-    ConfiguredInstance, GroupConfiguration, InstanceRefreshDescription, LaunchTemplateRef,
+    ConfiguredInstance, GroupConfiguration, InstanceRefreshDescription, InstanceRefreshes,
+    LaunchTemplateRef,
 };
 use node_manager::instance_refresh::handler::{self, RefreshContext, RefreshError};
 use node_manager::instance_refresh::settings::RefreshSettings;
@@ -86,9 +87,14 @@ impl World {
                     lifecycle_state: "InService".into(),
                     instance_type: Some("m5.large".into()),
                     launch_template: Some(template("1")),
+                    protected_from_scale_in: false,
                 })
                 .collect(),
+            ..GroupConfiguration::default()
         });
+        for i in 0..nodes {
+            aws.put_launch_time(&instance(i), launched_before_the_refresh());
+        }
         let token =
             server.add_static_token("instance-refresh", &["open-node-manager:instance-refresh"]);
         let mut config = server.config_with_token(&token).await.unwrap();
@@ -106,14 +112,16 @@ impl World {
             instance_refresh_id: REFRESH.into(),
             auto_scaling_group_name: GROUP.into(),
             status: status.into(),
+            start_time: Some(refresh_start()),
             min_healthy_percentage: Some(min),
             max_healthy_percentage: Some(max),
-            skip_matching: false,
-            desired_launch_template: None,
+            ..InstanceRefreshDescription::default()
         });
     }
 
-    fn context(&self) -> RefreshContext<kube::Client, InMemoryInstanceRefreshes> {
+    fn context(
+        &self,
+    ) -> RefreshContext<kube::Client, InMemoryInstanceRefreshes, InMemoryInstanceRefreshes> {
         let env: &[(&str, &str)] = &[
             ("CLUSTER_NAME", CLUSTER),
             (
@@ -124,12 +132,19 @@ impl World {
         RefreshContext {
             kube: self.client.clone(),
             autoscaling: self.aws.clone(),
+            ec2: self.aws.clone(),
             settings: RefreshSettings::from_source(env).unwrap(),
         }
     }
 
     async fn send(&self, kind: &str) -> Result<handler::RefreshReport, RefreshError> {
         handler::handle(&self.context(), &event(kind, GROUP), Some(ACCOUNT)).await
+    }
+
+    fn group(&self) -> GroupConfiguration {
+        futures_lite_block(self.aws.describe_group_configuration(GROUP))
+            .unwrap()
+            .unwrap()
     }
 
     fn node(&self, i: usize) -> Node {
@@ -139,9 +154,19 @@ impl World {
     fn patches(&self) -> usize {
         self.server
             .audit()
-            .filter(|e| e.user_agent.contains("instance-refresh") && e.verb == "patch")
+            .filter(|e| e.user.username == "instance-refresh" && e.verb == "patch")
             .len()
     }
+}
+
+/// When the refreshes of these tests started.
+fn refresh_start() -> jiff::Timestamp {
+    jiff::Timestamp::from_second(1_790_000_000).unwrap()
+}
+
+/// When the group's first instances were launched: a day before.
+fn launched_before_the_refresh() -> jiff::Timestamp {
+    jiff::Timestamp::from_second(1_790_000_000 - 86_400).unwrap()
 }
 
 fn event(kind: &str, group: &str) -> Value {
@@ -156,6 +181,17 @@ fn event(kind: &str, group: &str) -> Value {
         "resources": [],
         "detail": {"InstanceRefreshId": REFRESH, "AutoScalingGroupName": group},
     })
+}
+
+/// The in-memory fake answers at once: its futures complete on their first poll.
+fn futures_lite_block<T>(future: impl std::future::Future<Output = T>) -> T {
+    let waker = std::task::Waker::noop();
+    let mut context = std::task::Context::from_waker(waker);
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut context) {
+        std::task::Poll::Ready(value) => value,
+        std::task::Poll::Pending => panic!("the in-memory fake never waits"),
+    }
 }
 
 fn cordoned(node: &Node) -> bool {
@@ -220,9 +256,13 @@ async fn launch_before_terminate_marks_every_outdated_node_and_the_end_undoes_on
     );
     assert_eq!(world.patches(), writes, "a repeated start writes nothing");
 
-    // A Cancelled event while Auto Scaling still reports the refresh in progress is stale.
-    let stale = world.send("Cancelled").await.unwrap();
-    assert_eq!(stale.outcome, "Stale");
+    // A Cancelled event while Auto Scaling still reports the refresh in progress runs ahead
+    // of it: after a few seconds of reads the invocation fails, so Lambda retries it.
+    let early = world.send("Cancelled").await.unwrap_err();
+    assert!(
+        matches!(early, RefreshError::NotFinalYet { ref status, .. } if status == "InProgress"),
+        "{early}"
+    );
     assert!(
         cordoned(&world.node(0)),
         "nothing undone on an unproven event"
@@ -274,12 +314,7 @@ async fn foreign_unconfirmed_and_malformed_events_write_nothing() {
     world.aws.put_group(GroupConfiguration {
         name: "other-cluster-ng".into(),
         tags: [("eks:cluster-name".to_owned(), "someone-else".to_owned())].into(),
-        desired_capacity: 0,
-        launch_template: None,
-        maintenance_min_healthy_percentage: None,
-        maintenance_max_healthy_percentage: None,
-        retains_abandoned_instances: false,
-        instances: Vec::new(),
+        ..GroupConfiguration::default()
     });
     let ctx = world.context();
 
@@ -340,10 +375,7 @@ async fn a_refresh_whose_end_was_missed_is_cleaned_up_by_the_next_one() {
         tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
         desired_capacity: 2,
         launch_template: Some(template("2")),
-        maintenance_min_healthy_percentage: None,
-        maintenance_max_healthy_percentage: None,
-        retains_abandoned_instances: false,
-        instances: Vec::new(),
+        ..GroupConfiguration::default()
     };
     for (i, version) in [(0, "1"), (1, "2")] {
         group.instances.push(ConfiguredInstance {
@@ -351,6 +383,7 @@ async fn a_refresh_whose_end_was_missed_is_cleaned_up_by_the_next_one() {
             lifecycle_state: "InService".into(),
             instance_type: Some("m5.large".into()),
             launch_template: Some(template(version)),
+            protected_from_scale_in: false,
         });
     }
     world.aws.put_group(group);
@@ -358,10 +391,11 @@ async fn a_refresh_whose_end_was_missed_is_cleaned_up_by_the_next_one() {
         instance_refresh_id: NEXT.into(),
         auto_scaling_group_name: GROUP.into(),
         status: "InProgress".into(),
+        start_time: Some(refresh_start()),
         min_healthy_percentage: Some(100),
         max_healthy_percentage: Some(200),
         skip_matching: true,
-        desired_launch_template: None,
+        ..InstanceRefreshDescription::default()
     });
     let mut started = event("Started", GROUP);
     started["detail"]["InstanceRefreshId"] = json!(NEXT);
@@ -383,4 +417,254 @@ async fn a_refresh_whose_end_was_missed_is_cleaned_up_by_the_next_one() {
         "A's marks undone on the node B does not replace"
     );
     assert_eq!(report.unmarked.len(), 1, "{report:?}");
+}
+
+/// A Started delivered again (Lambda's retry of a failed invocation, or a late duplicate)
+/// after the first replacement came in service: the replacement is not marked, the plan is
+/// the same as at the start.
+#[tokio::test]
+async fn a_repeated_start_after_replacements_came_in_service_leaves_them_alone() {
+    let world = World::start(3).await;
+    world.refresh("InProgress", 100, 150);
+    let first = world.send("Started").await.unwrap();
+    assert_eq!(first.marked.len(), 3, "{first:?}");
+    // Auto Scaling launched the replacement of node 0 (on version 2), which registered.
+    let replacement = 3;
+    world
+        .server
+        .register_node(
+            &node_name(replacement),
+            &format!("aws:///eu-west-1a/{}", instance(replacement)),
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    let mut group = world.group();
+    group.instances.push(ConfiguredInstance {
+        instance_id: instance(replacement),
+        lifecycle_state: "InService".into(),
+        instance_type: Some("m5.large".into()),
+        launch_template: Some(template("2")),
+        protected_from_scale_in: false,
+    });
+    world.aws.put_group(group);
+    world.aws.put_launch_time(
+        &instance(replacement),
+        refresh_start() + jiff::SignedDuration::from_secs(90),
+    );
+
+    let again = world.send("Started").await.unwrap();
+    assert_eq!(again.marked.len(), 3, "{again:?}");
+    assert!(
+        !cordoned(&world.node(replacement)) && refresh_marks_of(&world.node(replacement)).is_none(),
+        "the replacement stays schedulable"
+    );
+}
+
+/// The end event comes while Auto Scaling still reports the refresh `Cancelling`; it turns
+/// `Cancelled` within the handler's reads: the marks are undone by that same invocation.
+#[tokio::test]
+async fn an_end_that_runs_ahead_of_auto_scaling_waits_for_its_status() {
+    let world = World::start(2).await;
+    world.refresh("InProgress", 100, 200);
+    assert_eq!(world.send("Started").await.unwrap().marked.len(), 2);
+    world.refresh("Cancelling", 100, 200);
+    let aws = world.aws.clone();
+    let later = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let mut refresh = aws_refresh(&aws);
+        refresh.status = "Cancelled".into();
+        aws.put_refresh(refresh);
+    });
+    let ended = world.send("Cancelled").await.unwrap();
+    later.await.unwrap();
+    assert_eq!(ended.outcome, "Unmarked", "{ended:?}");
+    assert_eq!(ended.unmarked.len(), 2);
+    assert!(!cordoned(&world.node(0)) && !cordoned(&world.node(1)));
+}
+
+fn aws_refresh(aws: &InMemoryInstanceRefreshes) -> InstanceRefreshDescription {
+    futures_lite_block(aws.describe_instance_refresh(GROUP, REFRESH))
+        .unwrap()
+        .unwrap()
+}
+
+/// Auto Scaling as seen by a start that overlaps the refresh's end: the refresh is in
+/// progress when the start reads it first, and ended (its end already handled) on every
+/// later read.
+#[derive(Clone)]
+struct EndsAfterFirstRead {
+    aws: InMemoryInstanceRefreshes,
+    reads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl InstanceRefreshes for EndsAfterFirstRead {
+    async fn describe_instance_refresh(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, node_manager::aws::AwsError> {
+        let read = self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut refresh = self
+            .aws
+            .describe_instance_refresh(group_name, instance_refresh_id)
+            .await?;
+        if read > 0
+            && let Some(refresh) = refresh.as_mut()
+        {
+            refresh.status = "Cancelled".into();
+        }
+        Ok(refresh)
+    }
+
+    async fn describe_group_configuration(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<GroupConfiguration>, node_manager::aws::AwsError> {
+        self.aws.describe_group_configuration(group_name).await
+    }
+}
+
+/// The refresh is cancelled, and its end handled (finding no labelled node), while the
+/// start is still writing: the start sees the end when it reads the refresh after its
+/// writes and undoes its own marks, so no node stays cordoned for a refresh that is over.
+#[tokio::test]
+async fn a_start_that_overlaps_the_refreshs_end_undoes_its_own_marks() {
+    let world = World::start(2).await;
+    world.refresh("InProgress", 100, 200);
+    let context = world.context();
+    let overlapping = RefreshContext {
+        kube: context.kube,
+        autoscaling: EndsAfterFirstRead {
+            aws: world.aws.clone(),
+            reads: Default::default(),
+        },
+        ec2: context.ec2,
+        settings: context.settings,
+    };
+    let report = handler::handle(&overlapping, &event("Started", GROUP), Some(ACCOUNT))
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, "Unmarked", "{report:?}");
+    assert_eq!(report.unmarked.len(), 2, "{report:?}");
+    for i in 0..2 {
+        let node = world.node(i);
+        assert!(
+            !cordoned(&node) && !excluded(&node) && refresh_marks_of(&node).is_none(),
+            "node {i}"
+        );
+    }
+}
+
+/// Instances Auto Scaling never replaces with the refresh's default preferences (protected
+/// from scale-in, `ScaleInProtectedInstances: Ignore`; `Standby`, `StandbyInstances:
+/// Ignore`) stay schedulable; with `Refresh` and `Terminate` they are outdated.
+#[tokio::test]
+async fn protected_and_standby_instances_are_marked_only_when_the_refresh_replaces_them() {
+    let world = World::start(3).await;
+    let mut group = world.group();
+    group.instances[1].protected_from_scale_in = true;
+    group.instances[2].lifecycle_state = "Standby".into();
+    world.aws.put_group(group);
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        start_time: Some(refresh_start()),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        scale_in_protected_instances: Some("Ignore".into()),
+        ..InstanceRefreshDescription::default()
+    });
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked, vec![node_name(0)], "{report:?}");
+    assert!(!cordoned(&world.node(1)) && !cordoned(&world.node(2)));
+
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        start_time: Some(refresh_start()),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        scale_in_protected_instances: Some("Refresh".into()),
+        standby_instances: Some("Terminate".into()),
+        ..InstanceRefreshDescription::default()
+    });
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked.len(), 3, "{report:?}");
+}
+
+/// `SkipMatching` with a desired mixed instances policy: the instance on the policy's
+/// template and one of its types is left alone; the group's own (older) template does not
+/// decide; an instance of a type no override names is outdated.
+#[tokio::test]
+async fn skip_matching_compares_a_desired_mixed_instances_policy() {
+    use node_manager::aws::{MixedInstancesPolicyRef, TemplateOverride};
+    let world = World::start(3).await;
+    let mut group = world.group();
+    // The group still launches version 2; the refresh wants version 1 (a rollback of the AMI)
+    // on m5.large or m6i.large.
+    group.instances[2].instance_type = Some("c5.large".into());
+    world.aws.put_group(group);
+    world.aws.put_refresh(InstanceRefreshDescription {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: GROUP.into(),
+        status: "InProgress".into(),
+        start_time: Some(refresh_start()),
+        min_healthy_percentage: Some(100),
+        max_healthy_percentage: Some(200),
+        skip_matching: true,
+        desired_mixed_instances_policy: Some(MixedInstancesPolicyRef {
+            launch_template: Some(template("1")),
+            overrides: ["m5.large", "m6i.large"]
+                .map(|t| TemplateOverride {
+                    instance_type: Some(t.into()),
+                    launch_template: None,
+                })
+                .to_vec(),
+        }),
+        ..InstanceRefreshDescription::default()
+    });
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked, vec![node_name(2)], "{report:?}");
+}
+
+/// An outdated instance whose node had not registered at `Started` is listed without a node;
+/// the refresh's next `Checkpoint Reached` plans again and marks it once it has registered,
+/// leaving the nodes already marked as they are.
+#[tokio::test]
+async fn a_node_that_registers_after_the_start_is_marked_at_the_next_checkpoint() {
+    let world = World::start(2).await;
+    let late = 2;
+    let mut group = world.group();
+    group.instances.push(ConfiguredInstance {
+        instance_id: instance(late),
+        lifecycle_state: "InService".into(),
+        instance_type: Some("m5.large".into()),
+        launch_template: Some(template("1")),
+        protected_from_scale_in: false,
+    });
+    world.aws.put_group(group);
+    world
+        .aws
+        .put_launch_time(&instance(late), launched_before_the_refresh());
+    world.refresh("InProgress", 100, 200);
+    let started = world.send("Started").await.unwrap();
+    assert_eq!(started.marked.len(), 2, "{started:?}");
+    assert_eq!(started.without_node, vec![instance(late)], "{started:?}");
+
+    world
+        .server
+        .register_node(
+            &node_name(late),
+            &format!("aws:///eu-west-1a/{}", instance(late)),
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    let writes = world.patches();
+    let checkpoint = world.send("Checkpoint Reached").await.unwrap();
+    assert_eq!(checkpoint.outcome, "Marked", "{checkpoint:?}");
+    assert_eq!(checkpoint.marked.len(), 3, "{checkpoint:?}");
+    assert!(cordoned(&world.node(late)));
+    assert_eq!(world.patches(), writes + 1, "only the late node is written");
 }

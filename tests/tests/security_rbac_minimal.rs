@@ -759,16 +759,12 @@ async fn refresh_flow(documents: &[Value]) -> FlowResult {
         name: GROUP.into(),
         tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
         desired_capacity: 1,
-        launch_template: None,
-        maintenance_min_healthy_percentage: None,
-        maintenance_max_healthy_percentage: None,
-        retains_abandoned_instances: false,
         instances: vec![ConfiguredInstance {
             instance_id: INSTANCE.into(),
             lifecycle_state: "InService".into(),
-            instance_type: None,
-            launch_template: None,
+            ..ConfiguredInstance::default()
         }],
+        ..GroupConfiguration::default()
     });
     let refresh = |status: &str| InstanceRefreshDescription {
         instance_refresh_id: REFRESH.into(),
@@ -776,8 +772,7 @@ async fn refresh_flow(documents: &[Value]) -> FlowResult {
         status: status.into(),
         min_healthy_percentage: Some(100),
         max_healthy_percentage: Some(200),
-        skip_matching: false,
-        desired_launch_template: None,
+        ..InstanceRefreshDescription::default()
     };
     let event = |kind: &str| {
         json!({
@@ -791,6 +786,7 @@ async fn refresh_flow(documents: &[Value]) -> FlowResult {
     let ctx = RefreshContext {
         kube: client(&server, "instance-refresh", Flow::Refresh.groups()).await,
         autoscaling: aws.clone(),
+        ec2: aws.clone(),
         settings: RefreshSettings::from_source(env).unwrap(),
     };
     let cordoned = || {

@@ -4,7 +4,7 @@
 
 use lambda_runtime::{LambdaEvent, service_fn};
 use node_manager::aws::http_client::load_sdk_config;
-use node_manager::aws::sdk::{SdkAutoScaling, SdkEks};
+use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances};
 use node_manager::cluster::ClusterAccess;
 use node_manager::cluster::connection::EksConnection;
 use node_manager::instance_refresh::FUNCTION_NAME;
@@ -30,6 +30,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
             eks: SdkEks::new(&sdk_config),
         },
         autoscaling: SdkAutoScaling::new(&sdk_config),
+        ec2: SdkInstances::new(&sdk_config),
         settings,
     };
     let context = &context;

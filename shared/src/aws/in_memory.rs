@@ -801,11 +801,14 @@ impl RepairInstances for InMemoryInstanceHealth {
     }
 }
 
-/// Instance refreshes and group configurations, set by a test.
+/// Instance refreshes and group configurations, set by a test; and the EC2 side of a
+/// refresh (launch times, launch templates).
 #[derive(Debug, Default, Clone)]
 pub struct InMemoryInstanceRefreshes {
     refreshes: Arc<Mutex<Vec<InstanceRefreshDescription>>>,
     groups: Arc<Mutex<BTreeMap<String, GroupConfiguration>>>,
+    launch_times: Arc<Mutex<BTreeMap<String, jiff::Timestamp>>>,
+    templates: Arc<Mutex<Vec<LaunchTemplateVersions>>>,
     pub faults: InMemoryFaults,
 }
 
@@ -820,6 +823,49 @@ impl InMemoryInstanceRefreshes {
     /// Adds or replaces (by name) a group.
     pub fn put_group(&self, group: GroupConfiguration) {
         lock(&self.groups).insert(group.name.clone(), group);
+    }
+
+    /// EC2 reports `at` as the instance's `LaunchTime`.
+    pub fn put_launch_time(&self, instance_id: &str, at: jiff::Timestamp) {
+        lock(&self.launch_times).insert(instance_id.to_owned(), at);
+    }
+
+    /// Adds or replaces (by id) a launch template.
+    pub fn put_launch_template(&self, template: LaunchTemplateVersions) {
+        let mut templates = lock(&self.templates);
+        templates.retain(|t| t.id != template.id);
+        templates.push(template);
+    }
+}
+
+impl RefreshInstances for InMemoryInstanceRefreshes {
+    async fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        self.faults.take("DescribeInstances")?;
+        let times = lock(&self.launch_times);
+        Ok(instance_ids
+            .iter()
+            .filter_map(|id| Some((id.clone(), *times.get(id)?)))
+            .collect())
+    }
+
+    async fn launch_template_versions(
+        &self,
+        templates: &[LaunchTemplateRef],
+    ) -> Result<Vec<LaunchTemplateVersions>, AwsError> {
+        self.faults.take("DescribeLaunchTemplates")?;
+        Ok(lock(&self.templates)
+            .iter()
+            .filter(|known| {
+                templates.iter().any(|t| match &t.id {
+                    Some(id) => *id == known.id,
+                    None => t.name.as_deref() == Some(known.name.as_str()),
+                })
+            })
+            .cloned()
+            .collect())
     }
 }
 

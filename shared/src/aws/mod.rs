@@ -474,38 +474,66 @@ pub struct LaunchTemplateRef {
     pub version: Option<String>,
 }
 
+/// One override of a mixed instances policy: an instance type and, optionally, the launch
+/// template instances of that type launch with instead of the policy's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TemplateOverride {
+    pub instance_type: Option<String>,
+    pub launch_template: Option<LaunchTemplateRef>,
+}
+
+/// A `MixedInstancesPolicy` as far as it decides what an instance is launched with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MixedInstancesPolicyRef {
+    pub launch_template: Option<LaunchTemplateRef>,
+    pub overrides: Vec<TemplateOverride>,
+}
+
 /// An instance refresh as `DescribeInstanceRefreshes` reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstanceRefreshDescription {
     pub instance_refresh_id: String,
     pub auto_scaling_group_name: String,
     /// `Pending`, `InProgress`, `Successful`, `Failed`, `Cancelling`, `Cancelled`,
     /// `RollbackInProgress`, `RollbackFailed`, `RollbackSuccessful`, `Baking`.
     pub status: String,
+    /// `StartTime`: instances launched since are the refresh's own replacements.
+    pub start_time: Option<jiff::Timestamp>,
     pub min_healthy_percentage: Option<u32>,
     pub max_healthy_percentage: Option<u32>,
     /// `Preferences.SkipMatching` (false when absent, as Auto Scaling's default).
     pub skip_matching: bool,
-    /// `DesiredConfiguration.LaunchTemplate`; `None`: the group's own.
+    /// `Preferences.ScaleInProtectedInstances` (`Refresh`, `Ignore`, `Wait`); `None`: Auto
+    /// Scaling's default, `Ignore`.
+    pub scale_in_protected_instances: Option<String>,
+    /// `Preferences.StandbyInstances` (`Terminate`, `Ignore`, `Wait`); `None`: `Ignore`.
+    pub standby_instances: Option<String>,
+    /// `DesiredConfiguration.LaunchTemplate`.
     pub desired_launch_template: Option<LaunchTemplateRef>,
+    /// `DesiredConfiguration.MixedInstancesPolicy`. Neither: the group's own configuration.
+    pub desired_mixed_instances_policy: Option<MixedInstancesPolicyRef>,
 }
 
 /// One instance of a group with the configuration it was launched with.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConfiguredInstance {
     pub instance_id: String,
     pub lifecycle_state: String,
     pub instance_type: Option<String>,
     pub launch_template: Option<LaunchTemplateRef>,
+    /// `ProtectedFromScaleIn`.
+    pub protected_from_scale_in: bool,
 }
 
 /// What `DescribeAutoScalingGroups` says about a group's configuration and its instances.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupConfiguration {
     pub name: String,
     pub tags: BTreeMap<String, String>,
     pub desired_capacity: u32,
+    /// The group's `LaunchTemplate`, else its mixed instances policy's.
     pub launch_template: Option<LaunchTemplateRef>,
+    pub mixed_instances_policy: Option<MixedInstancesPolicyRef>,
     /// `InstanceMaintenancePolicy`: what a refresh without its own preferences uses.
     pub maintenance_min_healthy_percentage: Option<u32>,
     pub maintenance_max_healthy_percentage: Option<u32>,
@@ -513,6 +541,32 @@ pub struct GroupConfiguration {
     /// instance whose terminating action ends ABANDON is kept (`Terminating:Retained`).
     pub retains_abandoned_instances: bool,
     pub instances: Vec<ConfiguredInstance>,
+}
+
+/// A launch template's version numbers, as `DescribeLaunchTemplates` reports them: what
+/// `$Default` and `$Latest` stand for now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchTemplateVersions {
+    pub id: String,
+    pub name: String,
+    pub default_version: i64,
+    pub latest_version: i64,
+}
+
+/// EC2 as the instance refresh handler reads it: when instances were launched, and what a
+/// launch template's symbolic versions stand for.
+pub trait RefreshInstances: Send + Sync {
+    /// Each instance's `LaunchTime`; an instance EC2 does not know is absent.
+    fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<BTreeMap<String, jiff::Timestamp>, AwsError>> + Send;
+
+    /// The templates named (by id or by name); a template EC2 does not know is absent.
+    fn launch_template_versions(
+        &self,
+        templates: &[LaunchTemplateRef],
+    ) -> impl Future<Output = Result<Vec<LaunchTemplateVersions>, AwsError>> + Send;
 }
 
 /// Auto Scaling as the instance refresh handler reads it.

@@ -958,6 +958,55 @@ impl RepairInstances for SdkInstances {
     }
 }
 
+impl RefreshInstances for SdkInstances {
+    async fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        RepairInstances::launch_times(self, instance_ids).await
+    }
+
+    /// One `DescribeLaunchTemplates` per template (an unknown id or name fails a call that
+    /// names it, so each is asked alone and an unknown one is left out).
+    async fn launch_template_versions(
+        &self,
+        templates: &[LaunchTemplateRef],
+    ) -> Result<Vec<LaunchTemplateVersions>, AwsError> {
+        let mut found = Vec::new();
+        for template in templates {
+            let request = self.client().describe_launch_templates();
+            let request = match (&template.id, &template.name) {
+                (Some(id), _) => request.launch_template_ids(id),
+                (None, Some(name)) => request.launch_template_names(name),
+                (None, None) => continue,
+            };
+            let output = match request.send().await {
+                Ok(output) => output,
+                Err(error) => {
+                    let error = classify("DescribeLaunchTemplates", error);
+                    let unknown = error
+                        .code
+                        .as_deref()
+                        .is_some_and(|c| c.starts_with("InvalidLaunchTemplate"));
+                    if unknown {
+                        continue;
+                    }
+                    return Err(error);
+                }
+            };
+            found.extend(output.launch_templates().iter().filter_map(|t| {
+                Some(LaunchTemplateVersions {
+                    id: t.launch_template_id()?.to_owned(),
+                    name: t.launch_template_name().unwrap_or_default().to_owned(),
+                    default_version: t.default_version_number()?,
+                    latest_version: t.latest_version_number()?,
+                })
+            }));
+        }
+        Ok(found)
+    }
+}
+
 fn launch_template_of(
     spec: Option<&aws_sdk_autoscaling::types::LaunchTemplateSpecification>,
 ) -> Option<LaunchTemplateRef> {
@@ -965,6 +1014,26 @@ fn launch_template_of(
         id: t.launch_template_id().map(str::to_owned),
         name: t.launch_template_name().map(str::to_owned),
         version: t.version().map(str::to_owned),
+    })
+}
+
+fn mixed_instances_policy_of(
+    policy: Option<&aws_sdk_autoscaling::types::MixedInstancesPolicy>,
+) -> Option<MixedInstancesPolicyRef> {
+    let template = policy?.launch_template();
+    Some(MixedInstancesPolicyRef {
+        launch_template: launch_template_of(
+            template.and_then(|t| t.launch_template_specification()),
+        ),
+        overrides: template
+            .map(|t| t.overrides())
+            .unwrap_or_default()
+            .iter()
+            .map(|o| TemplateOverride {
+                instance_type: o.instance_type().map(str::to_owned),
+                launch_template: launch_template_of(o.launch_template_specification()),
+            })
+            .collect(),
     })
 }
 
@@ -1013,6 +1082,9 @@ impl InstanceRefreshes for SdkAutoScaling {
                         .status()
                         .map(|s| s.as_str().to_owned())
                         .unwrap_or_default(),
+                    start_time: refresh.start_time().and_then(|at| {
+                        jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok()
+                    }),
                     min_healthy_percentage: percentage(
                         preferences.and_then(|p| p.min_healthy_percentage()),
                     ),
@@ -1020,10 +1092,21 @@ impl InstanceRefreshes for SdkAutoScaling {
                         preferences.and_then(|p| p.max_healthy_percentage()),
                     ),
                     skip_matching: preferences.and_then(|p| p.skip_matching()).unwrap_or(false),
+                    scale_in_protected_instances: preferences
+                        .and_then(|p| p.scale_in_protected_instances())
+                        .map(|v| v.as_str().to_owned()),
+                    standby_instances: preferences
+                        .and_then(|p| p.standby_instances())
+                        .map(|v| v.as_str().to_owned()),
                     desired_launch_template: launch_template_of(
                         refresh
                             .desired_configuration()
                             .and_then(|c| c.launch_template()),
+                    ),
+                    desired_mixed_instances_policy: mixed_instances_policy_of(
+                        refresh
+                            .desired_configuration()
+                            .and_then(|c| c.mixed_instances_policy()),
                     ),
                 }
             }))
@@ -1047,6 +1130,7 @@ impl InstanceRefreshes for SdkAutoScaling {
                             .and_then(|t| t.launch_template_specification()),
                     )
                 }),
+                mixed_instances_policy: mixed_instances_policy_of(group.mixed_instances_policy()),
                 maintenance_min_healthy_percentage: percentage(
                     maintenance.and_then(|m| m.min_healthy_percentage()),
                 ),
@@ -1065,6 +1149,9 @@ impl InstanceRefreshes for SdkAutoScaling {
                             .unwrap_or_default(),
                         instance_type: instance.instance_type().map(str::to_owned),
                         launch_template: launch_template_of(instance.launch_template()),
+                        protected_from_scale_in: instance
+                            .protected_from_scale_in()
+                            .unwrap_or(false),
                     })
                     .collect(),
             }

@@ -41,7 +41,8 @@ impl RefreshEventKind {
     }
 
     /// Whether the event says the replacement of outdated instances is over (or turned
-    /// back): the nodes that stay get our marks undone.
+    /// back): the nodes that stay get our marks undone. The others (`Started`, and
+    /// `Checkpoint Reached`, which plans again and marks nodes registered since) mark.
     pub fn ends_replacement(self) -> bool {
         !matches!(self, Self::Started | Self::CheckpointReached)
     }
@@ -51,8 +52,7 @@ impl RefreshEventKind {
     /// and nothing is written.
     pub fn proven_by(self, status: &str) -> bool {
         match self {
-            Self::Started => matches!(status, "Pending" | "InProgress"),
-            Self::CheckpointReached => false,
+            Self::Started | Self::CheckpointReached => matches!(status, "Pending" | "InProgress"),
             Self::RollbackStarted => status == "RollbackInProgress" || is_final(status),
             Self::Succeeded | Self::Failed | Self::Cancelled => is_final(status),
             Self::RollbackSucceeded | Self::RollbackFailed => is_final(status),
@@ -245,6 +245,7 @@ mod tests {
         assert!(!RefreshEventKind::Cancelled.proven_by("InProgress"));
         assert!(!RefreshEventKind::Succeeded.proven_by("Cancelling"));
         assert!(RefreshEventKind::RollbackStarted.proven_by("RollbackInProgress"));
-        assert!(!RefreshEventKind::CheckpointReached.proven_by("InProgress"));
+        assert!(RefreshEventKind::CheckpointReached.proven_by("InProgress"));
+        assert!(!RefreshEventKind::CheckpointReached.proven_by("Successful"));
     }
 }

@@ -1,41 +1,51 @@
 //! One refresh event: check it, prove it with Auto Scaling, then mark the outdated nodes
-//! (start) or undo our marks on the nodes that stay (end).
+//! (start, checkpoint) or undo our marks on the nodes that stay (end).
 //!
 //! Requests: one `DescribeAutoScalingGroups` (scope, configuration, instances) and one
-//! `DescribeInstanceRefreshes` per event; at the start a paged list of the Nodes and one
-//! conditional patch per node to mark; at the end a list of the Nodes labelled with the
-//! refresh and one patch per node to restore. Every write is idempotent (a duplicate or
-//! retried event finds its marks in place and writes nothing), so a failed invocation is
-//! simply retried by Lambda's asynchronous invocation.
+//! `DescribeInstanceRefreshes` per event; at the start one `DescribeInstances` (launch
+//! times), with `SkipMatching` one `DescribeLaunchTemplates` per template involved, a paged
+//! list of the Nodes, one conditional patch per node to mark and one more
+//! `DescribeInstanceRefreshes`; at the end a list of the Nodes labelled with the refresh and
+//! one patch per node to restore. Every write is idempotent and the plan a function of what
+//! Auto Scaling and EC2 say now, so a duplicate, late or retried event changes nothing more,
+//! and a failed invocation is simply retried by Lambda's asynchronous invocation.
 
-use std::collections::BTreeMap;
-
-use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ListParams};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::FUNCTION_NAME;
 use super::event::{RefreshEvent, RefreshEventError, RefreshEventKind};
-use super::plan::{MarkPlan, plan};
+use super::marking::{mark_outdated, unmark_refresh};
+use super::matching::{DesiredConfiguration, ResolvedVersions};
+use super::plan::{LaunchFacts, MarkPlan, plan};
 use super::settings::RefreshSettings;
-use crate::aws::{AwsError, InstanceRefreshes};
+use crate::aws::{
+    AwsError, GroupConfiguration, InstanceRefreshDescription, InstanceRefreshes, RefreshInstances,
+};
 use crate::cluster::ClusterAccessError;
 use crate::cluster::connection::KubeConnection;
 use crate::diagnostic::{FunctionError, diagnostic};
-use crate::lifecycle::node::node_instance_id;
 use crate::lifecycle::scope::{GroupScope, ScopeDecision};
 use crate::node_marks::out_of_service::Undone;
-use crate::node_marks::refresh::{Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node};
+use crate::retry::RetryPolicy;
 use crate::telemetry::{MetricSet, Unit};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
 
-/// Nodes per page of the list.
-const NODE_PAGE_SIZE: u32 = 500;
+/// How long an end event waits for Auto Scaling to report the status it announces (the
+/// event can run ahead of `DescribeInstanceRefreshes`): four reads within about four
+/// seconds, then the invocation fails and Lambda retries it.
+const END_STATUS_READS: RetryPolicy = RetryPolicy {
+    max_attempts: 4,
+    base_delay: std::time::Duration::from_millis(500),
+    max_delay: std::time::Duration::from_secs(2),
+};
 
 /// Everything an invocation needs, built once per execution environment.
-pub struct RefreshContext<K, A> {
+pub struct RefreshContext<K, A, E> {
     pub kube: K,
     pub autoscaling: A,
+    pub ec2: E,
     pub settings: RefreshSettings,
 }
 
@@ -46,12 +56,22 @@ pub enum RefreshError {
     BadEvent(#[from] RefreshEventError),
     #[error("cannot read Auto Scaling: {0}")]
     Describe(#[source] AwsError),
+    #[error("cannot read EC2: {0}")]
+    DescribeEc2(#[source] AwsError),
     #[error(
         "Auto Scaling knows no instance refresh {instance_refresh_id} of group {group}: nothing written"
     )]
     RefreshUnknown {
         instance_refresh_id: String,
         group: String,
+    },
+    #[error(
+        "the {kind:?} event of refresh {instance_refresh_id} came before Auto Scaling reports its end (status {status}): nothing undone yet, retry"
+    )]
+    NotFinalYet {
+        kind: RefreshEventKind,
+        instance_refresh_id: String,
+        status: String,
     },
     #[error("cannot reach the cluster: {0}")]
     Cluster(#[from] ClusterAccessError),
@@ -66,7 +86,9 @@ impl FunctionError for RefreshError {
         match self {
             Self::BadEvent(_) => "InvalidEvent",
             Self::Describe(_) => "DescribeAutoScalingFailed",
+            Self::DescribeEc2(_) => "DescribeEc2Failed",
             Self::RefreshUnknown { .. } => "InstanceRefreshUnknown",
+            Self::NotFinalYet { .. } => "InstanceRefreshNotFinal",
             Self::Cluster(_) => "ClusterAccessFailed",
             Self::ListNodes(_) => "ListNodesFailed",
             Self::Writes { .. } => "NodeWritesFailed",
@@ -97,7 +119,7 @@ pub struct RefreshReport {
     pub event: RefreshEventKind,
     pub instance_refresh_id: String,
     pub auto_scaling_group_name: String,
-    /// `Marked`, `Unmarked`, `Ignored`, `NotOurs`, `Stale`.
+    /// `Marked`, `Unmarked`, `NotOurs`, `Stale`.
     pub outcome: &'static str,
     /// In words, for people.
     pub why: String,
@@ -117,7 +139,7 @@ pub struct RefreshReport {
 }
 
 impl RefreshReport {
-    fn new(event: &RefreshEvent, outcome: &'static str, why: String) -> Self {
+    pub(super) fn new(event: &RefreshEvent, outcome: &'static str, why: String) -> Self {
         Self {
             event: event.kind,
             instance_refresh_id: event.instance_refresh_id.clone(),
@@ -145,14 +167,15 @@ impl RefreshReport {
 
 /// Handles one event. `function_account`: this function's account (from its ARN), `None`
 /// to skip the account check (local runs).
-pub async fn handle<K, A>(
-    ctx: &RefreshContext<K, A>,
+pub async fn handle<K, A, E>(
+    ctx: &RefreshContext<K, A, E>,
     payload: &Value,
     function_account: Option<&str>,
 ) -> Result<RefreshReport, RefreshError>
 where
     K: KubeConnection,
     A: InstanceRefreshes,
+    E: RefreshInstances,
 {
     let event = RefreshEvent::parse(payload).inspect_err(|error| {
         tracing::warn!(%error, "refusing the event: nothing written");
@@ -172,22 +195,47 @@ where
     Ok(report)
 }
 
-async fn handle_event<K, A>(
-    ctx: &RefreshContext<K, A>,
+async fn handle_event<K, A, E>(
+    ctx: &RefreshContext<K, A, E>,
     event: &RefreshEvent,
     function_account: Option<&str>,
 ) -> Result<RefreshReport, RefreshError>
 where
     K: KubeConnection,
     A: InstanceRefreshes,
+    E: RefreshInstances,
 {
-    if event.kind == RefreshEventKind::CheckpointReached {
+    let group = match our_group(ctx, event, function_account).await? {
+        Ok(group) => group,
+        Err(why) => return Ok(RefreshReport::new(event, "NotOurs", why)),
+    };
+    let refresh = describe_refresh(&ctx.autoscaling, event).await?;
+    if event.kind.ends_replacement() {
+        let refresh = await_announced_status(&ctx.autoscaling, event, refresh).await?;
+        return Box::pin(undo_marks(ctx, event, &refresh.status)).await;
+    }
+    if !event.kind.proven_by(&refresh.status) {
         return Ok(RefreshReport::new(
             event,
-            "Ignored",
-            "a checkpoint changes nothing on the nodes".to_owned(),
+            "Stale",
+            format!(
+                "Auto Scaling reports the refresh {}, which this {:?} event does not describe (a late or repeated delivery): nothing written",
+                refresh.status, event.kind
+            ),
         ));
     }
+    Box::pin(mark_refresh(ctx, event, &refresh, &group)).await
+}
+
+/// The event's group when it is this cluster's; else why not (nothing is written).
+async fn our_group<K, A, E>(
+    ctx: &RefreshContext<K, A, E>,
+    event: &RefreshEvent,
+    function_account: Option<&str>,
+) -> Result<Result<GroupConfiguration, String>, RefreshError>
+where
+    A: InstanceRefreshes,
+{
     let group = ctx
         .autoscaling
         .describe_group_configuration(&event.group_name)
@@ -204,48 +252,93 @@ where
         &event.group_name,
         group.as_ref().map(|g| &g.tags),
     );
-    let (ScopeDecision::Ours { .. }, Some(group)) = (&decision, group) else {
-        let why = match decision {
-            ScopeDecision::Foreign(reason) => format!("not this cluster's group: {reason}"),
-            ScopeDecision::Ours { .. } => "the group does not exist (any more)".to_owned(),
-        };
-        return Ok(RefreshReport::new(event, "NotOurs", why));
-    };
-    let refresh = ctx
-        .autoscaling
+    Ok(match (decision, group) {
+        (ScopeDecision::Ours { .. }, Some(group)) => Ok(group),
+        (ScopeDecision::Foreign(reason), _) => Err(format!("not this cluster's group: {reason}")),
+        (ScopeDecision::Ours { .. }, None) => Err("the group does not exist (any more)".to_owned()),
+    })
+}
+
+async fn describe_refresh<A: InstanceRefreshes>(
+    autoscaling: &A,
+    event: &RefreshEvent,
+) -> Result<InstanceRefreshDescription, RefreshError> {
+    autoscaling
         .describe_instance_refresh(&event.group_name, &event.instance_refresh_id)
         .await
         .map_err(RefreshError::Describe)?
         .ok_or_else(|| RefreshError::RefreshUnknown {
             instance_refresh_id: event.instance_refresh_id.clone(),
             group: event.group_name.clone(),
-        })?;
-    if !event.kind.proven_by(&refresh.status) {
-        return Ok(RefreshReport::new(
-            event,
-            "Stale",
-            format!(
-                "Auto Scaling reports the refresh {}, which this {:?} event does not describe (a late or repeated delivery): nothing written",
-                refresh.status, event.kind
-            ),
-        ));
+        })
+}
+
+/// The refresh once Auto Scaling reports the status the end event announces, read again a
+/// few times within seconds ([`END_STATUS_READS`]). Still not: the invocation fails, so
+/// Lambda retries it (twice, minutes apart) instead of dropping the end as stale.
+async fn await_announced_status<A: InstanceRefreshes>(
+    autoscaling: &A,
+    event: &RefreshEvent,
+    mut refresh: InstanceRefreshDescription,
+) -> Result<InstanceRefreshDescription, RefreshError> {
+    let mut attempt = 0;
+    while !event.kind.proven_by(&refresh.status) {
+        if attempt + 1 >= END_STATUS_READS.max_attempts {
+            return Err(RefreshError::NotFinalYet {
+                kind: event.kind,
+                instance_refresh_id: event.instance_refresh_id.clone(),
+                status: refresh.status,
+            });
+        }
+        tokio::time::sleep(END_STATUS_READS.delay(attempt)).await;
+        attempt += 1;
+        refresh = describe_refresh(autoscaling, event).await?;
     }
+    Ok(refresh)
+}
+
+/// The end: our marks undone on every node labelled with the refresh.
+async fn undo_marks<K, A, E>(
+    ctx: &RefreshContext<K, A, E>,
+    event: &RefreshEvent,
+    status: &str,
+) -> Result<RefreshReport, RefreshError>
+where
+    K: KubeConnection,
+{
     let client = ctx.kube.client().await?;
     let nodes: Api<Node> = Api::all(client);
-    if event.kind.ends_replacement() {
-        let mut report = RefreshReport::new(event, "Unmarked", String::new());
-        let failures = Box::pin(unmark_refresh(&nodes, event, &mut report)).await?;
-        report.why = format!(
-            "refresh {}: our marks undone on {} node(s) that stay",
-            refresh.status,
-            report.unmarked.len()
-        );
-        return finish(report, failures);
-    }
-    let mark_plan = plan(&refresh, &group);
+    let mut report = RefreshReport::new(event, "Unmarked", String::new());
+    let failures = Box::pin(unmark_refresh(&nodes, event, &mut report)).await?;
+    report.why = format!(
+        "refresh {status}: our marks undone on {} node(s) that stay",
+        report.unmarked.len()
+    );
+    finish(report, failures)
+}
+
+/// The start (or a checkpoint): the plan's nodes marked. Then the refresh is read again: if
+/// it ended meanwhile, its end may have listed the labelled nodes before these writes, so
+/// the marks just written are undone here (an end's list either sees a mark, or the mark
+/// was written after the end was final and this read sees the end).
+pub async fn mark_refresh<K, A, E>(
+    ctx: &RefreshContext<K, A, E>,
+    event: &RefreshEvent,
+    refresh: &InstanceRefreshDescription,
+    group: &GroupConfiguration,
+) -> Result<RefreshReport, RefreshError>
+where
+    K: KubeConnection,
+    A: InstanceRefreshes,
+    E: RefreshInstances,
+{
+    let facts = launch_facts(&ctx.ec2, refresh, group).await?;
+    let mark_plan = plan(refresh, group, &facts);
+    let client = ctx.kube.client().await?;
+    let nodes: Api<Node> = Api::all(client);
     let mut report = RefreshReport::new(event, "Marked", String::new());
     let taint = ctx.settings.taint.as_ref().map(|t| t.to_taint());
-    let failures = Box::pin(mark_outdated(
+    let mut failures = Box::pin(mark_outdated(
         &nodes,
         event,
         &mark_plan,
@@ -253,8 +346,19 @@ where
         &mut report,
     ))
     .await?;
+    let now = describe_refresh(&ctx.autoscaling, event).await?;
+    if !RefreshEventKind::Started.proven_by(&now.status) {
+        failures.extend(Box::pin(unmark_refresh(&nodes, event, &mut report)).await?);
+        report.outcome = "Unmarked";
+        report.why = format!(
+            "the refresh ended ({}) while its nodes were being marked: our marks undone on {} node(s)",
+            now.status,
+            report.unmarked.len()
+        );
+        return finish(report, failures);
+    }
     report.why = format!(
-        "{} of {} outdated node(s) taken out of service ({}; {} left schedulable as room)",
+        "{} of {} outdated node(s) taken out of service ({}; {} left schedulable as room; {} outdated instance(s) without a node yet)",
         report.marked.len(),
         mark_plan.outdated.len(),
         if mark_plan.launch_before_terminate {
@@ -262,10 +366,60 @@ where
         } else {
             "terminate first: one batch kept"
         },
-        mark_plan.reserve.len()
+        mark_plan.reserve.len(),
+        report.without_node.len(),
     );
     report.plan = Some(mark_plan);
     finish(report, failures)
+}
+
+/// What EC2 says for the plan: the launch times of the group's instances, and, with
+/// `SkipMatching`, what the symbolic versions of the templates involved stand for.
+async fn launch_facts<E: RefreshInstances>(
+    ec2: &E,
+    refresh: &InstanceRefreshDescription,
+    group: &GroupConfiguration,
+) -> Result<LaunchFacts, RefreshError> {
+    let ids: Vec<String> = group
+        .instances
+        .iter()
+        .map(|i| i.instance_id.clone())
+        .collect();
+    let launch_times = if ids.is_empty() || refresh.start_time.is_none() {
+        Default::default()
+    } else {
+        ec2.launch_times(&ids)
+            .await
+            .map_err(RefreshError::DescribeEc2)?
+    };
+    let mut versions = ResolvedVersions::default();
+    if refresh.skip_matching {
+        let mut templates: Vec<_> = DesiredConfiguration::of(refresh, group)
+            .templates()
+            .into_iter()
+            .chain(
+                group
+                    .instances
+                    .iter()
+                    .filter_map(|i| i.launch_template.as_ref()),
+            )
+            .map(|t| crate::aws::LaunchTemplateRef {
+                version: None,
+                ..t.clone()
+            })
+            .collect();
+        templates.sort_by(|a, b| (&a.id, &a.name).cmp(&(&b.id, &b.name)));
+        templates
+            .dedup_by(|a, b| a.id.is_some() && a.id == b.id || a.id.is_none() && a.name == b.name);
+        versions.templates = ec2
+            .launch_template_versions(&templates)
+            .await
+            .map_err(RefreshError::DescribeEc2)?;
+    }
+    Ok(LaunchFacts {
+        launch_times,
+        versions,
+    })
 }
 
 fn finish(report: RefreshReport, failures: Vec<String>) -> Result<RefreshReport, RefreshError> {
@@ -273,120 +427,5 @@ fn finish(report: RefreshReport, failures: Vec<String>) -> Result<RefreshReport,
         Ok(report)
     } else {
         Err(RefreshError::Writes { failures })
-    }
-}
-
-/// Every node, page by page.
-async fn list_nodes(nodes: &Api<Node>, params: ListParams) -> Result<Vec<Node>, RefreshError> {
-    let mut params = params.limit(NODE_PAGE_SIZE);
-    let mut all = Vec::new();
-    loop {
-        let page = nodes.list(&params).await.map_err(RefreshError::ListNodes)?;
-        all.extend(page.items);
-        match page.metadata.continue_.filter(|t| !t.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(all),
-        }
-    }
-}
-
-/// Marks the plan's nodes; undoes the marks of an earlier refresh of this group (whose end
-/// was missed) on the group's nodes this one does not mark.
-async fn mark_outdated(
-    nodes: &Api<Node>,
-    event: &RefreshEvent,
-    mark_plan: &MarkPlan,
-    taint: Option<&k8s_openapi::api::core::v1::Taint>,
-    report: &mut RefreshReport,
-) -> Result<Vec<String>, RefreshError> {
-    let listed = list_nodes(nodes, ListParams::default()).await?;
-    let mut by_instance: BTreeMap<&str, &Node> = BTreeMap::new();
-    for node in &listed {
-        if let Some(instance_id) = node_instance_id(node) {
-            by_instance.insert(instance_id, node);
-        }
-    }
-    let mut failures = Vec::new();
-    for instance_id in &mark_plan.mark {
-        let Some(node) = by_instance.get(instance_id.as_str()) else {
-            report.without_node.push(instance_id.clone());
-            continue;
-        };
-        let name = node.metadata.name.clone().unwrap_or_default();
-        match mark_node(
-            nodes,
-            (*node).clone(),
-            &event.instance_refresh_id,
-            &event.group_name,
-            instance_id,
-            taint,
-        )
-        .await
-        {
-            Ok(Marked::Marked(_)) => report.marked.push(name),
-            Ok(Marked::Draining) => report.draining.push(name),
-            Ok(Marked::NodeGone) => report.without_node.push(instance_id.clone()),
-            Err(error) => failures.push(format!("marking node {name}: {error}")),
-        }
-    }
-    for node in &listed {
-        let Some(marks) = refresh_marks_of(node) else {
-            continue;
-        };
-        let stale = marks.auto_scaling_group_name == event.group_name
-            && marks.instance_refresh_id != event.instance_refresh_id
-            && !mark_plan.mark.contains(&marks.instance_id);
-        if stale {
-            unmark_one(
-                nodes,
-                node,
-                &marks.instance_refresh_id,
-                report,
-                &mut failures,
-            )
-            .await;
-        }
-    }
-    Ok(failures)
-}
-
-/// Undoes this refresh's marks on every node labelled with it.
-async fn unmark_refresh(
-    nodes: &Api<Node>,
-    event: &RefreshEvent,
-    report: &mut RefreshReport,
-) -> Result<Vec<String>, RefreshError> {
-    let selector = format!("{REFRESH_LABEL}={}", event.instance_refresh_id);
-    let labelled = list_nodes(nodes, ListParams::default().labels(&selector)).await?;
-    let mut failures = Vec::new();
-    for node in &labelled {
-        unmark_one(
-            nodes,
-            node,
-            &event.instance_refresh_id,
-            report,
-            &mut failures,
-        )
-        .await;
-    }
-    Ok(failures)
-}
-
-async fn unmark_one(
-    nodes: &Api<Node>,
-    node: &Node,
-    refresh_id: &str,
-    report: &mut RefreshReport,
-    failures: &mut Vec<String>,
-) {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    match unmark_node(nodes, node.clone(), refresh_id).await {
-        Ok(Some(undone)) => report.unmarked.push(UnmarkedNode {
-            node: name,
-            instance_refresh_id: refresh_id.to_owned(),
-            undone,
-        }),
-        Ok(None) => {}
-        Err(error) => failures.push(format!("undoing the marks on node {name}: {error}")),
     }
 }

@@ -9,11 +9,13 @@
 //! writes Nodes.
 //!
 //! [`event`] reads the EventBridge event, [`plan`] decides which nodes to mark (the rule is
-//! documented there and in `docs/instance-refresh.md`), [`handler`] proves the event with
-//! Auto Scaling and writes.
+//! documented there and in `docs/instance-refresh.md`; [`matching`] is `SkipMatching`'s
+//! comparison), [`handler`] proves the event with Auto Scaling and writes (`marking`).
 
 pub mod event;
 pub mod handler;
+mod marking;
+pub mod matching;
 pub mod plan;
 pub mod settings;
 

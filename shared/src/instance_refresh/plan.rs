@@ -12,15 +12,22 @@
 //!   onto a reserve node and once off it, but a drain never waits on capacity that only its
 //!   own end creates.
 //!
-//! An instance is outdated when the refresh will replace it: every `InService` instance
-//! without `SkipMatching` (Auto Scaling's default), else those whose launch template (id or
-//! name, and version) differs from the refresh's desired one (the group's own when the
-//! refresh names none). A symbolic version (`$Latest`) compares as text: a mismatch we
-//! cannot resolve marks the node, and the refresh's end undoes marks on nodes it kept.
+//! An instance is outdated when the refresh will replace it, as Auto Scaling decides
+//! ([`will_replace`]): it was in the group before the refresh started (launched before the
+//! refresh's `StartTime`: an instance launched since is the refresh's own replacement, or
+//! was launched with the configuration the refresh applies), it is `InService` (or `Standby` with
+//! `StandbyInstances` `Terminate` or `Wait`), it is not protected from scale-in unless
+//! `ScaleInProtectedInstances` is `Refresh` or `Wait`, and, with `SkipMatching`, it does not
+//! match the desired configuration ([`super::matching`]). The plan is a function of what
+//! Auto Scaling and EC2 say now, so a retried, duplicated or late start plans the same.
 
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
 use serde::Serialize;
 
-use crate::aws::{GroupConfiguration, InstanceRefreshDescription, LaunchTemplateRef};
+use super::matching::{DesiredConfiguration, ResolvedVersions};
+use crate::aws::{ConfiguredInstance, GroupConfiguration, InstanceRefreshDescription};
 
 /// Auto Scaling's defaults when neither the refresh nor the group's maintenance policy sets
 /// them.
@@ -44,22 +51,72 @@ pub struct MarkPlan {
     pub batch: u32,
 }
 
-fn same_template(
-    instance: Option<&LaunchTemplateRef>,
-    desired: Option<&LaunchTemplateRef>,
+/// What EC2 says about the group's instances and templates, read for the plan.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaunchFacts {
+    /// Each instance's `LaunchTime`; an instance EC2 no longer knows is absent.
+    pub launch_times: BTreeMap<String, Timestamp>,
+    /// What `$Default` and `$Latest` of the templates involved stand for.
+    pub versions: ResolvedVersions,
+}
+
+/// Whether Auto Scaling replaces `instance` in `refresh`.
+pub fn will_replace(
+    instance: &ConfiguredInstance,
+    refresh: &InstanceRefreshDescription,
+    desired: &DesiredConfiguration<'_>,
+    facts: &LaunchFacts,
 ) -> bool {
-    let (Some(instance), Some(desired)) = (instance, desired) else {
-        return false;
+    was_there_before(instance, refresh, facts)
+        && in_a_replaced_state(instance, refresh)
+        && (!refresh.skip_matching || !desired.is_met_by(instance, &facts.versions))
+}
+
+/// Launched before the refresh started. Compared to the second: EC2 reports `LaunchTime` to
+/// the second, so an instance launched in the refresh's first second counts as new. With no
+/// launch time (EC2 no longer knows the instance) nothing proves it is one to replace.
+fn was_there_before(
+    instance: &ConfiguredInstance,
+    refresh: &InstanceRefreshDescription,
+    facts: &LaunchFacts,
+) -> bool {
+    let Some(start) = refresh.start_time else {
+        return true;
     };
-    let same_template = match (&instance.id, &desired.id) {
-        (Some(a), Some(b)) => a == b,
-        _ => instance.name.is_some() && instance.name == desired.name,
+    facts
+        .launch_times
+        .get(&instance.instance_id)
+        .is_some_and(|launched| launched.as_second() < start.as_second())
+}
+
+/// `InService`, or `Standby` when the refresh terminates or waits for standby instances;
+/// an instance protected from scale-in only when the refresh replaces or waits for those.
+fn in_a_replaced_state(
+    instance: &ConfiguredInstance,
+    refresh: &InstanceRefreshDescription,
+) -> bool {
+    let state_replaced = match instance.lifecycle_state.as_str() {
+        "InService" => true,
+        "Standby" => matches!(
+            refresh.standby_instances.as_deref(),
+            Some("Terminate" | "Wait")
+        ),
+        _ => false,
     };
-    same_template && instance.version == desired.version
+    let protection_allows = !instance.protected_from_scale_in
+        || matches!(
+            refresh.scale_in_protected_instances.as_deref(),
+            Some("Refresh" | "Wait")
+        );
+    state_replaced && protection_allows
 }
 
 /// The marking plan for `refresh` of `group`.
-pub fn plan(refresh: &InstanceRefreshDescription, group: &GroupConfiguration) -> MarkPlan {
+pub fn plan(
+    refresh: &InstanceRefreshDescription,
+    group: &GroupConfiguration,
+    facts: &LaunchFacts,
+) -> MarkPlan {
     let min = refresh
         .min_healthy_percentage
         .or(group.maintenance_min_healthy_percentage)
@@ -69,22 +126,16 @@ pub fn plan(refresh: &InstanceRefreshDescription, group: &GroupConfiguration) ->
         .max_healthy_percentage
         .or(group.maintenance_max_healthy_percentage)
         .unwrap_or(DEFAULT_MAX_HEALTHY);
-    let desired_template = refresh
-        .desired_launch_template
-        .as_ref()
-        .or(group.launch_template.as_ref());
+    let desired = DesiredConfiguration::of(refresh, group);
     let outdated: Vec<String> = group
         .instances
         .iter()
-        .filter(|i| i.lifecycle_state == "InService")
-        .filter(|i| {
-            !refresh.skip_matching || !same_template(i.launch_template.as_ref(), desired_template)
-        })
+        .filter(|i| will_replace(i, refresh, &desired, facts))
         .map(|i| i.instance_id.clone())
         .collect();
-    let desired = group.desired_capacity;
-    let kept_healthy = (u64::from(desired) * u64::from(min)).div_ceil(100);
-    let batch = u32::try_from(u64::from(desired).saturating_sub(kept_healthy))
+    let desired_capacity = group.desired_capacity;
+    let kept_healthy = (u64::from(desired_capacity) * u64::from(min)).div_ceil(100);
+    let batch = u32::try_from(u64::from(desired_capacity).saturating_sub(kept_healthy))
         .unwrap_or(u32::MAX)
         .max(1);
     let launch_before_terminate = max > 100;
@@ -112,7 +163,7 @@ pub fn plan(refresh: &InstanceRefreshDescription, group: &GroupConfiguration) ->
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::aws::ConfiguredInstance;
+    use crate::aws::LaunchTemplateRef;
 
     fn template(version: &str) -> LaunchTemplateRef {
         LaunchTemplateRef {
@@ -122,15 +173,18 @@ mod tests {
         }
     }
 
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + second).unwrap()
+    }
+
+    /// The refresh starts at second 100.
+    const START: i64 = 100;
+
     fn group(desired: u32, instances: &[(&str, &str, &str)]) -> GroupConfiguration {
         GroupConfiguration {
             name: "ng".into(),
-            tags: Default::default(),
             desired_capacity: desired,
             launch_template: Some(template("2")),
-            maintenance_min_healthy_percentage: None,
-            maintenance_max_healthy_percentage: None,
-            retains_abandoned_instances: false,
             instances: instances
                 .iter()
                 .map(|(id, state, version)| ConfiguredInstance {
@@ -138,8 +192,22 @@ mod tests {
                     lifecycle_state: (*state).into(),
                     instance_type: Some("m5.large".into()),
                     launch_template: Some(template(version)),
+                    protected_from_scale_in: false,
                 })
                 .collect(),
+            ..GroupConfiguration::default()
+        }
+    }
+
+    /// Every instance of `group` launched before the refresh.
+    fn launched_before(group: &GroupConfiguration) -> LaunchFacts {
+        LaunchFacts {
+            launch_times: group
+                .instances
+                .iter()
+                .map(|i| (i.instance_id.clone(), at(0)))
+                .collect(),
+            ..LaunchFacts::default()
         }
     }
 
@@ -152,11 +220,16 @@ mod tests {
             instance_refresh_id: "r".into(),
             auto_scaling_group_name: "ng".into(),
             status: "InProgress".into(),
+            start_time: Some(at(START)),
             min_healthy_percentage: min,
             max_healthy_percentage: max,
             skip_matching,
-            desired_launch_template: None,
+            ..InstanceRefreshDescription::default()
         }
+    }
+
+    fn plan_of(refresh: &InstanceRefreshDescription, group: &GroupConfiguration) -> MarkPlan {
+        plan(refresh, group, &launched_before(group))
     }
 
     const THREE_OLD: [(&str, &str, &str); 3] = [
@@ -167,7 +240,7 @@ mod tests {
 
     #[test]
     fn launch_before_terminate_marks_every_outdated_instance() {
-        let marking = super::plan(&refresh(Some(100), Some(200), false), &group(3, &THREE_OLD));
+        let marking = plan_of(&refresh(Some(100), Some(200), false), &group(3, &THREE_OLD));
         assert!(marking.launch_before_terminate);
         assert_eq!(marking.mark, vec!["i-1", "i-2", "i-3"]);
         assert!(marking.reserve.is_empty());
@@ -175,7 +248,7 @@ mod tests {
 
     #[test]
     fn terminate_first_keeps_one_batch_schedulable() {
-        let marking = super::plan(&refresh(None, None, false), &group(3, &THREE_OLD));
+        let marking = plan_of(&refresh(None, None, false), &group(3, &THREE_OLD));
         assert!(!marking.launch_before_terminate);
         assert_eq!(
             (
@@ -193,7 +266,7 @@ mod tests {
             .collect();
         let ten: Vec<(&str, &str, &str)> =
             ten.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
-        let marking = super::plan(&refresh(Some(50), Some(100), false), &group(10, &ten));
+        let marking = plan_of(&refresh(Some(50), Some(100), false), &group(10, &ten));
         assert_eq!(marking.batch, 5);
         assert_eq!((marking.mark.len(), marking.reserve.len()), (5, 5));
     }
@@ -202,7 +275,7 @@ mod tests {
     fn the_groups_maintenance_policy_applies_when_the_refresh_sets_none() {
         let mut g = group(3, &THREE_OLD);
         g.maintenance_max_healthy_percentage = Some(150);
-        assert!(plan(&refresh(None, None, false), &g).launch_before_terminate);
+        assert!(plan_of(&refresh(None, None, false), &g).launch_before_terminate);
     }
 
     #[test]
@@ -216,9 +289,57 @@ mod tests {
                 ("i-4", "Standby", "1"),
             ],
         );
-        let marking = super::plan(&refresh(Some(100), Some(200), true), &g);
+        let marking = plan_of(&refresh(Some(100), Some(200), true), &g);
         assert_eq!(marking.outdated, vec!["i-1"]);
-        let all = super::plan(&refresh(Some(100), Some(200), false), &g);
+        let all = plan_of(&refresh(Some(100), Some(200), false), &g);
         assert_eq!(all.outdated, vec!["i-1", "i-2"]);
+    }
+
+    /// A retried or late start, after the first replacements came in service: the plan is
+    /// the same as at the start, without the replacements.
+    #[test]
+    fn instances_launched_since_the_refresh_started_are_never_outdated() {
+        let g = group(
+            3,
+            &[
+                ("i-old", "InService", "1"),
+                ("i-new", "InService", "1"),
+                ("i-same-second", "InService", "1"),
+                ("i-unknown", "InService", "1"),
+            ],
+        );
+        let mut facts = launched_before(&g);
+        facts.launch_times.insert("i-new".into(), at(START + 30));
+        facts.launch_times.insert("i-same-second".into(), at(START));
+        facts.launch_times.remove("i-unknown");
+        let marking = plan(&refresh(Some(100), Some(200), false), &g, &facts);
+        assert_eq!(marking.outdated, vec!["i-old"]);
+    }
+
+    #[test]
+    fn protected_and_standby_instances_follow_the_refreshs_preferences() {
+        let mut g = group(
+            3,
+            &[
+                ("i-1", "InService", "1"),
+                ("i-protected", "InService", "1"),
+                ("i-standby", "Standby", "1"),
+            ],
+        );
+        g.instances[1].protected_from_scale_in = true;
+        let mut r = refresh(Some(100), Some(200), false);
+        assert_eq!(plan_of(&r, &g).outdated, vec!["i-1"], "Ignore by default");
+        r.scale_in_protected_instances = Some("Ignore".into());
+        r.standby_instances = Some("Ignore".into());
+        assert_eq!(plan_of(&r, &g).outdated, vec!["i-1"]);
+        r.scale_in_protected_instances = Some("Refresh".into());
+        r.standby_instances = Some("Terminate".into());
+        assert_eq!(
+            plan_of(&r, &g).outdated,
+            vec!["i-1", "i-protected", "i-standby"]
+        );
+        r.scale_in_protected_instances = Some("Wait".into());
+        r.standby_instances = Some("Wait".into());
+        assert_eq!(plan_of(&r, &g).outdated.len(), 3);
     }
 }

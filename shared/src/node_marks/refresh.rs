@@ -9,10 +9,17 @@
 //!   with one label-selected list;
 //! - the annotation [`REFRESH_ANNOTATION`] holds the [`RefreshMarks`] record.
 //!
-//! Three readers undo or take over exactly what the record says and nothing else: the end of
-//! the refresh (cancelled, failed, rolled back, or done with the node kept), the drain (which
-//! takes the record into its own checkpoint when the node's turn comes, so that its own
-//! undo, on a return from a warm pool, covers it), and nobody else.
+//! Readers undo or take over exactly what the record says and nothing else: the end of the
+//! refresh (cancelled, failed, rolled back, or done with the node kept), the start itself when
+//! the refresh ended while it was writing, and the drain (which takes the record into its own
+//! checkpoint when the node's turn comes, so that its own undo, on a return from a warm pool,
+//! covers it).
+//!
+//! The API for anyone who keeps marks true to what AWS says now: [`refresh_marks_of`] reads a
+//! node's record (the refresh id, its group and instance, and what we added), a list by
+//! [`REFRESH_LABEL`] finds every node marked for a refresh, and [`unmark_node`] undoes one
+//! node's marks of a given refresh (only what the record says, only where still in place,
+//! conditional on the node's `resourceVersion`).
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};

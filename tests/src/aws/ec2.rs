@@ -135,6 +135,103 @@ pub(crate) struct Ec2State {
     pub(super) instances: BTreeMap<String, FakeInstance>,
     /// Instance ids rebooted by `RebootInstances`, in call order.
     reboots: Vec<String>,
+    /// Launch templates by id.
+    launch_templates: BTreeMap<String, FakeEc2LaunchTemplate>,
+}
+
+/// A launch template as EC2 knows it: what its `$Default` and `$Latest` versions are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FakeEc2LaunchTemplate {
+    pub id: String,
+    pub name: String,
+    pub default_version: i64,
+    pub latest_version: i64,
+}
+
+impl FakeEc2LaunchTemplate {
+    pub fn new(id: &str, name: &str, default_version: i64, latest_version: i64) -> Self {
+        Self {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            default_version,
+            latest_version,
+        }
+    }
+}
+
+/// The version number `version` of the template (by id, else by name) stands for:
+/// `$Default` and `$Latest` as EC2 reports them now; `None` when EC2 does not know the
+/// template or the version is not symbolic.
+pub(crate) fn resolve_template_version(
+    shared: &Shared,
+    id: &str,
+    name: &str,
+    version: &str,
+) -> Option<String> {
+    let state = lock(&shared.ec2);
+    let template = state.launch_templates.values().find(|t| {
+        if id.is_empty() {
+            t.name == name
+        } else {
+            t.id == id
+        }
+    })?;
+    match version {
+        "$Default" => Some(template.default_version.to_string()),
+        "$Latest" => Some(template.latest_version.to_string()),
+        _ => None,
+    }
+}
+
+/// `DescribeLaunchTemplates` by `LaunchTemplateId.N` or `LaunchTemplateName.N`: an unknown
+/// one fails the call, as EC2 does.
+fn describe_launch_templates(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
+    let ids = protocol::query_list(params, "LaunchTemplateId");
+    let names = protocol::query_list(params, "LaunchTemplateName");
+    let state = lock(&shared.ec2);
+    let mut found = Vec::new();
+    for id in &ids {
+        found.push(state.launch_templates.get(id).ok_or_else(|| {
+            ApiError::new(
+                400,
+                "InvalidLaunchTemplateId.NotFound",
+                format!("The specified launch template, with template ID {id}, does not exist."),
+            )
+        })?);
+    }
+    for name in &names {
+        found.push(
+            state
+                .launch_templates
+                .values()
+                .find(|t| t.name == *name)
+                .ok_or_else(|| {
+                    ApiError::new(
+                        400,
+                        "InvalidLaunchTemplateName.NotFoundException",
+                        format!("At least one of the launch templates specified in the request does not exist: {name}"),
+                    )
+                })?,
+        );
+    }
+    if ids.is_empty() && names.is_empty() {
+        found.extend(state.launch_templates.values());
+    }
+    let items: String = found
+        .iter()
+        .map(|t| {
+            format!(
+                "<item>{}{}<defaultVersionNumber>{}</defaultVersionNumber><latestVersionNumber>{}</latestVersionNumber></item>",
+                element("launchTemplateId", &t.id),
+                element("launchTemplateName", &t.name),
+                t.default_version,
+                t.latest_version
+            )
+        })
+        .collect();
+    Ok(Reply::Xml(format!(
+        "<launchTemplates>{items}</launchTemplates>"
+    )))
 }
 
 /// Handle on the fake EC2.
@@ -176,6 +273,13 @@ impl FakeEc2 {
 
     pub fn set_state(&self, instance_id: &str, state: InstanceState) {
         set_state_of(&self.shared, instance_id, state);
+    }
+
+    /// Adds (or replaces) a launch template (`DescribeLaunchTemplates`).
+    pub fn add_launch_template(&self, template: FakeEc2LaunchTemplate) {
+        lock(&self.shared.ec2)
+            .launch_templates
+            .insert(template.id.clone(), template);
     }
 }
 
@@ -313,6 +417,7 @@ pub(crate) fn dispatch(
     match operation {
         "DescribeInstances" => describe_instances(shared, params),
         "RebootInstances" => reboot_instances(shared, params),
+        "DescribeLaunchTemplates" => describe_launch_templates(shared, params),
         "DescribeSpotInstanceRequests" => {
             super::interruptions::describe_spot_instance_requests(shared, params)
         }

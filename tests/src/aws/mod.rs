@@ -43,7 +43,7 @@ pub use autoscaling::{
     InstanceRefreshView, LaunchedInstance, LifecycleCompletion, LifecycleNotice,
     LifecycleTransition, WarmPoolState,
 };
-pub use ec2::{FakeEc2, FakeInstance, InstanceState};
+pub use ec2::{FakeEc2, FakeEc2LaunchTemplate, FakeInstance, InstanceState};
 pub use eks::{FakeAccessEntry, FakeCluster, FakeEks, FakeNodegroup};
 pub use eventbridge::{EventPattern, EventSubscription, FakeEventBridge};
 pub use faults::{AwsFault, AwsFaultKind, FakeAwsFaults};

@@ -176,7 +176,9 @@ pub(super) fn start(
             .filter(|(_, instance)| {
                 let matching = instance.instance_type == *instance_type
                     && match (&launch_template, &instance.launch_template) {
-                        (Some(desired), Some(actual)) => desired.is_met_by(actual),
+                        (Some(desired), Some(actual)) => {
+                            numbered(shared, desired).is_met_by(&numbered(shared, actual))
+                        }
                         (None, _) => true,
                         (Some(_), None) => false,
                     };
@@ -221,6 +223,22 @@ pub(super) fn start(
         runtime.spawn(refresh_loop::run(Arc::downgrade(shared), plan));
     }
     Ok(id)
+}
+
+/// `template` with a symbolic version (`$Latest`, `$Default`) replaced by the number EC2
+/// reports for it now, as Auto Scaling compares versions for `SkipMatching`; as given when
+/// EC2 does not know the template.
+fn numbered(shared: &Shared, template: &FakeLaunchTemplate) -> FakeLaunchTemplate {
+    let mut numbered = template.clone();
+    if let Some(version) = crate::aws::ec2::resolve_template_version(
+        shared,
+        &template.id,
+        &template.name,
+        &template.version,
+    ) {
+        numbered.version = version;
+    }
+    numbered
 }
 
 /// The desired template, completed from the group's when it names the same template (a

@@ -1,0 +1,362 @@
+//! The `instance-refresh` binary as built, run under the local Lambda Runtime API against
+//! the fake Auto Scaling's instance refreshes (real SDK calls) and the fake API server (the
+//! shipped RBAC), across invocations: a Started delivered again after the first
+//! replacements came in service, and an end event that runs ahead of Auto Scaling's status.
+//!
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing it.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use node_manager::node_marks::refresh::refresh_marks_of;
+use node_manager_testkit::account::FakeAccount;
+use node_manager_testkit::aws::{
+    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeAws, FakeCluster,
+    FakeEc2LaunchTemplate, FakeInstance, FakeLifecycleHook, FakeRefreshPreferences,
+};
+use node_manager_testkit::binaries::function_binary;
+use node_manager_testkit::e2e::function_group;
+use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
+use node_manager_testkit::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
+use node_manager_testkit::soak::corpus;
+use serde_json::Value;
+
+const CLUSTER: &str = "ironman-2022";
+const GROUP: &str = "eks-refresh-ng";
+const ZONE: &str = "eu-west-1a";
+const FUNCTION: &str = "instance-refresh";
+/// The refresh's instance warmup: how long it waits after the first replacements are in
+/// service before it terminates outdated instances. Much longer than an invocation, so the
+/// first Started is handled while every outdated instance is still in service.
+const WARMUP: Duration = Duration::from_secs(2);
+
+struct RefreshWorld {
+    aws: FakeAws,
+    server: FakeApiServer,
+    function: LambdaRuntimeApi,
+    events: EventSubscription,
+    old: Vec<String>,
+}
+
+fn old_instance(i: usize) -> String {
+    format!("i-0a{i:015x}")
+}
+
+impl RefreshWorld {
+    /// `count` Ready nodes of [`GROUP`], launched a day ago on launch template version 1; the
+    /// group now launches version 2. Its terminating hook has no responder, so a refresh's
+    /// terminations wait and the refresh stays in progress.
+    async fn start(count: usize) -> Self {
+        let account = FakeAccount::reference();
+        let aws = FakeAws::start(account.clone()).await.unwrap();
+        let server = FakeApiServer::builder()
+            .cluster_name(CLUSTER)
+            .account(account.clone())
+            .access_entries(Arc::new(aws.eks()))
+            .simulation(SimulationTimings {
+                enabled: false,
+                ..SimulationTimings::default()
+            })
+            .start()
+            .await
+            .unwrap();
+        server
+            .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
+            .unwrap();
+        aws.eks().add_cluster(
+            FakeCluster::new(CLUSTER, server.url(), &server.ca_data())
+                .authentication_mode(Some("API_AND_CONFIG_MAP")),
+        );
+        let autoscaling = aws.autoscaling();
+        autoscaling.add_group(
+            FakeAutoScalingGroup::new(GROUP)
+                .tag("eks:cluster-name", CLUSTER)
+                .availability_zones(&[ZONE])
+                .size(0, u32::try_from(count).unwrap(), 10)
+                .launch_template("lt-0abc", "nodes", "1"),
+        );
+        autoscaling
+            .add_hook(
+                GROUP,
+                FakeLifecycleHook::terminating("terminate")
+                    .heartbeat_timeout(Duration::from_secs(3600)),
+            )
+            .unwrap();
+        let old: Vec<String> = (0..count).map(old_instance).collect();
+        for id in &old {
+            add_instance_launched_yesterday(&aws, &server, id);
+        }
+        autoscaling.set_launch_template_version(GROUP, "2").unwrap();
+        let events = aws.eventbridge().subscribe(EventPattern {
+            sources: vec!["aws.autoscaling".to_owned()],
+            detail_types: ["Started", "Succeeded", "Failed", "Cancelled"]
+                .iter()
+                .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"))
+                .collect(),
+        });
+        let credentials = account.add_role_credentials(&format!("open-node-manager-{FUNCTION}"));
+        aws.eks()
+            .add_access_entry(
+                CLUSTER,
+                &credentials.principal_arn,
+                "STANDARD",
+                Some(FUNCTION),
+                &[function_group(FUNCTION).as_str()],
+            )
+            .unwrap();
+        let function = LambdaRuntimeApi::start_function(
+            FunctionSpec::new(FUNCTION, function_binary(FUNCTION))
+                .envs(aws.environment(&credentials))
+                .env("CLUSTER_NAME", CLUSTER)
+                .env("RUST_LOG", "info"),
+        )
+        .await
+        .unwrap();
+        Self {
+            aws,
+            server,
+            function,
+            events,
+            old,
+        }
+    }
+
+    async fn invoke(&self, event: &Value) -> InvocationOutcome {
+        self.function
+            .invoke(event, Duration::from_secs(30))
+            .await
+            .unwrap()
+    }
+
+    async fn response_to(&self, event: &Value) -> Value {
+        match self.invoke(event).await {
+            InvocationOutcome::Response(value) => value,
+            other => panic!(
+                "expected a response, got {other:?}\n--- function output ---\n{}",
+                self.function.output()
+            ),
+        }
+    }
+
+    async fn next_event(&mut self, detail_type: &str) -> Value {
+        let event = self
+            .events
+            .next_event(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(
+            event["detail-type"],
+            format!("EC2 Auto Scaling Instance Refresh {detail_type}")
+        );
+        event
+    }
+
+    fn node_of(&self, instance_id: &str) -> Node {
+        let name = self
+            .aws
+            .ec2()
+            .instance(instance_id)
+            .unwrap()
+            .private_dns_name;
+        self.server.store().find::<Node>("", &name).unwrap()
+    }
+
+    /// The first replacement the refresh launched, once in service, with its Node
+    /// registered (Ready).
+    async fn first_replacement_in_service(&self, refresh_id: &str) -> String {
+        let autoscaling = self.aws.autoscaling();
+        for _ in 0..500 {
+            let launched = autoscaling
+                .instance_refresh(refresh_id)
+                .and_then(|r| r.launched_instance_ids.first().cloned());
+            if let Some(id) = launched
+                && autoscaling.instance_state(GROUP, &id).as_deref() == Some("InService")
+            {
+                let instance = self.aws.ec2().instance(&id).unwrap();
+                self.server
+                    .register_node(
+                        &instance.private_dns_name,
+                        &format!("aws:///{ZONE}/{id}"),
+                        Some(Duration::ZERO),
+                    )
+                    .unwrap();
+                return id;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the refresh launched no replacement");
+    }
+}
+
+/// An instance of [`GROUP`] launched a day ago with the group's current configuration,
+/// with its Ready node.
+fn add_instance_launched_yesterday(aws: &FakeAws, server: &FakeApiServer, id: &str) {
+    let yesterday = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(24);
+    let instance = FakeInstance::new(id, "eu-west-1")
+        .availability_zone(ZONE)
+        .launch_time(yesterday);
+    aws.ec2().add_instance(instance.clone());
+    aws.autoscaling().add_instance(GROUP, id, ZONE).unwrap();
+    server
+        .register_node(
+            &instance.private_dns_name,
+            &format!("aws:///{ZONE}/{id}"),
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+}
+
+fn cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// Lambda retries a failed Started (or EventBridge delivers it twice, late) after Auto
+/// Scaling brought the first replacement in service: the replacement, which the refresh
+/// never replaces, is not marked; the outdated nodes still are.
+#[tokio::test]
+async fn a_started_delivered_again_after_a_replacement_came_in_service_leaves_it_schedulable() {
+    let mut world = RefreshWorld::start(3).await;
+    let refresh_id = world
+        .aws
+        .autoscaling()
+        .start_instance_refresh(
+            GROUP,
+            FakeRefreshPreferences::default()
+                .healthy_percentage(100, 150)
+                .instance_warmup(WARMUP),
+        )
+        .unwrap();
+    let started = world.next_event("Started").await;
+    let first = world.response_to(&started).await;
+    assert_eq!(first["outcome"], "Marked", "{first}");
+    assert_eq!(first["marked"].as_array().unwrap().len(), 3, "{first}");
+
+    let replacement = world.first_replacement_in_service(&refresh_id).await;
+    let again = world.response_to(&started).await;
+    assert_eq!(again["outcome"], "Marked", "{again}");
+    let new_node = world.node_of(&replacement);
+    assert!(
+        !cordoned(&new_node) && refresh_marks_of(&new_node).is_none(),
+        "the replacement {replacement} was marked: {again}"
+    );
+    for id in &world.old {
+        assert!(cordoned(&world.node_of(id)), "{id} stays out of service");
+    }
+}
+
+/// An end event that comes before `DescribeInstanceRefreshes` reports the end: the
+/// invocation fails (Lambda retries it) instead of answering `Stale`, and nothing is undone
+/// yet; once Auto Scaling reports the end, the same event undoes the marks.
+#[tokio::test]
+async fn an_end_event_ahead_of_auto_scaling_fails_for_a_retry_and_then_undoes_the_marks() {
+    let mut world = RefreshWorld::start(2).await;
+    world
+        .aws
+        .autoscaling()
+        .start_instance_refresh(
+            GROUP,
+            FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200)
+                .instance_warmup(WARMUP),
+        )
+        .unwrap();
+    let started = world.next_event("Started").await;
+    let marked = world.response_to(&started).await;
+    assert_eq!(marked["marked"].as_array().unwrap().len(), 2, "{marked}");
+
+    let mut early = started.clone();
+    early["detail-type"] = "EC2 Auto Scaling Instance Refresh Cancelled".into();
+    match world.invoke(&early).await {
+        InvocationOutcome::Error { error_type, .. } => {
+            assert_eq!(error_type, "InstanceRefreshNotFinal");
+        }
+        other => panic!("an early end must fail for a retry, got {other:?}"),
+    }
+    for id in &world.old {
+        assert!(cordoned(&world.node_of(id)), "nothing undone yet on {id}");
+    }
+
+    // The operator cancels; the terminations in flight end (answered here by hand), and
+    // Auto Scaling reports the refresh Cancelled and sends its own event.
+    let autoscaling = world.aws.autoscaling();
+    for id in &world.old {
+        for _ in 0..500 {
+            if autoscaling.has_active_action(id) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            autoscaling.has_active_action(id),
+            "{id} waits in Terminating:Wait"
+        );
+    }
+    autoscaling.cancel_instance_refresh(GROUP).unwrap();
+    let operator = world.aws.account().add_role_credentials("operator");
+    let client = aws_sdk_autoscaling::Client::new(&world.aws.sdk_config(&operator).await);
+    for id in &world.old {
+        client
+            .complete_lifecycle_action()
+            .auto_scaling_group_name(GROUP)
+            .lifecycle_hook_name("terminate")
+            .instance_id(id)
+            .lifecycle_action_result("CONTINUE")
+            .send()
+            .await
+            .unwrap();
+    }
+    let cancelled = world.next_event("Cancelled").await;
+    let ended = world.response_to(&cancelled).await;
+    assert_eq!(ended["outcome"], "Unmarked", "{ended}");
+    assert_eq!(ended["unmarked"].as_array().unwrap().len(), 2, "{ended}");
+    let retried = world.response_to(&early).await;
+    assert_eq!(
+        retried["outcome"], "Unmarked",
+        "a retry of the early event finds nothing left: {retried}"
+    );
+    assert!(retried.get("unmarked").is_none(), "{retried}");
+}
+
+/// `SkipMatching` with the group on `$Latest`: Auto Scaling resolves it (to version 2 here)
+/// and keeps the instance already on 2; only the one on version 1 is marked.
+#[tokio::test]
+async fn skip_matching_resolves_latest_and_leaves_the_instance_already_on_it() {
+    let mut world = RefreshWorld::start(1).await;
+    let current = "i-0b0000000000000c2";
+    // Launched yesterday too, after the group moved to version 2.
+    add_instance_launched_yesterday(&world.aws, &world.server, current);
+    world
+        .aws
+        .ec2()
+        .add_launch_template(FakeEc2LaunchTemplate::new("lt-0abc", "nodes", 1, 2));
+    let autoscaling = world.aws.autoscaling();
+    autoscaling
+        .set_launch_template_version(GROUP, "$Latest")
+        .unwrap();
+    autoscaling
+        .start_instance_refresh(
+            GROUP,
+            FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200)
+                .instance_warmup(WARMUP)
+                .skip_matching(true),
+        )
+        .unwrap();
+    let started = world.next_event("Started").await;
+    let answer = world.response_to(&started).await;
+    assert_eq!(
+        answer["plan"]["outdated"],
+        serde_json::json!([world.old[0]]),
+        "{answer}"
+    );
+    assert!(cordoned(&world.node_of(&world.old[0])));
+    assert!(
+        !cordoned(&world.node_of(current)),
+        "the instance already on $Latest stays schedulable: {answer}"
+    );
+}
