@@ -418,3 +418,66 @@ async fn eks_tokens_authenticate_through_aws_auth_and_the_shipped_rbac_is_enforc
         Some(401)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodegroup_auth_maps_the_node_role_so_nodes_authenticate_on_a_real_cluster() {
+    let Some(bin) = binaries_or_skip(
+        "nodegroup_auth_maps_the_node_role_so_nodes_authenticate_on_a_real_cluster",
+    ) else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::NodegroupAuth])
+        .authentication_mode("CONFIG_MAP")
+        .start(&bin)
+        .await
+        .unwrap();
+    // The node's instance profile role; EC2 names its sessions after the instance.
+    let role_name = node_manager_testkit::e2e::NODE_ROLE
+        .rsplit('/')
+        .next()
+        .unwrap();
+    let role = w.aws.account().add_role_credentials(role_name);
+    w.plane
+        .webhook()
+        .name_session(&role.access_key_id, &w.instance);
+    let credentials = aws_credential_types::Credentials::new(
+        &role.access_key_id,
+        &role.secret_access_key,
+        role.session_token.clone(),
+        None,
+        "test",
+    );
+    let token = node_manager::cluster::token::sign_token(
+        &credentials,
+        "eu-west-1",
+        node_manager_testkit::e2e::CLUSTER,
+        std::time::SystemTime::now(),
+    )
+    .unwrap();
+    let node_client = w.plane.client_with_token(token.expose()).await.unwrap();
+
+    // Before the node group is mapped, the node's token is refused.
+    let refused = whoami(&node_client).await.unwrap_err();
+    assert_eq!(status_code(&refused), Some(401), "{refused}");
+
+    let answer = w
+        .function(Target::NodegroupAuth)
+        .response_to(&node_manager_testkit::soak::corpus::fixture(
+            "eventbridge-create-nodegroup.json",
+        ))
+        .await;
+    assert_eq!(answer["nodegroups"][0]["awsAuth"], "mapped", "{answer}");
+
+    // After: the node is system:node:<its private DNS name> in the node groups, and the
+    // Node authorizer lets it read its own Node.
+    let (username, groups) = whoami(&node_client).await.unwrap();
+    assert_eq!(username, format!("system:node:{}", w.node));
+    for group in ["system:bootstrappers", "system:nodes"] {
+        assert!(groups.contains(&group.to_owned()), "{groups:?}");
+    }
+    Api::<Node>::all(node_client.clone())
+        .get(&w.node)
+        .await
+        .unwrap();
+}

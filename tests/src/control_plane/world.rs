@@ -49,6 +49,7 @@ impl RealFunctionWorld {
             env: Vec::new(),
             log_level: "info",
             instance_id: "i-0b1c2d3e4f5061728".to_owned(),
+            authentication_mode: "API_AND_CONFIG_MAP",
         }
     }
 
@@ -72,6 +73,7 @@ pub struct RealWorldBuilder {
     env: Vec<(String, String)>,
     log_level: &'static str,
     instance_id: String,
+    authentication_mode: &'static str,
 }
 
 impl RealWorldBuilder {
@@ -89,6 +91,13 @@ impl RealWorldBuilder {
 
     pub fn log_level(mut self, level: &'static str) -> Self {
         self.log_level = level;
+        self
+    }
+
+    /// The cluster's authentication mode, `CONFIG_MAP` or `API_AND_CONFIG_MAP` (the default);
+    /// the functions' roles are mapped through `aws-auth` in both.
+    pub fn authentication_mode(mut self, mode: &'static str) -> Self {
+        self.authentication_mode = mode;
         self
     }
 
@@ -110,6 +119,7 @@ impl RealWorldBuilder {
                 cluster_name: CLUSTER.to_owned(),
                 account: account.clone(),
                 access_entries: Some(Arc::new(aws.eks())),
+                ec2: Some(aws.ec2()),
             },
         )
         .await?;
@@ -120,7 +130,7 @@ impl RealWorldBuilder {
                 .map_err(|e| setup("reading infra/rbac.yaml", e))?,
         )
         .await?;
-        let topic = seed_aws(&aws, &plane)?;
+        let topic = seed_aws(&aws, &plane, self.authentication_mode)?;
         let instance = FakeInstance::new(&self.instance_id, "eu-west-1").availability_zone(ZONE);
         let node = instance.private_dns_name.clone();
         aws.ec2().add_instance(instance);
@@ -206,10 +216,14 @@ impl RealWorldBuilder {
 
 /// The cluster (endpoint and CA of the real plane), node group, topic, Auto Scaling group and
 /// its two hooks; returns the topic.
-fn seed_aws(aws: &FakeAws, plane: &RealControlPlane) -> Result<String, ControlPlaneError> {
+fn seed_aws(
+    aws: &FakeAws,
+    plane: &RealControlPlane,
+    authentication_mode: &str,
+) -> Result<String, ControlPlaneError> {
     aws.eks().add_cluster(
         FakeCluster::new(CLUSTER, plane.url(), &plane.ca_data())
-            .authentication_mode(Some("API_AND_CONFIG_MAP")),
+            .authentication_mode(Some(authentication_mode)),
     );
     aws.eks()
         .add_nodegroup(

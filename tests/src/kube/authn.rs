@@ -122,23 +122,30 @@ impl Authenticator {
             .store
             .get_value("v1", "ConfigMap", "kube-system", "aws-auth")
             .ok()?;
-        aws_auth_identity(config_map.get("data")?, caller, &self.account.account_id)
+        // The fake STS knows no session names: the access key id stands in for one.
+        aws_auth_identity(
+            config_map.get("data")?,
+            caller,
+            &caller.access_key_id,
+            &self.account.account_id,
+        )
     }
 }
 
 /// The identity the `data` of a `kube-system/aws-auth` ConfigMap maps `caller` to, as
-/// aws-iam-authenticator maps it (also used by the real control plane's token webhook).
+/// aws-iam-authenticator maps it, `{{SessionName}}` being `session_name` (also used by the
+/// real control plane's token webhook).
 pub fn aws_auth_identity(
     data: &Value,
     caller: &VerifiedCaller,
+    session_name: &str,
     account_id: &str,
 ) -> Option<KubernetesIdentity> {
-    let session_name = caller.access_key_id.clone();
     let substitute = |template: &str| {
         template
             .replace("{{AccountID}}", account_id)
-            .replace("{{SessionName}}", &session_name)
-            .replace("{{SessionNameRaw}}", &session_name)
+            .replace("{{SessionName}}", session_name)
+            .replace("{{SessionNameRaw}}", session_name)
             .replace("{{AccessKeyID}}", &caller.access_key_id)
     };
     let is_role = caller.principal_arn.contains(":role/");
