@@ -4,8 +4,13 @@
 #   scripts/control-plane.sh build        build etcd, kube-apiserver, kube-controller-manager and
 #                                         kube-scheduler into the cache (skipped when already there)
 #   scripts/control-plane.sh bin-dir      print the folder the tests read the binaries from
-#   scripts/control-plane.sh start DIR    start a plane for manual use (state, certs, kubeconfig in DIR)
+#   scripts/control-plane.sh start DIR    start a plane for manual use (state, certs, logs and
+#                                         DIR/admin.kubeconfig); prints `export KUBECONFIG=...`
 #   scripts/control-plane.sh stop DIR     stop the plane started in DIR
+#
+# The tests do not use `start`: the test kit (tests/src/control_plane/) starts its own plane per
+# test, because it must serve the EKS TokenReview webhook before kube-apiserver starts. The
+# manual plane has the same flags but authenticates only its admin token (no webhook).
 #
 # Version: Kubernetes 1.36 (k8s.io/kubernetes v1.36.3, its latest patch the Go module proxy
 # serves). EKS offers 1.36 in standard support through late 2026 and beyond (14 months from its
@@ -89,11 +94,99 @@ build() {
     done
 }
 
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# A manual plane in DIR: etcd, kube-apiserver, kube-controller-manager, kube-scheduler on
+# 127.0.0.1, with the flags the tests use (see tests/src/control_plane/mod.rs).
+start() {
+    local dir=${1:?usage: control-plane.sh start DIR}
+    local bin
+    bin=$(bin_dir)
+    for binary in "${BINARIES[@]}"; do
+        [[ -x "$bin/$binary" ]] || { echo "control-plane: $bin/$binary is missing: run $0 build" >&2; exit 1; }
+    done
+    mkdir -p "$dir"
+    dir=$(cd "$dir" && pwd)
+    [[ -e "$dir/pids" ]] && { echo "control-plane: $dir already runs a plane (stop it first)" >&2; exit 1; }
+    local etcd_port peer_port api_port
+    etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port)
+    (
+        cd "$dir"
+        openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 7 \
+            -subj /CN=control-plane-ca -keyout ca.key -out ca.crt 2>/dev/null
+        openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=kube-apiserver \
+            -keyout apiserver.key -out apiserver.csr 2>/dev/null
+        printf 'subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc\n' > san.ext
+        openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 7 \
+            -extfile san.ext -out apiserver.crt 2>/dev/null
+        openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:prime256v1 -out sa.key 2>/dev/null
+        openssl pkey -in sa.key -pubout -out sa.pub 2>/dev/null
+        local admin kcm scheduler
+        admin=$(openssl rand -hex 16); kcm=$(openssl rand -hex 16); scheduler=$(openssl rand -hex 16)
+        printf '%s,kubernetes-admin,admin,"system:masters"\n%s,system:kube-controller-manager,kcm\n%s,system:kube-scheduler,scheduler\n' \
+            "$admin" "$kcm" "$scheduler" > tokens.csv
+        local ca
+        ca=$(base64 -w0 ca.crt)
+        for pair in "admin:$admin" "kube-controller-manager:$kcm" "kube-scheduler:$scheduler"; do
+            printf 'apiVersion: v1\nkind: Config\nclusters:\n- name: local\n  cluster:\n    server: https://127.0.0.1:%s\n    certificate-authority-data: %s\nusers:\n- name: user\n  user:\n    token: %s\ncontexts:\n- name: local\n  context: {cluster: local, user: user}\ncurrent-context: local\n' \
+                "$api_port" "$ca" "${pair#*:}" > "${pair%%:*}.kubeconfig"
+        done
+        "$bin/etcd" --name=default --data-dir="$dir/etcd" \
+            --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
+            --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
+            --initial-cluster="default=http://127.0.0.1:$peer_port" --unsafe-no-fsync --log-level=warn \
+            > etcd.log 2>&1 &
+        echo $! >> pids
+        "$bin/kube-apiserver" --etcd-servers="http://127.0.0.1:$etcd_port" --bind-address=127.0.0.1 \
+            --advertise-address=127.0.0.1 --secure-port="$api_port" --tls-cert-file=apiserver.crt \
+            --tls-private-key-file=apiserver.key --client-ca-file=ca.crt --service-cluster-ip-range=10.0.0.0/24 \
+            --service-account-issuer=https://kubernetes.default.svc --service-account-signing-key-file=sa.key \
+            --service-account-key-file=sa.pub --authorization-mode=Node,RBAC --token-auth-file=tokens.csv \
+            --endpoint-reconciler-type=none --profiling=false > kube-apiserver.log 2>&1 &
+        echo $! >> pids
+        local waited=0
+        until kubectl_ready; do
+            sleep 0.2; waited=$((waited + 1))
+            [[ $waited -lt 150 ]] || { echo "control-plane: kube-apiserver not ready after 30 s, see $dir/kube-apiserver.log" >&2; exit 1; }
+        done
+        "$bin/kube-controller-manager" --kubeconfig=kube-controller-manager.kubeconfig --secure-port=0 \
+            --controllers='*,-node-lifecycle-controller,-taint-eviction-controller' \
+            --use-service-account-credentials --service-account-private-key-file=sa.key --root-ca-file=ca.crt \
+            > kube-controller-manager.log 2>&1 &
+        echo $! >> pids
+        "$bin/kube-scheduler" --kubeconfig=kube-scheduler.kubeconfig --secure-port=0 > kube-scheduler.log 2>&1 &
+        echo $! >> pids
+    )
+    echo "control-plane: running in $dir (logs there); stop it with: $0 stop $dir"
+    echo "export KUBECONFIG=$dir/admin.kubeconfig"
+}
+
+# /readyz through the admin kubeconfig (curl, so kubectl is not needed).
+kubectl_ready() {
+    local server token
+    server=$(sed -n 's/^ *server: //p' admin.kubeconfig)
+    token=$(sed -n 's/^ *token: //p' admin.kubeconfig)
+    curl -sf --cacert ca.crt -H "Authorization: Bearer $token" "$server/readyz" >/dev/null 2>&1
+}
+
+stop() {
+    local dir=${1:?usage: control-plane.sh stop DIR}
+    [[ -f "$dir/pids" ]] || { echo "control-plane: no plane runs in $dir" >&2; exit 1; }
+    # Stop the components before etcd (reverse start order); only the processes started here.
+    tac "$dir/pids" | while read -r pid; do kill "$pid" 2>/dev/null || true; done
+    rm -f "$dir/pids"
+    echo "control-plane: stopped the plane in $dir"
+}
+
 case "${1:-}" in
     build) build ;;
     bin-dir) bin_dir ;;
+    start) start "${2:-}" ;;
+    stop) stop "${2:-}" ;;
     *)
-        sed -n '2,8p' "$0" >&2
+        sed -n '2,14p' "$0" >&2
         exit 2
         ;;
 esac
