@@ -175,7 +175,17 @@ stop() {
     local dir=${1:?usage: control-plane.sh stop DIR}
     [[ -f "$dir/pids" ]] || { echo "control-plane: no plane runs in $dir" >&2; exit 1; }
     # Stop the components before etcd (reverse start order); only the processes started here.
-    tac "$dir/pids" | while read -r pid; do kill "$pid" 2>/dev/null || true; done
+    local pids
+    pids=$(tac "$dir/pids")
+    for pid in $pids; do kill "$pid" 2>/dev/null || true; done
+    # etcd may hang in its shutdown: kill what is left after 10 s.
+    for _ in $(seq 50); do
+        local alive=0
+        for pid in $pids; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        [[ $alive == 1 ]] || break
+        sleep 0.2
+    done
+    for pid in $pids; do kill -9 "$pid" 2>/dev/null || true; done
     rm -f "$dir/pids"
     echo "control-plane: stopped the plane in $dir"
 }
