@@ -87,7 +87,7 @@ build() {
         echo "control-plane: building $binary $KUBERNETES_VERSION into $out"
         local started=$SECONDS
         (cd "$MODULE_DIR" && CGO_ENABLED=0 GOFLAGS=-mod=readonly GOMAXPROCS=${GOMAXPROCS:-2} \
-            nice -n 10 go build -p 2 -trimpath -ldflags "$ldflags" -o "$out/$binary.partial" \
+            nice -n 10 go build -p 2 -trimpath -buildvcs=false -ldflags "$ldflags" -o "$out/$binary.partial" \
             "$(package_of "$binary")")
         mv "$out/$binary.partial" "$out/$binary"
         echo "control-plane: built $binary in $((SECONDS - started)) s"
