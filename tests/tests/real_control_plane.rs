@@ -481,3 +481,81 @@ async fn nodegroup_auth_maps_the_node_role_so_nodes_authenticate_on_a_real_clust
         .await
         .unwrap();
 }
+
+/// The drain above on the test kit's fake API server, for the figures side by side (the fake's
+/// timing is its own: its kubelet and controllers emulation replaces pods on a fixed delay).
+/// Needs no control plane.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_drain_on_the_fake_api_server_for_comparison() {
+    use node_manager_testkit::e2e::FunctionWorld;
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance("i-0b1c2d3e4f5061728")
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.5")
+        .env("DRAIN_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .start()
+        .await;
+    let store = w.server.store();
+    let nginx = Workload::new("default", "nginx")
+        .replicas(REPLICAS as i32)
+        .grace_period_seconds(Some(5));
+    store.create(&nginx.deployment()).unwrap();
+    store
+        .create(&fixtures::pdb_max_unavailable(
+            "default",
+            "nginx",
+            json!(1),
+            &[("app", "nginx")],
+        ))
+        .unwrap();
+    let node = w.node.clone();
+    w.server
+        .wait_for("the replicas Ready", Duration::from_secs(10), |store| {
+            store
+                .list::<Pod>()
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
+                .filter(|p| fixtures::pod_is_ready(p))
+                .count()
+                == REPLICAS
+        })
+        .await
+        .unwrap();
+    w.server
+        .register_node(
+            OTHER_NODE,
+            "aws:///eu-west-1b/i-0fffeeeedddd11112",
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    w.aws
+        .autoscaling()
+        .terminate_instance(GROUP, &w.instance)
+        .unwrap();
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&event)
+        .await;
+    let took = started.elapsed();
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(w.aws.autoscaling().completions().len(), 1);
+    let requests = w.server.audit().by_user("terminating-hook");
+    let rejected = requests
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && e.code() == 429)
+        .count();
+    println!(
+        "drain on the fake API server: {took:?}, {} requests ({rejected} evictions refused by the budget)",
+        requests.len()
+    );
+}
