@@ -5,7 +5,8 @@
 //! ([`aws`]) that the real SDK clients reach through `AWS_ENDPOINT_URL`, and a local Lambda
 //! Runtime API ([`lambda_api`]) that runs the built function binaries as Lambda does.
 //! [`e2e`] puts them together into one deployment of the three functions for the end-to-end
-//! tests.
+//! tests. [`control_plane`] runs a real Kubernetes control plane (built by
+//! `scripts/control-plane.sh build`) for the scenarios that must hold against upstream Kubernetes.
 //!
 //! Not for production: nothing here is compiled into a Lambda function.
 
@@ -13,6 +14,7 @@ pub mod account;
 pub mod aws;
 pub mod bench;
 pub mod binaries;
+pub mod control_plane;
 pub mod e2e;
 pub mod fixtures;
 pub mod identity;

@@ -122,47 +122,63 @@ impl Authenticator {
             .store
             .get_value("v1", "ConfigMap", "kube-system", "aws-auth")
             .ok()?;
-        let data = config_map.get("data")?;
-        let session_name = caller.access_key_id.clone();
-        let substitute = |template: &str| {
-            template
-                .replace("{{AccountID}}", &self.account.account_id)
-                .replace("{{SessionName}}", &session_name)
-                .replace("{{SessionNameRaw}}", &session_name)
-                .replace("{{AccessKeyID}}", &caller.access_key_id)
-        };
-        let is_role = caller.principal_arn.contains(":role/");
-        let (key, arn_field) = if is_role {
-            ("mapRoles", "rolearn")
-        } else {
-            ("mapUsers", "userarn")
-        };
-        let entries = parse_mappings(data.get(key)?.as_str()?);
-        // The authenticator builds a map from the list: the last entry for an ARN wins.
-        let entry = entries.iter().rev().find(|entry| {
-            field(entry, arn_field)
-                .and_then(Value::as_str)
-                .is_some_and(|arn| arn.eq_ignore_ascii_case(&caller.principal_arn))
-        })?;
-        let username = field(entry, "username")
-            .and_then(Value::as_str)
-            .map(substitute)
-            .unwrap_or_default();
-        if username.is_empty() {
-            return None;
-        }
-        let groups = field(entry, "groups")
-            .and_then(Value::as_array)
-            .map(|groups| {
-                groups
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(substitute)
-                    .collect()
-            })
-            .unwrap_or_default();
-        Some(KubernetesIdentity { username, groups })
+        // The fake STS knows no session names: the access key id stands in for one.
+        aws_auth_identity(
+            config_map.get("data")?,
+            caller,
+            &caller.access_key_id,
+            &self.account.account_id,
+        )
     }
+}
+
+/// The identity the `data` of a `kube-system/aws-auth` ConfigMap maps `caller` to, as
+/// aws-iam-authenticator maps it, `{{SessionName}}` being `session_name` (also used by the
+/// real control plane's token webhook).
+pub fn aws_auth_identity(
+    data: &Value,
+    caller: &VerifiedCaller,
+    session_name: &str,
+    account_id: &str,
+) -> Option<KubernetesIdentity> {
+    let substitute = |template: &str| {
+        template
+            .replace("{{AccountID}}", account_id)
+            .replace("{{SessionName}}", session_name)
+            .replace("{{SessionNameRaw}}", session_name)
+            .replace("{{AccessKeyID}}", &caller.access_key_id)
+    };
+    let is_role = caller.principal_arn.contains(":role/");
+    let (key, arn_field) = if is_role {
+        ("mapRoles", "rolearn")
+    } else {
+        ("mapUsers", "userarn")
+    };
+    let entries = parse_mappings(data.get(key)?.as_str()?);
+    // The authenticator builds a map from the list: the last entry for an ARN wins.
+    let entry = entries.iter().rev().find(|entry| {
+        field(entry, arn_field)
+            .and_then(Value::as_str)
+            .is_some_and(|arn| arn.eq_ignore_ascii_case(&caller.principal_arn))
+    })?;
+    let username = field(entry, "username")
+        .and_then(Value::as_str)
+        .map(substitute)
+        .unwrap_or_default();
+    if username.is_empty() {
+        return None;
+    }
+    let groups = field(entry, "groups")
+        .and_then(Value::as_array)
+        .map(|groups| {
+            groups
+                .iter()
+                .filter_map(Value::as_str)
+                .map(substitute)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(KubernetesIdentity { username, groups })
 }
 
 /// A field of a mapping entry, its name compared case-insensitively (sigs.k8s.io/yaml turns

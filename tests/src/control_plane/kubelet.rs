@@ -1,0 +1,231 @@
+//! The kubelets of a real control plane, played by the test kit: nodes registered Ready with
+//! room for pods, their Leases heartbeated, pods bound to them (by kube-scheduler) made
+//! Running and Ready through `pods/status`, and graceful deletions finished with grace 0 (on
+//! a real cluster nothing else removes an evicted pod: it stays `Terminating` until its
+//! kubelet deletes it).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::json;
+
+use super::ControlPlaneError;
+
+/// How often the emulation looks at the pods.
+const POLL: Duration = Duration::from_millis(100);
+/// How often node Leases are renewed (a kubelet renews every 10 s by default).
+const LEASE_RENEWAL: Duration = Duration::from_secs(10);
+const MANAGER: &str = "test-kit-kubelet";
+
+/// The emulation's task and the nodes it serves. Dropping it stops the task.
+pub struct FakeKubelets {
+    client: kube::Client,
+    nodes: Arc<Mutex<BTreeSet<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeKubelets {
+    /// Starts serving (the nodes registered through [`FakeKubelets::register_node`]).
+    pub fn start(client: kube::Client) -> Self {
+        let nodes: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+        let task = tokio::spawn(run(client.clone(), nodes.clone()));
+        Self {
+            client,
+            nodes,
+            task,
+        }
+    }
+
+    /// Creates node `name` (Ready; 4 CPUs, 16 GiB and 110 pods allocatable; zone `zone`) and
+    /// serves its pods from now on. `unschedulable` creates it cordoned.
+    pub async fn register_node(
+        &self,
+        name: &str,
+        provider_id: &str,
+        zone: &str,
+        unschedulable: bool,
+    ) -> Result<(), ControlPlaneError> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "topology.kubernetes.io/zone": zone,
+            }},
+            "spec": {"providerID": provider_id, "unschedulable": unschedulable},
+        }))
+        .map_err(|e| setup(name, e))?;
+        nodes
+            .create(&PostParams::default(), &node)
+            .await
+            .map_err(|e| setup(name, e))?;
+        let resources = json!({"cpu": "4", "memory": "16Gi", "pods": "110"});
+        let now = jiff::Timestamp::now().to_string();
+        let condition = |type_: &str, status: &str, reason: &str| {
+            json!({"type": type_, "status": status, "reason": reason,
+                   "lastHeartbeatTime": now, "lastTransitionTime": now})
+        };
+        let status = json!({"status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
+                condition("Ready", "True", "KubeletReady"),
+            ],
+            "addresses": [{"type": "Hostname", "address": name}],
+            "nodeInfo": {
+                "kubeletVersion": super::KUBERNETES_VERSION, "kubeProxyVersion": "",
+                "architecture": "amd64", "operatingSystem": "linux",
+                "containerRuntimeVersion": "containerd://2.0.0", "kernelVersion": "6.1.0",
+                "osImage": "test kit", "machineID": "", "systemUUID": "", "bootID": "",
+            },
+        }});
+        nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(|e| setup(name, e))?;
+        // The TaintNodesByCondition admission plugin creates every node with the
+        // `node.kubernetes.io/not-ready:NoSchedule` taint; the node-lifecycle controller (not
+        // run here) removes it once the node is Ready, so the emulation does.
+        nodes
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"taints": null}})),
+            )
+            .await
+            .map_err(|e| setup(name, e))?;
+        renew_lease(&self.client, name)
+            .await
+            .map_err(|e| setup(name, e))?;
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned());
+        Ok(())
+    }
+}
+
+impl Drop for FakeKubelets {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn setup(node: &str, error: impl std::fmt::Display) -> ControlPlaneError {
+    ControlPlaneError::Setup {
+        what: format!("registering node {node}"),
+        detail: error.to_string(),
+    }
+}
+
+async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut last_renewal = Instant::now();
+    loop {
+        tokio::time::sleep(POLL).await;
+        let served = nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if last_renewal.elapsed() >= LEASE_RENEWAL {
+            last_renewal = Instant::now();
+            for node in &served {
+                let _ = renew_lease(&client, node).await;
+            }
+        }
+        let Ok(list) = pods.list(&ListParams::default()).await else {
+            continue;
+        };
+        for pod in list.items {
+            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            if !served.contains(&node) {
+                continue;
+            }
+            // Errors (a conflict, a pod already gone) are retried on the next round.
+            let _ = serve_pod(&client, &pod).await;
+        }
+    }
+}
+
+/// One step of a kubelet for `pod`: finish its deletion, or start it.
+async fn serve_pod(client: &kube::Client, pod: &Pod) -> Result<(), kube::Error> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    if pod.metadata.deletion_timestamp.is_some() {
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        api.delete(&name, &params).await?;
+        return Ok(());
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Running" | "Succeeded" | "Failed")) {
+        return Ok(());
+    }
+    let now = jiff::Timestamp::now().to_string();
+    let containers: Vec<_> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| {
+            json!({"name": c.name, "image": c.image.unwrap_or_default(), "imageID": "",
+                   "ready": true, "started": true, "restartCount": 0,
+                   "state": {"running": {"startedAt": now}}})
+        })
+        .collect();
+    let condition =
+        |type_: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now});
+    let status = json!({"status": {
+        "phase": "Running",
+        "startTime": now,
+        "hostIP": "10.0.0.10",
+        "podIP": "10.1.0.10",
+        "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"),
+                       condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
+        "containerStatuses": containers,
+    }});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}
+
+async fn renew_lease(client: &kube::Client, node: &str) -> Result<(), kube::Error> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let now = jiff::Timestamp::now();
+    // A MicroTime: exactly six fractional digits.
+    let renew_time = format!(
+        "{}.{:06}Z",
+        now.strftime("%Y-%m-%dT%H:%M:%S"),
+        now.subsec_microsecond()
+    );
+    let lease = json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": node, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
+                 "renewTime": renew_time},
+    });
+    leases
+        .patch(
+            node,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&lease),
+        )
+        .await?;
+    Ok(())
+}

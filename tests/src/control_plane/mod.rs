@@ -1,0 +1,639 @@
+//! A real Kubernetes control plane for the end-to-end tests: etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler as built by `scripts/control-plane.sh build`,
+//! started per test on 127.0.0.1 and stopped when [`RealControlPlane`] is dropped.
+//!
+//! The test kit starts the processes itself (rather than the script) because it must serve the
+//! TokenReview webhook ([`webhook`]) before kube-apiserver starts and hand it the plane's ports,
+//! CA and admin token; it then owns every process and kills them on drop (and a watchdog kills
+//! them if the test process dies first).
+//!
+//! Authentication is EKS's: EKS tokens go through the webhook (fake STS, access entries,
+//! `aws-auth`); the test kit's own identities (admin, controller-manager, scheduler, the kubelet
+//! emulation) use `--token-auth-file`. Authorization is `Node,RBAC`. An audit log at level
+//! `Request` records what the code under test did ([`RealControlPlane::audit`]).
+
+pub mod certs;
+pub mod kubelet;
+pub mod webhook;
+pub mod world;
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use rand::Rng as _;
+use sha2::Digest as _;
+
+use self::certs::PlaneCertificates;
+use self::webhook::{TokenWebhook, WebhookSettings};
+use crate::kube::AuditEvent;
+
+/// The Kubernetes release `scripts/control-plane.sh` builds (checked against the script).
+pub const KUBERNETES_VERSION: &str = "v1.36.3";
+/// A folder holding the built binaries, in place of the cache.
+pub const BIN_VARIABLE: &str = "ONM_CONTROL_PLANE_BIN";
+/// The cache the script builds into (default `~/.cache/open-node-manager/control-plane`).
+pub const CACHE_VARIABLE: &str = "ONM_CONTROL_PLANE_CACHE";
+/// Set to `1` to skip (with a printed line) the tests that need the plane when it is not built.
+pub const SKIP_VARIABLE: &str = "SKIP_REAL_CONTROL_PLANE_TESTS";
+/// The binaries the plane runs.
+pub const BINARIES: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+/// How long the whole plane may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// Why the plane could not be found or started.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlPlaneError {
+    #[error(
+        "the real Kubernetes control plane is not built ({0} is missing): run `scripts/control-plane.sh build` (about 10 minutes, once; needs Go 1.26), or set SKIP_REAL_CONTROL_PLANE_TESTS=1 to skip the tests that need it"
+    )]
+    NotBuilt(PathBuf),
+    #[error("{what} failed: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {detail}")]
+    Setup { what: String, detail: String },
+    #[error("generating the control plane's certificates failed: {0}")]
+    Certificate(#[from] rcgen::Error),
+    #[error("{process} exited before the plane was ready ({status}); its log ends:\n{log}")]
+    Exited {
+        process: String,
+        status: String,
+        log: String,
+    },
+    #[error("the control plane was not ready after {0:?}: {1}")]
+    NotReady(Duration, String),
+}
+
+/// The folder the binaries are read from: [`BIN_VARIABLE`], else the script's cache folder
+/// for this version and this build module (`<cache>/<version>-<hash of go.mod, go.sum>/bin`).
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os(BIN_VARIABLE) {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os(CACHE_VARIABLE)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/open-node-manager/control-plane")
+        });
+    cache.join(cache_key()).join("bin")
+}
+
+/// `<version>-<first 12 hex digits of sha256(go.mod ++ go.sum)>`, as the script computes it.
+fn cache_key() -> String {
+    let module = crate::soak::corpus::repository_root().join("tests/control-plane");
+    let mut hasher = sha2::Sha256::new();
+    for file in ["go.mod", "go.sum"] {
+        hasher.update(std::fs::read(module.join(file)).unwrap_or_default());
+    }
+    let digest = hex::encode(hasher.finalize());
+    format!("{KUBERNETES_VERSION}-{}", &digest[..12])
+}
+
+/// The binaries' folder when every binary is there.
+pub fn built_binaries() -> Result<PathBuf, ControlPlaneError> {
+    let dir = bin_dir();
+    match BINARIES.iter().map(|b| dir.join(b)).find(|p| !p.is_file()) {
+        Some(missing) => Err(ControlPlaneError::NotBuilt(missing)),
+        None => Ok(dir),
+    }
+}
+
+/// For a test that needs the plane: the binaries' folder, or `None` (with a printed line)
+/// when they are missing and [`SKIP_VARIABLE`] is `1`. Panics with how to build them otherwise.
+pub fn binaries_or_skip(test: &str) -> Option<PathBuf> {
+    match built_binaries() {
+        Ok(dir) => Some(dir),
+        Err(error) if std::env::var(SKIP_VARIABLE).as_deref() == Ok("1") => {
+            println!("skipped {test}: {SKIP_VARIABLE}=1 and {error}");
+            None
+        }
+        Err(error) => panic!("{test}: {error}"),
+    }
+}
+
+/// Identities of the test kit's own clients (`--token-auth-file`).
+struct StaticUser {
+    token: String,
+    name: &'static str,
+    groups: &'static str,
+}
+
+impl StaticUser {
+    fn new(name: &'static str, groups: &'static str) -> Self {
+        let token = hex::encode(rand::rng().random::<[u8; 16]>());
+        Self {
+            token,
+            name,
+            groups,
+        }
+    }
+}
+
+/// A running plane. Dropping it kills its processes and removes its folder.
+pub struct RealControlPlane {
+    dir: PathBuf,
+    url: String,
+    certificates: PlaneCertificates,
+    admin: StaticUser,
+    kubelet: StaticUser,
+    webhook: TokenWebhook,
+    processes: Vec<(String, Child)>,
+    watchdog: Option<Child>,
+    ready_after: Duration,
+}
+
+/// The ports the plane listens on (127.0.0.1).
+struct Ports {
+    etcd_client: u16,
+    etcd_peer: u16,
+    apiserver: u16,
+}
+
+impl Ports {
+    /// Free ports, held together while chosen so they differ.
+    fn free() -> Result<Self, ControlPlaneError> {
+        let bind = || {
+            std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| ControlPlaneError::Io {
+                what: "choosing a free port".into(),
+                source,
+            })
+        };
+        let held = [bind()?, bind()?, bind()?];
+        let port = |i: usize| held[i].local_addr().map(|a| a.port()).unwrap_or_default();
+        Ok(Self {
+            etcd_client: port(0),
+            etcd_peer: port(1),
+            apiserver: port(2),
+        })
+    }
+}
+
+impl RealControlPlane {
+    /// Starts etcd, the webhook, kube-apiserver, kube-controller-manager and kube-scheduler,
+    /// and waits until the apiserver is ready, both controllers hold their leases and the
+    /// `default` service account exists.
+    pub async fn start(
+        bin: &Path,
+        webhook: WebhookSettings,
+    ) -> Result<RealControlPlane, ControlPlaneError> {
+        let started = Instant::now();
+        let dir = std::env::temp_dir().join(format!(
+            "onm-control-plane-{}-{}",
+            std::process::id(),
+            hex::encode(rand::rng().random::<[u8; 4]>())
+        ));
+        std::fs::create_dir_all(&dir).map_err(|source| ControlPlaneError::Io {
+            what: format!("creating {}", dir.display()),
+            source,
+        })?;
+        let certificates = PlaneCertificates::generate(&dir)?;
+        let ports = Ports::free()?;
+        let url = format!("https://127.0.0.1:{}", ports.apiserver);
+        let admin = StaticUser::new("kubernetes-admin", "system:masters");
+        let kubelet = StaticUser::new("test-kit-kubelets", "system:masters");
+        let controller_manager = StaticUser::new("system:kube-controller-manager", "");
+        let scheduler = StaticUser::new("system:kube-scheduler", "");
+        let admin_config = client_config(&url, &certificates.ca_pem, &admin.token).await?;
+        let admin_client = kube::Client::try_from(admin_config).map_err(|e| setup("client", e))?;
+        let webhook = TokenWebhook::start(webhook, admin_client.clone()).await?;
+
+        let mut plane = RealControlPlane {
+            dir,
+            url,
+            certificates,
+            admin,
+            kubelet,
+            webhook,
+            processes: Vec::new(),
+            watchdog: None,
+            ready_after: Duration::ZERO,
+        };
+        plane.write_files(&[&controller_manager, &scheduler])?;
+        plane.spawn(bin, "etcd", &plane.etcd_args(&ports))?;
+        plane.spawn(bin, "kube-apiserver", &plane.apiserver_args(&ports))?;
+        plane.wait_ready(&admin_client, started).await?;
+        plane.spawn(
+            bin,
+            "kube-controller-manager",
+            &plane.controller_manager_args(),
+        )?;
+        plane.spawn(bin, "kube-scheduler", &plane.scheduler_args())?;
+        plane.start_watchdog()?;
+        plane.wait_for_controllers(&admin_client, started).await?;
+        plane.ready_after = started.elapsed();
+        Ok(plane)
+    }
+
+    /// The apiserver's URL (`https://127.0.0.1:<port>`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The cluster CA, base64-encoded as EKS's `certificateAuthority.data`.
+    pub fn ca_data(&self) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(self.certificates.ca_pem.as_bytes())
+    }
+
+    /// The plane's folder (logs, kubeconfigs, audit log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How long the start took until everything was ready.
+    pub fn ready_after(&self) -> Duration {
+        self.ready_after
+    }
+
+    /// The kubeconfig of the admin (`system:masters`), e.g. for kubectl.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// A client as the admin (kube's retries off).
+    pub async fn admin_client(&self) -> Result<kube::Client, ControlPlaneError> {
+        self.client_with_token(&self.admin.token).await
+    }
+
+    /// A client as the kubelet emulation (its requests are left out of the audit log).
+    pub async fn kubelet_client(&self) -> Result<kube::Client, ControlPlaneError> {
+        self.client_with_token(&self.kubelet.token).await
+    }
+
+    /// A client presenting `token` (e.g. an EKS token), kube's retries off.
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client, ControlPlaneError> {
+        let config = client_config(&self.url, &self.certificates.ca_pem, token).await?;
+        kube::Client::try_from(config).map_err(|e| setup("client", e))
+    }
+
+    /// The token webhook (its reviews).
+    pub fn webhook(&self) -> &TokenWebhook {
+        &self.webhook
+    }
+
+    /// The audit log so far: one event per completed request (watches also when they start),
+    /// from every client but the plane's own components and the kubelet emulation.
+    pub fn audit(&self) -> Vec<AuditEvent> {
+        let text = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    /// Resident memory of each process now (kB, from /proc), for the report of a run.
+    pub fn memory_kib(&self) -> Vec<(String, u64)> {
+        self.processes
+            .iter()
+            .map(|(name, child)| {
+                let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+                    .unwrap_or_default();
+                let rss = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                    .unwrap_or(0);
+                (name.clone(), rss)
+            })
+            .collect()
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    fn write(&self, name: &str, contents: &str) -> Result<(), ControlPlaneError> {
+        let path = self.dir.join(name);
+        std::fs::write(&path, contents).map_err(|source| ControlPlaneError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })
+    }
+
+    fn write_files(&self, components: &[&StaticUser]) -> Result<(), ControlPlaneError> {
+        let mut tokens = String::new();
+        for user in [&self.admin, &self.kubelet]
+            .into_iter()
+            .chain(components.iter().copied())
+        {
+            tokens.push_str(&format!(
+                "{},{},{},\"{}\"\n",
+                user.token, user.name, user.name, user.groups
+            ));
+        }
+        self.write("tokens.csv", &tokens)?;
+        self.write("audit-policy.yaml", AUDIT_POLICY)?;
+        self.write("token-webhook.kubeconfig", &self.webhook.kubeconfig_yaml())?;
+        self.write(
+            "admin.kubeconfig",
+            &kubeconfig_yaml(&self.url, &self.certificates.ca_pem, &self.admin.token),
+        )?;
+        for (file, user) in [
+            "kube-controller-manager.kubeconfig",
+            "kube-scheduler.kubeconfig",
+        ]
+        .into_iter()
+        .zip(components)
+        {
+            self.write(
+                file,
+                &kubeconfig_yaml(&self.url, &self.certificates.ca_pem, &user.token),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn etcd_args(&self, ports: &Ports) -> Vec<String> {
+        let client = format!("http://127.0.0.1:{}", ports.etcd_client);
+        let peer = format!("http://127.0.0.1:{}", ports.etcd_peer);
+        vec![
+            "--name=default".into(),
+            format!("--data-dir={}", self.path("etcd")),
+            format!("--listen-client-urls={client}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster=default={peer}"),
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ]
+    }
+
+    fn apiserver_args(&self, ports: &Ports) -> Vec<String> {
+        let c = &self.certificates;
+        vec![
+            format!("--etcd-servers=http://127.0.0.1:{}", ports.etcd_client),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={}", ports.apiserver),
+            format!("--tls-cert-file={}", c.serving_cert_file.display()),
+            format!("--tls-private-key-file={}", c.serving_key_file.display()),
+            format!("--client-ca-file={}", c.ca_file.display()),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!(
+                "--service-account-signing-key-file={}",
+                c.service_account_key_file.display()
+            ),
+            format!(
+                "--service-account-key-file={}",
+                c.service_account_public_file.display()
+            ),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--token-auth-file={}", self.path("tokens.csv")),
+            format!(
+                "--authentication-token-webhook-config-file={}",
+                self.path("token-webhook.kubeconfig")
+            ),
+            "--authentication-token-webhook-cache-ttl=0s".into(),
+            "--endpoint-reconciler-type=none".into(),
+            format!("--audit-policy-file={}", self.path("audit-policy.yaml")),
+            format!("--audit-log-path={}", self.path("audit.log")),
+            "--audit-log-format=json".into(),
+            "--profiling=false".into(),
+        ]
+    }
+
+    fn controller_manager_args(&self) -> Vec<String> {
+        vec![
+            format!(
+                "--kubeconfig={}",
+                self.path("kube-controller-manager.kubeconfig")
+            ),
+            "--secure-port=0".into(),
+            // No kubelet posts node status here: without these two the node-lifecycle
+            // controller would taint every node and evict its pods after 300 s.
+            "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller".into(),
+            "--use-service-account-credentials".into(),
+            format!(
+                "--service-account-private-key-file={}",
+                self.certificates.service_account_key_file.display()
+            ),
+            format!("--root-ca-file={}", self.certificates.ca_file.display()),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+        ]
+    }
+
+    fn scheduler_args(&self) -> Vec<String> {
+        vec![
+            format!("--kubeconfig={}", self.path("kube-scheduler.kubeconfig")),
+            "--secure-port=0".into(),
+        ]
+    }
+
+    fn spawn(&mut self, bin: &Path, name: &str, args: &[String]) -> Result<(), ControlPlaneError> {
+        let log =
+            std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|source| {
+                ControlPlaneError::Io {
+                    what: format!("creating {name}.log"),
+                    source,
+                }
+            })?;
+        let stderr = log.try_clone().map_err(|source| ControlPlaneError::Io {
+            what: format!("opening {name}.log"),
+            source,
+        })?;
+        let child = Command::new(bin.join(name))
+            .args(args)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            .spawn()
+            .map_err(|source| ControlPlaneError::Io {
+                what: format!("starting {}", bin.join(name).display()),
+                source,
+            })?;
+        self.processes.push((name.to_owned(), child));
+        Ok(())
+    }
+
+    /// A shell that kills the plane's processes once this test process is gone (a test killed
+    /// by a timeout runs no destructor).
+    fn start_watchdog(&mut self) -> Result<(), ControlPlaneError> {
+        let pids: Vec<String> = self
+            .processes
+            .iter()
+            .map(|(_, c)| c.id().to_string())
+            .collect();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(r#"parent=$1; shift; while kill -0 "$parent" 2>/dev/null; do sleep 1; done; kill -9 "$@" 2>/dev/null"#)
+            .arg("watchdog")
+            .arg(std::process::id().to_string())
+            .args(pids)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| ControlPlaneError::Io {
+                what: "starting the control plane's watchdog".into(),
+                source,
+            })?;
+        self.watchdog = Some(child);
+        Ok(())
+    }
+
+    /// An error when a process has exited, with the end of its log.
+    fn check_alive(&mut self) -> Result<(), ControlPlaneError> {
+        for (name, child) in &mut self.processes {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(ControlPlaneError::Exited {
+                    process: name.clone(),
+                    status: status.to_string(),
+                    log: log_tail(&self.dir.join(format!("{name}.log"))),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(
+        &mut self,
+        client: &kube::Client,
+        started: Instant,
+    ) -> Result<(), ControlPlaneError> {
+        loop {
+            self.check_alive()?;
+            let last = match readyz(client).await {
+                Ok(()) => return Ok(()),
+                Err(error) => error,
+            };
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(ControlPlaneError::NotReady(READY_TIMEOUT, last));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Both controllers hold their leader leases and the `default` service account exists.
+    async fn wait_for_controllers(
+        &mut self,
+        client: &kube::Client,
+        started: Instant,
+    ) -> Result<(), ControlPlaneError> {
+        let leases: kube::Api<Lease> = kube::Api::namespaced(client.clone(), "kube-system");
+        let accounts: kube::Api<ServiceAccount> = kube::Api::namespaced(client.clone(), "default");
+        loop {
+            self.check_alive()?;
+            let kcm = leases.get_opt("kube-controller-manager").await;
+            let scheduler = leases.get_opt("kube-scheduler").await;
+            let account = accounts.get_opt("default").await;
+            if matches!(
+                (&kcm, &scheduler, &account),
+                (Ok(Some(_)), Ok(Some(_)), Ok(Some(_)))
+            ) {
+                return Ok(());
+            }
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(ControlPlaneError::NotReady(
+                    READY_TIMEOUT,
+                    format!(
+                        "controller-manager lease {:?}, scheduler lease {:?}, default service account {:?}",
+                        kcm.map(|l| l.is_some()),
+                        scheduler.map(|l| l.is_some()),
+                        account.map(|a| a.is_some())
+                    ),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for RealControlPlane {
+    fn drop(&mut self) {
+        for (_, child) in self.processes.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if let Some(mut watchdog) = self.watchdog.take() {
+            let _ = watchdog.kill();
+            let _ = watchdog.wait();
+        }
+        if std::env::var_os("ONM_KEEP_CONTROL_PLANE_DIR").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The test kit's own components and the kubelet emulation are not audited: the log holds
+/// what the code under test and the test set-up did.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  users: [system:kube-controller-manager, system:kube-scheduler, system:apiserver, test-kit-kubelets]
+- level: None
+  userGroups: [system:serviceaccounts:kube-system]
+- level: Request
+";
+
+fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
+    ControlPlaneError::Setup {
+        what: what.to_owned(),
+        detail: error.to_string(),
+    }
+}
+
+fn kubeconfig_yaml(url: &str, ca_pem: &str, token: &str) -> String {
+    use base64::Engine as _;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster:\n    server: {url}\n    certificate-authority-data: {ca}\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: real\n  context:\n    cluster: real\n    user: user\ncurrent-context: real\n"
+    )
+}
+
+/// A client configuration for `url` trusting `ca_pem`, presenting `token`; kube's retries off.
+async fn client_config(
+    url: &str,
+    ca_pem: &str,
+    token: &str,
+) -> Result<kube::Config, ControlPlaneError> {
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(&kubeconfig_yaml(url, ca_pem, token))
+        .map_err(|e| setup("kubeconfig", e))?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| setup("kubeconfig", e))?;
+    config.default_retry = false;
+    Ok(config)
+}
+
+/// `GET /readyz`: `Err` says why it is not ready (yet).
+async fn readyz(client: &kube::Client) -> Result<(), String> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    client
+        .request_text(request)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}
+
+/// The last 40 lines of a log file.
+fn log_tail(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut file) = std::fs::File::open(path) {
+        let _ = file.read_to_string(&mut text);
+    }
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}

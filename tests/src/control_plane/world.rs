@@ -1,0 +1,299 @@
+//! The end-to-end world on the real control plane: the function binaries under the local
+//! Lambda Runtime API, against the fake AWS endpoints, with the cluster's API server a real
+//! kube-apiserver (EKS tokens through the TokenReview webhook, `infra/rbac.yaml` applied as
+//! shipped, the real RBAC authorizer) and the test kit playing the kubelets.
+//!
+//! Deployed as [`crate::e2e`] deploys on the fake API server (same cluster, node group, Auto
+//! Scaling group, hooks and per-function roles), so a scenario can run on either.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use node_manager::aws::LifecycleActionResult;
+use serde_json::{Value, json};
+
+use super::kubelet::FakeKubelets;
+use super::webhook::WebhookSettings;
+use super::{ControlPlaneError, RealControlPlane};
+use crate::account::FakeAccount;
+use crate::aws::{
+    FakeAutoScalingGroup, FakeAws, FakeCluster, FakeInstance, FakeLifecycleHook, FakeNodegroup,
+};
+use crate::binaries::function_binary;
+use crate::e2e::{CLUSTER, GROUP, NODE_ROLE, RunningFunction, Target, function_group};
+use crate::lambda_api::{FunctionSpec, LambdaRuntimeApi};
+use crate::soak::corpus;
+
+const ZONE: &str = "eu-west-1a";
+
+/// The fakes, the real plane, the kubelet emulation and the function processes.
+pub struct RealFunctionWorld {
+    pub aws: FakeAws,
+    pub plane: RealControlPlane,
+    pub kubelets: FakeKubelets,
+    /// The SNS topic both lifecycle hooks notify.
+    pub topic: String,
+    /// The seeded instance, in service in [`GROUP`].
+    pub instance: String,
+    /// Its node.
+    pub node: String,
+    pub functions: Vec<RunningFunction>,
+}
+
+impl RealFunctionWorld {
+    pub fn builder() -> RealWorldBuilder {
+        RealWorldBuilder {
+            functions: vec![Target::TerminatingHook],
+            env: Vec::new(),
+            log_level: "info",
+            instance_id: "i-0b1c2d3e4f5061728".to_owned(),
+            authentication_mode: "API_AND_CONFIG_MAP",
+        }
+    }
+
+    /// The process of `target`. Panics when the world was built without it (a test bug).
+    pub fn function(&self, target: Target) -> &RunningFunction {
+        self.functions
+            .iter()
+            .find(|f| f.target == target)
+            .unwrap_or_else(|| panic!("{} was not started", target.function_name()))
+    }
+
+    /// The Kubernetes user a function runs as (its `aws-auth` username).
+    pub fn username(target: Target) -> &'static str {
+        target.function_name()
+    }
+}
+
+/// What the world holds.
+pub struct RealWorldBuilder {
+    functions: Vec<Target>,
+    env: Vec<(String, String)>,
+    log_level: &'static str,
+    instance_id: String,
+    authentication_mode: &'static str,
+}
+
+impl RealWorldBuilder {
+    /// Starts only these functions (default: the terminating hook).
+    pub fn functions(mut self, targets: &[Target]) -> Self {
+        self.functions = targets.to_vec();
+        self
+    }
+
+    /// An environment variable for every function (overrides the world's defaults).
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    pub fn log_level(mut self, level: &'static str) -> Self {
+        self.log_level = level;
+        self
+    }
+
+    /// The cluster's authentication mode, `CONFIG_MAP` or `API_AND_CONFIG_MAP` (the default);
+    /// the functions' roles are mapped through `aws-auth` in both.
+    pub fn authentication_mode(mut self, mode: &'static str) -> Self {
+        self.authentication_mode = mode;
+        self
+    }
+
+    /// Starts the fake AWS and the real plane from the binaries in `bin`, applies
+    /// `infra/rbac.yaml`, seeds the cluster, node group, Auto Scaling group (both hooks
+    /// notifying one topic) and the instance with its Ready node, maps each function's role
+    /// through `aws-auth` `mapRoles` and starts the function processes.
+    pub async fn start(
+        self,
+        bin: &std::path::Path,
+    ) -> Result<RealFunctionWorld, ControlPlaneError> {
+        let account = FakeAccount::reference();
+        let aws = FakeAws::start(account.clone())
+            .await
+            .map_err(|e| setup("the fake AWS", e))?;
+        let plane = RealControlPlane::start(
+            bin,
+            WebhookSettings {
+                cluster_name: CLUSTER.to_owned(),
+                account: account.clone(),
+                access_entries: Some(Arc::new(aws.eks())),
+                ec2: Some(aws.ec2()),
+            },
+        )
+        .await?;
+        let admin = plane.admin_client().await?;
+        apply_manifest(
+            &admin,
+            &std::fs::read_to_string(corpus::repository_root().join("infra/rbac.yaml"))
+                .map_err(|e| setup("reading infra/rbac.yaml", e))?,
+        )
+        .await?;
+        let topic = seed_aws(&aws, &plane, self.authentication_mode)?;
+        let instance = FakeInstance::new(&self.instance_id, "eu-west-1").availability_zone(ZONE);
+        let node = instance.private_dns_name.clone();
+        aws.ec2().add_instance(instance);
+        aws.autoscaling()
+            .add_instance(GROUP, &self.instance_id, ZONE)
+            .map_err(|e| setup("the instance", e))?;
+        let kubelets = FakeKubelets::start(plane.kubelet_client().await?);
+        kubelets
+            .register_node(
+                &node,
+                &format!("aws:///{ZONE}/{}", self.instance_id),
+                ZONE,
+                false,
+            )
+            .await?;
+        let functions = self.start_functions(&account, &aws, &admin, &topic).await?;
+        Ok(RealFunctionWorld {
+            aws,
+            plane,
+            kubelets,
+            topic,
+            instance: self.instance_id,
+            node,
+            functions,
+        })
+    }
+
+    async fn start_functions(
+        &self,
+        account: &FakeAccount,
+        aws: &FakeAws,
+        admin: &kube::Client,
+        topic: &str,
+    ) -> Result<Vec<RunningFunction>, ControlPlaneError> {
+        // Grants first, so no process ever runs without its identity.
+        let mut map_roles = String::new();
+        let mut granted = Vec::new();
+        for &target in &self.functions {
+            let name = target.function_name();
+            let credentials = account.add_role_credentials(&format!("open-node-manager-{name}"));
+            map_roles.push_str(&format!(
+                "- rolearn: {}\n  username: {name}\n  groups: [{}]\n",
+                credentials.principal_arn,
+                function_group(name)
+            ));
+            granted.push((target, credentials));
+        }
+        let config_map: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "aws-auth", "namespace": "kube-system"},
+            "data": {"mapRoles": map_roles},
+        }))
+        .map_err(|e| setup("aws-auth", e))?;
+        Api::<ConfigMap>::namespaced(admin.clone(), "kube-system")
+            .create(&PostParams::default(), &config_map)
+            .await
+            .map_err(|e| setup("creating aws-auth", e))?;
+
+        let mut functions = Vec::new();
+        for (target, credentials) in granted {
+            let name = target.function_name();
+            let spec = FunctionSpec::new(name, function_binary(name))
+                .envs(aws.environment(&credentials))
+                .env("CLUSTER_NAME", CLUSTER)
+                .env("CONTINUATION_TOPIC_ARN", topic)
+                .env("SETTLE_SECONDS", "0")
+                .env("DRAIN_TIMEOUT_SECONDS", "20")
+                .env("HAND_OVER_MARGIN_SECONDS", "5")
+                .env("RUST_LOG", self.log_level)
+                .env("AWS_LAMBDA_LOG_LEVEL", &self.log_level.to_uppercase())
+                .envs(self.env.clone());
+            let runtime = LambdaRuntimeApi::start_function(spec)
+                .await
+                .map_err(|e| setup(name, e))?;
+            functions.push(RunningFunction {
+                target,
+                runtime,
+                credentials,
+            });
+        }
+        Ok(functions)
+    }
+}
+
+/// The cluster (endpoint and CA of the real plane), node group, topic, Auto Scaling group and
+/// its two hooks; returns the topic.
+fn seed_aws(
+    aws: &FakeAws,
+    plane: &RealControlPlane,
+    authentication_mode: &str,
+) -> Result<String, ControlPlaneError> {
+    aws.eks().add_cluster(
+        FakeCluster::new(CLUSTER, plane.url(), &plane.ca_data())
+            .authentication_mode(Some(authentication_mode)),
+    );
+    aws.eks()
+        .add_nodegroup(
+            CLUSTER,
+            FakeNodegroup::new("demo-ng", NODE_ROLE)
+                .ami_type("AL2_x86_64")
+                .auto_scaling_group(GROUP),
+        )
+        .map_err(|e| setup("the node group", e))?;
+    let topic = aws.sns().create_topic("eks-asg-lifecycle-hook-topic");
+    aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .availability_zones(&[ZONE]),
+    );
+    for hook in [
+        FakeLifecycleHook::terminating("Terminate-LC-Hook"),
+        FakeLifecycleHook::launching("Launch-LC-Hook"),
+    ] {
+        aws.autoscaling()
+            .add_hook(
+                GROUP,
+                hook.heartbeat_timeout(Duration::from_secs(300))
+                    .default_result(LifecycleActionResult::Continue)
+                    .notification_target(&topic),
+            )
+            .map_err(|e| setup("the lifecycle hooks", e))?;
+    }
+    Ok(topic)
+}
+
+/// Applies every document of a multi-document manifest (server-side apply, as
+/// `kubectl apply --server-side` does), resolving each kind through discovery.
+pub async fn apply_manifest(client: &kube::Client, yaml: &str) -> Result<usize, ControlPlaneError> {
+    let mut applied = 0;
+    for document in yaml.split("\n---") {
+        let value: Value = serde_saphyr::from_str(document).map_err(|e| setup("manifest", e))?;
+        if value.is_null() {
+            continue;
+        }
+        let object: DynamicObject =
+            serde_json::from_value(value.clone()).map_err(|e| setup("manifest", e))?;
+        let types = object.types.clone().unwrap_or_default();
+        let gvk =
+            kube::api::GroupVersionKind::try_from(&types).map_err(|e| setup("manifest", e))?;
+        let (resource, capabilities) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .map_err(|e| setup(&format!("discovering {}", types.kind), e))?;
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = match (&object.metadata.namespace, capabilities.scope) {
+            (Some(namespace), kube::discovery::Scope::Namespaced) => {
+                Api::namespaced_with(client.clone(), namespace, &resource)
+            }
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply("open-node-manager-tests").force(),
+            &Patch::Apply(&value),
+        )
+        .await
+        .map_err(|e| setup(&format!("applying {} {name}", types.kind), e))?;
+        applied += 1;
+    }
+    Ok(applied)
+}
+
+fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
+    ControlPlaneError::Setup {
+        what: what.to_owned(),
+        detail: error.to_string(),
+    }
+}
