@@ -16,10 +16,9 @@ use std::time::SystemTime;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -172,7 +171,9 @@ async fn accept_loop(
                 return;
             };
             let service = service_fn(move |request| serve(state.clone(), request));
-            let _ = http1::Builder::new()
+            // The certificates' TLS config offers HTTP/2 as kube-apiserver does, and
+            // kube-apiserver's webhook client takes it: serve whichever was negotiated.
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
