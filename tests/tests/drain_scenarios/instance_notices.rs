@@ -34,6 +34,7 @@ fn set_facts(s: &Scenario, state: &str, group: Option<&str>, spot: bool) {
             state: Some(state.into()),
             auto_scaling_group: group.map(str::to_owned),
             spot_request_id: spot.then(|| SPOT_REQUEST.to_owned()),
+            ..InstanceFacts::default()
         },
     );
 }
