@@ -7,6 +7,8 @@
 //!
 //! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing it.
 
+#![allow(clippy::unwrap_used)]
+
 use node_manager_testkit::bench::notice_calls;
 
 /// Pages of 500 nodes one scan of `nodes` nodes reads (the seeded ones included).
@@ -36,7 +38,10 @@ async fn calls_per_notice_do_not_grow_with_the_cluster() {
         (&small.renamed, &large.renamed),
         (&small.nodeless, &large.nodeless),
     ] {
-        let (a, b) = (a.kube_requests - a.node_lists, b.kube_requests - b.node_lists);
+        let (a, b) = (
+            a.kube_requests - a.node_lists,
+            b.kube_requests - b.node_lists,
+        );
         assert!((a - b).abs() < 1e-9, "{small:?} vs {large:?}");
     }
 }
