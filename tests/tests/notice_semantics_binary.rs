@@ -1,6 +1,7 @@
 //! The built `terminating-hook` binary answering instance notices where AWS's and EKS's own
 //! semantics decide: an event from another region or about a managed node group changes
-//! nothing; a Spot interruption moves a `karpenter.sh/do-not-disrupt` pod like any other; a
+//! nothing; a Spot interruption moves a `karpenter.sh/do-not-disrupt` pod like any other (a
+//! rebalance drain, voluntary, still holds it); a
 //! Health event is acted on at its own EC2 event's time, and a node drained for a reboot
 //! comes back into service once the reboot is over, a cordon somebody else made staying.
 //!
@@ -156,10 +157,7 @@ async fn managed_node_groups_are_left_to_eks() {
     assert_eq!(writes(&w), 0);
 }
 
-#[tokio::test]
-async fn a_spot_interruption_evicts_a_do_not_disrupt_pod_with_its_grace_cut() {
-    let w = world().await;
-    let lambda = w.function(Target::TerminatingHook);
+fn create_do_not_disrupt_pod(w: &FunctionWorld) {
     let mut pod = fixtures::running_pod("default", "batch-0", &w.node, &[("app", "batch")]);
     pod.metadata.annotations =
         Some([(DO_NOT_DISRUPT_ANNOTATION.to_owned(), "true".to_owned())].into());
@@ -167,6 +165,40 @@ async fn a_spot_interruption_evicts_a_do_not_disrupt_pod_with_its_grace_cut() {
         spec.termination_grace_period_seconds = Some(300);
     }
     w.server.store().create(&pod).unwrap();
+}
+
+#[tokio::test]
+async fn a_rebalance_drain_still_holds_a_do_not_disrupt_pod() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .spot()
+        .env("REBALANCE_ACTION", "drain")
+        .env("SETTLE_SECONDS", "0.1")
+        .env("DRAIN_TIMEOUT_SECONDS", "3")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .env("DRAIN_LEASE_SECONDS", "2")
+        .start()
+        .await;
+    create_do_not_disrupt_pod(&w);
+    let rebalance = w
+        .aws
+        .interruptions()
+        .rebalance_recommendation(INSTANCE)
+        .unwrap();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&rebalance)
+        .await;
+    assert_eq!(answer["instances"][0]["outcome"], "PodsLeft", "{answer}");
+    assert!(evictions_of(&w, "batch-0").is_empty());
+}
+
+#[tokio::test]
+async fn a_spot_interruption_evicts_a_do_not_disrupt_pod_with_its_grace_cut() {
+    let w = world().await;
+    let lambda = w.function(Target::TerminatingHook);
+    create_do_not_disrupt_pod(&w);
     let answer = lambda.response_to(&spot_warning(&w, INSTANCE)).await;
     assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
     let sent = evictions_of(&w, "batch-0");
