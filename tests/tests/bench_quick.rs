@@ -21,6 +21,7 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## Mass scale-in",
         "## aws-auth under concurrency",
         "## Spot interruption",
+        "## Instance notices: calls per event",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }

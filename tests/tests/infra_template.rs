@@ -1077,6 +1077,24 @@ fn publishing_and_passing_roles_are_scoped() {
 
 // ------------------------------------------------------------------ tests: hooks template
 
+/// A terminating hook that times out (the function failed) keeps the promise of
+/// `DRAIN_TIMEOUT_RESULT=RETAIN`: its default result ABANDON retains the instance where the
+/// group retains abandoned instances, and terminates it elsewhere (the fake Auto Scaling's
+/// retention tests show both); the description says so instead of "terminates either way".
+#[test]
+fn the_terminate_hook_defaults_to_the_result_retention_keeps() {
+    let template = load_template("infra/lifecycle-hooks.yaml");
+    let parameter = &template["Parameters"]["TerminateDefaultResult"];
+    assert_eq!(parameter["Default"], "ABANDON");
+    let description = parameter["Description"].as_str().unwrap();
+    assert!(!description.contains("either way"), "{description}");
+    assert!(
+        description.contains("Terminating:Retained")
+            && description.contains("TerminateHookAbandon"),
+        "{description}"
+    );
+}
+
 #[test]
 fn hooks_template_attaches_both_hooks_to_the_topic_with_parameters() {
     let template = load_template("infra/lifecycle-hooks.yaml");

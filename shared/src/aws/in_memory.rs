@@ -363,7 +363,13 @@ impl InstanceNotices for InMemoryInstanceNotices {
 impl InstanceNotices for InMemoryInstances {
     async fn instance_facts(&self, instance_id: &str) -> Result<Option<InstanceFacts>, AwsError> {
         self.faults.take("DescribeInstances")?;
-        self.notices.instance_facts(instance_id).await
+        let facts = self.notices.instance_facts(instance_id).await?;
+        Ok(facts.map(|mut facts| {
+            if facts.private_dns_name.is_none() {
+                facts.private_dns_name = lock(&self.names).get(instance_id).cloned();
+            }
+            facts
+        }))
     }
 
     async fn spot_request_status(&self, spot_request_id: &str) -> Result<Option<String>, AwsError> {

@@ -196,6 +196,9 @@ pub struct InstanceFacts {
     pub auto_scaling_group: Option<String>,
     /// The Spot request of a Spot instance; `None` for an On-Demand one.
     pub spot_request_id: Option<String>,
+    /// The private DNS name, which EKS nodes are named after: the node is found without a
+    /// second `DescribeInstances`.
+    pub private_dns_name: Option<String>,
 }
 
 /// A scheduled event of an instance, as `DescribeInstanceStatus` lists it.

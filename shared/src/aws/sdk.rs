@@ -433,6 +433,10 @@ impl InstanceNotices for SdkInstances {
                     .map(|n| n.as_str().to_owned()),
                 auto_scaling_group,
                 spot_request_id: instance.spot_instance_request_id().map(str::to_owned),
+                private_dns_name: instance
+                    .private_dns_name()
+                    .filter(|name| !name.is_empty())
+                    .map(str::to_owned),
             }
         }))
     }

@@ -8,12 +8,17 @@
 //! pods (the DaemonSet controller would put them straight back, and they keep the node's
 //! networking and logging alive until the very end).
 //!
-//! Pods annotated `karpenter.sh/do-not-disrupt: "true"` are never evicted: their owner asked
-//! that nothing disrupts them voluntarily, and a scale-in, refresh or rebalancing is the
-//! operator's choice, not theirs. They hold the drain (the node is not drained while one is
-//! there) without holding back the tiers, until the drain deadline, where they are reported
-//! (or, with `DRAIN_FORCE`, deleted) like any pod left — what Karpenter does once a node's
-//! `terminationGracePeriod` runs out.
+//! Pods annotated `karpenter.sh/do-not-disrupt: "true"` are not evicted by a voluntary drain:
+//! their owner asked that nothing disrupts them voluntarily, and a scale-in, refresh or
+//! rebalancing is the operator's choice, not theirs. They hold the drain (the node is not
+//! drained while one is there) without holding back the tiers, until the drain deadline,
+//! where they are reported (or, with `DRAIN_FORCE`, deleted) like any pod left — what
+//! Karpenter does once a node's `terminationGracePeriod` runs out. When the instance goes
+//! whatever anyone asks (a Spot interruption, an instance stopping or shutting down, a
+//! scheduled retirement, stop or reboot: [`PlanContext::involuntary`]) the annotation does
+//! not hold them, as it does not for Karpenter's interruption handling: they are evicted in
+//! their tier like the others, their grace cut to the instance's end, instead of dying with
+//! the instance without SIGTERM.
 //!
 //! Two kinds of pods stop holding the drain (see [`PlanContext`]):
 //! - a pod whose deletion is overdue (its `deletionTimestamp`, the end of its grace period,
@@ -30,6 +35,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+
+use crate::node_marks::checkpoint::NoticeKind;
 
 /// The annotation the kubelet puts on the API copy of a static pod.
 pub(crate) const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -70,6 +77,22 @@ pub struct PlanContext {
     /// When the instance stops running (an instance notice): critical pods are evicted
     /// early enough to end gracefully before it, even while others are still leaving.
     pub instance_ends_at: Option<Timestamp>,
+    /// The instance goes whatever anyone asks (see [`is_involuntary`]): pods annotated
+    /// `karpenter.sh/do-not-disrupt` are evicted like the others.
+    pub involuntary: bool,
+}
+
+/// Whether a drain for this instance notice is involuntary for the pods: AWS takes the
+/// instance (Spot interruption, stopping or shutting down, a scheduled retirement, stop or
+/// reboot) and nothing the pod asks changes that. A rebalance recommendation is only advice:
+/// the instance stays until Auto Scaling (voluntarily) replaces it.
+pub fn is_involuntary(kind: NoticeKind) -> bool {
+    match kind {
+        NoticeKind::SpotInterruption
+        | NoticeKind::InstanceStopping
+        | NoticeKind::ScheduledMaintenance => true,
+        NoticeKind::RebalanceRecommendation => false,
+    }
 }
 
 /// How long before an instance notice's end a pod's grace period must be over: the kubelet
@@ -233,7 +256,9 @@ impl PodDisposition {
             }
             (Some(_), _) => Self::AwaitDeletion(tier),
             (None, _) if context.tolerating_latecomer(pod) => Self::SkipToleratesCordon,
-            (None, _) if asks_not_to_be_disrupted(pod) => Self::HoldDoNotDisrupt,
+            (None, _) if !context.involuntary && asks_not_to_be_disrupted(pod) => {
+                Self::HoldDoNotDisrupt
+            }
             (None, _) => Self::Evict(tier),
         }
     }
@@ -703,6 +728,29 @@ mod tests {
     }
 
     #[test]
+    fn an_involuntary_drain_evicts_a_do_not_disrupt_pod_in_its_tier() {
+        let pods = vec![
+            pod("default", "batch", do_not_disrupt("true")),
+            pod("default", "web", json!({})),
+        ];
+        let involuntary = PlanContext {
+            involuntary: true,
+            ..PlanContext::default()
+        };
+        let plan = DrainPlan::in_context(&pods, &involuntary);
+        assert_eq!(names(plan.to_evict_now()), ["batch", "web"]);
+        assert!(plan.held().is_empty(), "{plan:?}");
+        for kind in [
+            NoticeKind::SpotInterruption,
+            NoticeKind::InstanceStopping,
+            NoticeKind::ScheduledMaintenance,
+        ] {
+            assert!(is_involuntary(kind), "{kind:?}");
+        }
+        assert!(!is_involuntary(NoticeKind::RebalanceRecommendation));
+    }
+
+    #[test]
     fn only_the_value_true_holds_a_pod_and_deletions_and_daemon_sets_come_first() {
         for value in ["false", "yes", ""] {
             let pods = vec![pod("default", "p", do_not_disrupt(value))];
@@ -818,6 +866,7 @@ mod tests {
             not_ready_since: None,
             first_listed: None,
             stuck_after: Duration::from_secs(60),
+            involuntary: false,
         }
     }
 

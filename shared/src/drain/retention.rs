@@ -6,7 +6,9 @@
 //! capacity) only when the group's instance lifecycle policy says
 //! `RetentionTriggers.TerminateHookAbandon: retain`. With `RETAIN` the drain asks the group
 //! first and completes with ABANDON only when the instance (and its cordoned node) will be
-//! kept for inspection; with `ABANDON` it asks too, so the report says what really happens.
+//! kept for inspection, with CONTINUE when the group says it does not retain, and with ABANDON
+//! when the group cannot be read (never worse: ABANDON terminates like CONTINUE where the
+//! group does not retain); with `ABANDON` it asks too, so the report says what really happens.
 
 use std::time::Duration;
 
@@ -117,13 +119,18 @@ fn decide(
         }
     };
     match (setting, retention) {
-        (DrainTimeoutResult::Abandon, Retention::Unreadable(_)) => FailedDrainCompletion {
-            result: LifecycleActionResult::Abandon,
-            fate: InstanceFate::Unknown,
-            sentence: format!(
-                "Completing the lifecycle action with ABANDON: {why_not}; instance {instance_id} is kept if the group retains abandoned instances, terminated otherwise."
-            ),
-        },
+        // Unknown retention completes ABANDON for RETAIN as for ABANDON: where the group
+        // retains, the instance is kept as asked; where it does not, ABANDON terminates it
+        // exactly as CONTINUE would. CONTINUE could only lose the instance RETAIN keeps.
+        (DrainTimeoutResult::Abandon | DrainTimeoutResult::Retain, Retention::Unreadable(_)) => {
+            FailedDrainCompletion {
+                result: LifecycleActionResult::Abandon,
+                fate: InstanceFate::Unknown,
+                sentence: format!(
+                    "Completing the lifecycle action with ABANDON: {why_not}; instance {instance_id} is kept if the group retains abandoned instances, terminated otherwise."
+                ),
+            }
+        }
         (DrainTimeoutResult::Abandon, _) => FailedDrainCompletion {
             result: LifecycleActionResult::Abandon,
             fate: InstanceFate::Terminates,
@@ -186,7 +193,7 @@ mod tests {
             (Retain, Some(true), false, R::Abandon, Retained),
             (Retain, Some(false), false, R::Continue, Terminates),
             (Retain, None, false, R::Continue, Terminates),
-            (Retain, Some(true), true, R::Continue, Terminates),
+            (Retain, Some(true), true, R::Abandon, Unknown),
             (Abandon, Some(true), false, R::Abandon, Retained),
             (Abandon, Some(false), false, R::Abandon, Terminates),
             (Abandon, Some(true), true, R::Abandon, Unknown),
@@ -257,7 +264,10 @@ mod tests {
         }
         let bound = Duration::from_millis(50);
         let done = complete_failed_drain(DrainTimeoutResult::Retain, &Hung, &action(), bound).await;
-        assert_eq!(done.result, LifecycleActionResult::Continue);
+        assert_eq!(
+            (done.result, done.fate),
+            (LifecycleActionResult::Abandon, InstanceFate::Unknown)
+        );
         assert!(done.sentence.contains("no answer"), "{}", done.sentence);
     }
 }

@@ -208,6 +208,11 @@ impl DrainSession<'_> {
             first_listed: self.first_listed.clone(),
             stuck_after: self.settings.stuck_pod_after,
             instance_ends_at: self.notice_end(),
+            involuntary: self
+                .checkpoint
+                .notice
+                .as_ref()
+                .is_some_and(|n| super::plan::is_involuntary(n.kind)),
         }
     }
 

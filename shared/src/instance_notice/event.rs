@@ -44,6 +44,8 @@ pub enum Announcement {
     ScheduledChange {
         type_code: String,
         starts_at: Option<Timestamp>,
+        /// The Health event's `statusCode` is `closed`: the change is over (a reboot done).
+        closed: bool,
     },
 }
 
@@ -52,6 +54,9 @@ pub enum Announcement {
 pub struct InstanceEvent {
     pub id: String,
     pub account: String,
+    /// The region the event comes from: EC2's and AWS Health's events name the region of the
+    /// instance (a bus may receive other regions' events through a cross-region rule).
+    pub region: String,
     pub time: Timestamp,
     pub announcement: Announcement,
     /// The affected instances (one for EC2's events; any number for AWS Health's).
@@ -111,6 +116,13 @@ pub fn parse(event: &Value) -> Result<NoticeEvent, NoticeEventError> {
         return Err(NoticeEventError::Invalid {
             field: "account",
             value: account.to_owned(),
+        });
+    }
+    let region = text("region")?;
+    if !is_region_name(region) {
+        return Err(NoticeEventError::Invalid {
+            field: "region",
+            value: region.chars().take(64).collect(),
         });
     }
     let time = text("time")?;
@@ -177,6 +189,7 @@ pub fn parse(event: &Value) -> Result<NoticeEvent, NoticeEventError> {
     Ok(NoticeEvent::Instance(InstanceEvent {
         id,
         account: account.to_owned(),
+        region: region.to_owned(),
         time,
         announcement,
         instance_ids,
@@ -231,10 +244,12 @@ fn scheduled_change(
             "AWS Health event {type_code} names no EC2 instance"
         )));
     }
+    let closed = detail.get("statusCode").and_then(Value::as_str) == Some("closed");
     Ok(Ok((
         Announcement::ScheduledChange {
             type_code: type_code.to_owned(),
             starts_at,
+            closed,
         },
         instance_ids,
     )))
@@ -247,6 +262,15 @@ fn health_time(raw: &str) -> Option<Timestamp> {
         .map(|zoned| zoned.timestamp())
         .ok()
         .or_else(|| raw.parse().ok())
+}
+
+/// A region name as AWS writes it (`eu-west-1`, `us-gov-west-1`): lowercase letters, digits
+/// and dashes.
+fn is_region_name(raw: &str) -> bool {
+    (1..=32).contains(&raw.len())
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
 /// An EC2 instance id: `i-` and 8 or 17 lowercase hex digits.
@@ -306,6 +330,7 @@ mod tests {
             }
         );
         assert_eq!(spot.instance_ids, ["i-0a1b2c3d4e5f60718"]);
+        assert_eq!(spot.region, "eu-west-1");
         assert_eq!(spot.time, "2026-11-27T10:00:00Z".parse().unwrap());
 
         let rebalance = envelope(
@@ -357,6 +382,7 @@ mod tests {
             Announcement::ScheduledChange {
                 type_code: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".into(),
                 starts_at: Some("2026-12-05T15:10:09Z".parse().unwrap()),
+                closed: false,
             }
         );
         assert_eq!(parsed.instance_ids, ["i-0a1b2c3d4e5f60718"]);
@@ -397,6 +423,20 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("account")
+        );
+        let mut bad_region = bad_account.clone();
+        bad_region["account"] = json!("123456789012");
+        bad_region["region"] = json!("eu west 1; drop");
+        assert!(
+            parse(&bad_region)
+                .unwrap_err()
+                .to_string()
+                .contains("region")
+        );
+        bad_region["region"] = Value::Null;
+        assert_eq!(
+            parse(&bad_region).unwrap_err(),
+            NoticeEventError::Missing("region")
         );
         let mut no_detail = bad_account.clone();
         no_detail["account"] = json!("123456789012");

@@ -19,20 +19,25 @@ use serde_json::Value;
 
 use super::event::{Announcement, InstanceEvent, NoticeEvent, NoticeEventError, SPOT_NOTICE};
 use super::maintenance::{
-    MaintenanceRecord, PlannedMaintenance, clear_maintenance, plan_maintenance,
+    AfterMaintenance, MaintenanceRecord, PlannedMaintenance, after_maintenance, announced_event,
+    clear_maintenance, ec2_event_code, instance_comes_back, plan_maintenance,
+    restore_after_maintenance,
 };
 use super::settings::RebalanceAction;
 use super::sweep::sweep;
-use crate::aws::{AwsError, InstanceNotices};
+use crate::aws::{AwsError, InstanceFacts, InstanceNotices, ScheduledInstanceEvent};
 use crate::cluster::ClusterAccessError;
 use crate::cluster::connection::KubeConnection;
 use crate::diagnostic::{FunctionError, diagnostic};
 use crate::drain::notice::{NoticeDrainOutcome, NoticeDrainRequest};
 use crate::drain::{DrainError, Drainer};
 use crate::lifecycle::handler::{HookClients, Invocation};
-use crate::lifecycle::node::{NodeLookupError, find_node};
-use crate::lifecycle::scope::ScopeDecision;
-use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, notice_action};
+use crate::lifecycle::node::{
+    NodeLookupError, find_node_indexed, is_ready, node_managed_node_group,
+};
+use crate::lifecycle::scope::{ScopeDecision, managed_node_group};
+use crate::lifecycle::settings::DrainSettings;
+use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, checkpoint_of, notice_action};
 
 /// How long EC2 calls that prove a notice may take in all: the drain they gate has two
 /// minutes.
@@ -114,6 +119,14 @@ impl From<NoticeError> for lambda_runtime::Diagnostic {
 
 /// What an instance's event comes to once confirmed.
 enum Plan {
+    /// Something to do on the instance's node.
+    OnNode(NodePlan),
+    /// Nothing to do: the outcome's name and why.
+    Nothing(&'static str, String),
+}
+
+/// What to do on the instance's node.
+enum NodePlan {
     /// Drain (or cordon) now for this notice, until `deadline`.
     Act {
         notice: InstanceNotice,
@@ -121,8 +134,12 @@ enum Plan {
     },
     /// Scheduled maintenance far enough ahead: drain from `drain_from`.
     Later(PlannedMaintenance),
-    /// Nothing to do; why.
-    Nothing(&'static str, String),
+    /// A maintenance the instance came back from (EC2 code `ec2_code`) is over: restore the
+    /// node if our drain for it took it out of service.
+    Restore {
+        ec2_code: &'static str,
+        still_pending: bool,
+    },
 }
 
 /// Handles instance events and the sweep for the terminating hook.
@@ -200,14 +217,14 @@ where
             .map_err(|_| NoticeError::NoAnswer {
                 instance_id: instance_id.to_owned(),
             })??;
-        let (group, plan) = match checked {
-            Checked::Foreign(reason) => {
-                tracing::info!(step = "foreign_instance", %reason, "not an instance of this cluster's node groups: left alone");
-                return Ok(outcome("Foreign", Some(reason)));
+        let (group, facts, plan) = match checked {
+            Checked::LeftAlone(name, reason) => {
+                tracing::info!(step = "foreign_instance", outcome = name, %reason, "not an instance this function drains: left alone");
+                return Ok(outcome(name, Some(reason)));
             }
-            Checked::Ours { group, plan } => (group, plan),
+            Checked::Ours { group, facts, plan } => (group, facts, plan),
         };
-        let (notice, deadline) = match plan {
+        let plan = match plan {
             Plan::Nothing(name, why) => {
                 tracing::info!(
                     step = "no_action",
@@ -216,32 +233,57 @@ where
                 );
                 return Ok(outcome(name, Some(why)));
             }
-            Plan::Act { notice, deadline } => (notice, deadline),
-            Plan::Later(planned) => {
-                let Some((client, node)) = self.client_and_node(instance_id).await? else {
-                    return Ok(outcome("NoNode", None));
-                };
-                let name = node.metadata.name.clone().unwrap_or_default();
-                let written = plan_maintenance(&client, node, &group, instance_id, &planned)
-                    .await
-                    .map_err(|source| kube_error(&name, source))?;
-                tracing::info!(step = "maintenance_planned", drain_from = %planned.drain_from, starts_at = %planned.starts_at, written, "scheduled maintenance recorded: the sweep drains the node from the given time");
-                return Ok(outcome(
-                    "MaintenancePlanned",
-                    Some(format!("drain from {}", planned.drain_from)),
-                ));
-            }
+            Plan::OnNode(plan) => plan,
         };
-        let Some((client, node)) = self.client_and_node(instance_id).await? else {
+        let Some((client, node)) = self
+            .client_and_node(instance_id, facts.private_dns_name.as_deref())
+            .await?
+        else {
             return Ok(outcome("NoNode", None));
         };
+        if let Some(nodegroup) = node_managed_node_group(&node) {
+            let reason =
+                format!("the node belongs to EKS managed node group {nodegroup}: EKS handles it");
+            tracing::info!(step = "managed_node_group", %reason, "left to EKS's node manager");
+            return Ok(outcome("ManagedNodeGroup", Some(reason)));
+        }
+        let (name, detail) = match plan {
+            NodePlan::Act { notice, deadline } => {
+                let target = NoticeTarget {
+                    client: &client,
+                    group: &group,
+                    instance_id,
+                };
+                self.act(target, node, &notice, deadline, invocation)
+                    .await?
+            }
+            NodePlan::Later(planned) => {
+                plan_later(&client, node, &group, instance_id, &planned).await?
+            }
+            NodePlan::Restore {
+                ec2_code,
+                still_pending,
+            } => restore(&client, node, ec2_code, still_pending).await?,
+        };
+        Ok(outcome(name, detail))
+    }
+
+    /// Drains (or cordons) the node now; the outcome's name and detail.
+    async fn act(
+        &self,
+        target: NoticeTarget<'_>,
+        node: k8s_openapi::api::core::v1::Node,
+        notice: &InstanceNotice,
+        deadline: Timestamp,
+        invocation: &Invocation,
+    ) -> Result<(&'static str, Option<String>), NoticeError> {
         let drained = self
             .drain(
-                &client,
+                target.client,
                 node,
-                &group,
-                instance_id,
-                &notice,
+                target.group,
+                target.instance_id,
+                notice,
                 deadline,
                 invocation,
             )
@@ -253,7 +295,7 @@ where
             }
             _ => None,
         };
-        Ok(outcome(drained.name(), detail))
+        Ok((drained.name(), detail))
     }
 
     /// Drains (or cordons) `node` for `notice`, with the Events written before returning.
@@ -304,13 +346,16 @@ where
         Ok(drained)
     }
 
-    /// The cluster's client and the instance's Node; `None` when the instance has no node.
+    /// The cluster's client and the instance's Node (found by `dns_name`, the instance's
+    /// private DNS name, or by the node index); `None` when the instance has no node.
     async fn client_and_node(
         &self,
         instance_id: &str,
+        dns_name: Option<&str>,
     ) -> Result<Option<(kube::Client, k8s_openapi::api::core::v1::Node)>, NoticeError> {
-        let client = self.drainer.context.kube.client().await?;
-        let node = find_node(&client, &self.drainer.context.instances, instance_id)
+        let context = &self.drainer.context;
+        let client = context.kube.client().await?;
+        let node = find_node_indexed(&client, instance_id, dns_name, &context.nodes)
             .await
             .map_err(|source| NoticeError::NodeLookup {
                 instance_id: instance_id.to_owned(),
@@ -332,168 +377,378 @@ where
         invocation: &Invocation,
     ) -> Result<Checked, NoticeError> {
         let context = &self.drainer.context;
-        let aws = |source| NoticeError::Aws {
-            instance_id: instance_id.to_owned(),
-            source,
-        };
-        let unconfirmed = |reason: String| NoticeError::Unconfirmed {
-            instance_id: instance_id.to_owned(),
-            reason,
-        };
-        if let Some(own) = invocation.function_account.as_deref()
-            && own != event.account
-        {
-            return Ok(Checked::Foreign(format!(
-                "the event is from account {}, not this function's",
-                event.account
-            )));
+        if let Some(reason) = self.foreign_origin(event, invocation) {
+            return Ok(Checked::LeftAlone("Foreign", reason));
         }
         let Some(facts) = context
             .instances
             .instance_facts(instance_id)
             .await
-            .map_err(aws)?
+            .map_err(aws_error(instance_id))?
         else {
-            return Ok(Checked::Foreign(
+            return Ok(Checked::LeftAlone(
+                "Foreign",
                 "EC2 does not know the instance".to_owned(),
             ));
         };
         let Some(group) = facts.auto_scaling_group.clone() else {
-            return Ok(Checked::Foreign(
+            return Ok(Checked::LeftAlone(
+                "Foreign",
                 "the instance is in no Auto Scaling group".to_owned(),
             ));
         };
-        let scope = context
-            .scope
-            .decide_for_account(
-                &context.autoscaling,
-                invocation.function_account.as_deref(),
-                &event.account,
-                &group,
-                &event.id,
-            )
+        if let Some(left) = self
+            .foreign_group(event, &group, invocation)
             .await
-            .map_err(aws)?;
-        if let ScopeDecision::Foreign(reason) = scope {
-            return Ok(Checked::Foreign(format!("group {group}: {reason}")));
+            .map_err(aws_error(instance_id))?
+        {
+            return Ok(left);
         }
+        let plan = self.plan(event, instance_id, &facts).await?;
+        Ok(Checked::Ours { group, facts, plan })
+    }
+
+    /// Why an event from another account or region is not ours to act on, if it is.
+    fn foreign_origin(&self, event: &InstanceEvent, invocation: &Invocation) -> Option<String> {
+        if let Some(own) = invocation.function_account.as_deref()
+            && own != event.account
+        {
+            return Some(format!(
+                "the event is from account {}, not this function's",
+                event.account
+            ));
+        }
+        let own_region = self.drainer.context.settings.notices.region.as_deref();
+        if let Some(own) = own_region
+            && own != event.region
+        {
+            return Some(format!(
+                "the event is from region {}, not this function's ({own})",
+                event.region
+            ));
+        }
+        None
+    }
+
+    /// Why `group` is left alone, if it is: not this cluster's, or an EKS managed node
+    /// group's (EKS's node manager drains those; two drainers on one node fight).
+    async fn foreign_group(
+        &self,
+        event: &InstanceEvent,
+        group: &str,
+        invocation: &Invocation,
+    ) -> Result<Option<Checked>, AwsError> {
+        let context = &self.drainer.context;
+        let tags = context
+            .scope
+            .recent_tags(&context.autoscaling, group)
+            .await?;
+        let decision = context.scope.decide_with_tags(
+            invocation.function_account.as_deref(),
+            &event.account,
+            group,
+            tags.as_ref(),
+        );
+        if let ScopeDecision::Foreign(reason) = decision {
+            return Ok(Some(Checked::LeftAlone(
+                "Foreign",
+                format!("group {group}: {reason}"),
+            )));
+        }
+        Ok(tags.as_ref().and_then(managed_node_group).map(|nodegroup| {
+            Checked::LeftAlone(
+                "ManagedNodeGroup",
+                format!("group {group} is EKS managed node group {nodegroup}'s: EKS handles it"),
+            )
+        }))
+    }
+
+    /// What the event comes to for the instance, once EC2 confirms it.
+    async fn plan(
+        &self,
+        event: &InstanceEvent,
+        instance_id: &str,
+        facts: &InstanceFacts,
+    ) -> Result<Plan, NoticeError> {
         let now = Timestamp::now();
         let settings = &self.drainer.context.settings;
-        let plan = match &event.announcement {
+        match &event.announcement {
             Announcement::SpotInterruption { action } => {
-                let status = match &facts.spot_request_id {
-                    None => return Err(unconfirmed("the instance is not a Spot instance".into())),
-                    Some(request) => context
-                        .instances
-                        .spot_request_status(request)
-                        .await
-                        .map_err(aws)?,
-                };
-                if !status
-                    .as_deref()
-                    .is_some_and(|s| s.starts_with("marked-for-"))
-                {
-                    return Err(unconfirmed(format!(
-                        "its Spot request's status is {}, not marked for interruption",
-                        status.as_deref().unwrap_or("unknown")
-                    )));
-                }
-                let ends_at = later(event.time, SPOT_NOTICE);
-                if now >= ends_at {
-                    Plan::Nothing(
-                        "Past",
-                        format!("the interruption ({action}) was due at {ends_at}"),
-                    )
-                } else {
-                    Plan::Act {
-                        notice: notice(NoticeKind::SpotInterruption, now, Some(ends_at)),
-                        deadline: ends_at,
-                    }
-                }
+                self.confirm_spot_interruption(instance_id, facts).await?;
+                Ok(spot_plan(event.time, action, now))
             }
             Announcement::RebalanceRecommendation => {
                 if facts.spot_request_id.is_none() {
-                    return Err(unconfirmed("the instance is not a Spot instance".into()));
+                    return Err(unconfirmed(
+                        instance_id,
+                        "the instance is not a Spot instance",
+                    ));
                 }
-                match settings.notices.rebalance_action {
-                    RebalanceAction::Nothing => {
-                        Plan::Nothing("Ignored", "REBALANCE_ACTION=none".to_owned())
-                    }
-                    RebalanceAction::Cordon => Plan::Act {
-                        notice: InstanceNotice {
-                            cordon_only: true,
-                            ..notice(NoticeKind::RebalanceRecommendation, now, None)
-                        },
-                        deadline: later(now, settings.notices.rebalance_undo_after),
-                    },
-                    RebalanceAction::Drain => Plan::Act {
-                        notice: notice(NoticeKind::RebalanceRecommendation, now, None),
-                        deadline: later(now, settings.drain_timeout),
-                    },
-                }
+                Ok(rebalance_plan(settings, now))
             }
             Announcement::Stopping { state } => {
-                let current = facts.state.as_deref().unwrap_or("unknown");
-                if current == "running" || current == "pending" {
-                    return Err(unconfirmed(format!(
-                        "the event says {state}, EC2 says {current}"
-                    )));
-                }
-                let ends_at = later(event.time, SPOT_NOTICE);
-                Plan::Act {
-                    notice: notice(NoticeKind::InstanceStopping, now, Some(ends_at)),
-                    deadline: ends_at.max(later(now, Duration::from_secs(10))),
-                }
+                stopping_plan(event.time, instance_id, facts, state, now)
             }
             Announcement::ScheduledChange {
                 type_code,
                 starts_at,
+                closed,
             } => {
-                let scheduled = context
+                let scheduled = self
+                    .drainer
+                    .context
                     .instances
                     .scheduled_events(instance_id)
                     .await
-                    .map_err(aws)?;
-                let Some(first) = scheduled
-                    .iter()
-                    .filter(|e| e.is_pending())
-                    .filter_map(|e| e.not_before.or(*starts_at))
-                    .min()
-                else {
-                    return Ok(Checked::Ours {
-                        group,
-                        plan: Plan::Nothing(
-                            "NotScheduled",
-                            format!(
-                                "EC2 lists no pending scheduled event ({type_code}): completed or cancelled"
-                            ),
-                        ),
-                    });
-                };
-                let drain_from = first
-                    .checked_sub(settings.notices.maintenance_margin)
-                    .unwrap_or(first);
-                if now >= first {
-                    Plan::Nothing("Past", format!("{type_code} started at {first}"))
-                } else if now >= drain_from {
-                    let (notice, deadline) = maintenance_drain(first, now, settings.drain_timeout);
-                    Plan::Act { notice, deadline }
+                    .map_err(aws_error(instance_id))?;
+                Ok(if *closed {
+                    completed_maintenance_plan(&scheduled, type_code)
                 } else {
-                    Plan::Later(PlannedMaintenance {
-                        type_code: type_code.clone(),
-                        starts_at: first,
-                        drain_from,
-                    })
-                }
+                    maintenance_plan(&scheduled, type_code, *starts_at, settings, now)
+                })
             }
+        }
+    }
+
+    /// EC2 must have marked the instance's Spot request for interruption.
+    async fn confirm_spot_interruption(
+        &self,
+        instance_id: &str,
+        facts: &InstanceFacts,
+    ) -> Result<(), NoticeError> {
+        let Some(request) = &facts.spot_request_id else {
+            return Err(unconfirmed(
+                instance_id,
+                "the instance is not a Spot instance",
+            ));
         };
-        Ok(Checked::Ours { group, plan })
+        let status = self
+            .drainer
+            .context
+            .instances
+            .spot_request_status(request)
+            .await
+            .map_err(aws_error(instance_id))?;
+        if status
+            .as_deref()
+            .is_some_and(|s| s.starts_with("marked-for-"))
+        {
+            return Ok(());
+        }
+        Err(unconfirmed(
+            instance_id,
+            &format!(
+                "its Spot request's status is {}, not marked for interruption",
+                status.as_deref().unwrap_or("unknown")
+            ),
+        ))
+    }
+}
+
+/// The client and names a drain for one instance works with.
+struct NoticeTarget<'a> {
+    client: &'a kube::Client,
+    group: &'a str,
+    instance_id: &'a str,
+}
+
+/// A Spot interruption warning sent at `sent_at`: drained until the instance goes.
+fn spot_plan(sent_at: Timestamp, action: &str, now: Timestamp) -> Plan {
+    let ends_at = later(sent_at, SPOT_NOTICE);
+    if now >= ends_at {
+        return Plan::Nothing(
+            "Past",
+            format!("the interruption ({action}) was due at {ends_at}"),
+        );
+    }
+    Plan::OnNode(NodePlan::Act {
+        notice: notice(NoticeKind::SpotInterruption, now, Some(ends_at)),
+        deadline: ends_at,
+    })
+}
+
+/// A rebalance recommendation, as `REBALANCE_ACTION` says.
+fn rebalance_plan(settings: &DrainSettings, now: Timestamp) -> Plan {
+    let (notice, deadline) = match settings.notices.rebalance_action {
+        RebalanceAction::Nothing => {
+            return Plan::Nothing("Ignored", "REBALANCE_ACTION=none".to_owned());
+        }
+        RebalanceAction::Cordon => (
+            InstanceNotice {
+                cordon_only: true,
+                ..notice(NoticeKind::RebalanceRecommendation, now, None)
+            },
+            later(now, settings.notices.rebalance_undo_after),
+        ),
+        RebalanceAction::Drain => (
+            notice(NoticeKind::RebalanceRecommendation, now, None),
+            later(now, settings.drain_timeout),
+        ),
+    };
+    Plan::OnNode(NodePlan::Act { notice, deadline })
+}
+
+/// An instance stopping or shutting down, which EC2 must no longer list as running.
+fn stopping_plan(
+    sent_at: Timestamp,
+    instance_id: &str,
+    facts: &InstanceFacts,
+    state: &str,
+    now: Timestamp,
+) -> Result<Plan, NoticeError> {
+    let current = facts.state.as_deref().unwrap_or("unknown");
+    if current == "running" || current == "pending" {
+        return Err(unconfirmed(
+            instance_id,
+            &format!("the event says {state}, EC2 says {current}"),
+        ));
+    }
+    let ends_at = later(sent_at, SPOT_NOTICE);
+    Ok(Plan::OnNode(NodePlan::Act {
+        notice: notice(NoticeKind::InstanceStopping, now, Some(ends_at)),
+        deadline: ends_at.max(later(now, Duration::from_secs(10))),
+    }))
+}
+
+/// An upcoming scheduled change: the EC2 event it announces (its own code, nearest its
+/// start) drained now when within the margin, planned otherwise.
+fn maintenance_plan(
+    scheduled: &[ScheduledInstanceEvent],
+    type_code: &str,
+    starts_at: Option<Timestamp>,
+    settings: &DrainSettings,
+    now: Timestamp,
+) -> Plan {
+    let Some(first) =
+        announced_event(scheduled, type_code, starts_at).and_then(|e| e.not_before.or(starts_at))
+    else {
+        return Plan::Nothing(
+            "NotScheduled",
+            format!("EC2 lists no pending scheduled event of {type_code}: completed or cancelled"),
+        );
+    };
+    let drain_from = first
+        .checked_sub(settings.notices.maintenance_margin)
+        .unwrap_or(first);
+    if now >= first {
+        return Plan::Nothing("Past", format!("{type_code} started at {first}"));
+    }
+    if now >= drain_from {
+        let (notice, deadline) = maintenance_drain(first, now, settings.drain_timeout);
+        return Plan::OnNode(NodePlan::Act { notice, deadline });
+    }
+    Plan::OnNode(NodePlan::Later(PlannedMaintenance {
+        type_code: type_code.to_owned(),
+        starts_at: first,
+        drain_from,
+    }))
+}
+
+/// A scheduled change AWS Health says is over: the node comes back into service if it
+/// outlives the change (see [`after_maintenance`]).
+fn completed_maintenance_plan(scheduled: &[ScheduledInstanceEvent], type_code: &str) -> Plan {
+    let Some(ec2_code) = ec2_event_code(type_code) else {
+        return Plan::Nothing("Completed", format!("{type_code} is over"));
+    };
+    if !instance_comes_back(ec2_code) {
+        return Plan::Nothing(
+            "Completed",
+            format!("{type_code} is over; the instance does not come back from it"),
+        );
+    }
+    let still_pending = scheduled
+        .iter()
+        .any(|e| e.is_pending() && e.code == ec2_code);
+    Plan::OnNode(NodePlan::Restore {
+        ec2_code,
+        still_pending,
+    })
+}
+
+/// Records the planned maintenance on the node; the outcome's name and detail.
+async fn plan_later(
+    client: &kube::Client,
+    node: k8s_openapi::api::core::v1::Node,
+    group: &str,
+    instance_id: &str,
+    planned: &PlannedMaintenance,
+) -> Result<(&'static str, Option<String>), NoticeError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let written = plan_maintenance(client, node, group, instance_id, planned)
+        .await
+        .map_err(|source| kube_error(&name, source))?;
+    tracing::info!(step = "maintenance_planned", drain_from = %planned.drain_from, starts_at = %planned.starts_at, written, "scheduled maintenance recorded: the sweep drains the node from the given time");
+    Ok((
+        "MaintenancePlanned",
+        Some(format!("drain from {}", planned.drain_from)),
+    ))
+}
+
+/// After a completed maintenance the instance came back from: our marks undone once the
+/// node is Ready; the outcome's name and detail.
+async fn restore(
+    client: &kube::Client,
+    node: k8s_openapi::api::core::v1::Node,
+    ec2_code: &'static str,
+    still_pending: bool,
+) -> Result<(&'static str, Option<String>), NoticeError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let checkpoint = checkpoint_of(&node);
+    let ready = is_ready(&node);
+    match after_maintenance(
+        ec2_code,
+        still_pending,
+        checkpoint.as_ref(),
+        ready,
+        Timestamp::now(),
+    ) {
+        AfterMaintenance::Leave(why) => {
+            tracing::info!(
+                step = "maintenance_over",
+                why,
+                "the maintenance is over: nothing of ours to undo"
+            );
+            Ok(("NothingToRestore", Some(why.to_owned())))
+        }
+        AfterMaintenance::WaitForReady => {
+            tracing::info!(
+                step = "maintenance_over",
+                "the maintenance is over but the node is not Ready yet: left cordoned"
+            );
+            Ok(("NotReadyYet", None))
+        }
+        AfterMaintenance::Restore => {
+            let undone = restore_after_maintenance(client, node, ec2_code)
+                .await
+                .map_err(|source| kube_error(&name, source))?;
+            tracing::info!(step = "maintenance_restored", undone = ?undone, "the maintenance is over and the node Ready: our marks undone");
+            Ok(("RestoredAfterMaintenance", Some(undone.join(", "))))
+        }
+    }
+}
+
+fn aws_error(instance_id: &str) -> impl Fn(AwsError) -> NoticeError + '_ {
+    move |source| NoticeError::Aws {
+        instance_id: instance_id.to_owned(),
+        source,
+    }
+}
+
+fn unconfirmed(instance_id: &str, reason: &str) -> NoticeError {
+    NoticeError::Unconfirmed {
+        instance_id: instance_id.to_owned(),
+        reason: reason.to_owned(),
     }
 }
 
 enum Checked {
-    Foreign(String),
-    Ours { group: String, plan: Plan },
+    /// Not this function's to act on: the outcome's name and why.
+    LeftAlone(&'static str, String),
+    Ours {
+        group: String,
+        facts: InstanceFacts,
+        plan: Plan,
+    },
 }
 
 pub(super) fn notice(

@@ -3,6 +3,12 @@
 //! start. Until then the plan is kept on the node (a label to find it, an annotation with the
 //! times), where the sweep ([`super::sweep`]) finds it and starts the drain when due. Nothing
 //! else changes on the node: it stays in service until then.
+//!
+//! Which of EC2's scheduled events an AWS Health event announces ([`announced_event`]): the
+//! pending one of the Health event's own code, nearest its start, never another code's. And
+//! what becomes of a node drained for a maintenance it comes back from (a reboot, network
+//! maintenance) once the maintenance is completed ([`after_maintenance`], pure): our marks
+//! are undone when the node is Ready again; a cordon somebody else made stays.
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
@@ -10,6 +16,9 @@ use kube::Api;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::aws::ScheduledInstanceEvent;
+use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, NoticeKind};
+use crate::node_marks::out_of_service::add_undo_to_patch;
 use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
 
 /// Label on a node with planned maintenance (value `planned`): the sweep lists by it.
@@ -112,4 +121,142 @@ pub async fn clear_maintenance(
     )
     .await?;
     Ok(())
+}
+
+/// The EC2 scheduled-event code (`DescribeInstanceStatus`'s `code`) an AWS Health
+/// scheduled change for EC2 announces, `None` for a type code that names none.
+pub fn ec2_event_code(health_type_code: &str) -> Option<&'static str> {
+    Some(match health_type_code {
+        "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED" => "instance-retirement",
+        "AWS_EC2_INSTANCE_STOP_SCHEDULED" => "instance-stop",
+        "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED"
+        | "AWS_EC2_INSTANCE_REBOOT_FLEXIBLE_MAINTENANCE_SCHEDULED" => "instance-reboot",
+        "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED" => "system-reboot",
+        "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED"
+        | "AWS_EC2_INSTANCE_POWER_MAINTENANCE_SCHEDULED"
+        | "AWS_EC2_SYSTEM_MAINTENANCE_SCHEDULED" => "system-maintenance",
+        _ => return None,
+    })
+}
+
+/// Whether the instance (and its node) is still there after an event of this EC2 code: a
+/// reboot or system maintenance ends; a retirement or stop ends the instance.
+pub fn instance_comes_back(ec2_code: &str) -> bool {
+    matches!(
+        ec2_code,
+        "instance-reboot" | "system-reboot" | "system-maintenance"
+    )
+}
+
+/// Of EC2's scheduled events for the instance, the one an AWS Health event with
+/// `health_type_code` starting at `starts_at` announces: pending, of that event's code, the
+/// nearest to the Health event's start (the earliest without one). Another code's event is
+/// never taken for it: a reboot must not be drained like a retirement, nor at its time.
+pub fn announced_event<'a>(
+    scheduled: &'a [ScheduledInstanceEvent],
+    health_type_code: &str,
+    starts_at: Option<Timestamp>,
+) -> Option<&'a ScheduledInstanceEvent> {
+    let code = ec2_event_code(health_type_code)?;
+    let distance = |event: &ScheduledInstanceEvent| match (event.not_before, starts_at) {
+        (Some(at), Some(start)) => at.duration_since(start).abs(),
+        _ => jiff::SignedDuration::ZERO,
+    };
+    scheduled
+        .iter()
+        .filter(|e| e.is_pending() && e.code == code)
+        .min_by_key(|e| (distance(e), e.not_before))
+}
+
+/// What becomes of a node after a completed scheduled maintenance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterMaintenance {
+    /// Put it back in service: undo what our drain's record says it did, drop the record.
+    Restore,
+    /// Not yet: the node is not Ready again.
+    WaitForReady,
+    /// Leave it as it is; why.
+    Leave(&'static str),
+}
+
+/// Whether a node comes back into service after the maintenance `ec2_code` (still
+/// pending or not, as EC2 lists it) given our drain's record on it and its readiness.
+/// Only a drain of ours for scheduled maintenance, that no lifecycle action took over and
+/// no invocation is running, is undone; a cordon that was there before it is not ours and
+/// stays (the record says what we did).
+pub fn after_maintenance(
+    ec2_code: &str,
+    still_pending: bool,
+    checkpoint: Option<&DrainCheckpoint>,
+    node_ready: bool,
+    now: Timestamp,
+) -> AfterMaintenance {
+    if !instance_comes_back(ec2_code) {
+        return AfterMaintenance::Leave("the instance does not come back from this event");
+    }
+    if still_pending {
+        return AfterMaintenance::Leave("EC2 lists the maintenance as pending");
+    }
+    let Some(checkpoint) = checkpoint else {
+        return AfterMaintenance::Leave("no drain of ours on the node");
+    };
+    let ours_for_maintenance = checkpoint.action.is_notice()
+        && checkpoint
+            .notice
+            .as_ref()
+            .is_some_and(|n| n.kind == NoticeKind::ScheduledMaintenance);
+    if !ours_for_maintenance {
+        return AfterMaintenance::Leave("the node's drain is not for scheduled maintenance");
+    }
+    if checkpoint.lease.holder.is_some() && now < checkpoint.lease.expires_at() {
+        return AfterMaintenance::Leave("a drain is running on the node");
+    }
+    if !node_ready {
+        return AfterMaintenance::WaitForReady;
+    }
+    AfterMaintenance::Restore
+}
+
+/// Restores `node` after the completed maintenance `ec2_code`: undoes what our drain's
+/// record says it did (where still in place) and removes the record, in one write
+/// conditional on the node's `resourceVersion`, re-deciding on every read. The items
+/// undone (empty when nothing was written).
+pub async fn restore_after_maintenance(
+    client: &kube::Client,
+    node: Node,
+    ec2_code: &str,
+) -> Result<Vec<String>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let written = patch_recomputing(
+        &nodes,
+        node,
+        Reread::Get,
+        "restoring after maintenance",
+        |node| {
+            let checkpoint = crate::node_marks::checkpoint::checkpoint_of(node);
+            let ready = crate::lifecycle::node::is_ready(node);
+            let decision = after_maintenance(
+                ec2_code,
+                false,
+                checkpoint.as_ref(),
+                ready,
+                Timestamp::now(),
+            );
+            let (AfterMaintenance::Restore, Some(checkpoint)) = (decision, checkpoint) else {
+                return PatchStep::Stop(());
+            };
+            let mut patch = json!({"metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {CHECKPOINT_ANNOTATION: null},
+            }});
+            let ours = checkpoint.out_of_service.unwrap_or_default();
+            let undone = add_undo_to_patch(&ours, node, &mut patch);
+            PatchStep::Write(patch, undone.items())
+        },
+    )
+    .await?;
+    Ok(match written {
+        Patched::Written(_, items) => items,
+        Patched::Stopped(()) | Patched::NodeGone => Vec::new(),
+    })
 }

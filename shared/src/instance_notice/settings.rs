@@ -40,6 +40,9 @@ pub struct NoticeSettings {
     /// `MAINTENANCE_DRAIN_MARGIN_SECONDS` (3600): how long before a scheduled maintenance's
     /// start its instance's node is drained.
     pub maintenance_margin: Duration,
+    /// `AWS_REGION` (set by Lambda): events from another region are not acted on, as those
+    /// from another account are not. `None` (a local run without it) skips the check.
+    pub region: Option<String>,
 }
 
 impl NoticeSettings {
@@ -64,6 +67,7 @@ impl NoticeSettings {
                 "MAINTENANCE_DRAIN_MARGIN_SECONDS",
                 Duration::from_secs(3600),
             )?,
+            region: source.value("AWS_REGION").filter(|r| !r.is_empty()),
         })
     }
 }

@@ -78,6 +78,8 @@ pub struct HookContext<C: HookClients, S> {
     pub settings: S,
     pub scope: GroupScope,
     pub hooks: HookTimings,
+    /// Where nodes not named after their instance are (instance notices' lookups).
+    pub nodes: super::node::NodeIndex,
 }
 
 impl<C: HookClients, S: HookSettings> HookContext<C, S> {
@@ -97,6 +99,7 @@ impl<C: HookClients, S: HookSettings> HookContext<C, S> {
             settings,
             scope,
             hooks: HookTimings::new(),
+            nodes: super::node::NodeIndex::default(),
         }
     }
 }

@@ -113,6 +113,133 @@ pub async fn find_node(
     scan_by_provider_id(&nodes, instance_id).await
 }
 
+/// The label EKS puts on the nodes of a managed node group (value: the node group's name).
+pub const MANAGED_NODEGROUP_LABEL: &str = "eks.amazonaws.com/nodegroup";
+
+/// The managed node group a node belongs to, from its label.
+pub fn node_managed_node_group(node: &Node) -> Option<&str> {
+    node.metadata
+        .labels
+        .as_ref()?
+        .get(MANAGED_NODEGROUP_LABEL)
+        .map(String::as_str)
+}
+
+/// Which node each instance is, as the last full scan saw it: nodes not named after their
+/// instance's DNS name are found without scanning again for [`NODE_INDEX_MAX_AGE`], so a
+/// burst of instance notices costs one scan, not one per notice.
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    scanned: std::sync::Mutex<Option<ScannedNodes>>,
+}
+
+#[derive(Debug)]
+struct ScannedNodes {
+    at: tokio::time::Instant,
+    /// Instance id → node name.
+    names: std::collections::HashMap<String, String>,
+}
+
+/// How long a scan answers for the cluster's nodes. A node registered since, under a name
+/// other than its instance's DNS name, is found only by the next scan.
+pub const NODE_INDEX_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What the index says about an instance.
+enum Indexed {
+    /// The scan is too old (or none was made): scan again.
+    Stale,
+    /// The scan saw no node for the instance.
+    NoNode,
+    Named(String),
+}
+
+impl NodeIndex {
+    fn lookup(&self, instance_id: &str) -> Indexed {
+        let scanned = self
+            .scanned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match scanned.as_ref() {
+            Some(scan) if scan.at.elapsed() < NODE_INDEX_MAX_AGE => {
+                match scan.names.get(instance_id) {
+                    Some(name) => Indexed::Named(name.clone()),
+                    None => Indexed::NoNode,
+                }
+            }
+            _ => Indexed::Stale,
+        }
+    }
+
+    fn remember(&self, names: std::collections::HashMap<String, String>) {
+        *self
+            .scanned
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(ScannedNodes {
+            at: tokio::time::Instant::now(),
+            names,
+        });
+    }
+}
+
+/// The Node of `instance_id` whose private DNS name the caller already read
+/// (`dns_name`), `Ok(None)` when the cluster has none: one GET when the node is named after
+/// it; otherwise `index` (one GET), and a full scan only when the index is older than
+/// [`NODE_INDEX_MAX_AGE`] or names a node that is no longer the instance's.
+pub async fn find_node_indexed(
+    client: &kube::Client,
+    instance_id: &str,
+    dns_name: Option<&str>,
+    index: &NodeIndex,
+) -> Result<Option<Node>, NodeLookupError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    if let Some(name) = dns_name.filter(|n| !n.is_empty())
+        && let Some(node) = nodes.get_opt(name).await?
+        && is_node_of_instance(&node, instance_id)
+    {
+        return Ok(Some(node));
+    }
+    match index.lookup(instance_id) {
+        Indexed::NoNode => return Ok(None),
+        Indexed::Named(name) => {
+            if let Some(node) = nodes.get_opt(&name).await?
+                && node_provider_id_matches(&node, instance_id)
+            {
+                return Ok(Some(node));
+            }
+        }
+        Indexed::Stale => {}
+    }
+    let (found, names) = scan_all(&nodes, instance_id).await?;
+    index.remember(names);
+    Ok(found)
+}
+
+/// Pages through every node: the node of `instance_id` and every node's instance.
+async fn scan_all(
+    nodes: &Api<Node>,
+    instance_id: &str,
+) -> Result<(Option<Node>, std::collections::HashMap<String, String>), kube::Error> {
+    let mut params = ListParams::default().limit(SCAN_PAGE_SIZE);
+    let mut names = std::collections::HashMap::new();
+    let mut found = None;
+    loop {
+        let page = nodes.list(&params).await?;
+        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+        for node in page.items {
+            if let (Some(instance), Some(name)) = (node_instance_id(&node), &node.metadata.name) {
+                names.insert(instance.to_owned(), name.clone());
+            }
+            if found.is_none() && node_provider_id_matches(&node, instance_id) {
+                found = Some(node);
+            }
+        }
+        match next {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok((found, names)),
+        }
+    }
+}
+
 /// Pages through all nodes for the one whose providerID names `instance_id`: the fallback
 /// when the node is not named after the instance's private DNS name.
 pub(crate) async fn scan_by_provider_id(

@@ -51,6 +51,9 @@ pub struct GroupScope {
     allowed_groups: Vec<String>,
     account_id: Option<String>,
     decided: RecentReads<String, ScopeDecision>,
+    /// Group tags read for instance notices, which belong to no lifecycle action: reused by
+    /// every notice about the group for [`super::recent::MAX_AGE`].
+    notice_tags: RecentReads<String, Option<BTreeMap<String, String>>>,
 }
 
 impl GroupScope {
@@ -66,6 +69,7 @@ impl GroupScope {
             allowed_groups,
             account_id,
             decided: RecentReads::default(),
+            notice_tags: RecentReads::default(),
         }
     }
 
@@ -131,6 +135,35 @@ impl GroupScope {
             .insert(group_name.to_owned(), action_token, decision.clone());
         Ok(decision)
     }
+}
+
+impl GroupScope {
+    /// The tags of `group_name` (`None`: no such group) for an instance notice: read at most
+    /// once a minute per group, however many notices name it (a notice has no lifecycle
+    /// action to key the reading on, and a burst of Spot warnings names one group many times).
+    pub async fn recent_tags(
+        &self,
+        autoscaling: &impl AutoScaling,
+        group_name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, AwsError> {
+        const ANY_NOTICE: &str = "";
+        let key = group_name.to_owned();
+        if let Some(tags) = self.notice_tags.get(&key, ANY_NOTICE) {
+            return Ok(tags);
+        }
+        let tags = autoscaling.group_tags(group_name).await?;
+        self.notice_tags.insert(key, ANY_NOTICE, tags.clone());
+        Ok(tags)
+    }
+}
+
+/// The tag EKS puts on the Auto Scaling group of a managed node group (value: the node
+/// group's name). EKS's own node manager drains those nodes.
+pub const MANAGED_NODEGROUP_TAG: &str = "eks:nodegroup-name";
+
+/// The managed node group a group's tags name, if any.
+pub fn managed_node_group(tags: &BTreeMap<String, String>) -> Option<&str> {
+    tags.get(MANAGED_NODEGROUP_TAG).map(String::as_str)
 }
 
 impl GroupScope {
@@ -237,6 +270,32 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[tokio::test]
+    async fn notice_tags_are_read_once_a_minute_per_group_whatever_the_notice() {
+        let autoscaling = InMemoryAutoScaling::new();
+        autoscaling.add_group("asg", &[("eks:nodegroup-name", "ng-1")]);
+        let scope = GroupScope::new(cluster(), Vec::new(), None);
+        let tags = scope
+            .recent_tags(&autoscaling, "asg")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(managed_node_group(&tags), Some("ng-1"));
+        // Any further read within the minute would fail: the first one serves them.
+        autoscaling.faults.fail(
+            "DescribeAutoScalingGroups",
+            crate::aws::AwsErrorKind::AccessDenied,
+            100,
+        );
+        for _ in 0..3 {
+            assert_eq!(
+                scope.recent_tags(&autoscaling, "asg").await.unwrap(),
+                Some(tags.clone())
+            );
+        }
+        assert!(scope.recent_tags(&autoscaling, "other").await.is_err());
     }
 
     #[test]

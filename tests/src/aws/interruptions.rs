@@ -323,6 +323,50 @@ impl FakeInterruptions {
         ))
     }
 
+    /// Carries out `instance_id`'s pending scheduled event of `code`: EC2 then lists it as
+    /// `[Completed]`, and AWS Health closes its event (`statusCode` `closed`) on the bus;
+    /// returns that event.
+    pub fn complete_maintenance(
+        &self,
+        instance_id: &str,
+        code: ScheduledEventCode,
+    ) -> Result<Value, FakeAwsError> {
+        {
+            let mut ec2 = lock(&self.shared.ec2);
+            let instance = ec2
+                .instances
+                .get_mut(instance_id)
+                .ok_or_else(|| FakeAwsError::UnknownInstance(instance_id.to_owned()))?;
+            for event in &mut instance.scheduled_events {
+                if event.code == code && !event.description.starts_with('[') {
+                    event.description = format!("[Completed] {}", event.description);
+                }
+            }
+        }
+        let account = &self.shared.account;
+        let type_code = code.health_event_type_code();
+        let detail = json!({
+            "eventArn": format!(
+                "arn:{}:health:{}::event/EC2/{type_code}/{}",
+                account.partition,
+                account.region,
+                protocol::uuid_v4()
+            ),
+            "service": "EC2",
+            "eventTypeCode": type_code,
+            "eventTypeCategory": "scheduledChange",
+            "statusCode": "closed",
+            "affectedEntities": [{"entityValue": instance_id}],
+        });
+        Ok(super::eventbridge::emit(
+            &self.shared,
+            "aws.health",
+            "AWS Health Event",
+            vec![instance_id.to_owned()],
+            detail,
+        ))
+    }
+
     fn require_spot(&self, instance_id: &str) -> Result<(), FakeAwsError> {
         match lock(&self.shared.ec2).instances.get(instance_id) {
             None => Err(FakeAwsError::UnknownInstance(instance_id.to_owned())),

@@ -22,7 +22,7 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
-    /// drain-defaults, aws-auth, instance-refresh, spot-interruption, token.
+    /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -85,6 +85,9 @@ async fn main() -> ExitCode {
     }
     if wanted("spot-interruption") {
         report(spot_interruption(mode).await);
+    }
+    if wanted("notice-calls") {
+        report(notice_calls(mode).await);
     }
     if failed {
         ExitCode::FAILURE
@@ -401,6 +404,32 @@ async fn drain_defaults(mode: Mode) -> Result<(), String> {
         ms(f.completed),
         f.requests
     );
+    Ok(())
+}
+
+async fn notice_calls(mode: Mode) -> Result<(), String> {
+    let sizes: &[usize] = match mode {
+        Mode::Quick => &[100],
+        Mode::Full => &[100, 1000, 5000],
+    };
+    println!(
+        "## Instance notices: calls per event (three rebalance recommendations per kind of instance, REBALANCE_ACTION=cordon; averages per event)\n"
+    );
+    println!(
+        "| nodes | the instance's node | DescribeInstances | DescribeAutoScalingGroups | Kubernetes requests | of them node lists | outcome |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for &nodes in sizes {
+        let f = bench::notice_calls(nodes).await?;
+        for (kind, cost) in [
+            ("named after its DNS name", &f.named),
+            ("named otherwise", &f.renamed),
+            ("none", &f.nodeless),
+        ] {
+            println!("| {nodes} | {kind} | {} |", cost.cells());
+        }
+    }
+    println!();
     Ok(())
 }
 

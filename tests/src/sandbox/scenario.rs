@@ -136,6 +136,25 @@ pub struct NodegroupSpec {
     /// EC2 may interrupt.
     #[serde(default)]
     pub spot: bool,
+    /// A self-managed node group (what this project's hooks serve): its Auto Scaling group
+    /// and instances carry no `eks:nodegroup-name` tag and its nodes eksctl's
+    /// `alpha.eksctl.io/nodegroup-name` label instead of EKS's `eks.amazonaws.com/nodegroup`.
+    /// By default the sandbox labels node groups like managed ones (which instance notices
+    /// and node repair leave to EKS).
+    #[serde(default)]
+    pub self_managed: bool,
+}
+
+impl NodegroupSpec {
+    /// The node label naming the node group: EKS's for a managed node group, eksctl's for
+    /// a self-managed one.
+    pub fn node_label(&self) -> &'static str {
+        if self.self_managed {
+            "alpha.eksctl.io/nodegroup-name"
+        } else {
+            "eks.amazonaws.com/nodegroup"
+        }
+    }
 }
 
 fn default_ami() -> String {

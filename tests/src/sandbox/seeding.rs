@@ -114,8 +114,11 @@ impl Sandbox {
                     .auto_scaling_group(&spec.auto_scaling_group),
             )
             .map_err(setup("node group"))?;
-        let mut group = FakeAutoScalingGroup::new(&spec.auto_scaling_group)
-            .tag("eks:nodegroup-name", &spec.name)
+        let mut group = FakeAutoScalingGroup::new(&spec.auto_scaling_group);
+        if !spec.self_managed {
+            group = group.tag("eks:nodegroup-name", &spec.name);
+        }
+        let mut group = group
             .launch_template(LAUNCH_TEMPLATE_ID, LAUNCH_TEMPLATE_NAME, "1")
             .retain_on_abandon(spec.retain_on_abandon)
             .availability_zones(&[&format!("{}a", self.scenario.region)])
@@ -157,11 +160,16 @@ impl Sandbox {
         let store = self.server.store().clone();
         let timeline = self.timeline.clone();
         let timings = self.scenario.timings.clone();
-        let groups: BTreeMap<String, String> = self
+        let groups: BTreeMap<String, (String, &'static str)> = self
             .scenario
             .nodegroups
             .iter()
-            .map(|n| (n.auto_scaling_group.clone(), n.name.clone()))
+            .map(|n| {
+                (
+                    n.auto_scaling_group.clone(),
+                    (n.name.clone(), n.node_label()),
+                )
+            })
             .collect();
         let launched_runtime = runtime.clone();
         let launched_simulation = simulation.clone();
@@ -191,7 +199,7 @@ impl Sandbox {
                 "aws:///{}/{}",
                 instance.availability_zone, instance.instance_id
             );
-            let nodegroup = groups
+            let (nodegroup, node_label) = groups
                 .get(&instance.group_name)
                 .cloned()
                 .unwrap_or_default();
@@ -205,7 +213,7 @@ impl Sandbox {
                     .map(|_| ());
                 let labelled = store.modify::<Node>("", &name, |node| {
                     let labels = node.metadata.labels.get_or_insert_default();
-                    labels.insert("eks.amazonaws.com/nodegroup".to_owned(), nodegroup);
+                    labels.insert(node_label.to_owned(), nodegroup);
                     labels.insert("topology.kubernetes.io/zone".to_owned(), zone);
                 });
                 timeline.record(
@@ -254,10 +262,12 @@ impl Sandbox {
         spec: &NodegroupSpec,
         node: &SimulatedNode,
     ) -> Result<(), SandboxError> {
-        let instance = FakeInstance::new(&node.instance_id, &self.scenario.region)
+        let mut instance = FakeInstance::new(&node.instance_id, &self.scenario.region)
             .private_dns_name(&node.name)
-            .availability_zone(&node.availability_zone)
-            .tag("eks:nodegroup-name", &spec.name);
+            .availability_zone(&node.availability_zone);
+        if !spec.self_managed {
+            instance = instance.tag("eks:nodegroup-name", &spec.name);
+        }
         self.aws
             .ec2()
             .add_instance(if spec.spot { instance.spot() } else { instance });
@@ -275,11 +285,17 @@ impl Sandbox {
     pub(super) fn seed_cluster(&self) -> Result<(), SandboxError> {
         let store = self.server.store();
         for (nodegroup, nodes) in &self.nodes {
+            let node_label = self
+                .scenario
+                .nodegroups
+                .iter()
+                .find(|n| &n.name == nodegroup)
+                .map_or("eks.amazonaws.com/nodegroup", NodegroupSpec::node_label);
             for node in nodes {
                 let object = fixtures::with_labels(
                     fixtures::node(&node.name, &node.provider_id()),
                     &[
-                        ("eks.amazonaws.com/nodegroup", nodegroup),
+                        (node_label, nodegroup),
                         ("topology.kubernetes.io/zone", &node.availability_zone),
                         ("node.kubernetes.io/instance-type", "m5.large"),
                     ],

@@ -34,6 +34,7 @@ fn set_facts(s: &Scenario, state: &str, group: Option<&str>, spot: bool) {
             state: Some(state.into()),
             auto_scaling_group: group.map(str::to_owned),
             spot_request_id: spot.then(|| SPOT_REQUEST.to_owned()),
+            ..InstanceFacts::default()
         },
     );
 }
@@ -526,9 +527,10 @@ async fn a_plan_that_comes_due_is_drained_by_the_sweep_and_cleared() {
     s.instances.notices.schedule(
         INSTANCE,
         ScheduledInstanceEvent {
-            code: "system-reboot".into(),
+            // The EC2 event the (retirement) Health event announces: of its own code.
+            code: "instance-retirement".into(),
             not_before: Some(starts_at),
-            description: "scheduled reboot".into(),
+            description: "scheduled retirement".into(),
         },
     );
     let drainer = s.drainer(&[("MAINTENANCE_DRAIN_MARGIN_SECONDS", "6.5")]);

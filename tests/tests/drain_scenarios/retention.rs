@@ -90,7 +90,7 @@ async fn retain_on_a_group_that_does_not_retain_continues() {
 }
 
 #[tokio::test]
-async fn retain_falls_back_to_continue_when_the_group_cannot_be_read() {
+async fn retain_abandons_when_the_group_cannot_be_read() {
     let s = blocked_cluster(false).await;
     s.autoscaling.set_retains_abandoned_instances(GROUP, true);
     let drainer = s.drainer(&[
@@ -109,14 +109,19 @@ async fn retain_falls_back_to_continue_when_the_group_cannot_be_read() {
     };
     let (report, ()) = tokio::join!(drain, break_describe);
     let report = report.unwrap();
+    // Unknown retention: ABANDON, which keeps the instance where the group retains (as
+    // here) and terminates it like CONTINUE where it does not.
     assert_eq!(
         completed_as(&report),
-        (LifecycleActionResult::Continue, InstanceFate::Terminates)
+        (LifecycleActionResult::Abandon, InstanceFate::Unknown)
     );
-    completed_once(&s, LifecycleActionResult::Continue);
+    completed_once(&s, LifecycleActionResult::Abandon);
     let note = eviction_failure_note(&s);
     assert!(
-        note.contains("could not be read") && note.contains("AccessDenied"),
+        note.contains("Completing the lifecycle action with ABANDON")
+            && note.contains("could not be read")
+            && note.contains("AccessDenied")
+            && note.contains("kept if the group retains abandoned instances"),
         "{note}"
     );
 }

@@ -183,6 +183,11 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
             .as_ref()
             .and_then(|c| c.notice.as_ref())
             .and_then(|n| n.instance_ends_at),
+        // A drain running for an involuntary notice moves do-not-disrupt pods too.
+        involuntary: checkpoint
+            .as_ref()
+            .and_then(|c| c.notice.as_ref())
+            .is_some_and(|n| node_manager::drain::plan::is_involuntary(n.kind)),
     };
     let plan = DrainPlan::in_context(&snapshot.pods, &context);
     let pods_by_key: BTreeMap<(&str, &str), &Pod> = snapshot
