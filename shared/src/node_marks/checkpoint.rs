@@ -610,10 +610,16 @@ fn is_unschedulable(node: &Node) -> bool {
 /// finished one whose node is still cordoned (its instance leaving, or kept for inspection).
 /// A finished drain whose node is schedulable again (put back in service after a reboot),
 /// or whose instance went to a warm pool, holds nothing: instance refresh may mark the node
-/// and node repair may repair it.
+/// and node repair may repair it. A record that cannot be read holds the node (a drain may
+/// be at work; its next write replaces the record).
 pub fn drain_holds(node: &Node) -> bool {
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CHECKPOINT_ANNOTATION));
     match checkpoint_of(node) {
-        None => false,
+        None => annotated,
         Some(checkpoint) if checkpoint.completed_at.is_none() => true,
         Some(checkpoint) => checkpoint.to_warm_pool_at.is_none() && is_unschedulable(node),
     }
@@ -1240,6 +1246,10 @@ mod tests {
         pooled.to_warm_pool_at = Some(at(50));
         assert!(!drain_holds(&with(&pooled, true)));
         assert!(!drain_holds(&node_cordoned(true)));
+        let mut unreadable = node_cordoned(false);
+        unreadable.metadata.annotations =
+            Some([(CHECKPOINT_ANNOTATION.to_owned(), "{}".to_owned())].into());
+        assert!(drain_holds(&unreadable));
     }
 
     #[test]
