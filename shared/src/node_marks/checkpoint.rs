@@ -992,12 +992,13 @@ mod tests {
     }
 
     fn node_cordoned(cordoned: bool) -> Node {
-        let mut node = Node::default();
-        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-            unschedulable: Some(cordoned),
+        Node {
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable: Some(cordoned),
+                ..Default::default()
+            }),
             ..Default::default()
-        });
-        node
+        }
     }
 
     /// A notice drain that ended at 40 with `result`, its deadline (the instance's end) at
