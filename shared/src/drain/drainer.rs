@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
-use crate::lifecycle::hand_over::HandOver;
+use crate::lifecycle::hand_over::{HandOver, predecessor_of};
 use crate::lifecycle::handler::{
     Clients, HandledRecord, HookClients, HookContext, HookHandler, Invocation,
 };
@@ -361,6 +361,7 @@ impl<C: HookClients> Drainer<C> {
         let (notification, invocation) = (request.notification, request.invocation);
         let mut waited_for_lease = false;
         let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
+        let predecessor = predecessor_of(request.delivery);
         loop {
             let claim = lease::claim(
                 &lease.nodes,
@@ -369,6 +370,7 @@ impl<C: HookClients> Drainer<C> {
                 &lease.holder,
                 self.settings().drain_timeout,
                 taint.as_ref(),
+                predecessor.as_deref(),
             )
             .await
             .map_err(|source| kube_error(&lease.name, source))?;
@@ -402,7 +404,8 @@ impl<C: HookClients> Drainer<C> {
                     }
                     let wait = lease_wait(until).min(NOTICE_DRAIN_POLL);
                     if wait + NOTICE_DRAIN_POLL >= invocation.budget.remaining() {
-                        return self.hand_over_unclaimed(request, keeper).await;
+                        let outcome = self.hand_over_unclaimed(request, keeper).await?;
+                        return Ok(ControlFlow::Break(outcome));
                     }
                     node = match self
                         .wait_for_lease(lease, wait, notification, keeper)
@@ -432,34 +435,56 @@ impl<C: HookClients> Drainer<C> {
                     return self.node_gone(notification).await.map(ControlFlow::Break);
                 }
             };
-            // A live holder renews its lease; a dead one (killed mid-drain) does not. Wait
-            // once for the lease to run out, within this invocation's budget, then look
-            // again: a renewed lease means a duplicate, an expired one is taken over, so a
-            // redelivery after a crash is never lost.
-            let wait = lease_wait(until);
-            if waited_for_lease || wait >= invocation.budget.remaining() {
-                tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
-                return Ok(ControlFlow::Break(DeliveryOutcome::Duplicate { holder }));
-            }
-            tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
-            waited_for_lease = true;
             node = match self
-                .wait_for_lease(lease, wait, notification, keeper)
+                .outlast_lease(lease, (holder, until), waited_for_lease, request, keeper)
                 .await?
             {
                 ControlFlow::Continue(node) => node,
                 ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
             };
+            waited_for_lease = true;
         }
     }
 
+    /// Another invocation holds the lease until `until`. A live holder renews its lease; a
+    /// dead one (killed mid-drain) does not. Wait once for the lease to run out, within this
+    /// invocation's budget, then look again (the node read again is returned): a renewed
+    /// lease proves a live holder (a duplicate), an expired one is taken over, so a
+    /// redelivery after a crash is never lost. A lease this invocation cannot wait out
+    /// proves nothing: the notification is handed on rather than dropped.
+    async fn outlast_lease(
+        &self,
+        lease: &NodeLease,
+        (holder, until): (String, Timestamp),
+        waited_for_lease: bool,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<ControlFlow<DeliveryOutcome, Node>, DrainError> {
+        let wait = lease_wait(until);
+        if waited_for_lease {
+            tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
+            return Ok(ControlFlow::Break(DeliveryOutcome::Duplicate { holder }));
+        }
+        if wait + NOTICE_DRAIN_POLL >= request.invocation.budget.remaining() {
+            tracing::info!(step = "lease_outlasts_invocation", holder, until = %until, "another invocation's lease outlasts this invocation: handing the notification on");
+            return self
+                .hand_over_unclaimed(request, keeper)
+                .await
+                .map(ControlFlow::Break);
+        }
+        tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
+        self.wait_for_lease(lease, wait, request.notification, keeper)
+            .await
+    }
+
     /// Hands the notification to a fresh invocation before this one claimed anything (it ran
-    /// out of time waiting for a notice drain to end).
+    /// out of time waiting for a notice drain to end, or for a lease to lapse). The message
+    /// keeps the predecessor it named, whose lease may still be on the node.
     async fn hand_over_unclaimed(
         &self,
         request: &DrainRequest<'_>,
         keeper: &mut HeartbeatKeeper,
-    ) -> Result<ControlFlow<DeliveryOutcome, ClaimedDrain>, DrainError> {
+    ) -> Result<DeliveryOutcome, DrainError> {
         let handed = self
             .context
             .hand_over(keeper, request.delivery)
@@ -468,17 +493,17 @@ impl<C: HookClients> Drainer<C> {
                 node: String::new(),
                 source,
             })?;
-        Ok(ControlFlow::Break(match handed {
+        Ok(match handed {
             HandOver::Published { continuation, .. } => {
                 tracing::info!(
                     step = "handed_over",
                     continuation,
-                    "invocation time nearly up while a notice drain is on the node: handed to a fresh invocation"
+                    "invocation time nearly up while another drain holds the node: handed to a fresh invocation"
                 );
                 DeliveryOutcome::HandedOver { continuation }
             }
             HandOver::ActionGone => DeliveryOutcome::ActionGone,
-        }))
+        })
     }
 
     /// Waits `wait` for another holder's lease to run out, heartbeating (the wait may be as

@@ -13,10 +13,11 @@ use super::report::{DeliveryOutcome, DrainEnd, DrainError};
 use super::retention::{FailedDrainCompletion, InstanceFate};
 use super::session::SessionStats;
 use crate::aws::{CompletionOutcome, LifecycleActionResult};
-use crate::lifecycle::hand_over::{HandOver, complete_action};
+use crate::lifecycle::hand_over::{HandOver, complete_action, hand_over_from};
 use crate::lifecycle::handler::HookClients;
 use crate::lifecycle::heartbeat::HeartbeatKeeper;
 use crate::lifecycle::notification::{InstancePlace, LifecycleNotification};
+use crate::node_marks::checkpoint::DrainResult;
 
 impl<C: HookClients> Drainer<C> {
     /// What the session came to: complete the action, hand over, or stop.
@@ -72,9 +73,10 @@ impl<C: HookClients> Drainer<C> {
         stats: SessionStats,
     ) -> Result<DeliveryOutcome, DrainError> {
         let notification = request.notification;
-        // Bounded, and not required: without the mark the continuation waits for this
-        // invocation's lease to lapse and then resumes. Failing here instead would leave the
-        // drain to Lambda's retries (minutes) or the hook's expiry.
+        // Bounded, and not required: without the mark the continuation still takes the drain
+        // over, since the message it gets names this invocation as the lease's holder.
+        // Failing here instead would leave the drain to Lambda's retries (minutes) or the
+        // hook's expiry.
         let bound = request.invocation.budget.closing_write_bound();
         let update = tokio::time::timeout(bound, lease.update(|c, now| c.handed_over(now))).await;
         match update {
@@ -92,14 +94,21 @@ impl<C: HookClients> Drainer<C> {
                 );
             }
         }
-        let handed = self
-            .context
-            .hand_over(keeper, request.delivery)
-            .await
-            .map_err(|source| DrainError::HandOver {
-                node: lease.name.clone(),
-                source,
-            })?;
+        // The message names this invocation: the continuation takes over a lease that still
+        // names it (the mark above may not have been written) instead of waiting for it.
+        let handed = hand_over_from(
+            &self.context.autoscaling,
+            &self.context.notifications,
+            keeper,
+            request.delivery,
+            self.settings().lifecycle.continuation_topic_arn.as_deref(),
+            Some(&lease.holder.id),
+        )
+        .await
+        .map_err(|source| DrainError::HandOver {
+            node: lease.name.clone(),
+            source,
+        })?;
         self.metrics(notification, Some(stats), "HandedOver")
             .metric("Continuations", 1.0, crate::telemetry::Unit::Count)
             .emit();
@@ -131,6 +140,11 @@ impl<C: HookClients> Drainer<C> {
         let notification = request.notification;
         // A failed drain (pods left) was decided at the deadline, retention included; any
         // other end lets the instance go.
+        let left = if failed.is_some() {
+            DrainResult::PodsLeft
+        } else {
+            DrainResult::Drained
+        };
         let (result, instance) = failed.map_or(
             (LifecycleActionResult::Continue, InstanceFate::Terminates),
             |f| (f.result, f.fate),
@@ -138,7 +152,7 @@ impl<C: HookClients> Drainer<C> {
         let outcome = self.complete(notification, result).await?;
         let to_warm_pool = notification.route.destination == InstancePlace::WarmPool;
         let bound = request.invocation.budget.closing_write_bound();
-        if tokio::time::timeout(bound, record_completion(lease, to_warm_pool))
+        if tokio::time::timeout(bound, record_completion(lease, left, to_warm_pool))
             .await
             .is_err()
         {
@@ -218,15 +232,13 @@ impl<C: HookClients> Drainer<C> {
     }
 }
 
-/// Marks the drain completed on the node, and the trip to the warm pool when the instance
-/// goes there. A failure is logged, not fatal: a duplicate would find no active action.
-async fn record_completion(lease: &mut NodeLease, to_warm_pool: bool) {
+/// Marks the drain completed on the node with how it `left` the node, and the trip to the
+/// warm pool when the instance goes there. A failure is logged, not fatal: a duplicate would
+/// find no active action.
+async fn record_completion(lease: &mut NodeLease, left: DrainResult, to_warm_pool: bool) {
     let completed = lease
         .update(|c, now| {
-            let mut next = c.released(now);
-            // Without a settle period the drained time was not written yet.
-            next.drained_at = c.drained_at.or(Some(now));
-            next.completed_at = Some(now);
+            let mut next = c.finished(now, left);
             // Scale-in with reuse: the node returns under its name; the mark lets the
             // launching hook recognise the return (README "Warm pools").
             if to_warm_pool {

@@ -81,7 +81,9 @@ pub struct LeaseHolder {
 }
 
 /// Takes the drain of `node` for `action` and takes the node out of service (with `taint`
-/// when given), or learns who has the drain.
+/// when given), or learns who has the drain. `predecessor`: the invocation that handed this
+/// action's drain over to this one, as its message says; its lease counts as let go (see
+/// [`DrainCheckpoint::handed_over_by`]).
 pub async fn claim(
     nodes: &Api<Node>,
     node: Node,
@@ -89,10 +91,15 @@ pub async fn claim(
     holder: &LeaseHolder,
     drain_timeout: Duration,
     taint: Option<&Taint>,
+    predecessor: Option<&str>,
 ) -> Result<Claim, kube::Error> {
     let decide = |existing: Option<&DrainCheckpoint>, now| {
+        let existing = existing.map(|e| match predecessor {
+            Some(predecessor) => e.clone().handed_over_by(predecessor, action),
+            None => e.clone(),
+        });
         DrainCheckpoint::decide(
-            existing,
+            existing.as_ref(),
             action,
             &holder.id,
             now,
@@ -104,7 +111,8 @@ pub async fn claim(
 }
 
 /// [`claim`] with the decision given: the lifecycle drain's ([`DrainCheckpoint::decide`]) or
-/// an instance notice's ([`DrainCheckpoint::decide_notice`]).
+/// an instance notice's ([`DrainCheckpoint::decide_notice`]). The decision sees the
+/// checkpoint as it stands against the node now ([`DrainCheckpoint::as_found_on`]).
 pub async fn claim_with(
     nodes: &Api<Node>,
     node: Node,
@@ -116,7 +124,7 @@ pub async fn claim_with(
     let mut transient_failures = 0;
     let mut conflicts = 0;
     while conflicts < CONFLICT_ATTEMPTS {
-        let existing = checkpoint_of(&node);
+        let existing = checkpoint_of(&node).map(|c| c.as_found_on(&node));
         let decision = decide(existing.as_ref(), Timestamp::now());
         let steps = CordonSteps::needed(&node, taint);
         let (checkpoint, resumed) = match decision {

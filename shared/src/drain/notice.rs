@@ -23,7 +23,7 @@ use super::session::{DrainSession, SessionEnd};
 use crate::aws::LifecycleActionRef;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::checkpoint::{
-    CHECKPOINT_ANNOTATION, DrainCheckpoint, InstanceNotice, checkpoint_of,
+    CHECKPOINT_ANNOTATION, DrainCheckpoint, DrainResult, InstanceNotice, checkpoint_of,
 };
 use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
 
@@ -268,16 +268,16 @@ impl<C: HookClients> Drainer<C> {
             }
             SessionEnd::NodeGone => return Ok(NoticeDrainOutcome::NodeGone),
         };
-        // The notice's drain is over: mark it so (a repeated notice then has nothing to
-        // do) and let go of the lease at once, so a lifecycle drain waiting for it takes the
+        let left = match outcome {
+            NoticeDrainOutcome::Drained { .. } => DrainResult::Drained,
+            _ => DrainResult::PodsLeft,
+        };
+        // The notice's drain is over: mark it so, with how it left the node (a repeated
+        // notice then has nothing to do if it drained it) and let go of the lease at once, so a lifecycle drain waiting for it takes the
         // node over now rather than when the lease would lapse.
         let finished = tokio::time::timeout(
             budget.closing_write_bound(),
-            lease.update(|c, now| {
-                let mut next = c.released(now);
-                next.completed_at.get_or_insert(now);
-                next
-            }),
+            lease.update(|c, now| c.finished(now, left)),
         )
         .await;
         match finished {

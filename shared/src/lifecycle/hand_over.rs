@@ -37,6 +37,58 @@ pub enum ContinuationError {
     Aws(#[from] AwsError),
 }
 
+/// The field a handed-over notification carries to name the invocation (its Lambda request
+/// id, the name its drain lease holds) that stopped working and handed over: the
+/// continuation may take over a lease that still names it (its hand-over mark may not have
+/// been written). Auto Scaling never sends it.
+pub const HANDED_OVER_BY_FIELD: &str = "NodeManagerHandedOverBy";
+
+/// The longest request id [`predecessor_of`] accepts (Lambda's are 36-character UUIDs).
+const MAX_PREDECESSOR_LEN: usize = 128;
+
+/// The invocation that handed `delivery` over, as its message names it
+/// ([`HANDED_OVER_BY_FIELD`]); `None` when it names none. A malformed name is ignored with a
+/// warning: without it the continuation waits for the lease to lapse, as for a message of a
+/// release that did not name itself.
+pub(crate) fn predecessor_of(delivery: &Delivery) -> Option<String> {
+    let message: serde_json::Value = serde_json::from_str(&delivery.raw_message).ok()?;
+    let value = message.get(HANDED_OVER_BY_FIELD)?;
+    let valid = value.as_str().filter(|id| {
+        !id.is_empty()
+            && id.len() <= MAX_PREDECESSOR_LEN
+            && id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    });
+    if valid.is_none() {
+        tracing::warn!(
+            field = HANDED_OVER_BY_FIELD,
+            "ignoring a malformed predecessor in a handed-over notification"
+        );
+    }
+    valid.map(str::to_owned)
+}
+
+/// The message a hand-over publishes: the notification with its continuation count, naming
+/// `predecessor` when given (else the predecessor it named, if any, stays).
+fn continuation_message(
+    delivery: &Delivery,
+    continuation: u32,
+    predecessor: Option<&str>,
+) -> String {
+    let message = delivery.message_for_continuation(continuation);
+    let Some(predecessor) = predecessor else {
+        return message;
+    };
+    match serde_json::from_str::<serde_json::Value>(&message) {
+        Ok(serde_json::Value::Object(mut fields)) => {
+            fields.insert(HANDED_OVER_BY_FIELD.to_owned(), predecessor.into());
+            serde_json::Value::Object(fields).to_string()
+        }
+        _ => message,
+    }
+}
+
 /// Extends the action with a heartbeat, then publishes the notification again to the topic it
 /// came from (or `fallback_topic` for EventBridge deliveries) so a fresh invocation resumes.
 pub(crate) async fn hand_over(
@@ -45,6 +97,27 @@ pub(crate) async fn hand_over(
     keeper: &mut HeartbeatKeeper,
     delivery: &Delivery,
     fallback_topic: Option<&str>,
+) -> Result<HandOver, ContinuationError> {
+    hand_over_from(
+        autoscaling,
+        notifications,
+        keeper,
+        delivery,
+        fallback_topic,
+        None,
+    )
+    .await
+}
+
+/// [`hand_over`] by `predecessor`, the invocation letting go of its drain lease: the
+/// message names it ([`HANDED_OVER_BY_FIELD`]).
+pub(crate) async fn hand_over_from(
+    autoscaling: &impl AutoScaling,
+    notifications: &impl Notifications,
+    keeper: &mut HeartbeatKeeper,
+    delivery: &Delivery,
+    fallback_topic: Option<&str>,
+    predecessor: Option<&str>,
 ) -> Result<HandOver, ContinuationError> {
     let notification = delivery
         .lifecycle()
@@ -57,7 +130,7 @@ pub(crate) async fn hand_over(
         return Ok(HandOver::ActionGone);
     }
     let continuation = notification.continuation.saturating_add(1);
-    let message = delivery.message_for_continuation(continuation);
+    let message = continuation_message(delivery, continuation, predecessor);
     with_retries(&RetryPolicy::AWS_CALL, || {
         notifications.publish(topic_arn, delivery.subject.as_deref(), &message)
     })
@@ -167,6 +240,55 @@ mod tests {
         assert_eq!(resumed.continuation, 1);
         assert_eq!(resumed.time, delivery.lifecycle().unwrap().time);
         assert_eq!(resumed.action, action);
+    }
+
+    /// Hands `delivery` over by `predecessor` and parses what was published.
+    async fn republish(
+        asg: &InMemoryAutoScaling,
+        sns: &InMemoryNotifications,
+        keeper: &mut HeartbeatKeeper,
+        delivery: &Delivery,
+        predecessor: Option<&str>,
+    ) -> Delivery {
+        hand_over_from(asg, sns, keeper, delivery, None, predecessor)
+            .await
+            .unwrap();
+        let published = sns.published();
+        let last = published.last().unwrap();
+        let again = sns_event_with(&last.topic_arn, &last.message);
+        parse_event(&again).remove(0).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_names_the_invocation_letting_go_and_a_continuation_reads_it() {
+        let delivery = delivery("sns-lifecycle-launching.json");
+        assert_eq!(predecessor_of(&delivery), None, "Auto Scaling names nobody");
+        let action = delivery.lifecycle().unwrap().action.clone();
+        let asg = InMemoryAutoScaling::new();
+        asg.start_action(&action);
+        let sns = InMemoryNotifications::default();
+        let mut keeper = HeartbeatKeeper::new(
+            action.clone(),
+            &hook(60, 6000),
+            Timestamp::now(),
+            Timestamp::now(),
+        );
+        let first = republish(&asg, &sns, &mut keeper, &delivery, Some("req-1")).await;
+        assert_eq!(predecessor_of(&first).as_deref(), Some("req-1"));
+        assert_eq!(first.lifecycle().unwrap().action, action);
+        // Handed on without a lease of its own: the predecessor named stays.
+        let second = republish(&asg, &sns, &mut keeper, &first, None).await;
+        assert_eq!(predecessor_of(&second).as_deref(), Some("req-1"));
+        assert_eq!(second.lifecycle().unwrap().continuation, 2);
+        // A malformed name is ignored.
+        for bad in [r#"42"#, r#""""#, r#""req 1""#] {
+            let mut message: serde_json::Value = serde_json::from_str(&first.raw_message).unwrap();
+            message[HANDED_OVER_BY_FIELD] = serde_json::from_str(bad).unwrap();
+            let event =
+                sns_event_with("arn:aws:sns:eu-west-1:111111111111:t", &message.to_string());
+            let parsed = parse_event(&event).remove(0).unwrap();
+            assert_eq!(predecessor_of(&parsed), None, "{bad}");
+        }
     }
 
     #[tokio::test]

@@ -225,6 +225,16 @@ impl OutOfService {
     }
 }
 
+/// How a finished drain left its node, recorded with its completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DrainResult {
+    /// Every pod that had to leave is gone (evicted, or deleted by `DRAIN_FORCE`).
+    Drained,
+    /// Pods were still there when the drain ended (its deadline, or the instance's end).
+    PodsLeft,
+}
+
 /// The drain record on the Node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -243,6 +253,10 @@ pub struct DrainCheckpoint {
     /// When the lifecycle action was completed: later deliveries have nothing left to do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Timestamp>,
+    /// How the drain left the node when it finished; `None` while it runs, and in a record
+    /// written before this was kept (which then never counts as having drained the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<DrainResult>,
     /// What the drain changed to take the node out of service; `None` in a checkpoint
     /// written before this was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,6 +307,7 @@ impl DrainCheckpoint {
             continuations: 0,
             drained_at: None,
             completed_at: None,
+            result: None,
             out_of_service: None,
             to_warm_pool_at: None,
             notice: None,
@@ -351,12 +366,16 @@ impl DrainCheckpoint {
         }
     }
 
-    /// A lifecycle action's drain taking over the notice drain of its instance (the notice
-    /// drain ended or let go of its lease): what the notice drain did stays (when it
-    /// started, what it took out of service, whether the node is drained), the action is the
-    /// lifecycle hook's, and the deadline stays the notice's end when it has one: the
-    /// instance goes then whatever the hook's timeout says. A notice that only cordoned
-    /// (nothing drained yet) starts the drain's clock now.
+    /// A lifecycle action's drain taking over the notice drain of its instance.
+    ///
+    /// The notice's drain goes on as this one when it is the same episode: it has not
+    /// finished (it still runs, or let go of its lease), or it finished with the node drained
+    /// and still cordoned, and its deadline (the instance's end) is still ahead. What it did
+    /// stays (when it started, whether the node is drained) and the deadline stays the
+    /// instance's end when that comes first. Otherwise the record is history (the instance
+    /// outlived the notice, the node was put back in service, or pods were left): a new
+    /// drain starts now with the hook's timeout, keeping only the notice's end if it is still
+    /// ahead. A notice that only cordoned starts the drain's clock now too.
     fn adopted_by(
         &self,
         action: &LifecycleActionRef,
@@ -366,25 +385,41 @@ impl DrainCheckpoint {
         lease_duration: Duration,
     ) -> LeaseDecision {
         let own_deadline = now.checked_add(drain_timeout).unwrap_or(Timestamp::MAX);
+        let drained_before = self.notice.as_ref().is_some_and(|n| !n.cordon_only);
+        let same_episode = drained_before
+            && (self.completed_at.is_none() || self.left_node_drained())
+            && now < self.deadline;
         let mut checkpoint = self.clone();
         checkpoint.action = CheckpointAction::from(action);
         checkpoint.lease = Lease::new(holder, now, lease_duration);
         checkpoint.completed_at = None;
+        checkpoint.result = None;
         checkpoint.to_warm_pool_at = None;
-        let drained_before = self.notice.as_ref().is_some_and(|n| !n.cordon_only);
-        if drained_before {
+        if same_episode {
             checkpoint.deadline = self.deadline.min(own_deadline);
         } else {
             checkpoint.started_at = now;
             checkpoint.deadline = own_deadline;
             checkpoint.drained_at = None;
+            if self.completed_at.is_some() {
+                // History: only an end still ahead is kept (it caps grace periods).
+                checkpoint.continuations = 0;
+                checkpoint.notice = self
+                    .notice
+                    .clone()
+                    .filter(|n| n.instance_ends_at.is_some_and(|end| now < end));
+            }
+            let end = checkpoint.notice.as_ref().and_then(|n| n.instance_ends_at);
+            if let Some(end) = end.filter(|end| now < *end) {
+                checkpoint.deadline = own_deadline.min(end);
+            }
         }
         if let Some(notice) = checkpoint.notice.as_mut() {
             notice.cordon_only = false;
         }
         LeaseDecision::Claim {
             checkpoint,
-            resumed: drained_before,
+            resumed: same_episode,
         }
     }
 
@@ -394,11 +429,14 @@ impl DrainCheckpoint {
     ///
     /// - No checkpoint, or a stale one (another instance under the same node name): a new
     ///   notice drain.
-    /// - A lifecycle drain of the instance, not completed: [`LeaseDecision::JoinLifecycleDrain`];
-    ///   completed: [`LeaseDecision::AlreadyCompleted`] (the node was emptied already).
-    /// - A notice drain: busy while another invocation holds it, done once completed, else
-    ///   resumed with both notices merged (a cordon-only rebalance followed by the Spot
-    ///   warning becomes the Spot drain).
+    /// - A lifecycle drain of the instance, not completed: [`LeaseDecision::JoinLifecycleDrain`].
+    /// - A notice drain: busy while another invocation holds it, else resumed with both
+    ///   notices merged (a cordon-only rebalance followed by the Spot warning becomes the
+    ///   Spot drain).
+    /// - A finished drain (either kind): [`LeaseDecision::AlreadyCompleted`] when it left the
+    ///   node drained and the node is still cordoned (see [`Self::as_found_on`]), or its
+    ///   instance went to a warm pool (stopping it is our own doing); otherwise (pods were
+    ///   left, or the node was put back in service since) a new notice drain.
     pub fn decide_notice(
         existing: Option<&Self>,
         action: &LifecycleActionRef,
@@ -426,23 +464,23 @@ impl DrainCheckpoint {
         if existing.action.instance_id != action.instance_id {
             return fresh();
         }
-        if !existing.action.is_notice() {
-            // Completed, the node is drained: also when the instance went to a warm pool
-            // (which stops it, a `stopping` notice of our own doing); the launching hook
-            // removes the checkpoint when the instance comes back.
-            return match existing.completed_at {
-                None => LeaseDecision::JoinLifecycleDrain,
-                Some(_) => LeaseDecision::AlreadyCompleted,
+        if existing.completed_at.is_some() {
+            // The launching hook removes a warm-pool trip's record when the instance comes back.
+            let done = existing.left_node_drained() || existing.to_warm_pool_at.is_some();
+            return if done {
+                LeaseDecision::AlreadyCompleted
+            } else {
+                fresh()
             };
+        }
+        if !existing.action.is_notice() {
+            return LeaseDecision::JoinLifecycleDrain;
         }
         if existing.lease.held_by_other(holder, now) {
             return LeaseDecision::HeldByOther {
                 holder: existing.lease.holder.clone().unwrap_or_default(),
                 until: existing.lease.expires_at(),
             };
-        }
-        if existing.completed_at.is_some() {
-            return LeaseDecision::AlreadyCompleted;
         }
         let mut checkpoint = existing.clone();
         let earlier = existing.notice.clone().unwrap_or_else(|| notice.clone());
@@ -518,6 +556,72 @@ impl DrainCheckpoint {
     /// would have replaced the name), so its next conditional write may renew it.
     pub fn names_holder(&self, holder: &str) -> bool {
         self.lease.holder.as_deref() == Some(holder)
+    }
+
+    /// Whether the drain finished with every pod that had to leave gone.
+    pub fn left_node_drained(&self) -> bool {
+        self.completed_at.is_some() && self.result == Some(DrainResult::Drained)
+    }
+
+    /// The checkpoint as left when the drain finished at `now` with `result`: lease let go,
+    /// completion and result recorded, and the drained time when the node was drained
+    /// (without a settle period it was not written yet). A drain that left pods is not
+    /// recorded as drained: a later termination or notice drains the node again.
+    pub fn finished(&self, now: Timestamp, result: DrainResult) -> Self {
+        let mut next = self.released(now);
+        next.completed_at.get_or_insert(now);
+        next.result = Some(result);
+        if result == DrainResult::Drained {
+            next.drained_at = self.drained_at.or(Some(now));
+        }
+        next
+    }
+
+    /// The checkpoint read against `node` as it is now: a finished drain whose node is
+    /// schedulable again (uncordoned since, so pods may have come back) no longer counts as
+    /// having left it drained. Only the decisions read this; it is never written back.
+    pub fn as_found_on(mut self, node: &Node) -> Self {
+        if self.left_node_drained() && !is_unschedulable(node) {
+            self.result = None;
+        }
+        self
+    }
+
+    /// The checkpoint with the lease of `predecessor` treated as let go: the invocation that
+    /// handed this action's drain over to the caller names itself in the message it
+    /// published, and it stopped working before publishing, even when it could not record
+    /// the hand-over on the node. Any other holder, or another action's drain, is kept.
+    pub fn handed_over_by(mut self, predecessor: &str, action: &LifecycleActionRef) -> Self {
+        if self.action.serves(action) && self.names_holder(predecessor) {
+            self.lease.holder = None;
+        }
+        self
+    }
+}
+
+fn is_unschedulable(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// Whether a drain of ours holds `node`: one at work or paused between invocations, or a
+/// finished one whose node is still cordoned (its instance leaving, or kept for inspection).
+/// A finished drain whose node is schedulable again (put back in service after a reboot),
+/// or whose instance went to a warm pool, holds nothing: instance refresh may mark the node
+/// and node repair may repair it. A record that cannot be read holds the node (a drain may
+/// be at work; its next write replaces the record).
+pub fn drain_holds(node: &Node) -> bool {
+    let annotated = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CHECKPOINT_ANNOTATION));
+    match checkpoint_of(node) {
+        None => annotated,
+        Some(checkpoint) if checkpoint.completed_at.is_none() => true,
+        Some(checkpoint) => checkpoint.to_warm_pool_at.is_none() && is_unschedulable(node),
     }
 }
 
@@ -726,8 +830,7 @@ mod tests {
             ),
             LeaseDecision::HeldByOther { .. }
         ));
-        let mut done = cp.handed_over(at(60));
-        done.completed_at = Some(at(60));
+        let done = cp.finished(at(60), DrainResult::Drained);
         assert_eq!(
             DrainCheckpoint::decide_notice(
                 Some(&done),
@@ -765,8 +868,7 @@ mod tests {
         assert_eq!(joined.joined_by(&spot_notice(11, 131)), None);
         // A drain that already completed needs nothing, also when the instance went to a
         // warm pool (stopping it is our own doing).
-        let mut pooled = lifecycle.clone();
-        pooled.completed_at = Some(at(50));
+        let mut pooled = lifecycle.finished(at(50), DrainResult::PodsLeft);
         pooled.to_warm_pool_at = Some(at(50));
         assert_eq!(
             DrainCheckpoint::decide_notice(
@@ -780,8 +882,7 @@ mod tests {
             ),
             LeaseDecision::AlreadyCompleted
         );
-        let mut completed = lifecycle.clone();
-        completed.completed_at = Some(at(50));
+        let completed = lifecycle.finished(at(50), DrainResult::Drained);
         assert_eq!(
             DrainCheckpoint::decide_notice(
                 Some(&completed),
@@ -813,8 +914,7 @@ mod tests {
             DrainCheckpoint::decide(Some(&notice), &action("t"), "req-1", at(10), TIMEOUT, LEASE),
             LeaseDecision::HeldByOther { .. }
         ));
-        let mut ended = notice.handed_over(at(40));
-        ended.completed_at = Some(at(40));
+        let ended = notice.finished(at(40), DrainResult::Drained);
         let (cp, resumed) = claimed(DrainCheckpoint::decide(
             Some(&ended),
             &action("t"),
@@ -889,6 +989,268 @@ mod tests {
         assert!(!resumed);
         assert_eq!((hooked.started_at, hooked.deadline), (at(300), at(1200)));
         assert!(!hooked.notice.unwrap().cordon_only);
+    }
+
+    fn node_cordoned(cordoned: bool) -> Node {
+        Node {
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                unschedulable: Some(cordoned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// A notice drain that ended at 40 with `result`, its deadline (the instance's end) at
+    /// 120.
+    fn finished_notice_drain(result: DrainResult) -> DrainCheckpoint {
+        let mut notice =
+            DrainCheckpoint::start(&notice_of_instance(), at(0), Duration::ZERO, "req-n", LEASE);
+        notice.deadline = at(120);
+        notice.notice = Some(spot_notice(0, 120));
+        notice.out_of_service = Some(OutOfService {
+            labelled: true,
+            cordoned: true,
+            taint: None,
+        });
+        notice.finished(at(40), result)
+    }
+
+    #[test]
+    fn a_finished_notice_drain_is_history_once_its_time_is_over_or_its_node_is_back() {
+        let ended = finished_notice_drain(DrainResult::Drained);
+        assert_eq!(ended.drained_at, Some(at(40)));
+        assert!(ended.left_node_drained());
+        // Months later (the instance outlived the notice), a scale-in: a new drain, with
+        // the hook's timeout from now, nothing taken from the old record but its marks.
+        let (cp, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&ended),
+            &action("t"),
+            "req-1",
+            at(10_000),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert_eq!((cp.started_at, cp.deadline), (at(10_000), at(10_900)));
+        assert_eq!(
+            (cp.drained_at, cp.completed_at, cp.result),
+            (None, None, None)
+        );
+        assert_eq!(cp.notice, None, "the notice's end is past: no grace cap");
+        assert_eq!(cp.out_of_service, ended.out_of_service);
+        // Within the notice's time, but the node was uncordoned since: a new drain too,
+        // keeping the instance's end (still ahead) as its deadline and grace cap.
+        let uncordoned = ended.clone().as_found_on(&node_cordoned(false));
+        let (cp, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&uncordoned),
+            &action("t"),
+            "req-1",
+            at(50),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert_eq!(
+            (cp.started_at, cp.deadline, cp.drained_at),
+            (at(50), at(120), None)
+        );
+        assert_eq!(cp.notice, ended.notice);
+        // Still cordoned: the same episode, taken over as before.
+        let cordoned = ended.clone().as_found_on(&node_cordoned(true));
+        let (cp, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&cordoned),
+            &action("t"),
+            "req-1",
+            at(50),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(resumed);
+        assert_eq!((cp.started_at, cp.drained_at), (at(0), Some(at(40))));
+    }
+
+    #[test]
+    fn a_later_notice_drains_again_unless_the_node_is_still_drained() {
+        let stand_in = notice_of_instance();
+        let decide = |existing: &DrainCheckpoint| {
+            DrainCheckpoint::decide_notice(
+                Some(existing),
+                &stand_in,
+                &spot_notice(9_000, 9_120),
+                "req-s",
+                at(9_000),
+                at(9_120),
+                LEASE,
+            )
+        };
+        let drained = finished_notice_drain(DrainResult::Drained);
+        assert_eq!(
+            decide(&drained.clone().as_found_on(&node_cordoned(true))),
+            LeaseDecision::AlreadyCompleted
+        );
+        for history in [
+            drained.as_found_on(&node_cordoned(false)),
+            finished_notice_drain(DrainResult::PodsLeft),
+        ] {
+            let (cp, resumed) = claimed(decide(&history));
+            assert!(!resumed);
+            assert_eq!((cp.started_at, cp.deadline), (at(9_000), at(9_120)));
+            assert_eq!((cp.completed_at, cp.result), (None, None));
+        }
+    }
+
+    #[test]
+    fn a_failed_lifecycle_drain_is_not_recorded_as_drained() {
+        let lifecycle = DrainCheckpoint::start(&action("t"), at(0), TIMEOUT, "req-1", LEASE);
+        let failed = lifecycle.finished(at(900), DrainResult::PodsLeft);
+        assert_eq!(
+            (failed.drained_at, failed.completed_at),
+            (None, Some(at(900)))
+        );
+        assert!(!failed.left_node_drained());
+        assert_eq!(failed.lease.holder, None);
+        // A duplicate of the same action: done (exactly one completion).
+        assert_eq!(
+            DrainCheckpoint::decide(
+                Some(&failed),
+                &action("t"),
+                "req-2",
+                at(901),
+                TIMEOUT,
+                LEASE
+            ),
+            LeaseDecision::AlreadyCompleted
+        );
+        // The retained instance's final termination: a new action, a full drain.
+        let (cp, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&failed),
+            &action("final"),
+            "req-3",
+            at(5_000),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert_eq!((cp.started_at, cp.deadline), (at(5_000), at(5_900)));
+        // Its instance shutting down: the notice drains it.
+        let (cp, _) = claimed(DrainCheckpoint::decide_notice(
+            Some(&failed),
+            &notice_of_instance(),
+            &spot_notice(5_000, 5_120),
+            "req-n",
+            at(5_000),
+            at(5_120),
+            LEASE,
+        ));
+        assert!(cp.action.is_notice());
+        assert_eq!(cp.started_at, at(5_000));
+        // A drained one stays done for notices while its node is cordoned.
+        let drained = lifecycle.finished(at(100), DrainResult::Drained);
+        assert_eq!(drained.drained_at, Some(at(100)));
+        assert_eq!(
+            DrainCheckpoint::decide_notice(
+                Some(&drained.as_found_on(&node_cordoned(true))),
+                &notice_of_instance(),
+                &spot_notice(150, 270),
+                "req-n",
+                at(150),
+                at(270),
+                LEASE,
+            ),
+            LeaseDecision::AlreadyCompleted
+        );
+    }
+
+    #[test]
+    fn a_record_of_the_previous_release_is_read_and_never_counts_as_drained() {
+        // As the previous release wrote a completed drain: no result.
+        let json = r#"{"startedAt":"2023-11-14T22:13:20Z","deadline":"2023-11-14T22:28:20Z","action":{"autoScalingGroupName":"eks-demo-ng","lifecycleHookName":"Terminate-LC-Hook","instanceId":"i-07e9ea9eb19a67337","token":"t"},"lease":{"holder":null,"renewedAt":"2023-11-14T22:15:00Z","durationMillis":60000},"continuations":1,"drainedAt":"2023-11-14T22:14:00Z","completedAt":"2023-11-14T22:15:00Z","outOfService":{"labelled":true,"cordoned":true}}"#;
+        let old = DrainCheckpoint::parse(json).unwrap();
+        assert_eq!(old.result, None);
+        assert_eq!(old.completed_at, Some(at(100)));
+        assert!(!old.left_node_drained());
+        // The same action is still done; a notice drains the node again (it may have been
+        // a failed drain); a new action drains it fully.
+        assert_eq!(
+            DrainCheckpoint::decide(Some(&old), &action("t"), "req-2", at(200), TIMEOUT, LEASE),
+            LeaseDecision::AlreadyCompleted
+        );
+        assert!(matches!(
+            DrainCheckpoint::decide_notice(
+                Some(&old.clone().as_found_on(&node_cordoned(true))),
+                &notice_of_instance(),
+                &spot_notice(200, 320),
+                "req-n",
+                at(200),
+                at(320),
+                LEASE,
+            ),
+            LeaseDecision::Claim { resumed: false, .. }
+        ));
+        let (cp, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&old),
+            &action("new"),
+            "req-3",
+            at(300),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(!resumed);
+        assert_eq!(cp.started_at, at(300));
+        // Written again, the new field is there; absent, it is not written.
+        assert!(!old.to_json().contains("result"));
+        let finished = old.finished(at(400), DrainResult::Drained);
+        assert!(finished.to_json().contains(r#""result":"drained""#));
+    }
+
+    #[test]
+    fn a_continuation_takes_over_the_lease_its_predecessor_names_itself_in() {
+        let cp = DrainCheckpoint::start(&action("t"), at(0), TIMEOUT, "req-1", LEASE);
+        // The predecessor's lease is live (its hand-over mark was not written).
+        assert!(matches!(
+            DrainCheckpoint::decide(Some(&cp), &action("t"), "req-2", at(30), TIMEOUT, LEASE),
+            LeaseDecision::HeldByOther { .. }
+        ));
+        let let_go = cp.clone().handed_over_by("req-1", &action("t"));
+        let (next, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&let_go),
+            &action("t"),
+            "req-2",
+            at(30),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(resumed);
+        assert_eq!(next.deadline, at(900));
+        assert!(next.is_held_by("req-2", at(31)));
+        // Another holder, or another action's drain, is not the predecessor's to give.
+        assert_eq!(cp.clone().handed_over_by("req-9", &action("t")), cp);
+        assert_eq!(cp.clone().handed_over_by("req-1", &action("other")), cp);
+    }
+
+    #[test]
+    fn a_drain_holds_its_node_while_it_runs_or_while_the_node_stays_cordoned() {
+        let with = |checkpoint: &DrainCheckpoint, cordoned: bool| {
+            let mut node = node_cordoned(cordoned);
+            node.metadata.annotations =
+                Some([(CHECKPOINT_ANNOTATION.to_owned(), checkpoint.to_json())].into());
+            node
+        };
+        let running = DrainCheckpoint::start(&action("t"), at(0), TIMEOUT, "req-1", LEASE);
+        assert!(drain_holds(&with(&running, true)));
+        assert!(drain_holds(&with(&running, false)));
+        let notice = finished_notice_drain(DrainResult::Drained);
+        assert!(drain_holds(&with(&notice, true)));
+        assert!(!drain_holds(&with(&notice, false)), "put back in service");
+        let mut pooled = running.finished(at(50), DrainResult::Drained);
+        pooled.to_warm_pool_at = Some(at(50));
+        assert!(!drain_holds(&with(&pooled, true)));
+        assert!(!drain_holds(&node_cordoned(true)));
+        let mut unreadable = node_cordoned(false);
+        unreadable.metadata.annotations =
+            Some([(CHECKPOINT_ANNOTATION.to_owned(), "{}".to_owned())].into());
+        assert!(drain_holds(&unreadable));
     }
 
     #[test]

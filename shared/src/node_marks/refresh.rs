@@ -27,7 +27,7 @@ use kube::Api;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::checkpoint::{OutOfService, checkpoint_of};
+use super::checkpoint::{OutOfService, drain_holds};
 use super::out_of_service::{CordonSteps, Undone, add_undo_to_patch};
 use super::{PatchStep, Patched, Reread, patch_recomputing};
 
@@ -118,8 +118,7 @@ pub fn mark_step(
     taint: Option<&Taint>,
     now: Timestamp,
 ) -> MarkStep {
-    if checkpoint_of(node).is_some_and(|c| c.completed_at.is_none() || c.to_warm_pool_at.is_none())
-    {
+    if drain_holds(node) {
         return MarkStep::Draining;
     }
     let existing = refresh_marks_of(node);

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 use crate::aws::{GroupHealthSettings, GroupInstance, InstanceHealth, RepairInstances};
 use crate::lifecycle::node::node_instance_id;
 use crate::lifecycle::scope::{ScopeDecision, decide_by_tags};
-use crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
+use crate::node_marks::checkpoint::drain_holds;
 
 use super::decision::{GroupObservation, NodeObservation, ObservedCondition, needs_launch_time};
 use super::memory::{REPAIR_ANNOTATION, RepairRecord};
@@ -237,7 +237,7 @@ fn observe(
         conditions,
         lifecycle_state: membership.lifecycle_state.clone(),
         health_status: membership.health_status.clone(),
-        draining: annotations.is_some_and(|a| a.contains_key(CHECKPOINT_ANNOTATION)),
+        draining: drain_holds(node),
         last_repair: RepairRecord::from_annotation(
             annotations
                 .and_then(|a| a.get(REPAIR_ANNOTATION))
