@@ -111,8 +111,13 @@ pub fn mark_step(
     taint: Option<&Taint>,
     now: Timestamp,
 ) -> MarkStep {
-    if checkpoint_of(node).is_some_and(|c| c.completed_at.is_none() || c.to_warm_pool_at.is_none())
-    {
+    // A rebalance cordon drains nothing: the refresh marks the node as it would any other
+    // (and the reconciler keeps the cordon while the refresh runs).
+    let cordon_only =
+        |c: &super::checkpoint::DrainCheckpoint| c.notice.as_ref().is_some_and(|n| n.cordon_only);
+    if checkpoint_of(node).is_some_and(|c| {
+        !cordon_only(&c) && (c.completed_at.is_none() || c.to_warm_pool_at.is_none())
+    }) {
         return MarkStep::Draining;
     }
     let existing = refresh_marks_of(node);
@@ -146,6 +151,7 @@ pub fn mark_step(
     let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
     steps.add_to_patch(&mut patch, node);
     patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
+    patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
     patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
         json!(serde_json::to_string(&marks).unwrap_or_default());
     MarkStep::Write(patch, marks)
