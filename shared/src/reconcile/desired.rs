@@ -125,17 +125,22 @@ pub enum Action {
 }
 
 impl Action {
-    /// The name in the report.
+    /// The name in the report (the outcome once applied).
     pub fn name(&self) -> &'static str {
         match self {
-            Self::RemoveRefreshMarks { .. } => "RemoveRefreshMarks",
-            Self::UndoNoticeMarks { .. } => "UndoNoticeMarks",
-            Self::DropMaintenancePlan { .. } => "DropMaintenancePlan",
-            Self::ReplanMaintenance { .. } => "ReplanMaintenance",
-            Self::DrainForMaintenance { .. } => "DrainForMaintenance",
-            Self::ResumeNoticeDrain { .. } => "ResumeNoticeDrain",
-            Self::AddMarkedLabel => "AddMarkedLabel",
-            Self::RemoveMarkedLabel => "RemoveMarkedLabel",
+            Self::RemoveRefreshMarks { .. } => "RefreshMarksRemoved",
+            Self::UndoNoticeMarks { record, .. }
+                if record.notice.as_ref().is_some_and(|n| n.cordon_only) =>
+            {
+                "RebalanceCordonUndone"
+            }
+            Self::UndoNoticeMarks { .. } => "NoticeDrainUndone",
+            Self::DropMaintenancePlan { .. } => "MaintenancePlanDropped",
+            Self::ReplanMaintenance { .. } => "MaintenancePlanMoved",
+            Self::DrainForMaintenance { .. } => "MaintenanceDrainDue",
+            Self::ResumeNoticeDrain { .. } => "NoticeDrainResumed",
+            Self::AddMarkedLabel => "MarkedLabelAdded",
+            Self::RemoveMarkedLabel => "MarkedLabelRemoved",
             Self::Unchecked { .. } => "Unchecked",
         }
     }

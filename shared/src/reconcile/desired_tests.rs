@@ -143,7 +143,7 @@ fn refresh_marks_stay_while_the_refresh_runs_and_go_when_it_ended_or_is_unknown(
     };
     assert_eq!(
         names(&desired(&node, &gone, &POLICY, at(100))),
-        ["RemoveRefreshMarks"]
+        ["RefreshMarksRemoved"]
     );
     let unanswered = AwsFacts {
         refresh_status: Fact::Unknown("DescribeInstanceRefreshes timed out".into()),
@@ -180,7 +180,7 @@ fn an_expired_rebalance_cordon_is_kept_while_a_refresh_of_the_node_runs() {
     };
     assert_eq!(
         names(&desired(&node, &ended, &POLICY, at(2000))),
-        ["RemoveRefreshMarks", "UndoNoticeMarks"]
+        ["RefreshMarksRemoved", "RebalanceCordonUndone"]
     );
 }
 
@@ -197,7 +197,7 @@ fn a_rebalance_cordon_is_undone_after_its_time_unless_the_instance_is_leaving() 
     assert_eq!(desired(&node, &running(true), &POLICY, at(1799)), vec![]);
     assert_eq!(
         names(&desired(&node, &running(true), &POLICY, at(1800))),
-        ["UndoNoticeMarks"]
+        ["RebalanceCordonUndone"]
     );
     let terminating = AwsFacts {
         lifecycle_state: Fact::Known(Some("Terminating:Wait".into())),
@@ -270,7 +270,7 @@ fn an_abandoned_spot_drain_is_resumed_until_its_deadline_while_the_request_is_ma
     };
     assert_eq!(
         names(&desired(&node, &fulfilled, &POLICY, at(60))),
-        ["UndoNoticeMarks"]
+        ["NoticeDrainUndone"]
     );
     // The instance is gone: its node goes with it.
     let gone = AwsFacts {
@@ -295,7 +295,7 @@ fn an_abandoned_maintenance_drain_resumes_while_the_event_is_pending() {
     };
     assert_eq!(
         names(&desired(&node, &pending, &POLICY, at(100))),
-        ["ResumeNoticeDrain"]
+        ["NoticeDrainResumed"]
     );
     let cancelled = AwsFacts {
         scheduled: Fact::Known(vec![scheduled(
@@ -306,7 +306,7 @@ fn an_abandoned_maintenance_drain_resumes_while_the_event_is_pending() {
     };
     assert_eq!(
         names(&desired(&node, &cancelled, &POLICY, at(100))),
-        ["UndoNoticeMarks"]
+        ["NoticeDrainUndone"]
     );
 }
 
@@ -352,14 +352,14 @@ fn a_cancelled_maintenance_is_not_drained_at_its_old_time() {
         ..running(false)
     };
     let actions = desired(&node, &cancelled, &POLICY, at(3700));
-    assert_eq!(names(&actions), ["DropMaintenancePlan"]);
+    assert_eq!(names(&actions), ["MaintenancePlanDropped"]);
     let nothing_listed = AwsFacts {
         scheduled: Fact::Known(vec![]),
         ..running(false)
     };
     assert_eq!(
         names(&desired(&node, &nothing_listed, &POLICY, at(3700))),
-        ["DropMaintenancePlan"]
+        ["MaintenancePlanDropped"]
     );
 }
 
@@ -389,7 +389,7 @@ fn a_rescheduled_maintenance_is_moved_and_drained_at_its_new_time() {
     };
     assert_eq!(
         names(&desired(&node, &sooner, &POLICY, at(100))),
-        ["ReplanMaintenance", "DrainForMaintenance"]
+        ["MaintenancePlanMoved", "MaintenanceDrainDue"]
     );
 }
 
@@ -413,7 +413,7 @@ fn a_maintenance_plan_is_drained_when_due_dropped_when_started_or_on_another_ins
     );
     assert_eq!(
         names(&desired(&node, &pending, &POLICY, at(7200))),
-        ["DropMaintenancePlan"]
+        ["MaintenancePlanDropped"]
     );
     let reused = NodeMarks {
         instance_id: Some("i-0ffffffffffffffff".into()),
@@ -421,7 +421,7 @@ fn a_maintenance_plan_is_drained_when_due_dropped_when_started_or_on_another_ins
     };
     assert_eq!(
         names(&desired(&reused, &pending, &POLICY, at(100))),
-        ["DropMaintenancePlan"]
+        ["MaintenancePlanDropped"]
     );
     let unanswered = AwsFacts {
         scheduled: Fact::Unknown("DescribeInstanceStatus: throttled".into()),
@@ -446,7 +446,7 @@ fn a_due_plan_and_its_abandoned_drain_are_one_drain() {
     };
     assert_eq!(
         names(&desired(&node, &pending, &POLICY, at(4000))),
-        ["DrainForMaintenance"]
+        ["MaintenanceDrainDue"]
     );
 }
 
@@ -463,10 +463,10 @@ fn the_common_label_follows_the_marks() {
     };
     assert_eq!(
         names(&desired(&unlabelled, &pending, &POLICY, at(0))),
-        ["AddMarkedLabel"]
+        ["MarkedLabelAdded"]
     );
     assert_eq!(
         names(&desired(&marks(), &running(false), &POLICY, at(0))),
-        ["RemoveMarkedLabel"]
+        ["MarkedLabelRemoved"]
     );
 }
