@@ -47,8 +47,16 @@ where
         .into_iter()
         .map(|o| InstanceOutcome {
             instance_id: o.instance_id.unwrap_or_default(),
-            outcome: o.action,
-            detail: Some(format!("node {}: {}", o.node, o.outcome)),
+            outcome: if o.failed {
+                "Failed".to_owned()
+            } else {
+                o.action.clone()
+            },
+            detail: Some(if o.failed {
+                format!("node {}: {} {}", o.node, o.action, o.outcome)
+            } else {
+                format!("node {}: {}", o.node, o.outcome)
+            }),
         })
         .collect();
     let handler = NoticeHandler { drainer };

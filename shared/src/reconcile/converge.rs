@@ -19,26 +19,49 @@ use crate::node_marks::out_of_service::add_undo_to_patch;
 use crate::node_marks::refresh::unmark_node;
 use crate::node_marks::{MARKED_LABEL, PatchStep, Patched, Reread, patch_recomputing};
 
-/// Applies `action` to node `name`; what it came to, for the report. Drains and
-/// [`Action::Unchecked`] write nothing here.
+/// Applies `action` to node `name`; what it came to, for the report (`None`: nothing worth
+/// reporting, the common label was already right). Drains and [`Action::Unchecked`] write
+/// nothing here.
 pub async fn apply(
     client: &kube::Client,
     name: &str,
     action: &Action,
-) -> Result<String, kube::Error> {
+) -> Result<Option<String>, kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let Some(node) = nodes.get_opt(name).await? else {
-        return Ok("node gone".to_owned());
+        return Ok(Some("node gone".to_owned()));
     };
     match action {
+        Action::AddMarkedLabel | Action::RemoveMarkedLabel => sync_marked_label(&nodes, node).await,
+        other => apply_to(client, &nodes, node, other).await.map(Some),
+    }
+}
+
+/// Adds the common label to `name` if it carries a mark of ours, removes it if it carries
+/// none; what was written, `None` when the label was right.
+pub async fn sync_label(client: &kube::Client, name: &str) -> Result<Option<String>, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    match nodes.get_opt(name).await? {
+        Some(node) => sync_marked_label(&nodes, node).await,
+        None => Ok(None),
+    }
+}
+
+async fn apply_to(
+    client: &kube::Client,
+    nodes: &Api<Node>,
+    node: Node,
+    action: &Action,
+) -> Result<String, kube::Error> {
+    match action {
         Action::RemoveRefreshMarks { refresh_id, why } => {
-            Ok(match unmark_node(&nodes, node, refresh_id).await? {
+            Ok(match unmark_node(nodes, node, refresh_id).await? {
                 Some(undone) => described(why, &undone.items()),
                 None => "no longer on the node".to_owned(),
             })
         }
         Action::UndoNoticeMarks { record, why } => {
-            Ok(match undo_notice_marks(&nodes, node, record).await? {
+            Ok(match undo_notice_marks(nodes, node, record).await? {
                 Some(undone) => described(why, &undone),
                 None => "the record changed meanwhile: left".to_owned(),
             })
@@ -64,12 +87,11 @@ pub async fn apply(
                 "the plan changed meanwhile: left".to_owned()
             })
         }
-        Action::AddMarkedLabel => set_marked_label(&nodes, node, true).await,
-        Action::RemoveMarkedLabel => set_marked_label(&nodes, node, false).await,
         Action::Unchecked { why, .. } => Ok(why.clone()),
-        Action::DrainForMaintenance { .. } | Action::ResumeNoticeDrain { .. } => {
-            Ok("left to the drain".to_owned())
-        }
+        Action::AddMarkedLabel
+        | Action::RemoveMarkedLabel
+        | Action::DrainForMaintenance { .. }
+        | Action::ResumeNoticeDrain { .. } => Ok("not a change of marks".to_owned()),
     }
 }
 
@@ -113,8 +135,9 @@ async fn undo_notice_marks(
     })
 }
 
-/// Adds the common label to a node with marks of ours, or removes it from a node without.
-async fn set_marked_label(nodes: &Api<Node>, node: Node, add: bool) -> Result<String, kube::Error> {
+/// Adds the common label to a node with marks of ours, or removes it from a node without;
+/// what was written.
+async fn sync_marked_label(nodes: &Api<Node>, node: Node) -> Result<Option<String>, kube::Error> {
     let written = patch_recomputing(
         nodes,
         node,
@@ -122,23 +145,27 @@ async fn set_marked_label(nodes: &Api<Node>, node: Node, add: bool) -> Result<St
         "setting the marked label",
         |node| {
             let marks = NodeMarks::of(node);
-            if marks.any() != add || marks.labelled == add {
+            if marks.any() == marks.labelled {
                 return PatchStep::Stop(());
             }
-            let value = if add { json!("true") } else { Value::Null };
+            let value = if marks.any() {
+                json!("true")
+            } else {
+                Value::Null
+            };
             PatchStep::Write(
                 json!({"metadata": {
                     "resourceVersion": node.metadata.resource_version,
                     "labels": {MARKED_LABEL: value},
                 }}),
-                (),
+                marks.any(),
             )
         },
     )
     .await?;
-    Ok(match (written, add) {
-        (Patched::Written(..), true) => format!("label {MARKED_LABEL} added"),
-        (Patched::Written(..), false) => format!("label {MARKED_LABEL} removed"),
-        _ => "nothing to change any more".to_owned(),
+    Ok(match written {
+        Patched::Written(_, true) => Some(format!("label {MARKED_LABEL} added")),
+        Patched::Written(_, false) => Some(format!("label {MARKED_LABEL} removed")),
+        Patched::Stopped(()) | Patched::NodeGone => None,
     })
 }

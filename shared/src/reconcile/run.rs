@@ -35,6 +35,8 @@ pub struct NodeOutcome {
     pub instance_id: Option<String>,
     pub action: String,
     pub outcome: String,
+    /// The action could not be applied (tried again next run).
+    pub failed: bool,
 }
 
 /// A drain the run decided on, for the caller to run.
@@ -100,12 +102,24 @@ async fn converge_node(
     actions: Vec<Action>,
     reconciled: &mut Reconciled,
 ) {
-    let outcome = |action: &Action, outcome: String| NodeOutcome {
+    let outcome = |action: &Action, outcome: String, failed: bool| NodeOutcome {
         node: marks.node.clone(),
         instance_id: marks.instance().map(str::to_owned),
         action: action.name().to_owned(),
         outcome,
+        failed,
     };
+    let removes_a_mark = actions.iter().any(|a| {
+        matches!(
+            a,
+            Action::RemoveRefreshMarks { .. }
+                | Action::UndoNoticeMarks { .. }
+                | Action::DropMaintenancePlan { .. }
+        )
+    });
+    let has_label_action = actions
+        .iter()
+        .any(|a| matches!(a, Action::AddMarkedLabel | Action::RemoveMarkedLabel));
     for action in actions {
         if matches!(
             action,
@@ -120,7 +134,8 @@ async fn converge_node(
         let applied =
             tokio::time::timeout(NODE_BOUND, converge::apply(client, &marks.node, &action)).await;
         let (text, failed) = match applied {
-            Ok(Ok(text)) => (text, false),
+            Ok(Ok(Some(text))) => (text, false),
+            Ok(Ok(None)) => continue,
             Ok(Err(error)) => (format!("failed: {error}"), true),
             Err(_) => (format!("failed: no answer within {NODE_BOUND:?}"), true),
         };
@@ -141,9 +156,19 @@ async fn converge_node(
                 "mark converged"
             );
         }
-        reconciled.outcomes.push(outcome(&action, text));
+        reconciled.outcomes.push(outcome(&action, text, failed));
         if failed {
             return;
+        }
+    }
+    // The last mark gone: the common label goes in the same run.
+    if removes_a_mark && !has_label_action {
+        let synced =
+            tokio::time::timeout(NODE_BOUND, converge::sync_label(client, &marks.node)).await;
+        if let Ok(Ok(Some(text))) = synced {
+            reconciled
+                .outcomes
+                .push(outcome(&Action::RemoveMarkedLabel, text, false));
         }
     }
 }
