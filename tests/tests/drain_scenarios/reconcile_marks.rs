@@ -124,3 +124,103 @@ async fn reconcile_a_rebalance_cordon_neither_swallows_a_running_refresh_nor_lif
     assert!(!is_cordoned(&s));
     assert!(s.checkpoint().is_none());
 }
+
+/// What one reconcile run costs in calls, for a cluster of `nodes` nodes of which `marked`
+/// carry a maintenance plan: (Kubernetes requests, AWS calls, wall time).
+async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
+    use node_manager::reconcile::Policy;
+    use node_manager::reconcile::run::reconcile_marks;
+    let s = reference_cluster(false, 1).await;
+    let store = s.server.store();
+    let plan_from = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24 * 7);
+    for i in 0..nodes.saturating_sub(2) {
+        let instance = format!("i-{i:017x}");
+        let mut node = fixtures::node(
+            &format!("ip-10-1-{}-{}.eu-west-1.compute.internal", i / 250, i % 250),
+            &format!("aws:///eu-west-1a/{instance}"),
+        );
+        if i < marked {
+            let record = json!({
+                "typeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", "instanceId": instance,
+                "autoScalingGroupName": GROUP, "startsAt": plan_from.to_string(),
+                "drainFrom": (plan_from - jiff::SignedDuration::from_hours(1)).to_string(),
+            });
+            let labels = node.metadata.labels.get_or_insert_default();
+            labels.insert("open-node-manager.io/maintenance".into(), "planned".into());
+            labels.insert("open-node-manager.io/marked".into(), "true".into());
+            node.metadata.annotations.get_or_insert_default().insert(
+                "open-node-manager.io/maintenance".into(),
+                record.to_string(),
+            );
+            s.instances.notices.set_facts(
+                &instance,
+                InstanceFacts {
+                    state: Some("running".into()),
+                    auto_scaling_group: Some(GROUP.into()),
+                    spot_request_id: None,
+                },
+            );
+            s.instances.notices.schedule(
+                &instance,
+                node_manager::aws::ScheduledInstanceEvent {
+                    code: "instance-retirement".into(),
+                    not_before: Some(plan_from),
+                    description: "The instance is running on degraded hardware".into(),
+                },
+            );
+        }
+        store.create(&node).unwrap();
+    }
+    let before = s.function_requests().len();
+    let policy = Policy {
+        maintenance_margin: Duration::from_secs(3600),
+    };
+    let started = std::time::Instant::now();
+    let reconciled = reconcile_marks(&s.function_client, &s.instances, &s.autoscaling, policy)
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(
+        reconciled.nodes, marked,
+        "only the marked nodes are looked at"
+    );
+    assert!(reconciled.outcomes.is_empty(), "{:?}", reconciled.outcomes);
+    let kube = s.function_requests().len() - before;
+    (kube, reconciled.aws_calls.values().sum(), took)
+}
+
+/// Calls per run grow with the marked nodes, not with the cluster (the figures are printed
+/// for BENCHMARKS.md: `cargo nextest run -p node-manager-testkit --test drain_scenarios
+/// reconcile_calls --no-capture`).
+#[tokio::test]
+async fn reconcile_calls_grow_with_the_marked_nodes_not_with_the_cluster() {
+    let mut rows = Vec::new();
+    for (nodes, marked) in [(100, 0), (100, 10), (1000, 0), (1000, 10), (1000, 100)] {
+        let (kube, aws, took) = cost_of_a_run(nodes, marked).await;
+        println!(
+            "reconcile run: {nodes} nodes, {marked} marked: {kube} Kubernetes requests, {aws} AWS calls, {took:?}"
+        );
+        rows.push((nodes, marked, kube, aws));
+    }
+    let of = |nodes, marked| {
+        rows.iter()
+            .find(|r| r.0 == nodes && r.1 == marked)
+            .map(|r| (r.2, r.3))
+            .unwrap()
+    };
+    assert_eq!(
+        of(100, 0),
+        of(1000, 0),
+        "nothing marked: the same cost at any size"
+    );
+    assert_eq!(
+        of(100, 10),
+        of(1000, 10),
+        "ten marked: the same cost at any size"
+    );
+    assert_eq!(
+        of(1000, 0),
+        (3, 0),
+        "three label-selected lists, no AWS call"
+    );
+}
