@@ -10,6 +10,7 @@
 //! - [`drain`]: labelling, cordoning and draining the node of a terminating instance.
 //! - [`launch`]: completing the launch hook once the node is Ready.
 //! - [`nodegroup_auth`]: the node role's `aws-auth` mapping or access entry.
+//! - [`reconcile`]: keeping every mark of ours on a Node true to what AWS says now.
 //! - [`node_repair`]: replacing or rebooting nodes whose health conditions stay bad.
 //! - [`retry`]: the one retry policy and backoff curve.
 //! - [`aws`]: small traits over the AWS calls the domain makes, their SDK adapters and
@@ -48,6 +49,8 @@ pub mod node_marks;
 #[cfg(feature = "runtime")]
 pub mod node_repair;
 pub mod nodegroup_auth;
+#[cfg(feature = "runtime")]
+pub mod reconcile;
 #[cfg(feature = "runtime")]
 pub mod retry;
 pub mod settings;

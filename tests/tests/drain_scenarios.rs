@@ -35,6 +35,8 @@ use serde_json::{Value, json};
 mod do_not_disrupt;
 #[path = "drain_scenarios/instance_notices.rs"]
 mod instance_notices;
+#[path = "drain_scenarios/reconcile_marks.rs"]
+mod reconcile_marks;
 #[path = "drain_scenarios/retention.rs"]
 mod retention;
 

@@ -58,6 +58,10 @@ struct AutoScalingState {
     retaining: std::collections::HashSet<String>,
     completions: Vec<RecordedCompletion>,
     heartbeats: Vec<LifecycleActionRef>,
+    /// instance -> lifecycle state, as `DescribeAutoScalingInstances` reports it.
+    lifecycle_states: BTreeMap<String, String>,
+    /// (group, refresh id) -> status, as `DescribeInstanceRefreshes` reports it.
+    refresh_statuses: BTreeMap<(String, String), String>,
 }
 
 /// Auto Scaling with pending lifecycle actions, hooks and group tags.
@@ -115,6 +119,46 @@ impl InMemoryAutoScaling {
 
     pub fn is_pending(&self, action: &LifecycleActionRef) -> bool {
         lock(&self.state).pending.contains_key(&key(action))
+    }
+
+    /// Puts `instance_id` in its group's `state` (`InService`, `Terminating:Wait`, ...).
+    pub fn set_lifecycle_state(&self, instance_id: &str, state: &str) {
+        lock(&self.state)
+            .lifecycle_states
+            .insert(instance_id.to_owned(), state.to_owned());
+    }
+
+    /// Sets the status `DescribeInstanceRefreshes` reports for a refresh of `group`.
+    pub fn set_refresh_status(&self, group: &str, refresh_id: &str, status: &str) {
+        lock(&self.state)
+            .refresh_statuses
+            .insert((group.to_owned(), refresh_id.to_owned()), status.to_owned());
+    }
+}
+
+impl GroupActivity for InMemoryAutoScaling {
+    async fn lifecycle_states(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, String>, AwsError> {
+        self.faults.take("DescribeAutoScalingInstances")?;
+        let state = lock(&self.state);
+        Ok(instance_ids
+            .iter()
+            .filter_map(|id| Some((id.clone(), state.lifecycle_states.get(id)?.clone())))
+            .collect())
+    }
+
+    async fn instance_refresh_status(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> Result<Option<String>, AwsError> {
+        self.faults.take("DescribeInstanceRefreshes")?;
+        Ok(lock(&self.state)
+            .refresh_statuses
+            .get(&(group_name.to_owned(), instance_refresh_id.to_owned()))
+            .cloned())
     }
 }
 
@@ -383,6 +427,9 @@ impl InstanceNotices for InMemoryInstances {
         self.notices.scheduled_events(instance_id).await
     }
 }
+
+impl InstanceNoticesBatch for InMemoryInstanceNotices {}
+impl InstanceNoticesBatch for InMemoryInstances {}
 
 /// A message published to SNS.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -242,6 +242,78 @@ pub trait InstanceNotices: Send + Sync {
     ) -> impl Future<Output = Result<Vec<ScheduledInstanceEvent>, AwsError>> + Send;
 }
 
+/// EC2 as the reconciler reads it: the same facts as [`InstanceNotices`], for many instances
+/// at once, so that a run costs calls in proportion to the marked nodes, not to the cluster.
+/// The defaults ask one instance at a time (what the in-memory fakes need); the SDK adapter
+/// batches.
+pub trait InstanceNoticesBatch: InstanceNotices {
+    /// The facts of each instance EC2 knows; an unknown instance is absent.
+    fn instances_facts(
+        &self,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<BTreeMap<String, InstanceFacts>, AwsError>> + Send {
+        async move {
+            let mut out = BTreeMap::new();
+            for id in instance_ids {
+                if let Some(facts) = self.instance_facts(id).await? {
+                    out.insert(id.clone(), facts);
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    /// The status code of each Spot request named, by request id; an unknown one is absent.
+    fn spot_request_statuses(
+        &self,
+        spot_request_ids: &[String],
+    ) -> impl Future<Output = Result<BTreeMap<String, String>, AwsError>> + Send {
+        async move {
+            let mut out = BTreeMap::new();
+            for id in spot_request_ids {
+                if let Some(status) = self.spot_request_status(id).await? {
+                    out.insert(id.clone(), status);
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    /// The scheduled events of each instance (all of them EC2 knows).
+    fn scheduled_events_of(
+        &self,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<BTreeMap<String, Vec<ScheduledInstanceEvent>>, AwsError>> + Send
+    {
+        async move {
+            let mut out = BTreeMap::new();
+            for id in instance_ids {
+                out.insert(id.clone(), self.scheduled_events(id).await?);
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// Auto Scaling as the reconciler reads it: where the marked instances are in their group's
+/// lifecycle, and whether the instance refreshes that marked nodes are still running.
+pub trait GroupActivity: Send + Sync {
+    /// The lifecycle state (`InService`, `Terminating:Wait`, ...) of each instance in a group
+    /// (`DescribeAutoScalingInstances`, batched); an instance in no group is absent.
+    fn lifecycle_states(
+        &self,
+        instance_ids: &[String],
+    ) -> impl Future<Output = Result<BTreeMap<String, String>, AwsError>> + Send;
+
+    /// The status of instance refresh `instance_refresh_id` of `group_name`
+    /// (`DescribeInstanceRefreshes`); `None` when Auto Scaling does not know it.
+    fn instance_refresh_status(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+}
+
 /// The EC2 states in which an instance still holds (or will again hold) its instance
 /// profile's credentials: everything but `shutting-down` and `terminated`.
 pub const LIVE_INSTANCE_STATES: [&str; 4] = ["pending", "running", "stopping", "stopped"];

@@ -507,6 +507,148 @@ impl InstanceNotices for SdkInstances {
     }
 }
 
+/// The facts [`InstanceNotices::instance_facts`] reads from one described instance.
+fn facts_of(instance: &aws_sdk_ec2::types::Instance) -> InstanceFacts {
+    InstanceFacts {
+        state: instance
+            .state()
+            .and_then(|s| s.name())
+            .map(|n| n.as_str().to_owned()),
+        auto_scaling_group: instance
+            .tags()
+            .iter()
+            .find(|t| t.key() == Some("aws:autoscaling:groupName"))
+            .and_then(|t| t.value())
+            .map(str::to_owned),
+        spot_request_id: instance.spot_instance_request_id().map(str::to_owned),
+    }
+}
+
+/// `DescribeInstanceStatus` takes at most 100 instance ids per call.
+const STATUS_BATCH: usize = 100;
+
+impl InstanceNoticesBatch for SdkInstances {
+    /// By an `instance-id` filter (200 ids a call): an instance EC2 no longer knows is
+    /// absent instead of failing the batch.
+    async fn instances_facts(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, InstanceFacts>, AwsError> {
+        use aws_sdk_ec2::types::Filter;
+        let mut out = BTreeMap::new();
+        for batch in instance_ids.chunks(INSTANCE_FILTER_BATCH) {
+            let filter = Filter::builder()
+                .name("instance-id")
+                .set_values(Some(batch.to_vec()))
+                .build();
+            let mut next_token = None;
+            loop {
+                let output = self
+                    .client()
+                    .describe_instances()
+                    .filters(filter.clone())
+                    .max_results(1000)
+                    .set_next_token(next_token.take())
+                    .send()
+                    .await
+                    .map_err(|e| classify("DescribeInstances", e))?;
+                for instance in output.reservations().iter().flat_map(|r| r.instances()) {
+                    if let Some(id) = instance.instance_id() {
+                        out.insert(id.to_owned(), facts_of(instance));
+                    }
+                }
+                match output.next_token().filter(|t| !t.is_empty()) {
+                    Some(token) => next_token = Some(token.to_owned()),
+                    None => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// By a `spot-instance-request-id` filter: an unknown request is absent.
+    async fn spot_request_statuses(
+        &self,
+        spot_request_ids: &[String],
+    ) -> Result<BTreeMap<String, String>, AwsError> {
+        use aws_sdk_ec2::types::Filter;
+        let mut out = BTreeMap::new();
+        for batch in spot_request_ids.chunks(INSTANCE_FILTER_BATCH) {
+            let filter = Filter::builder()
+                .name("spot-instance-request-id")
+                .set_values(Some(batch.to_vec()))
+                .build();
+            let mut next_token = None;
+            loop {
+                let output = self
+                    .client()
+                    .describe_spot_instance_requests()
+                    .filters(filter.clone())
+                    .set_next_token(next_token.take())
+                    .send()
+                    .await
+                    .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+                for request in output.spot_instance_requests() {
+                    let id = request.spot_instance_request_id();
+                    let code = request.status().and_then(|s| s.code());
+                    if let (Some(id), Some(code)) = (id, code) {
+                        out.insert(id.to_owned(), code.to_owned());
+                    }
+                }
+                match output.next_token().filter(|t| !t.is_empty()) {
+                    Some(token) => next_token = Some(token.to_owned()),
+                    None => break,
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `InstanceIds` (100 a call; `DescribeInstanceStatus` has no `instance-id` filter), all
+    /// states. The caller names only instances `DescribeInstances` just found.
+    async fn scheduled_events_of(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, Vec<ScheduledInstanceEvent>>, AwsError> {
+        let mut out: BTreeMap<String, Vec<ScheduledInstanceEvent>> = instance_ids
+            .iter()
+            .map(|id| (id.clone(), Vec::new()))
+            .collect();
+        for batch in instance_ids.chunks(STATUS_BATCH) {
+            let output = self
+                .client()
+                .describe_instance_status()
+                .set_instance_ids(Some(batch.to_vec()))
+                .include_all_instances(true)
+                .send()
+                .await
+                .map_err(|e| classify("DescribeInstanceStatus", e))?;
+            for status in output.instance_statuses() {
+                let Some(id) = status.instance_id() else {
+                    continue;
+                };
+                out.entry(id.to_owned())
+                    .or_default()
+                    .extend(status.events().iter().map(scheduled_event_of));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn scheduled_event_of(event: &aws_sdk_ec2::types::InstanceStatusEvent) -> ScheduledInstanceEvent {
+    ScheduledInstanceEvent {
+        code: event
+            .code()
+            .map(|c| c.as_str().to_owned())
+            .unwrap_or_default(),
+        not_before: event
+            .not_before()
+            .and_then(|t| jiff::Timestamp::from_second(t.secs()).ok()),
+        description: event.description().unwrap_or_default().to_owned(),
+    }
+}
+
 impl InstancesByProfile for SdkInstances {
     /// Two `DescribeInstances` queries, because EC2 ANDs filters: instances tagged
     /// `eks:cluster-name` = cluster (managed node groups), then those carrying the
@@ -1043,6 +1185,31 @@ fn mixed_instances_policy_of(
 
 fn percentage(value: Option<i32>) -> Option<u32> {
     value.and_then(|v| u32::try_from(v).ok())
+}
+
+impl GroupActivity for SdkAutoScaling {
+    async fn lifecycle_states(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, String>, AwsError> {
+        Ok(self
+            .describe_group_instances(instance_ids)
+            .await?
+            .into_iter()
+            .map(|i| (i.instance_id, i.lifecycle_state))
+            .collect())
+    }
+
+    async fn instance_refresh_status(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> Result<Option<String>, AwsError> {
+        Ok(self
+            .describe_instance_refresh(group_name, instance_refresh_id)
+            .await?
+            .map(|r| r.status))
+    }
 }
 
 impl InstanceRefreshes for SdkAutoScaling {

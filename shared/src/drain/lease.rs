@@ -23,7 +23,7 @@ use crate::node_marks::checkpoint::{
 };
 use crate::node_marks::out_of_service::{CordonReport, CordonSteps};
 use crate::node_marks::refresh::{add_record_removal_to_patch, refresh_marks_of};
-use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
+use crate::node_marks::{CONFLICT_ATTEMPTS, MARKED_LABEL, conflicts_exhausted};
 use crate::retry::backoff_delay;
 
 /// Calls in total for a checkpoint write the API server keeps refusing transiently, and the
@@ -139,8 +139,11 @@ pub async fn claim_with(
                 // An instance refresh's marks become the drain's: the refresh's end must not
                 // lift the cordon of a node being drained, and a return from a warm pool
                 // undoes them with the drain's own.
+                // A cordon-only notice (a rebalance recommendation) drains nothing: the
+                // refresh's record stays the refresh's, for its end to undo.
                 let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
                 let refreshed = refresh_marks_of(&node)
+                    .filter(|_| !is_cordon_only(&checkpoint))
                     .map(|m| m.out_of_service)
                     .unwrap_or_default();
                 checkpoint.out_of_service = Some(earlier.union(&refreshed).union(&steps.record()));
@@ -313,7 +316,8 @@ async fn write(
     });
     if let Some(steps) = steps {
         steps.add_to_patch(&mut patch, read);
-        if refresh_marks_of(read).is_some() {
+        patch["metadata"]["labels"][MARKED_LABEL] = json!("true");
+        if refresh_marks_of(read).is_some() && !is_cordon_only(checkpoint) {
             add_record_removal_to_patch(&mut patch);
         }
     }
@@ -326,6 +330,11 @@ async fn write(
         Err(kube::Error::Api(status)) if status.is_not_found() => Ok(Written::NodeGone),
         Err(error) => Err(error),
     }
+}
+
+/// Whether `checkpoint` only takes the node out of service (`REBALANCE_ACTION=cordon`).
+fn is_cordon_only(checkpoint: &DrainCheckpoint) -> bool {
+    checkpoint.notice.as_ref().is_some_and(|n| n.cordon_only)
 }
 
 async fn get(nodes: &Api<Node>, name: &str) -> Result<Option<Node>, kube::Error> {

@@ -25,7 +25,10 @@ use super::maintenance::{
 };
 use super::settings::RebalanceAction;
 use super::sweep::sweep;
-use crate::aws::{AwsError, InstanceFacts, InstanceNotices, ScheduledInstanceEvent};
+use crate::aws::{
+    AwsError, GroupActivity, InstanceFacts, InstanceNotices, InstanceNoticesBatch,
+    ScheduledInstanceEvent,
+};
 use crate::cluster::ClusterAccessError;
 use crate::cluster::connection::KubeConnection;
 use crate::diagnostic::{FunctionError, diagnostic};
@@ -149,7 +152,8 @@ pub struct NoticeHandler<'a, C: HookClients> {
 
 impl<C: HookClients> NoticeHandler<'_, C>
 where
-    C::Instances: InstanceNotices,
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
 {
     /// Handles one event that [`super::event::is_notice_event`] accepted.
     pub async fn handle(
@@ -331,6 +335,9 @@ where
             .await;
         events.flush().await;
         let drained = drained?;
+        // A drain that ran out of time is resumed from its record by the next sweep: its plan
+        // stays until then.
+        let plan = plan.filter(|_| drained != NoticeDrainOutcome::OutOfTime);
         if let Some(record) = plan {
             let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
             let fresh = nodes

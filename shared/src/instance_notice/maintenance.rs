@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::aws::ScheduledInstanceEvent;
 use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, NoticeKind};
 use crate::node_marks::out_of_service::add_undo_to_patch;
-use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
+use crate::node_marks::{MARKED_LABEL, PatchStep, Patched, Reread, patch_recomputing};
 
 /// Label on a node with planned maintenance (value `planned`): the sweep lists by it.
 pub const MAINTENANCE_LABEL: &str = "open-node-manager.io/maintenance";
@@ -83,7 +83,7 @@ pub async fn plan_maintenance(
         PatchStep::Write(
             json!({"metadata": {
                 "resourceVersion": node.metadata.resource_version,
-                "labels": {MAINTENANCE_LABEL: "planned"},
+                "labels": {MAINTENANCE_LABEL: "planned", MARKED_LABEL: "true"},
                 "annotations": {MAINTENANCE_ANNOTATION: serde_json::to_string(&record).unwrap_or_default()},
             }}),
             (),
@@ -259,4 +259,29 @@ pub async fn restore_after_maintenance(
         Patched::Written(_, items) => items,
         Patched::Stopped(()) | Patched::NodeGone => Vec::new(),
     })
+}
+
+/// Moves the plan `from` on `node` to `to` (EC2 rescheduled the maintenance), if the node
+/// still carries `from`; `false` when it did not (changed or removed meanwhile).
+pub async fn replan_maintenance(
+    client: &kube::Client,
+    node: Node,
+    from: &MaintenanceRecord,
+    to: &MaintenanceRecord,
+) -> Result<bool, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let written = patch_recomputing(&nodes, node, Reread::Get, "moving planned maintenance", |node| {
+        if MaintenanceRecord::of(node).as_ref() != Some(from) {
+            return PatchStep::Stop(());
+        }
+        PatchStep::Write(
+            json!({"metadata": {
+                "resourceVersion": node.metadata.resource_version,
+                "annotations": {MAINTENANCE_ANNOTATION: serde_json::to_string(to).unwrap_or_default()},
+            }}),
+            (),
+        )
+    })
+    .await?;
+    Ok(matches!(written, Patched::Written(..)))
 }

@@ -5,8 +5,8 @@
 //! node whatever mix of notices and notifications arrives.
 //!
 //! [`event`] parses and checks; [`handler`] decides ownership, confirms with EC2 and acts;
-//! [`maintenance`] keeps a drain planned for later; [`sweep`] runs what is due on the
-//! stack's schedule. The drain itself is [`crate::drain::notice`].
+//! [`maintenance`] keeps a drain planned for later; [`sweep`] runs the reconciler
+//! ([`crate::reconcile`]) and the drains it finds due on the stack's schedule. The drain itself is [`crate::drain::notice`].
 
 pub mod event;
 #[cfg(feature = "runtime")]
@@ -29,7 +29,7 @@ mod route {
     use serde_json::Value;
 
     use super::{NoticeError, NoticeHandler, NoticeReport};
-    use crate::aws::InstanceNotices;
+    use crate::aws::{GroupActivity, InstanceNoticesBatch};
     use crate::diagnostic::{FunctionError, diagnostic};
     use crate::drain::{DrainError, DrainReport, Drainer, Invocation};
     use crate::lifecycle::handler::{HookClients, HookHandler};
@@ -73,7 +73,8 @@ mod route {
         invocation: &Invocation,
     ) -> Result<TerminatingHookResponse, TerminatingHookError>
     where
-        C::Instances: InstanceNotices,
+        C::Instances: InstanceNoticesBatch,
+        C::AutoScaling: GroupActivity,
     {
         if super::event::is_notice_event(&payload) {
             let handler = NoticeHandler { drainer };

@@ -1,134 +1,67 @@
-//! The sweep, run by the stack's schedule (every five minutes): what instance notices leave
-//! for later.
+//! The sweep, run by the stack's schedule (every five minutes): the reconciler
+//! ([`crate::reconcile`]) over every node carrying a mark of ours, then the drains it found
+//! due.
 //!
-//! - **Planned maintenance that is due** (see [`super::maintenance`]): drained now, until the
-//!   maintenance's start; a plan whose start has passed is dropped without action.
-//! - **Rebalance cordons that no termination followed** within `REBALANCE_UNDO_SECONDS`:
-//!   undone, only what the record says we did and only where it is still in place. A
-//!   termination's drain takes the record over ([`crate::node_marks::checkpoint`]), so a node
-//!   being drained is never put back in service.
+//! The reconciler undoes what lost, late or retried events left: an instance refresh's marks
+//! once Auto Scaling no longer reports the refresh running, a rebalance cordon no termination
+//! followed within `REBALANCE_UNDO_SECONDS` (kept while a refresh of the node runs), a notice
+//! drain whose reason AWS no longer reports, a maintenance plan EC2 cancelled (moved when EC2
+//! moved it). The drains run here, in this invocation, one after another while it has time
+//! (what is left waits for the next run, nothing is lost):
+//! - **planned maintenance that is due** ([`super::maintenance`]): drained until its start;
+//! - **a notice drain nobody runs** (its invocation ran out of time or failed) whose reason
+//!   stands: resumed on its own record, until its own deadline.
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
-use kube::Api;
-use kube::api::ListParams;
-use serde_json::json;
 
 use super::handler::{
     InstanceOutcome, NoticeError, NoticeHandler, NoticeReport, kube_error, maintenance_drain,
 };
-use super::maintenance::{MAINTENANCE_LABEL, MaintenanceRecord, clear_maintenance};
-use crate::aws::InstanceNotices;
+use crate::aws::{GroupActivity, InstanceNoticesBatch};
 use crate::cluster::connection::KubeConnection;
 use crate::drain::Drainer;
 use crate::lifecycle::handler::{HookClients, Invocation};
-use crate::lifecycle::node::node_instance_id;
-use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, checkpoint_of};
-use crate::node_marks::out_of_service::add_undo_to_patch;
-use crate::node_marks::{
-    EXCLUDE_FROM_LOAD_BALANCERS_LABEL, PatchStep, Patched, Reread, patch_recomputing,
-};
+use crate::reconcile::run::{DueDrain, Reconciled, reconcile_marks};
+use crate::reconcile::{Action, Policy};
 
 pub(super) async fn sweep<C: HookClients>(
     drainer: &Drainer<C>,
     invocation: &Invocation,
 ) -> Result<NoticeReport, NoticeError>
 where
-    C::Instances: InstanceNotices,
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
 {
     let client = drainer.context.kube.client().await?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    // The lists are of all nodes: no node to name.
-    let kube = |source| kube_error("", source);
-    let mut instances = Vec::new();
-    let now = Timestamp::now();
-
-    // Rebalance cordons: a node we took out of service carries the load-balancer label
-    // (ours or found there), so that list holds every candidate.
-    let marked = nodes
-        .list(&ListParams::default().labels(EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
+    let context = &drainer.context;
+    let policy = Policy {
+        maintenance_margin: context.settings.notices.maintenance_margin,
+    };
+    let reconciled = reconcile_marks(&client, &context.instances, &context.autoscaling, policy)
         .await
-        .map_err(kube)?;
-    for node in marked.items {
-        let Some(checkpoint) = checkpoint_of(&node) else {
-            continue;
-        };
-        if !is_expired_rebalance_cordon(&checkpoint, now) {
-            continue;
-        }
-        let instance_id = checkpoint.action.instance_id.clone();
-        let name = node.metadata.name.clone().unwrap_or_default();
-        let undone = undo_rebalance_cordon(&nodes, node)
-            .await
-            .map_err(|source| kube_error(&name, source))?;
-        tracing::info!(step = "rebalance_cordon_undone", instance_id, undone = ?undone, "no termination followed the rebalance recommendation: our cordon undone");
-        instances.push(InstanceOutcome {
-            instance_id,
-            outcome: "RebalanceCordonUndone".to_owned(),
-            detail: Some(undone.join(", ")),
-        });
-    }
-
-    // Planned maintenance.
-    let planned = nodes
-        .list(&ListParams::default().labels(MAINTENANCE_LABEL))
-        .await
-        .map_err(kube)?;
+        .map_err(|source| kube_error("", source))?;
+    let Reconciled {
+        outcomes, drains, ..
+    } = reconciled;
+    let mut instances: Vec<InstanceOutcome> = outcomes
+        .into_iter()
+        .map(|o| InstanceOutcome {
+            instance_id: o.instance_id.unwrap_or_default(),
+            outcome: if o.failed {
+                "Failed".to_owned()
+            } else {
+                o.action.clone()
+            },
+            detail: Some(if o.failed {
+                format!("node {}: {} {}", o.node, o.action, o.outcome)
+            } else {
+                format!("node {}: {}", o.node, o.outcome)
+            }),
+        })
+        .collect();
     let handler = NoticeHandler { drainer };
-    for node in planned.items {
-        let Some(record) = MaintenanceRecord::of(&node) else {
-            continue;
-        };
-        // The record names the instance it was made for; a node name reused by another
-        // instance drops it.
-        let same_instance = node_instance_id(&node) == Some(record.instance_id.as_str());
-        if now < record.drain_from && same_instance {
-            continue;
-        }
-        if now >= record.starts_at || !same_instance {
-            let name = node.metadata.name.clone().unwrap_or_default();
-            clear_maintenance(&client, node, &record)
-                .await
-                .map_err(|source| kube_error(&name, source))?;
-            instances.push(InstanceOutcome {
-                instance_id: record.instance_id,
-                outcome: "MaintenancePlanDropped".to_owned(),
-                detail: Some(if same_instance {
-                    format!("{} started at {}", record.type_code, record.starts_at)
-                } else {
-                    "the node now belongs to another instance".to_owned()
-                }),
-            });
-            continue;
-        }
-        let (notice, deadline) = maintenance_drain(
-            record.starts_at,
-            now,
-            drainer.context.settings.drain_timeout,
-        );
-        // The drain clears the plan once it has run.
-        let drained = handler
-            .drain(
-                &client,
-                node,
-                &record.auto_scaling_group_name,
-                &record.instance_id,
-                &notice,
-                deadline,
-                invocation,
-            )
-            .await?;
-        tracing::info!(
-            step = "maintenance_drain",
-            instance_id = record.instance_id,
-            outcome = drained.name(),
-            "planned maintenance drain ran"
-        );
-        instances.push(InstanceOutcome {
-            instance_id: record.instance_id,
-            outcome: drained.name().to_owned(),
-            detail: None,
-        });
+    for due in drains {
+        instances.push(run_drain(&handler, &client, due, invocation).await);
     }
     Ok(NoticeReport {
         event: "Sweep".to_owned(),
@@ -136,43 +69,95 @@ where
     })
 }
 
-/// A cordon-only rebalance record nobody took over, past its time.
-fn is_expired_rebalance_cordon(
-    checkpoint: &crate::node_marks::checkpoint::DrainCheckpoint,
-    now: Timestamp,
-) -> bool {
-    checkpoint.action.is_notice()
-        && checkpoint.notice.as_ref().is_some_and(|n| n.cordon_only)
-        && checkpoint.lease.holder.is_none()
-        && now >= checkpoint.deadline
+/// Runs one drain the reconciler found due, if the invocation still has time for it; a
+/// failure is this node's alone.
+async fn run_drain<C: HookClients>(
+    handler: &NoticeHandler<'_, C>,
+    client: &kube::Client,
+    due: DueDrain,
+    invocation: &Invocation,
+) -> InstanceOutcome
+where
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
+{
+    let DueDrain { marks, action } = due;
+    let report = |outcome: &str, detail: String| InstanceOutcome {
+        instance_id: marks.instance().unwrap_or_default().to_owned(),
+        outcome: outcome.to_owned(),
+        detail: Some(format!("node {}: {detail}", marks.node)),
+    };
+    if !invocation.budget.has_working_slice() {
+        tracing::info!(
+            step = "drain_left_for_next_run",
+            node = marks.node,
+            "no time left in this invocation: the next run drains the node"
+        );
+        return report("LeftForNextRun", action.name().to_owned());
+    }
+    let settings = &handler.drainer.context.settings;
+    let (group, instance_id, notice, deadline) = match &action {
+        Action::DrainForMaintenance { record, starts_at } => {
+            let (notice, deadline) =
+                maintenance_drain(*starts_at, Timestamp::now(), settings.drain_timeout);
+            (
+                record.auto_scaling_group_name.clone(),
+                record.instance_id.clone(),
+                notice,
+                deadline,
+            )
+        }
+        Action::ResumeNoticeDrain {
+            notice,
+            group,
+            instance_id,
+            deadline,
+        } => (
+            group.clone(),
+            instance_id.clone(),
+            notice.clone(),
+            *deadline,
+        ),
+        other => return report(other.name(), "not a drain".to_owned()),
+    };
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let node = match nodes.get_opt(&marks.node).await {
+        Ok(Some(node)) => node,
+        Ok(None) => return report("NodeGone", action.name().to_owned()),
+        Err(error) => return failed(&marks.node, kube_error(&marks.node, error), report),
+    };
+    let drained = handler
+        .drain(
+            client,
+            node,
+            &group,
+            &instance_id,
+            &notice,
+            deadline,
+            invocation,
+        )
+        .await;
+    match drained {
+        Ok(outcome) => {
+            tracing::info!(
+                step = "sweep_drain",
+                node = marks.node,
+                instance_id,
+                action = action.name(),
+                outcome = outcome.name(),
+                "drain run by the sweep"
+            );
+            report(outcome.name(), action.name().to_owned())
+        }
+        Err(error) => failed(&marks.node, error, report),
+    }
 }
 
-/// Undoes what the cordon-only record says we did and removes the record, in one write
-/// conditional on the node's `resourceVersion`; what was undone.
-async fn undo_rebalance_cordon(nodes: &Api<Node>, node: Node) -> Result<Vec<String>, kube::Error> {
-    let written = patch_recomputing(
-        nodes,
-        node,
-        Reread::Get,
-        "undoing a rebalance cordon",
-        |node| {
-            let Some(checkpoint) =
-                checkpoint_of(node).filter(|c| is_expired_rebalance_cordon(c, Timestamp::now()))
-            else {
-                return PatchStep::Stop(());
-            };
-            let mut patch = json!({"metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": {CHECKPOINT_ANNOTATION: null},
-            }});
-            let ours = checkpoint.out_of_service.unwrap_or_default();
-            let undone = add_undo_to_patch(&ours, node, &mut patch);
-            PatchStep::Write(patch, undone.items())
-        },
-    )
-    .await?;
-    Ok(match written {
-        Patched::Written(_, items) => items,
-        Patched::Stopped(()) | Patched::NodeGone => Vec::new(),
-    })
+fn failed(
+    node: &str,
+    error: NoticeError,
+    report: impl Fn(&str, String) -> InstanceOutcome,
+) -> InstanceOutcome {
+    tracing::error!(step = "sweep_drain_failed", node, %error, "the drain failed: the others go on, the next run tries it again");
+    report("Failed", error.to_string())
 }

@@ -14,6 +14,12 @@ use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams};
 use serde_json::Value;
 
+/// The label every mark of ours comes with (value `true`), whatever the mark: the reconciler
+/// ([`crate::reconcile`]) lists the nodes to look at by it alone. It carries no meaning of its
+/// own: the marks' records do. The reconciler removes it from a node that carries none of
+/// them any more.
+pub const MARKED_LABEL: &str = "open-node-manager.io/marked";
+
 /// The well-known label that makes the service controller drop the node from external load
 /// balancers.
 pub const EXCLUDE_FROM_LOAD_BALANCERS_LABEL: &str =

@@ -118,7 +118,11 @@ pub fn mark_step(
     taint: Option<&Taint>,
     now: Timestamp,
 ) -> MarkStep {
-    if drain_holds(node) {
+    // A rebalance cordon drains nothing: the refresh marks the node as it would any other
+    // (and the reconciler keeps the cordon while the refresh runs).
+    let cordon_only = checkpoint_of(node)
+        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only));
+    if !cordon_only && drain_holds(node) {
         return MarkStep::Draining;
     }
     let existing = refresh_marks_of(node);
@@ -152,6 +156,7 @@ pub fn mark_step(
     let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
     steps.add_to_patch(&mut patch, node);
     patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
+    patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
     patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
         json!(serde_json::to_string(&marks).unwrap_or_default());
     MarkStep::Write(patch, marks)

@@ -367,6 +367,46 @@ impl FakeInterruptions {
         ))
     }
 
+    /// Cancels every scheduled event of `instance_id` as EC2 does when AWS no longer needs
+    /// it: `DescribeInstanceStatus` keeps listing it for a while, its description starting
+    /// with `[Canceled]`. No event is emitted (AWS Health announces none reliably).
+    pub fn cancel_scheduled_events(&self, instance_id: &str) -> Result<(), FakeAwsError> {
+        self.with_events(instance_id, |event| {
+            if !event.description.starts_with('[') {
+                event.description = format!("[Canceled] {}", event.description);
+            }
+        })
+    }
+
+    /// Moves every pending scheduled event of `instance_id` to `not_before` (a user's
+    /// `ModifyInstanceEventStartTime`, or AWS rescheduling).
+    pub fn reschedule_events(
+        &self,
+        instance_id: &str,
+        not_before: jiff::Timestamp,
+    ) -> Result<(), FakeAwsError> {
+        self.with_events(instance_id, |event| {
+            let length = event.not_after.duration_since(event.not_before);
+            event.not_before = not_before;
+            event.not_after = not_before.saturating_add(length).unwrap_or(not_before);
+        })
+    }
+
+    fn with_events(
+        &self,
+        instance_id: &str,
+        change: impl Fn(&mut ScheduledEvent),
+    ) -> Result<(), FakeAwsError> {
+        lock(&self.shared.ec2)
+            .instances
+            .get_mut(instance_id)
+            .ok_or_else(|| FakeAwsError::UnknownInstance(instance_id.to_owned()))?
+            .scheduled_events
+            .iter_mut()
+            .for_each(change);
+        Ok(())
+    }
+
     fn require_spot(&self, instance_id: &str) -> Result<(), FakeAwsError> {
         match lock(&self.shared.ec2).instances.get(instance_id) {
             None => Err(FakeAwsError::UnknownInstance(instance_id.to_owned())),

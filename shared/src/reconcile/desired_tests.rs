@@ -1,0 +1,472 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use crate::node_marks::checkpoint::{OutOfService, notice_action};
+
+const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
+const REFRESH: &str = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
+const POLICY: Policy = Policy {
+    maintenance_margin: Duration::from_secs(3600),
+};
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + seconds).unwrap()
+}
+
+fn marks() -> NodeMarks {
+    NodeMarks {
+        node: "ip-10-0-1-17.eu-west-1.compute.internal".into(),
+        instance_id: Some(INSTANCE.into()),
+        checkpoint: None,
+        refresh: None,
+        maintenance: None,
+        labelled: true,
+    }
+}
+
+fn running(spot: bool) -> AwsFacts {
+    AwsFacts {
+        instance: Fact::Known(Some(InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some("ng".into()),
+            spot_request_id: spot.then(|| "sir-1".to_owned()),
+        })),
+        lifecycle_state: Fact::Known(Some("InService".into())),
+        ..AwsFacts::default()
+    }
+}
+
+fn refresh_marks() -> RefreshMarks {
+    RefreshMarks {
+        instance_refresh_id: REFRESH.into(),
+        auto_scaling_group_name: "ng".into(),
+        instance_id: INSTANCE.into(),
+        marked_at: at(0),
+        out_of_service: OutOfService {
+            labelled: true,
+            cordoned: true,
+            taint: None,
+        },
+    }
+}
+
+/// A notice drain's record as the drain leaves it when its invocation runs out of time:
+/// lease released, not completed.
+fn notice_record(kind: NoticeKind, cordon_only: bool, deadline: i64) -> DrainCheckpoint {
+    let mut checkpoint = DrainCheckpoint::start(
+        &notice_action("ng", INSTANCE),
+        at(0),
+        Duration::ZERO,
+        "req-1",
+        Duration::from_secs(60),
+    );
+    checkpoint.deadline = at(deadline);
+    checkpoint.notice = Some(InstanceNotice {
+        kind,
+        received_at: at(0),
+        instance_ends_at: (kind != NoticeKind::RebalanceRecommendation).then(|| at(deadline)),
+        cordon_only,
+    });
+    checkpoint.out_of_service = Some(OutOfService {
+        labelled: true,
+        cordoned: true,
+        taint: None,
+    });
+    checkpoint.released(at(10))
+}
+
+fn plan(starts_at: i64) -> MaintenanceRecord {
+    MaintenanceRecord {
+        type_code: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".into(),
+        instance_id: INSTANCE.into(),
+        auto_scaling_group_name: "ng".into(),
+        starts_at: at(starts_at),
+        drain_from: at(starts_at - 3600),
+    }
+}
+
+fn scheduled(not_before: i64, description: &str) -> ScheduledInstanceEvent {
+    ScheduledInstanceEvent {
+        code: "instance-retirement".into(),
+        not_before: Some(at(not_before)),
+        description: description.into(),
+    }
+}
+
+fn names(actions: &[Action]) -> Vec<&'static str> {
+    actions.iter().map(Action::name).collect()
+}
+
+// Item 5: a refresh's marks go once Auto Scaling no longer reports the refresh running.
+
+#[test]
+fn refresh_marks_stay_while_the_refresh_runs_and_go_when_it_ended_or_is_unknown() {
+    let node = NodeMarks {
+        refresh: Some(refresh_marks()),
+        ..marks()
+    };
+    for status in [
+        "Pending",
+        "InProgress",
+        "Cancelling",
+        "RollbackInProgress",
+        "Baking",
+    ] {
+        let facts = AwsFacts {
+            refresh_status: Fact::Known(Some(status.into())),
+            ..running(false)
+        };
+        assert_eq!(desired(&node, &facts, &POLICY, at(100)), vec![], "{status}");
+    }
+    for status in [
+        "Successful",
+        "Failed",
+        "Cancelled",
+        "RollbackSuccessful",
+        "RollbackFailed",
+    ] {
+        let facts = AwsFacts {
+            refresh_status: Fact::Known(Some(status.into())),
+            ..running(false)
+        };
+        let actions = desired(&node, &facts, &POLICY, at(100));
+        assert_eq!(
+            actions,
+            vec![Action::RemoveRefreshMarks {
+                refresh_id: REFRESH.into(),
+                why: format!("instance refresh {REFRESH} is {status}"),
+            }]
+        );
+    }
+    let gone = AwsFacts {
+        refresh_status: Fact::Known(None),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &gone, &POLICY, at(100))),
+        ["RefreshMarksRemoved"]
+    );
+    let unanswered = AwsFacts {
+        refresh_status: Fact::Unknown("DescribeInstanceRefreshes timed out".into()),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &unanswered, &POLICY, at(100))),
+        ["Unchecked"],
+        "no answer removes nothing"
+    );
+}
+
+// Item 6: a rebalance cordon is not undone under a refresh that still runs.
+
+#[test]
+fn an_expired_rebalance_cordon_is_kept_while_a_refresh_of_the_node_runs() {
+    let node = NodeMarks {
+        checkpoint: Some(notice_record(
+            NoticeKind::RebalanceRecommendation,
+            true,
+            1800,
+        )),
+        refresh: Some(refresh_marks()),
+        ..marks()
+    };
+    let refreshing = AwsFacts {
+        refresh_status: Fact::Known(Some("InProgress".into())),
+        ..running(true)
+    };
+    assert_eq!(desired(&node, &refreshing, &POLICY, at(2000)), vec![]);
+    let ended = AwsFacts {
+        refresh_status: Fact::Known(Some("Successful".into())),
+        ..running(true)
+    };
+    assert_eq!(
+        names(&desired(&node, &ended, &POLICY, at(2000))),
+        ["RefreshMarksRemoved", "RebalanceCordonUndone"]
+    );
+}
+
+#[test]
+fn a_rebalance_cordon_is_undone_after_its_time_unless_the_instance_is_leaving() {
+    let node = NodeMarks {
+        checkpoint: Some(notice_record(
+            NoticeKind::RebalanceRecommendation,
+            true,
+            1800,
+        )),
+        ..marks()
+    };
+    assert_eq!(desired(&node, &running(true), &POLICY, at(1799)), vec![]);
+    assert_eq!(
+        names(&desired(&node, &running(true), &POLICY, at(1800))),
+        ["RebalanceCordonUndone"]
+    );
+    let terminating = AwsFacts {
+        lifecycle_state: Fact::Known(Some("Terminating:Wait".into())),
+        ..running(true)
+    };
+    assert_eq!(desired(&node, &terminating, &POLICY, at(1800)), vec![]);
+    let stopped = AwsFacts {
+        instance: Fact::Known(Some(InstanceFacts {
+            state: Some("stopped".into()),
+            ..InstanceFacts::default()
+        })),
+        ..running(true)
+    };
+    assert_eq!(desired(&node, &stopped, &POLICY, at(1800)), vec![]);
+    let unanswered = AwsFacts {
+        lifecycle_state: Fact::Unknown("throttled".into()),
+        ..running(true)
+    };
+    assert_eq!(
+        names(&desired(&node, &unanswered, &POLICY, at(1800))),
+        ["Unchecked"]
+    );
+}
+
+// Item 3: a notice drain its invocation abandoned is resumed while its reason stands.
+
+#[test]
+fn an_abandoned_spot_drain_is_resumed_until_its_deadline_while_the_request_is_marked() {
+    let record = notice_record(NoticeKind::SpotInterruption, false, 120);
+    let node = NodeMarks {
+        checkpoint: Some(record.clone()),
+        ..marks()
+    };
+    let marked = AwsFacts {
+        spot_status: Fact::Known(Some("marked-for-termination".into())),
+        ..running(true)
+    };
+    assert_eq!(
+        desired(&node, &marked, &POLICY, at(60)),
+        vec![Action::ResumeNoticeDrain {
+            notice: record.notice.clone().unwrap(),
+            group: "ng".into(),
+            instance_id: INSTANCE.into(),
+            deadline: at(120),
+        }]
+    );
+    assert_eq!(
+        desired(&node, &marked, &POLICY, at(120)),
+        vec![],
+        "past its deadline"
+    );
+    // Someone runs it: nothing to do.
+    let held = NodeMarks {
+        checkpoint: Some(record.renewed("req-2", at(50), Duration::from_secs(60))),
+        ..marks()
+    };
+    assert_eq!(desired(&held, &marked, &POLICY, at(60)), vec![]);
+    // Completed: not resumed.
+    let mut done = record.clone();
+    done.completed_at = Some(at(40));
+    let completed = NodeMarks {
+        checkpoint: Some(done),
+        ..marks()
+    };
+    assert_eq!(desired(&completed, &marked, &POLICY, at(60)), vec![]);
+    // EC2 no longer marks the request while the instance runs on: undone.
+    let fulfilled = AwsFacts {
+        spot_status: Fact::Known(Some("fulfilled".into())),
+        ..running(true)
+    };
+    assert_eq!(
+        names(&desired(&node, &fulfilled, &POLICY, at(60))),
+        ["NoticeDrainUndone"]
+    );
+    // The instance is gone: its node goes with it.
+    let gone = AwsFacts {
+        instance: Fact::Known(None),
+        ..marked
+    };
+    assert_eq!(desired(&node, &gone, &POLICY, at(60)), vec![]);
+}
+
+#[test]
+fn an_abandoned_maintenance_drain_resumes_while_the_event_is_pending() {
+    let node = NodeMarks {
+        checkpoint: Some(notice_record(NoticeKind::ScheduledMaintenance, false, 900)),
+        ..marks()
+    };
+    let pending = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(
+            900,
+            "The instance is running on degraded hardware",
+        )]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &pending, &POLICY, at(100))),
+        ["NoticeDrainResumed"]
+    );
+    let cancelled = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(
+            900,
+            "[Canceled] The instance is running on degraded hardware",
+        )]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &cancelled, &POLICY, at(100))),
+        ["NoticeDrainUndone"]
+    );
+}
+
+#[test]
+fn a_lifecycle_drain_record_is_its_actions_not_the_reconcilers() {
+    let action = crate::aws::LifecycleActionRef {
+        auto_scaling_group_name: "ng".into(),
+        lifecycle_hook_name: "hook".into(),
+        instance_id: INSTANCE.into(),
+        token: "t".into(),
+    };
+    let mut record = DrainCheckpoint::start(
+        &action,
+        at(0),
+        Duration::from_secs(900),
+        "req-1",
+        Duration::from_secs(60),
+    )
+    .released(at(10));
+    record.notice = Some(InstanceNotice {
+        kind: NoticeKind::SpotInterruption,
+        received_at: at(0),
+        instance_ends_at: Some(at(120)),
+        cordon_only: false,
+    });
+    let node = NodeMarks {
+        checkpoint: Some(record),
+        ..marks()
+    };
+    assert_eq!(desired(&node, &running(true), &POLICY, at(60)), vec![]);
+}
+
+// Item 7: a maintenance plan follows EC2's schedule.
+
+#[test]
+fn a_cancelled_maintenance_is_not_drained_at_its_old_time() {
+    let node = NodeMarks {
+        maintenance: Some(plan(7200)),
+        ..marks()
+    };
+    let cancelled = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(7200, "[Canceled] retirement")]),
+        ..running(false)
+    };
+    let actions = desired(&node, &cancelled, &POLICY, at(3700));
+    assert_eq!(names(&actions), ["MaintenancePlanDropped"]);
+    let nothing_listed = AwsFacts {
+        scheduled: Fact::Known(vec![]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &nothing_listed, &POLICY, at(3700))),
+        ["MaintenancePlanDropped"]
+    );
+}
+
+#[test]
+fn a_rescheduled_maintenance_is_moved_and_drained_at_its_new_time() {
+    let node = NodeMarks {
+        maintenance: Some(plan(7200)),
+        ..marks()
+    };
+    let later = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(86_400, "retirement")]),
+        ..running(false)
+    };
+    // At the old drain time: moved, not drained.
+    assert_eq!(
+        desired(&node, &later, &POLICY, at(3700)),
+        vec![Action::ReplanMaintenance {
+            record: plan(7200),
+            starts_at: at(86_400),
+            drain_from: at(82_800),
+        }]
+    );
+    // Brought forward into the margin: moved and drained at once.
+    let sooner = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(3000, "retirement")]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &sooner, &POLICY, at(100))),
+        ["MaintenancePlanMoved", "MaintenanceDrainDue"]
+    );
+}
+
+#[test]
+fn a_maintenance_plan_is_drained_when_due_dropped_when_started_or_on_another_instance() {
+    let node = NodeMarks {
+        maintenance: Some(plan(7200)),
+        ..marks()
+    };
+    let pending = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(7200, "retirement")]),
+        ..running(false)
+    };
+    assert_eq!(desired(&node, &pending, &POLICY, at(3599)), vec![]);
+    assert_eq!(
+        desired(&node, &pending, &POLICY, at(3600)),
+        vec![Action::DrainForMaintenance {
+            record: plan(7200),
+            starts_at: at(7200),
+        }]
+    );
+    assert_eq!(
+        names(&desired(&node, &pending, &POLICY, at(7200))),
+        ["MaintenancePlanDropped"]
+    );
+    let reused = NodeMarks {
+        instance_id: Some("i-0ffffffffffffffff".into()),
+        ..node.clone()
+    };
+    assert_eq!(
+        names(&desired(&reused, &pending, &POLICY, at(100))),
+        ["MaintenancePlanDropped"]
+    );
+    let unanswered = AwsFacts {
+        scheduled: Fact::Unknown("DescribeInstanceStatus: throttled".into()),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &unanswered, &POLICY, at(3600))),
+        ["Unchecked"]
+    );
+}
+
+#[test]
+fn a_due_plan_and_its_abandoned_drain_are_one_drain() {
+    let node = NodeMarks {
+        maintenance: Some(plan(7200)),
+        checkpoint: Some(notice_record(NoticeKind::ScheduledMaintenance, false, 7200)),
+        ..marks()
+    };
+    let pending = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(7200, "retirement")]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &pending, &POLICY, at(4000))),
+        ["MaintenanceDrainDue"]
+    );
+}
+
+#[test]
+fn the_common_label_follows_the_marks() {
+    let unlabelled = NodeMarks {
+        labelled: false,
+        maintenance: Some(plan(90_000)),
+        ..marks()
+    };
+    let pending = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(90_000, "retirement")]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&unlabelled, &pending, &POLICY, at(0))),
+        ["MarkedLabelAdded"]
+    );
+    assert_eq!(
+        names(&desired(&marks(), &running(false), &POLICY, at(0))),
+        ["MarkedLabelRemoved"]
+    );
+}

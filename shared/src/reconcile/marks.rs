@@ -1,0 +1,61 @@
+//! The marks of ours one Node carries, read once from the Node as listed: the reconciler's
+//! input besides what AWS says.
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::instance_notice::maintenance::MaintenanceRecord;
+use crate::lifecycle::node::node_instance_id;
+use crate::node_marks::MARKED_LABEL;
+use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of};
+use crate::node_marks::refresh::{RefreshMarks, refresh_marks_of};
+
+/// Every mark of ours on one node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeMarks {
+    pub node: String,
+    /// The instance the node is now (its providerID).
+    pub instance_id: Option<String>,
+    /// The drain's record (a lifecycle drain, a notice drain or a rebalance cordon).
+    pub checkpoint: Option<DrainCheckpoint>,
+    /// An instance refresh's record.
+    pub refresh: Option<RefreshMarks>,
+    /// A maintenance drain planned for later.
+    pub maintenance: Option<MaintenanceRecord>,
+    /// Whether the node carries [`MARKED_LABEL`] (what the reconciler lists by).
+    pub labelled: bool,
+}
+
+impl NodeMarks {
+    pub fn of(node: &Node) -> Self {
+        Self {
+            node: node.metadata.name.clone().unwrap_or_default(),
+            instance_id: node_instance_id(node).map(str::to_owned),
+            checkpoint: checkpoint_of(node),
+            refresh: refresh_marks_of(node),
+            maintenance: MaintenanceRecord::of(node),
+            labelled: node
+                .metadata
+                .labels
+                .as_ref()
+                .is_some_and(|l| l.contains_key(MARKED_LABEL)),
+        }
+    }
+
+    /// Whether the node carries any mark of ours besides the common label.
+    pub fn any(&self) -> bool {
+        self.checkpoint.is_some() || self.refresh.is_some() || self.maintenance.is_some()
+    }
+
+    /// The instance the marks are about: the node's own, else the one a record names.
+    pub fn instance(&self) -> Option<&str> {
+        self.instance_id
+            .as_deref()
+            .or_else(|| {
+                self.checkpoint
+                    .as_ref()
+                    .map(|c| c.action.instance_id.as_str())
+            })
+            .or_else(|| self.refresh.as_ref().map(|r| r.instance_id.as_str()))
+            .or_else(|| self.maintenance.as_ref().map(|m| m.instance_id.as_str()))
+    }
+}

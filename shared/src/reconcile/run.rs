@@ -1,0 +1,223 @@
+//! One reconcile run over the marked nodes: list, ask AWS, decide, converge the marks. The
+//! drains it decides on are handed back to the caller (the terminating hook's sweep), which
+//! runs them within its invocation.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::ListParams;
+use serde::Serialize;
+
+use super::converge;
+use super::desired::{Action, Policy, desired};
+use super::facts::{CallCounts, gather};
+use super::marks::NodeMarks;
+use crate::aws::{GroupActivity, InstanceNoticesBatch};
+use crate::instance_notice::maintenance::MAINTENANCE_LABEL;
+use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, MARKED_LABEL};
+
+/// How long the writes of one node may take in all: a node that hangs is reported and the
+/// run goes on with the next.
+pub const NODE_BOUND: Duration = Duration::from_secs(30);
+
+/// How long one list of nodes may take.
+const LIST_BOUND: Duration = Duration::from_secs(30);
+
+/// What one action on one node came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeOutcome {
+    pub node: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance_id: Option<String>,
+    pub action: String,
+    pub outcome: String,
+    /// The action could not be applied (tried again next run).
+    pub failed: bool,
+}
+
+/// A drain the run decided on, for the caller to run.
+#[derive(Debug, Clone)]
+pub struct DueDrain {
+    pub marks: NodeMarks,
+    pub action: Action,
+}
+
+/// What a run did to the marks, and the drains left to run.
+#[derive(Debug, Default)]
+pub struct Reconciled {
+    pub outcomes: Vec<NodeOutcome>,
+    pub drains: Vec<DueDrain>,
+    /// The AWS calls made, per operation.
+    pub aws_calls: CallCounts,
+    /// The Kubernetes lists made.
+    pub lists: u32,
+    /// Nodes looked at.
+    pub nodes: usize,
+}
+
+/// Lists the marked nodes, asks AWS about them, converges their marks.
+pub async fn reconcile_marks<E, A>(
+    client: &kube::Client,
+    ec2: &E,
+    autoscaling: &A,
+    policy: Policy,
+) -> Result<Reconciled, kube::Error>
+where
+    E: InstanceNoticesBatch,
+    A: GroupActivity,
+{
+    let (marked, lists) = list_marked(client).await?;
+    let (facts, aws_calls) = gather(ec2, autoscaling, &marked).await;
+    let now = Timestamp::now();
+    let mut reconciled = Reconciled {
+        aws_calls,
+        lists,
+        nodes: marked.len(),
+        ..Reconciled::default()
+    };
+    for (marks, facts) in marked.into_iter().zip(facts) {
+        let actions = desired(&marks, &facts, &policy, now);
+        converge_node(client, marks, actions, &mut reconciled).await;
+    }
+    tracing::info!(
+        step = "reconciled",
+        nodes = reconciled.nodes,
+        changes = reconciled.outcomes.len(),
+        drains = reconciled.drains.len(),
+        aws_calls = ?reconciled.aws_calls,
+        "marks reconciled with what AWS says now"
+    );
+    Ok(reconciled)
+}
+
+/// Applies one node's actions in order; the first failure ends that node's turn (a later
+/// action may depend on it) and is reported, the run goes on.
+async fn converge_node(
+    client: &kube::Client,
+    marks: NodeMarks,
+    actions: Vec<Action>,
+    reconciled: &mut Reconciled,
+) {
+    let outcome = |action: &Action, outcome: String, failed: bool| NodeOutcome {
+        node: marks.node.clone(),
+        instance_id: marks.instance().map(str::to_owned),
+        action: action.name().to_owned(),
+        outcome,
+        failed,
+    };
+    let removes_a_mark = actions.iter().any(|a| {
+        matches!(
+            a,
+            Action::RemoveRefreshMarks { .. }
+                | Action::UndoNoticeMarks { .. }
+                | Action::DropMaintenancePlan { .. }
+        )
+    });
+    let has_label_action = actions
+        .iter()
+        .any(|a| matches!(a, Action::AddMarkedLabel | Action::RemoveMarkedLabel));
+    for action in actions {
+        if matches!(
+            action,
+            Action::DrainForMaintenance { .. } | Action::ResumeNoticeDrain { .. }
+        ) {
+            reconciled.drains.push(DueDrain {
+                marks: marks.clone(),
+                action,
+            });
+            continue;
+        }
+        let applied =
+            tokio::time::timeout(NODE_BOUND, converge::apply(client, &marks.node, &action)).await;
+        let (text, failed) = match applied {
+            Ok(Ok(Some(text))) => (text, false),
+            Ok(Ok(None)) => continue,
+            Ok(Err(error)) => (format!("failed: {error}"), true),
+            Err(_) => (format!("failed: no answer within {NODE_BOUND:?}"), true),
+        };
+        if failed {
+            tracing::error!(
+                step = "reconcile_failed",
+                node = marks.node,
+                action = action.name(),
+                outcome = text,
+                "could not converge this node: the others go on, it is tried again next run"
+            );
+        } else {
+            tracing::info!(
+                step = "reconcile",
+                node = marks.node,
+                action = action.name(),
+                outcome = text,
+                "mark converged"
+            );
+        }
+        reconciled.outcomes.push(outcome(&action, text, failed));
+        if failed {
+            return;
+        }
+    }
+    // The last mark gone: the common label goes in the same run.
+    if removes_a_mark && !has_label_action {
+        let synced =
+            tokio::time::timeout(NODE_BOUND, converge::sync_label(client, &marks.node)).await;
+        if let Ok(Ok(Some(text))) = synced {
+            reconciled
+                .outcomes
+                .push(outcome(&Action::RemoveMarkedLabel, text, false));
+        }
+    }
+}
+
+/// The nodes carrying any mark of ours: those with [`MARKED_LABEL`], and, for marks written
+/// before the label existed, those with the load-balancer exclusion label (every drain record
+/// and refresh record comes with it) or the maintenance label. A list that fails fails the
+/// run only if it is the common label's.
+async fn list_marked(client: &kube::Client) -> Result<(Vec<NodeMarks>, u32), kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut found: BTreeMap<String, NodeMarks> = BTreeMap::new();
+    let mut lists = 0;
+    for (selector, required) in [
+        (MARKED_LABEL, true),
+        (EXCLUDE_FROM_LOAD_BALANCERS_LABEL, false),
+        (MAINTENANCE_LABEL, false),
+    ] {
+        lists += 1;
+        let listed = tokio::time::timeout(
+            LIST_BOUND,
+            nodes.list(&ListParams::default().labels(selector)),
+        )
+        .await
+        .unwrap_or_else(|_| Err(list_timeout(selector)));
+        let listed = match listed {
+            Ok(listed) => listed,
+            Err(error) if !required => {
+                tracing::warn!(selector, %error, "could not list the nodes marked before the common label: they are looked at next run");
+                continue;
+            }
+            Err(error) => return Err(error),
+        };
+        for node in &listed.items {
+            let marks = NodeMarks::of(node);
+            if marks.any() || marks.labelled {
+                found.insert(marks.node.clone(), marks);
+            }
+        }
+    }
+    Ok((found.into_values().collect(), lists))
+}
+
+fn list_timeout(selector: &str) -> kube::Error {
+    kube::Error::Api(
+        kube::core::Status::failure(
+            &format!("listing nodes by {selector} got no answer within {LIST_BOUND:?}"),
+            "Timeout",
+        )
+        .with_code(504)
+        .boxed(),
+    )
+}

@@ -1,0 +1,373 @@
+//! The built `terminating-hook` binary's scheduled run (the sweep, the reconciler), through
+//! the local Lambda Runtime API against the fake EC2 and Auto Scaling the unmodified SDK
+//! clients talk to and the fake API server with the shipped RBAC: marks whose reason AWS no
+//! longer reports are removed, a drain abandoned by an invocation that ran out of time is
+//! resumed, and one node that fails does not stop the others.
+//!
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing it.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use node_manager_testkit::aws::ScheduledEventCode;
+use node_manager_testkit::e2e::{FunctionWorld, GROUP, INSTANCE, Target};
+use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::kube::{FaultAction, FaultRule};
+use node_manager_testkit::lambda_api::InvocationOutcome;
+use serde_json::{Value, json};
+
+const MARKED: &str = "open-node-manager.io/marked";
+const REFRESH_LABEL: &str = "open-node-manager.io/instance-refresh";
+const REFRESH_ANNOTATION: &str = "open-node-manager.io/instance-refresh";
+const MAINTENANCE: &str = "open-node-manager.io/maintenance";
+const EXCLUDED: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+
+async fn world(extra_env: &[(&str, &str)]) -> FunctionWorld {
+    let mut builder = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.05")
+        .env("DRAIN_TIMEOUT_SECONDS", "60")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .env("DRAIN_LEASE_SECONDS", "2");
+    for (key, value) in extra_env {
+        builder = builder.env(key, value);
+    }
+    let w = builder.start().await;
+    let store = w.server.store();
+    let nginx = Workload::new("default", "nginx")
+        .replicas(3)
+        .container("nginx", "nginx")
+        .grace_period_seconds(Some(1));
+    store.create(&nginx.deployment()).unwrap();
+    let node = w.node.clone();
+    w.server
+        .wait_for("the pods run", Duration::from_secs(10), |store| {
+            store
+                .list::<Pod>()
+                .iter()
+                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count()
+                == 3
+        })
+        .await
+        .unwrap();
+    // Room for the evicted pods.
+    w.server
+        .register_node(
+            "ip-10-0-9-9.eu-west-1.compute.internal",
+            "aws:///eu-west-1b/i-0fffeeeedddd11112",
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    w
+}
+
+/// The schedule's event, as EventBridge Scheduler sends it.
+fn schedule_tick() -> Value {
+    json!({"version": "0", "id": "5a1b2c3d-0000-4000-8000-00000000000f",
+           "detail-type": "Scheduled Event", "source": "aws.events",
+           "account": "111111111111", "time": jiff::Timestamp::now().to_string(),
+           "region": "eu-west-1", "resources": [], "detail": {}})
+}
+
+fn node(w: &FunctionWorld, name: &str) -> Node {
+    w.server.store().get::<Node>("", name).unwrap()
+}
+
+fn is_cordoned(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+fn labels(node: &Node) -> std::collections::BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+fn annotations(node: &Node) -> std::collections::BTreeMap<String, String> {
+    node.metadata.annotations.clone().unwrap_or_default()
+}
+
+fn evictions(w: &FunctionWorld) -> usize {
+    w.server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .len()
+}
+
+/// The outcomes of a sweep's response, as `outcome` strings in order.
+fn outcomes(answer: &Value) -> Vec<String> {
+    answer["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["outcome"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn at(from_now: i64) -> jiff::Timestamp {
+    jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + from_now).unwrap()
+}
+
+/// A maintenance plan as the terminating hook records it on a node.
+fn plan(instance_id: &str, starts_at: jiff::Timestamp, drain_from: jiff::Timestamp) -> String {
+    json!({
+        "typeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+        "instanceId": instance_id,
+        "autoScalingGroupName": GROUP,
+        "startsAt": starts_at.to_string(),
+        "drainFrom": drain_from.to_string(),
+    })
+    .to_string()
+}
+
+/// Puts `labels` and `annotations` on node `name`, as an earlier invocation left them.
+fn mark(
+    w: &FunctionWorld,
+    name: &str,
+    new_labels: &[(&str, &str)],
+    new_annotations: &[(&str, String)],
+    cordon: bool,
+) {
+    w.server
+        .store()
+        .modify::<Node>("", name, |node| {
+            let labels = node.metadata.labels.get_or_insert_default();
+            for (k, v) in new_labels {
+                labels.insert((*k).to_owned(), (*v).to_owned());
+            }
+            let annotations = node.metadata.annotations.get_or_insert_default();
+            for (k, v) in new_annotations {
+                annotations.insert((*k).to_owned(), v.clone());
+            }
+            if cordon {
+                node.spec.get_or_insert_default().unschedulable = Some(true);
+            }
+        })
+        .unwrap();
+}
+
+// Issue 35 item 7.
+#[tokio::test]
+async fn reconcile_a_cancelled_maintenance_is_not_drained_and_a_rescheduled_one_is_moved() {
+    let w = world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    // EC2 scheduled a retirement in two hours; the plan made then is due now (a margin of
+    // three hours, say).
+    let starts_at = at(7200);
+    w.aws
+        .interruptions()
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::InstanceRetirement,
+            starts_at,
+            at(9000),
+        )
+        .unwrap();
+    let recorded = plan(INSTANCE, starts_at, at(-60));
+    mark(
+        &w,
+        &w.node,
+        &[(MAINTENANCE, "planned")],
+        &[(MAINTENANCE, recorded.clone())],
+        false,
+    );
+
+    // EC2 moved it two weeks later: the plan moves, nothing is drained at the old time.
+    let later = at(14 * 86_400);
+    w.aws
+        .interruptions()
+        .reschedule_events(INSTANCE, later)
+        .unwrap();
+    let answer = lambda.response_to(&schedule_tick()).await;
+    assert!(
+        outcomes(&answer).contains(&"MaintenancePlanMoved".to_owned()),
+        "{answer}"
+    );
+    let moved = node(&w, &w.node);
+    assert!(!is_cordoned(&moved));
+    assert_eq!(evictions(&w), 0);
+    let kept: Value = serde_json::from_str(&annotations(&moved)[MAINTENANCE]).unwrap();
+    assert_eq!(kept["startsAt"], json!(later.to_string()), "{kept}");
+
+    // Then cancelled: the plan goes, the node was never touched.
+    w.aws
+        .interruptions()
+        .cancel_scheduled_events(INSTANCE)
+        .unwrap();
+    let answer = lambda.response_to(&schedule_tick()).await;
+    assert!(
+        outcomes(&answer).contains(&"MaintenancePlanDropped".to_owned()),
+        "{answer}"
+    );
+    let dropped = node(&w, &w.node);
+    assert!(!annotations(&dropped).contains_key(MAINTENANCE));
+    assert!(!labels(&dropped).contains_key(MAINTENANCE));
+    assert!(!is_cordoned(&dropped));
+    assert_eq!(evictions(&w), 0);
+    assert!(
+        !labels(&dropped).contains_key(MARKED),
+        "nothing of ours left: {answer}"
+    );
+}
+
+// Issue 35 item 5 (the reconciler's side).
+#[tokio::test]
+async fn reconcile_refresh_marks_whose_refresh_auto_scaling_no_longer_reports_are_undone() {
+    let w = world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    // A refresh marked the node; its end event was lost, and Auto Scaling no longer knows it.
+    let refresh_id = "0d4a5c7e-1111-4222-8333-944445555666";
+    let record = json!({
+        "instanceRefreshId": refresh_id, "autoScalingGroupName": GROUP, "instanceId": INSTANCE,
+        "markedAt": at(-3600).to_string(),
+        "outOfService": {"labelled": true, "cordoned": true},
+    })
+    .to_string();
+    mark(
+        &w,
+        &w.node,
+        &[(REFRESH_LABEL, refresh_id), (EXCLUDED, "true")],
+        &[(REFRESH_ANNOTATION, record)],
+        true,
+    );
+    let answer = lambda.response_to(&schedule_tick()).await;
+    // Marked before the common label existed: found by the load-balancer label.
+    assert_eq!(outcomes(&answer), ["RefreshMarksRemoved"], "{answer}");
+    let after = node(&w, &w.node);
+    assert!(!is_cordoned(&after), "the refresh's cordon undone");
+    assert!(!labels(&after).contains_key(EXCLUDED));
+    assert!(!labels(&after).contains_key(REFRESH_LABEL));
+    assert!(!annotations(&after).contains_key(REFRESH_ANNOTATION));
+    assert!(!labels(&after).contains_key(MARKED));
+    assert_eq!(evictions(&w), 0);
+    assert_eq!(
+        w.aws.requests_for("DescribeInstanceRefreshes").len(),
+        1,
+        "one call for the refresh named"
+    );
+}
+
+// Issue 35 item 3.
+#[tokio::test]
+async fn reconcile_a_maintenance_drain_that_ran_out_of_time_is_resumed_by_the_next_run() {
+    let w = world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    // Nothing may leave at first: the drain runs out of its invocation's time.
+    let store = w.server.store();
+    store
+        .create(&fixtures::pdb_min_available(
+            "default",
+            "nginx",
+            3,
+            &[("app", "nginx")],
+        ))
+        .unwrap();
+    let event = w
+        .aws
+        .interruptions()
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::InstanceRetirement,
+            at(1800),
+            at(3600),
+        )
+        .unwrap();
+    // A short invocation: five seconds of margin leave three to work.
+    let outcome = lambda
+        .runtime
+        .invoke(&event, Duration::from_secs(8))
+        .await
+        .unwrap();
+    let InvocationOutcome::Response(answer) = outcome else {
+        panic!("{outcome:?}\n{}", lambda.runtime.output());
+    };
+    assert_eq!(answer["instances"][0]["outcome"], "OutOfTime", "{answer}");
+    assert!(is_cordoned(&node(&w, &w.node)));
+
+    // The budget frees up; the scheduled run finds the drain nobody runs and finishes it.
+    store
+        .delete::<PodDisruptionBudget>("default", "nginx")
+        .unwrap();
+    let answer = lambda.response_to(&schedule_tick()).await;
+    assert!(
+        outcomes(&answer).contains(&"Drained".to_owned()),
+        "{answer}"
+    );
+    let drained = node(&w, &w.node);
+    assert!(
+        is_cordoned(&drained),
+        "drained for the maintenance, it stays out of service"
+    );
+    let left = store
+        .list::<Pod>()
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&w.node))
+        .filter(|p| p.metadata.namespace.as_deref() == Some("default"))
+        .count();
+    assert_eq!(left, 0, "the drain finished");
+}
+
+// Issue 35 item 8.
+#[tokio::test]
+async fn reconcile_one_node_that_cannot_be_written_does_not_stop_the_others() {
+    let w = world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    // Two nodes whose maintenance has started: both plans are to be dropped. The first one
+    // (by name) refuses every write.
+    let broken = "ip-10-0-0-1.eu-west-1.compute.internal";
+    let broken_instance = "i-0aaaabbbbccccdddd";
+    w.server
+        .register_node(
+            broken,
+            &format!("aws:///eu-west-1a/{broken_instance}"),
+            Some(Duration::ZERO),
+        )
+        .unwrap();
+    mark(
+        &w,
+        broken,
+        &[(MAINTENANCE, "planned")],
+        &[(MAINTENANCE, plan(broken_instance, at(-600), at(-4200)))],
+        false,
+    );
+    mark(
+        &w,
+        &w.node,
+        &[(MAINTENANCE, "planned")],
+        &[(MAINTENANCE, plan(INSTANCE, at(-600), at(-4200)))],
+        false,
+    );
+    w.server.faults().add(
+        FaultRule::new(FaultAction::InternalError)
+            .verb("patch")
+            .resource("nodes")
+            .name(broken),
+    );
+    let answer = lambda.response_to(&schedule_tick()).await;
+    let instances = answer["instances"].as_array().unwrap();
+    let of = |id: &str| {
+        instances
+            .iter()
+            .find(|i| i["instanceId"] == id)
+            .unwrap_or_else(|| panic!("{id} not reported: {answer}"))["outcome"]
+            .clone()
+    };
+    assert_eq!(of(INSTANCE), "MaintenancePlanDropped", "{answer}");
+    assert!(!annotations(&node(&w, &w.node)).contains_key(MAINTENANCE));
+    assert_eq!(of(broken_instance), "Failed", "{answer}");
+    let detail = instances
+        .iter()
+        .find(|i| i["instanceId"] == broken_instance)
+        .unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(detail.contains("MaintenancePlanDropped failed"), "{detail}");
+    assert!(
+        annotations(&node(&w, broken)).contains_key(MAINTENANCE),
+        "tried again next run"
+    );
+}
