@@ -419,26 +419,7 @@ impl Instances for SdkInstances {
 
 impl InstanceNotices for SdkInstances {
     async fn instance_facts(&self, instance_id: &str) -> Result<Option<InstanceFacts>, AwsError> {
-        Ok(self.describe(instance_id).await?.map(|instance| {
-            let auto_scaling_group = instance
-                .tags()
-                .iter()
-                .find(|t| t.key() == Some("aws:autoscaling:groupName"))
-                .and_then(|t| t.value())
-                .map(str::to_owned);
-            InstanceFacts {
-                state: instance
-                    .state()
-                    .and_then(|s| s.name())
-                    .map(|n| n.as_str().to_owned()),
-                auto_scaling_group,
-                spot_request_id: instance.spot_instance_request_id().map(str::to_owned),
-                private_dns_name: instance
-                    .private_dns_name()
-                    .filter(|name| !name.is_empty())
-                    .map(str::to_owned),
-            }
-        }))
+        Ok(self.describe(instance_id).await?.as_ref().map(facts_of))
     }
 
     async fn spot_request_status(&self, spot_request_id: &str) -> Result<Option<String>, AwsError> {
@@ -521,6 +502,10 @@ fn facts_of(instance: &aws_sdk_ec2::types::Instance) -> InstanceFacts {
             .and_then(|t| t.value())
             .map(str::to_owned),
         spot_request_id: instance.spot_instance_request_id().map(str::to_owned),
+        private_dns_name: instance
+            .private_dns_name()
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned),
     }
 }
 

@@ -120,7 +120,7 @@ pub fn mark_step(
 ) -> MarkStep {
     // A rebalance cordon drains nothing: the refresh marks the node as it would any other
     // (and the reconciler keeps the cordon while the refresh runs).
-    let cordon_only = checkpoint_of(node)
+    let cordon_only = super::checkpoint::checkpoint_of(node)
         .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only));
     if !cordon_only && drain_holds(node) {
         return MarkStep::Draining;

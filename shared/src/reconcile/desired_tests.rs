@@ -29,6 +29,7 @@ fn running(spot: bool) -> AwsFacts {
             state: Some("running".into()),
             auto_scaling_group: Some("ng".into()),
             spot_request_id: spot.then(|| "sir-1".to_owned()),
+            private_dns_name: None,
         })),
         lifecycle_state: Fact::Known(Some("InService".into())),
         ..AwsFacts::default()

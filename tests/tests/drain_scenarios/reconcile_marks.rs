@@ -68,6 +68,7 @@ async fn reconcile_a_rebalance_cordon_neither_swallows_a_running_refresh_nor_lif
             state: Some("running".into()),
             auto_scaling_group: Some(GROUP.into()),
             spot_request_id: Some(SPOT_REQUEST.into()),
+            private_dns_name: None,
         },
     );
     s.autoscaling.set_lifecycle_state(INSTANCE, "InService");
@@ -158,6 +159,7 @@ async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
                     state: Some("running".into()),
                     auto_scaling_group: Some(GROUP.into()),
                     spot_request_id: None,
+                    private_dns_name: None,
                 },
             );
             s.instances.notices.schedule(
