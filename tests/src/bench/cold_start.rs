@@ -138,15 +138,18 @@ fn measured_binaries(sandbox: &Sandbox) -> Result<Vec<(FunctionSpec, Value)>, St
             "node-repair" => {
                 json!({"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}})
             }
-            // Like the hooks' test notification, an event the function reads and answers
-            // without a call: start-up, parsing and the answer.
+            // A checkpoint of a refresh in a group of no cluster's: start-up, parsing, one
+            // DescribeAutoScalingGroups (the scope check) and the answer (`NotOurs`). Every
+            // refresh event of a group of ours now plans or undoes marks, and a refresh
+            // started for the measurement would replace the reference cluster's nodes.
             "instance-refresh" => json!({
                 "version": "0", "id": "7e1b6c1e-0d6e-4a49-9a55-1f2e3d4c5b6a",
                 "detail-type": "EC2 Auto Scaling Instance Refresh Checkpoint Reached",
                 "source": "aws.autoscaling", "account": "111111111111",
                 "time": "2026-11-27T08:00:00Z", "region": "eu-west-1", "resources": [],
                 "detail": {"InstanceRefreshId": "c613620e-07e2-4ed2-a9e2-ef8258911ade",
-                           "AutoScalingGroupName": group, "CheckpointPercentage": "50"},
+                           "AutoScalingGroupName": "another-teams-group",
+                           "CheckpointPercentage": "50"},
             }),
             _ => test_notification(group),
         };

@@ -93,7 +93,10 @@ impl Sandbox {
                     self.next_instance
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 );
-                self.add_instance(spec, &node)?;
+                // A seeded node's instance ran before the sandbox started playing (an hour,
+                // say): what a refresh started now finds in the group was launched before it.
+                let launched = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+                self.add_instance(spec, &node, launched)?;
                 nodes.push(node);
             }
             self.nodes.insert(spec.name.clone(), nodes);
@@ -256,15 +259,18 @@ impl Sandbox {
         }));
     }
 
-    /// The EC2 instance behind `node`, in service in node group `spec`'s Auto Scaling group.
+    /// The EC2 instance behind `node`, launched at `launched`, in service in node group
+    /// `spec`'s Auto Scaling group.
     pub(super) fn add_instance(
         &self,
         spec: &NodegroupSpec,
         node: &SimulatedNode,
+        launched: jiff::Timestamp,
     ) -> Result<(), SandboxError> {
         let mut instance = FakeInstance::new(&node.instance_id, &self.scenario.region)
             .private_dns_name(&node.name)
-            .availability_zone(&node.availability_zone);
+            .availability_zone(&node.availability_zone)
+            .launch_time(launched);
         if !spec.self_managed {
             instance = instance.tag("eks:nodegroup-name", &spec.name);
         }

@@ -33,7 +33,7 @@ impl Sandbox {
                 }
             ),
         );
-        if let Err(error) = self.add_instance(spec, &node) {
+        if let Err(error) = self.add_instance(spec, &node, jiff::Timestamp::now()) {
             return vec![(false, error.to_string())];
         }
         if let Err(error) = self
