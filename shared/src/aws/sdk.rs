@@ -519,35 +519,11 @@ impl InstanceNoticesBatch for SdkInstances {
         &self,
         instance_ids: &[String],
     ) -> Result<BTreeMap<String, InstanceFacts>, AwsError> {
-        use aws_sdk_ec2::types::Filter;
         let mut out = BTreeMap::new();
-        for batch in instance_ids.chunks(INSTANCE_FILTER_BATCH) {
-            let filter = Filter::builder()
-                .name("instance-id")
-                .set_values(Some(batch.to_vec()))
-                .build();
-            let mut next_token = None;
-            loop {
-                let output = self
-                    .client()
-                    .describe_instances()
-                    .filters(filter.clone())
-                    .max_results(1000)
-                    .set_next_token(next_token.take())
-                    .send()
-                    .await
-                    .map_err(|e| classify("DescribeInstances", e))?;
-                for instance in output.reservations().iter().flat_map(|r| r.instances()) {
-                    if let Some(id) = instance.instance_id() {
-                        out.insert(id.to_owned(), facts_of(instance));
-                    }
-                }
-                match output.next_token().filter(|t| !t.is_empty()) {
-                    Some(token) => next_token = Some(token.to_owned()),
-                    None => break,
-                }
-            }
-        }
+        self.each_described_instance(instance_ids, |id, instance| {
+            out.insert(id.to_owned(), facts_of(instance));
+        })
+        .await?;
         Ok(out)
     }
 
@@ -1035,15 +1011,16 @@ impl InstanceHealth for SdkAutoScaling {
 /// Instance ids per `DescribeInstances` filter (EC2 takes at most 200 values per filter).
 const INSTANCE_FILTER_BATCH: usize = 200;
 
-impl RepairInstances for SdkInstances {
-    /// By an `instance-id` filter, not `InstanceIds`: an id EC2 no longer knows (terminated
+impl SdkInstances {
+    /// `visit`s each instance EC2 describes of `instance_ids`, by an `instance-id` filter
+    /// (200 ids a call, every page), not `InstanceIds`: an id EC2 no longer knows (terminated
     /// and gone) is then simply absent instead of failing the whole call.
-    async fn launch_times(
+    async fn each_described_instance(
         &self,
         instance_ids: &[String],
-    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        mut visit: impl FnMut(&str, &aws_sdk_ec2::types::Instance),
+    ) -> Result<(), AwsError> {
         use aws_sdk_ec2::types::Filter;
-        let mut times = BTreeMap::new();
         for batch in instance_ids.chunks(INSTANCE_FILTER_BATCH) {
             let filter = Filter::builder()
                 .name("instance-id")
@@ -1061,12 +1038,8 @@ impl RepairInstances for SdkInstances {
                     .await
                     .map_err(|e| classify("DescribeInstances", e))?;
                 for instance in output.reservations().iter().flat_map(|r| r.instances()) {
-                    let (Some(id), Some(at)) = (instance.instance_id(), instance.launch_time())
-                    else {
-                        continue;
-                    };
-                    if let Ok(at) = jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32) {
-                        times.insert(id.to_owned(), at);
+                    if let Some(id) = instance.instance_id() {
+                        visit(id, instance);
                     }
                 }
                 match output.next_token().filter(|t| !t.is_empty()) {
@@ -1075,6 +1048,27 @@ impl RepairInstances for SdkInstances {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+impl RepairInstances for SdkInstances {
+    /// By an `instance-id` filter, not `InstanceIds`: an id EC2 no longer knows (terminated
+    /// and gone) is then simply absent instead of failing the whole call.
+    async fn launch_times(
+        &self,
+        instance_ids: &[String],
+    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        let mut times = BTreeMap::new();
+        self.each_described_instance(instance_ids, |id, instance| {
+            let launched = instance
+                .launch_time()
+                .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok());
+            if let Some(at) = launched {
+                times.insert(id.to_owned(), at);
+            }
+        })
+        .await?;
         Ok(times)
     }
 
