@@ -120,7 +120,15 @@ impl InstanceNotice {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        let kind = if newer.cordon_only && !self.cordon_only {
+        // The record names the notice the drain works to: the one that ends the instance
+        // first (a Spot warning's two minutes outrank a later "stopping" without an end), and
+        // never a cordon-only rebalance over a drain.
+        let earlier_ends_first = match (self.instance_ends_at, newer.instance_ends_at) {
+            (Some(_), None) => true,
+            (Some(a), Some(b)) => a < b,
+            _ => false,
+        };
+        let kind = if (newer.cordon_only && !self.cordon_only) || earlier_ends_first {
             self.kind
         } else {
             newer.kind
@@ -793,6 +801,23 @@ mod tests {
             instance_ends_at: Some(at(ends)),
             cordon_only: false,
         }
+    }
+
+    #[test]
+    fn a_later_notice_without_an_end_keeps_the_spot_warning_the_drain_works_to() {
+        let lifecycle = DrainCheckpoint::start(&action("t"), at(0), TIMEOUT, "req-1", LEASE);
+        let spot = lifecycle.joined_by(&spot_notice(10, 130)).unwrap();
+        let stopping = InstanceNotice {
+            kind: NoticeKind::InstanceStopping,
+            received_at: at(120),
+            instance_ends_at: None,
+            cordon_only: false,
+        };
+        let joined = spot.joined_by(&stopping).unwrap_or(spot.clone());
+        let notice = joined.notice.as_ref().unwrap();
+        assert_eq!(notice.kind, NoticeKind::SpotInterruption);
+        assert_eq!(notice.instance_ends_at, Some(at(130)));
+        assert_eq!(joined.deadline, at(130));
     }
 
     fn notice_of_instance() -> LifecycleActionRef {
