@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
 use node_manager_testkit::aws::SnsSubscription;
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::fixtures::running_on;
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::{AuditEvent, Store};
 use node_manager_testkit::soak::corpus::fixture;
@@ -22,23 +23,6 @@ use serde_json::{Value, json};
 /// Not the terminating fixture's instance, so that the fixture finds no node.
 const INSTANCE: &str = "i-0b1c2d3e4f5061728";
 const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-
-fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
-    store
-        .list::<Pod>()
-        .iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .unwrap_or_default()
-                .starts_with(prefix)
-        })
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .count()
-}
 
 /// The terminating hook (JSON logs, `settings` added to its environment) with the reference
 /// node running the EKS system workloads and 4 nginx pods, and a second node for the evicted pods to move to.

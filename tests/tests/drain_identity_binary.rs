@@ -13,29 +13,13 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
 use node_manager_testkit::fixtures::Workload;
-use node_manager_testkit::kube::{FaultAction, FaultRule, Store};
+use node_manager_testkit::fixtures::running_on;
+use node_manager_testkit::kube::{FaultAction, FaultRule};
 use node_manager_testkit::lambda_api::InvocationOutcome;
 use serde_json::Value;
 
 /// Not the terminating fixture's instance.
 const INSTANCE: &str = "i-0b1c2d3e4f5061728";
-
-fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
-    store
-        .list::<Pod>()
-        .iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .unwrap_or_default()
-                .starts_with(prefix)
-        })
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .count()
-}
 
 /// The terminating hook (`settings` added to its environment) with 4 nginx pods on the
 /// instance's node and a second node for them to move to.

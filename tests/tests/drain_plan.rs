@@ -10,10 +10,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use node_manager_testkit::binaries::function_binary;
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::fixtures::running_on;
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::Store;
 use serde_json::Value;
@@ -21,23 +21,6 @@ use serde_json::Value;
 /// Not the terminating fixture's instance.
 const INSTANCE: &str = "i-0b1c2d3e4f5061728";
 const DRAIN_TIMEOUT_SECONDS: &str = "10";
-
-fn running_on(store: &Store, node: &str, prefix: &str) -> usize {
-    store
-        .list::<Pod>()
-        .iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .filter(|p| {
-            p.metadata
-                .name
-                .as_deref()
-                .unwrap_or_default()
-                .starts_with(prefix)
-        })
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-        .count()
-}
 
 fn allowed(store: &Store, name: &str) -> Option<i32> {
     store

@@ -175,18 +175,7 @@ impl Scenario {
     }
 
     fn running_pods_on(&self, node: &str, prefix: &str) -> usize {
-        self.pods_on(node)
-            .iter()
-            .filter(|p| {
-                p.metadata
-                    .name
-                    .as_deref()
-                    .unwrap_or_default()
-                    .starts_with(prefix)
-            })
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .count()
+        fixtures::running_on(self.server.store(), node, prefix)
     }
 
     async fn wait_until(&self, what: &str, done: impl Fn() -> bool) {
