@@ -95,30 +95,15 @@ where
         );
         return report("LeftForNextRun", action.name().to_owned());
     }
-    let settings = &handler.drainer.context.settings;
-    let (group, instance_id, notice, deadline) = match &action {
-        Action::DrainForMaintenance { record, starts_at } => {
-            let (notice, deadline) =
-                maintenance_drain(*starts_at, Timestamp::now(), settings.drain_timeout);
-            (
-                record.auto_scaling_group_name.clone(),
-                record.instance_id.clone(),
-                notice,
-                deadline,
-            )
-        }
-        Action::ResumeNoticeDrain {
-            notice,
-            group,
-            instance_id,
-            deadline,
-        } => (
-            group.clone(),
-            instance_id.clone(),
-            notice.clone(),
-            *deadline,
-        ),
-        other => return report(other.name(), "not a drain".to_owned()),
+    let drain_timeout = handler.drainer.context.settings.drain_timeout;
+    let Some(DrainToRun {
+        group,
+        instance_id,
+        notice,
+        deadline,
+    }) = drain_to_run(&action, drain_timeout)
+    else {
+        return report(action.name(), "not a drain".to_owned());
     };
     let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
     let node = match nodes.get_opt(&marks.node).await {
@@ -150,6 +135,42 @@ where
             report(outcome.name(), action.name().to_owned())
         }
         Err(error) => failed(&marks.node, error, report),
+    }
+}
+
+/// What a due drain works on: the instance, its group, the notice and the deadline.
+struct DrainToRun {
+    group: String,
+    instance_id: String,
+    notice: crate::node_marks::checkpoint::InstanceNotice,
+    deadline: Timestamp,
+}
+
+/// The drain `action` asks for (`None` for an action that is no drain): a planned
+/// maintenance from now to its start, or a notice drain resumed on its own record.
+fn drain_to_run(action: &Action, drain_timeout: std::time::Duration) -> Option<DrainToRun> {
+    match action {
+        Action::DrainForMaintenance { record, starts_at } => {
+            let (notice, deadline) = maintenance_drain(*starts_at, Timestamp::now(), drain_timeout);
+            Some(DrainToRun {
+                group: record.auto_scaling_group_name.clone(),
+                instance_id: record.instance_id.clone(),
+                notice,
+                deadline,
+            })
+        }
+        Action::ResumeNoticeDrain {
+            notice,
+            group,
+            instance_id,
+            deadline,
+        } => Some(DrainToRun {
+            group: group.clone(),
+            instance_id: instance_id.clone(),
+            notice: notice.clone(),
+            deadline: *deadline,
+        }),
+        _ => None,
     }
 }
 
