@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use node_manager::drain::budgets;
 use node_manager::drain::plan::{
@@ -166,94 +166,12 @@ pub struct Estimate {
 /// Plans `snapshot` with the drain's settings as of `now`.
 pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) -> Preview {
     let node = &snapshot.node;
-    let checkpoint = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
-        .and_then(|json| DrainCheckpoint::parse(json).ok())
-        .filter(|c| c.completed_at.is_none());
-    let context = PlanContext {
-        now: Some(now),
-        cordoned_at: checkpoint.as_ref().map(|c| c.started_at),
-        not_ready_since: not_ready_since(node),
-        first_listed: None,
-        stuck_after: settings.stuck_pod_after,
-        instance_ends_at: checkpoint
-            .as_ref()
-            .and_then(|c| c.notice.as_ref())
-            .and_then(|n| n.instance_ends_at),
-        // A drain running for an involuntary notice moves do-not-disrupt pods too.
-        involuntary: checkpoint
-            .as_ref()
-            .and_then(|c| c.notice.as_ref())
-            .is_some_and(|n| node_manager::drain::plan::is_involuntary(n.kind)),
-    };
-    let plan = DrainPlan::in_context(&snapshot.pods, &context);
-    let pods_by_key: BTreeMap<(&str, &str), &Pod> = snapshot
-        .pods
-        .iter()
-        .filter_map(|p| {
-            Some((
-                (
-                    p.metadata.namespace.as_deref()?,
-                    p.metadata.name.as_deref()?,
-                ),
-                p,
-            ))
-        })
-        .collect();
-    let budgets_of = |key: &PodKey| -> Vec<String> {
-        let labels = pods_by_key
-            .get(&(key.namespace.as_str(), key.name.as_str()))
-            .and_then(|p| p.metadata.labels.clone())
-            .unwrap_or_default();
-        let namespace_budgets: Vec<PodDisruptionBudget> = snapshot
-            .budgets
-            .iter()
-            .filter(|b| b.metadata.namespace.as_deref() == Some(key.namespace.as_str()))
-            .cloned()
-            .collect();
-        budgets::covering(&namespace_budgets, &labels)
-    };
-
-    let mut evict = Vec::new();
-    let mut terminating = Vec::new();
-    for (tier, to_evict, leaving) in plan.tiers() {
-        for planned in to_evict {
-            let pod = pods_by_key
-                .get(&(planned.key.namespace.as_str(), planned.key.name.as_str()))
-                .copied();
-            evict.push(evicted_pod(
-                planned,
-                tier,
-                pod,
-                budgets_of(&planned.key),
-                settings,
-            ));
-        }
-        terminating.extend(leaving.iter().map(PodRef::from));
-    }
-    let left = plan
-        .skipped
-        .iter()
-        .filter_map(|(key, disposition)| {
-            let reason = match disposition {
-                PodDisposition::SkipDaemonSet => LeftReason::DaemonSet,
-                PodDisposition::SkipMirror => LeftReason::Mirror,
-                PodDisposition::SkipToleratesCordon => LeftReason::ToleratesCordon,
-                PodDisposition::StuckDeletion(_) => LeftReason::StuckDeletion,
-                PodDisposition::AwaitDeletion(_)
-                | PodDisposition::Evict(_)
-                | PodDisposition::HoldDoNotDisrupt => return None,
-            };
-            Some(LeftPod {
-                pod: key.into(),
-                reason,
-            })
-        })
-        .collect();
-
+    let checkpoint = drain_under_way(node);
+    let plan = DrainPlan::in_context(
+        &snapshot.pods,
+        &plan_context(node, &checkpoint, settings, now),
+    );
+    let (evict, terminating) = evicted_and_terminating(snapshot, &plan, settings);
     let budgets = budget_summaries(snapshot, &evict);
     let deadline = checkpoint.as_ref().map_or(settings.drain_timeout, |c| {
         Duration::from_secs(c.deadline.duration_since(now).as_secs().max(0) as u64)
@@ -270,10 +188,105 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
         evict,
         terminating,
         held,
-        left,
+        left: left_pods(&plan),
         budgets,
         estimate,
     }
+}
+
+/// The node's drain record while that drain is still running.
+fn drain_under_way(node: &Node) -> Option<DrainCheckpoint> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CHECKPOINT_ANNOTATION))
+        .and_then(|json| DrainCheckpoint::parse(json).ok())
+        .filter(|c| c.completed_at.is_none())
+}
+
+/// What the drain itself would know when planning: a drain under way keeps its own start
+/// and notice.
+fn plan_context(
+    node: &Node,
+    checkpoint: &Option<DrainCheckpoint>,
+    settings: &DrainSettings,
+    now: Timestamp,
+) -> PlanContext {
+    let notice = checkpoint.as_ref().and_then(|c| c.notice.as_ref());
+    PlanContext {
+        now: Some(now),
+        cordoned_at: checkpoint.as_ref().map(|c| c.started_at),
+        not_ready_since: not_ready_since(node),
+        first_listed: None,
+        stuck_after: settings.stuck_pod_after,
+        instance_ends_at: notice.and_then(|n| n.instance_ends_at),
+        // A drain running for an involuntary notice moves do-not-disrupt pods too.
+        involuntary: notice.is_some_and(|n| node_manager::drain::plan::is_involuntary(n.kind)),
+    }
+}
+
+/// The pods to evict, tier by tier, and those already terminating.
+fn evicted_and_terminating(
+    snapshot: &Snapshot,
+    plan: &DrainPlan,
+    settings: &DrainSettings,
+) -> (Vec<EvictedPod>, Vec<PodRef>) {
+    let pods_by_key: BTreeMap<(&str, &str), &Pod> = snapshot
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let meta = &p.metadata;
+            Some(((meta.namespace.as_deref()?, meta.name.as_deref()?), p))
+        })
+        .collect();
+    let mut evict = Vec::new();
+    let mut terminating = Vec::new();
+    for (tier, to_evict, leaving) in plan.tiers() {
+        for planned in to_evict {
+            let key = (planned.key.namespace.as_str(), planned.key.name.as_str());
+            let pod = pods_by_key.get(&key).copied();
+            let budgets = budgets_selecting(snapshot, &planned.key.namespace, pod);
+            evict.push(evicted_pod(planned, tier, pod, budgets, settings));
+        }
+        terminating.extend(leaving.iter().map(PodRef::from));
+    }
+    (evict, terminating)
+}
+
+/// The names of the budgets in `namespace` that select `pod`.
+fn budgets_selecting(snapshot: &Snapshot, namespace: &str, pod: Option<&Pod>) -> Vec<String> {
+    let labels = pod
+        .and_then(|p| p.metadata.labels.clone())
+        .unwrap_or_default();
+    let namespace_budgets: Vec<PodDisruptionBudget> = snapshot
+        .budgets
+        .iter()
+        .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
+        .cloned()
+        .collect();
+    budgets::covering(&namespace_budgets, &labels)
+}
+
+/// The pods the drain leaves on the node, and why.
+fn left_pods(plan: &DrainPlan) -> Vec<LeftPod> {
+    plan.skipped
+        .iter()
+        .filter_map(|(key, disposition)| {
+            let reason = match disposition {
+                PodDisposition::SkipDaemonSet => LeftReason::DaemonSet,
+                PodDisposition::SkipMirror => LeftReason::Mirror,
+                PodDisposition::SkipToleratesCordon => LeftReason::ToleratesCordon,
+                PodDisposition::StuckDeletion(_) => LeftReason::StuckDeletion,
+                PodDisposition::AwaitDeletion(_)
+                | PodDisposition::Evict(_)
+                | PodDisposition::HoldDoNotDisrupt => return None,
+            };
+            Some(LeftPod {
+                pod: key.into(),
+                reason,
+            })
+        })
+        .collect()
 }
 
 fn evicted_pod(
@@ -349,31 +362,8 @@ fn estimate(
     settings: &DrainSettings,
     deadline: Duration,
 ) -> Estimate {
-    let budget = |namespace: &str, name: &str| -> Option<&BudgetSummary> {
-        budgets
-            .iter()
-            .find(|b| b.namespace == namespace && b.name == name)
-    };
-    let blocked: Vec<PodRef> = evict
-        .iter()
-        .filter(|p| match p.budgets.as_slice() {
-            [] => false,
-            [one] => budget(&p.pod.namespace, one).is_some_and(|b| b.blocks_now),
-            // The eviction API refuses a pod that more than one budget selects.
-            _ => true,
-        })
-        .map(|p| p.pod.clone())
-        .chain(held.iter().cloned())
-        .collect();
-    let at_deadline = if settings.force {
-        "the pods still there are deleted (DRAIN_FORCE), bypassing their budgets".to_owned()
-    } else {
-        match settings.timeout_result {
-            DrainTimeoutResult::Retain => "the lifecycle action completes with ABANDON if the group retains abandoned instances (the instance and node are kept for inspection), else with CONTINUE and the pods still there go with the instance (PodEvictionFailure)".to_owned(),
-            DrainTimeoutResult::Abandon => "the lifecycle action completes with ABANDON and the pods still there go with the instance unless its group retains abandoned instances (PodEvictionFailure)".to_owned(),
-            DrainTimeoutResult::Continue => "the lifecycle action completes with CONTINUE and the pods still there go with the instance (PodEvictionFailure)".to_owned(),
-        }
-    };
+    let blocked = blocked_pods(evict, held, budgets);
+    let at_deadline = at_deadline(settings);
     let deadline_seconds = deadline.as_secs();
     if !blocked.is_empty() {
         return Estimate {
@@ -385,38 +375,11 @@ fn estimate(
             at_deadline,
         };
     }
-    let concurrency = settings.eviction_concurrency.max(1) as u64;
     let mut waves = 0;
     let mut seconds = 0;
     for tier in [Tier::Ordinary, Tier::Critical] {
         let pods: Vec<&EvictedPod> = evict.iter().filter(|p| p.tier == tier).collect();
-        if pods.is_empty() {
-            continue;
-        }
-        let by_concurrency = (pods.len() as u64).div_ceil(concurrency);
-        // A budget's pods of this tier go `disruptionsAllowed` at a time.
-        let mut per_budget: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        for pod in &pods {
-            if let [one] = pod.budgets.as_slice() {
-                *per_budget
-                    .entry((pod.pod.namespace.as_str(), one.as_str()))
-                    .or_default() += 1;
-            }
-        }
-        let by_budgets = per_budget
-            .iter()
-            .filter_map(|(&(namespace, name), &count)| {
-                let allowed = budget(namespace, name)?.disruptions_allowed.max(1) as u64;
-                Some(count.div_ceil(allowed))
-            })
-            .max()
-            .unwrap_or(0);
-        let tier_waves = by_concurrency.max(by_budgets);
-        let wave_seconds = pods
-            .iter()
-            .map(|p| p.grace_period_seconds as u64)
-            .max()
-            .unwrap_or(0);
+        let (tier_waves, wave_seconds) = tier_waves(&pods, budgets, settings);
         waves += tier_waves;
         seconds += tier_waves * wave_seconds;
     }
@@ -429,4 +392,80 @@ fn estimate(
         blocked,
         at_deadline,
     }
+}
+
+fn budget_named<'a>(
+    budgets: &'a [BudgetSummary],
+    namespace: &str,
+    name: &str,
+) -> Option<&'a BudgetSummary> {
+    budgets
+        .iter()
+        .find(|b| b.namespace == namespace && b.name == name)
+}
+
+/// Pods no eviction can move now: a blocking budget, more than one budget, or held.
+fn blocked_pods(evict: &[EvictedPod], held: &[PodRef], budgets: &[BudgetSummary]) -> Vec<PodRef> {
+    evict
+        .iter()
+        .filter(|p| match p.budgets.as_slice() {
+            [] => false,
+            [one] => budget_named(budgets, &p.pod.namespace, one).is_some_and(|b| b.blocks_now),
+            // The eviction API refuses a pod that more than one budget selects.
+            _ => true,
+        })
+        .map(|p| p.pod.clone())
+        .chain(held.iter().cloned())
+        .collect()
+}
+
+/// What happens at the deadline (`DRAIN_FORCE`, `DRAIN_TIMEOUT_RESULT`).
+fn at_deadline(settings: &DrainSettings) -> String {
+    if settings.force {
+        return "the pods still there are deleted (DRAIN_FORCE), bypassing their budgets"
+            .to_owned();
+    }
+    match settings.timeout_result {
+        DrainTimeoutResult::Retain => "the lifecycle action completes with ABANDON if the group retains abandoned instances (the instance and node are kept for inspection), else with CONTINUE and the pods still there go with the instance (PodEvictionFailure)".to_owned(),
+        DrainTimeoutResult::Abandon => "the lifecycle action completes with ABANDON and the pods still there go with the instance unless its group retains abandoned instances (PodEvictionFailure)".to_owned(),
+        DrainTimeoutResult::Continue => "the lifecycle action completes with CONTINUE and the pods still there go with the instance (PodEvictionFailure)".to_owned(),
+    }
+}
+
+/// One tier's eviction waves and the longest grace period of a wave: the evictions go
+/// `EVICTION_CONCURRENCY` at a time, and a budget's pods `disruptionsAllowed` at a time.
+fn tier_waves(
+    pods: &[&EvictedPod],
+    budgets: &[BudgetSummary],
+    settings: &DrainSettings,
+) -> (u64, u64) {
+    if pods.is_empty() {
+        return (0, 0);
+    }
+    let concurrency = settings.eviction_concurrency.max(1) as u64;
+    let by_concurrency = (pods.len() as u64).div_ceil(concurrency);
+    let mut per_budget: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for pod in pods {
+        if let [one] = pod.budgets.as_slice() {
+            *per_budget
+                .entry((pod.pod.namespace.as_str(), one.as_str()))
+                .or_default() += 1;
+        }
+    }
+    let by_budgets = per_budget
+        .iter()
+        .filter_map(|(&(namespace, name), &count)| {
+            let allowed = budget_named(budgets, namespace, name)?
+                .disruptions_allowed
+                .max(1) as u64;
+            Some(count.div_ceil(allowed))
+        })
+        .max()
+        .unwrap_or(0);
+    let wave_seconds = pods
+        .iter()
+        .map(|p| p.grace_period_seconds as u64)
+        .max()
+        .unwrap_or(0);
+    (by_concurrency.max(by_budgets), wave_seconds)
 }

@@ -54,6 +54,16 @@ fn reason(reason: LeftReason) -> &'static str {
 /// The plan as sections of aligned columns.
 pub fn table(preview: &Preview) -> String {
     let mut out = String::new();
+    node_line(&mut out, preview);
+    evicted_section(&mut out, preview);
+    waited_sections(&mut out, preview);
+    left_section(&mut out, preview);
+    budgets_section(&mut out, preview);
+    estimate_section(&mut out, preview);
+    out
+}
+
+fn node_line(out: &mut String, preview: &Preview) {
     let node = &preview.node;
     let _ = writeln!(
         out,
@@ -65,49 +75,53 @@ pub fn table(preview: &Preview) -> String {
             .map(|t| format!(", drain under way since {t}"))
             .unwrap_or_default()
     );
+}
 
+fn evicted_section(out: &mut String, preview: &Preview) {
     let _ = writeln!(out, "\nEvicted, in this order (critical last):");
     if preview.evict.is_empty() {
         out.push_str("  none\n");
-    } else {
-        let mut rows = vec![
-            ["TIER", "POD", "BUDGETS", "GRACE", "NOTES"]
-                .map(String::from)
-                .to_vec(),
-        ];
-        for pod in &preview.evict {
-            let mut notes = Vec::new();
-            if pod.local_storage {
-                notes.push("local storage (lost)");
-            }
-            if pod.no_controller {
-                notes.push("no controller (not recreated)");
-            }
-            if preview.estimate.blocked.contains(&pod.pod) {
-                notes.push("BLOCKED now");
-            }
-            rows.push(vec![
-                tier(pod.tier).to_owned(),
-                pod.pod.to_string(),
-                if pod.budgets.is_empty() {
-                    "-".to_owned()
-                } else {
-                    pod.budgets.join(",")
-                },
-                format!("{}s", pod.grace_period_seconds),
-                notes.join("; "),
-            ]);
-        }
-        out.push_str(&columns(&rows));
+        return;
     }
+    let mut rows = vec![
+        ["TIER", "POD", "BUDGETS", "GRACE", "NOTES"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for pod in &preview.evict {
+        let mut notes = Vec::new();
+        if pod.local_storage {
+            notes.push("local storage (lost)");
+        }
+        if pod.no_controller {
+            notes.push("no controller (not recreated)");
+        }
+        if preview.estimate.blocked.contains(&pod.pod) {
+            notes.push("BLOCKED now");
+        }
+        rows.push(vec![
+            tier(pod.tier).to_owned(),
+            pod.pod.to_string(),
+            if pod.budgets.is_empty() {
+                "-".to_owned()
+            } else {
+                pod.budgets.join(",")
+            },
+            format!("{}s", pod.grace_period_seconds),
+            notes.join("; "),
+        ]);
+    }
+    out.push_str(&columns(&rows));
+}
 
+/// Pods the drain waits for without evicting them: already terminating, or held.
+fn waited_sections(out: &mut String, preview: &Preview) {
     if !preview.terminating.is_empty() {
         let _ = writeln!(out, "\nAlready terminating (waited for):");
         for pod in &preview.terminating {
             let _ = writeln!(out, "  {pod}");
         }
     }
-
     if !preview.held.is_empty() {
         let _ = writeln!(
             out,
@@ -117,42 +131,48 @@ pub fn table(preview: &Preview) -> String {
             let _ = writeln!(out, "  {pod}");
         }
     }
+}
 
+fn left_section(out: &mut String, preview: &Preview) {
     let _ = writeln!(out, "\nLeft on the node:");
     if preview.left.is_empty() {
         out.push_str("  none\n");
-    } else {
-        let mut rows = vec![vec!["POD".to_owned(), "WHY".to_owned()]];
-        rows.extend(
-            preview
-                .left
-                .iter()
-                .map(|p| vec![p.pod.to_string(), reason(p.reason).to_owned()]),
-        );
-        out.push_str(&columns(&rows));
+        return;
     }
+    let mut rows = vec![vec!["POD".to_owned(), "WHY".to_owned()]];
+    rows.extend(
+        preview
+            .left
+            .iter()
+            .map(|p| vec![p.pod.to_string(), reason(p.reason).to_owned()]),
+    );
+    out.push_str(&columns(&rows));
+}
 
+fn budgets_section(out: &mut String, preview: &Preview) {
     let _ = writeln!(out, "\nPodDisruptionBudgets:");
     if preview.budgets.is_empty() {
         out.push_str("  none selects a pod to evict\n");
-    } else {
-        let mut rows = vec![
-            ["BUDGET", "ALLOWED", "PODS HERE", "WAVES", "NOW"]
-                .map(String::from)
-                .to_vec(),
-        ];
-        for b in &preview.budgets {
-            rows.push(vec![
-                format!("{}/{}", b.namespace, b.name),
-                b.disruptions_allowed.to_string(),
-                b.pods_to_evict.to_string(),
-                b.waves.map_or("-".to_owned(), |w| w.to_string()),
-                if b.blocks_now { "BLOCKS" } else { "allows" }.to_owned(),
-            ]);
-        }
-        out.push_str(&columns(&rows));
+        return;
     }
+    let mut rows = vec![
+        ["BUDGET", "ALLOWED", "PODS HERE", "WAVES", "NOW"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for b in &preview.budgets {
+        rows.push(vec![
+            format!("{}/{}", b.namespace, b.name),
+            b.disruptions_allowed.to_string(),
+            b.pods_to_evict.to_string(),
+            b.waves.map_or("-".to_owned(), |w| w.to_string()),
+            if b.blocks_now { "BLOCKS" } else { "allows" }.to_owned(),
+        ]);
+    }
+    out.push_str(&columns(&rows));
+}
 
+fn estimate_section(out: &mut String, preview: &Preview) {
     let estimate = &preview.estimate;
     let _ = writeln!(out, "\nEstimate:");
     match (estimate.waves, estimate.seconds) {
@@ -182,7 +202,6 @@ pub fn table(preview: &Preview) -> String {
     } else {
         out.push_str("  The drain would finish before its deadline.\n");
     }
-    out
 }
 
 #[cfg(test)]
