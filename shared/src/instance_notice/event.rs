@@ -99,101 +99,107 @@ pub fn is_notice_event(event: &Value) -> bool {
 
 /// Parses and checks an event [`is_notice_event`] accepted.
 pub fn parse(event: &Value) -> Result<NoticeEvent, NoticeEventError> {
-    let text = |name: &'static str| {
-        event
-            .get(name)
-            .and_then(Value::as_str)
-            .ok_or(NoticeEventError::Missing(name))
-    };
-    let source = text("source")?;
-    let detail_type = text("detail-type")?;
+    let source = text_field(event, "source")?;
+    let detail_type = text_field(event, "detail-type")?;
     if source == SCHEDULE_SOURCE && detail_type == SCHEDULED_EVENT {
         return Ok(NoticeEvent::Sweep);
     }
-    let id = text("id")?.to_owned();
-    let account = text("account")?;
+    let id = text_field(event, "id")?.to_owned();
+    let (account, region, time) = envelope(event)?;
+    let detail = event
+        .get("detail")
+        .filter(|d| d.is_object())
+        .ok_or(NoticeEventError::Missing("detail"))?;
+    let (announcement, instance_ids) = match announcement(source, detail_type, detail)? {
+        Ok(parsed) => parsed,
+        Err(reason) => return Ok(NoticeEvent::Ignored(reason)),
+    };
+    Ok(NoticeEvent::Instance(InstanceEvent {
+        id,
+        account,
+        region,
+        time,
+        announcement,
+        instance_ids,
+    }))
+}
+
+fn text_field<'a>(object: &'a Value, name: &'static str) -> Result<&'a str, NoticeEventError> {
+    object
+        .get(name)
+        .and_then(Value::as_str)
+        .ok_or(NoticeEventError::Missing(name))
+}
+
+/// The event's account, region and time, checked.
+fn envelope(event: &Value) -> Result<(String, String, Timestamp), NoticeEventError> {
+    let account = text_field(event, "account")?;
     if account.len() != 12 || !account.bytes().all(|b| b.is_ascii_digit()) {
         return Err(NoticeEventError::Invalid {
             field: "account",
             value: account.to_owned(),
         });
     }
-    let region = text("region")?;
+    let region = text_field(event, "region")?;
     if !is_region_name(region) {
         return Err(NoticeEventError::Invalid {
             field: "region",
             value: region.chars().take(64).collect(),
         });
     }
-    let time = text("time")?;
+    let time = text_field(event, "time")?;
     let time: Timestamp = time.parse().map_err(|_| NoticeEventError::Invalid {
         field: "time",
         value: time.to_owned(),
     })?;
-    let detail = event
-        .get("detail")
-        .filter(|d| d.is_object())
-        .ok_or(NoticeEventError::Missing("detail"))?;
-    let detail_text = |name: &'static str| {
-        detail
-            .get(name)
-            .and_then(Value::as_str)
-            .ok_or(NoticeEventError::Missing(name))
-    };
-    let (announcement, instance_ids) = match (source, detail_type) {
+    Ok((account.to_owned(), region.to_owned(), time))
+}
+
+/// What the event announces and for which instances; `Err(reason)` for a well-formed event
+/// this function does not act on.
+#[allow(clippy::type_complexity)]
+fn announcement(
+    source: &str,
+    detail_type: &str,
+    detail: &Value,
+) -> Result<Result<(Announcement, Vec<String>), String>, NoticeEventError> {
+    let the_instance =
+        || Ok::<_, NoticeEventError>(vec![instance_id(text_field(detail, "instance-id")?)?]);
+    match (source, detail_type) {
         (EC2_SOURCE, SPOT_INTERRUPTION) => {
-            let action = detail_text("instance-action")?;
+            let action = text_field(detail, "instance-action")?;
             if !matches!(action, "terminate" | "stop" | "hibernate") {
                 return Err(NoticeEventError::Invalid {
                     field: "instance-action",
                     value: action.to_owned(),
                 });
             }
-            (
-                Announcement::SpotInterruption {
-                    action: action.to_owned(),
-                },
-                vec![instance_id(detail_text("instance-id")?)?],
-            )
+            let action = action.to_owned();
+            Ok(Ok((
+                Announcement::SpotInterruption { action },
+                the_instance()?,
+            )))
         }
-        (EC2_SOURCE, REBALANCE_RECOMMENDATION) => (
-            Announcement::RebalanceRecommendation,
-            vec![instance_id(detail_text("instance-id")?)?],
-        ),
+        (EC2_SOURCE, REBALANCE_RECOMMENDATION) => {
+            Ok(Ok((Announcement::RebalanceRecommendation, the_instance()?)))
+        }
         (EC2_SOURCE, STATE_CHANGE) => {
-            let state = detail_text("state")?;
-            let instance = instance_id(detail_text("instance-id")?)?;
+            let state = text_field(detail, "state")?;
+            let instance = instance_id(text_field(detail, "instance-id")?)?;
             if !matches!(state, "stopping" | "shutting-down") {
-                return Ok(NoticeEvent::Ignored(format!(
+                return Ok(Err(format!(
                     "instance {instance} is {state}: only stopping and shutting-down are acted on"
                 )));
             }
-            (
-                Announcement::Stopping {
-                    state: state.to_owned(),
-                },
-                vec![instance],
-            )
+            let state = state.to_owned();
+            Ok(Ok((Announcement::Stopping { state }, vec![instance])))
         }
-        (HEALTH_SOURCE, HEALTH_EVENT) => match scheduled_change(detail)? {
-            Ok(parsed) => parsed,
-            Err(reason) => return Ok(NoticeEvent::Ignored(reason)),
-        },
-        _ => {
-            return Err(NoticeEventError::Invalid {
-                field: "detail-type",
-                value: format!("{source} / {detail_type}"),
-            });
-        }
-    };
-    Ok(NoticeEvent::Instance(InstanceEvent {
-        id,
-        account: account.to_owned(),
-        region: region.to_owned(),
-        time,
-        announcement,
-        instance_ids,
-    }))
+        (HEALTH_SOURCE, HEALTH_EVENT) => scheduled_change(detail),
+        _ => Err(NoticeEventError::Invalid {
+            field: "detail-type",
+            value: format!("{source} / {detail_type}"),
+        }),
+    }
 }
 
 /// An AWS Health event's scheduled change for EC2 instances; `Err(reason)` for a
