@@ -358,7 +358,7 @@ impl<C: HookClients> Drainer<C> {
         request: &DrainRequest<'_>,
         keeper: &mut HeartbeatKeeper,
     ) -> Result<ControlFlow<DeliveryOutcome, ClaimedDrain>, DrainError> {
-        let (notification, invocation) = (request.notification, request.invocation);
+        let notification = request.notification;
         let mut waited_for_lease = false;
         let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
         let predecessor = predecessor_of(request.delivery);
@@ -393,22 +393,14 @@ impl<C: HookClients> Drainer<C> {
                     until,
                     notice_drain: true,
                 } => {
-                    // A drain started by an instance notice (Spot warning, ...) is on the
-                    // node: it ends within its notice's time, then this drain takes it over
-                    // (keeping what it did), so exactly one drain runs and this action is
-                    // still completed. Wait for it, looking often (it lets go of its lease
-                    // when it ends); hand over when this invocation runs out of time.
-                    if !waited_for_lease {
-                        tracing::info!(step = "notice_drain_wait", holder, until = %until, "a drain for an instance notice is on this node: taking it over when it ends");
-                        waited_for_lease = true;
-                    }
-                    let wait = lease_wait(until).min(NOTICE_DRAIN_POLL);
-                    if wait + NOTICE_DRAIN_POLL >= invocation.budget.remaining() {
-                        let outcome = self.hand_over_unclaimed(request, keeper).await?;
-                        return Ok(ControlFlow::Break(outcome));
-                    }
                     node = match self
-                        .wait_for_lease(lease, wait, notification, keeper)
+                        .outwait_notice_drain(
+                            lease,
+                            (holder, until),
+                            &mut waited_for_lease,
+                            request,
+                            keeper,
+                        )
                         .await?
                     {
                         ControlFlow::Continue(node) => node,
@@ -417,22 +409,11 @@ impl<C: HookClients> Drainer<C> {
                     continue;
                 }
                 Claim::HeldByOther { holder, until, .. } => (holder, until),
-                Claim::JoinLifecycleDrain { .. } => {
-                    // Only a notice's decision joins; a lifecycle claim never gets this.
-                    return Err(DrainError::Internal(
-                        "a lifecycle claim was told to join a lifecycle drain".to_owned(),
-                    ));
-                }
-                Claim::AlreadyCompleted => {
-                    tracing::info!(
-                        step = "already_completed",
-                        "this lifecycle action's drain is complete already"
-                    );
-                    return Ok(ControlFlow::Break(DeliveryOutcome::AlreadyCompleted));
-                }
-                Claim::NodeGone => {
-                    tracing::info!(step = "no_node", "the node was deleted: completing");
-                    return self.node_gone(notification).await.map(ControlFlow::Break);
+                unclaimed => {
+                    return self
+                        .not_claimed(unclaimed, notification)
+                        .await
+                        .map(ControlFlow::Break);
                 }
             };
             node = match self
@@ -443,6 +424,60 @@ impl<C: HookClients> Drainer<C> {
                 ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
             };
             waited_for_lease = true;
+        }
+    }
+
+    /// A drain started by an instance notice (Spot warning, ...) is on the node: it ends
+    /// within its notice's time, then this drain takes it over (keeping what it did), so
+    /// exactly one drain runs and this action is still completed. Wait for it, looking often
+    /// (it lets go of its lease when it ends); hand over when this invocation runs out of
+    /// time. Returns the node read again.
+    async fn outwait_notice_drain(
+        &self,
+        lease: &NodeLease,
+        (holder, until): (String, Timestamp),
+        waited_for_lease: &mut bool,
+        request: &DrainRequest<'_>,
+        keeper: &mut HeartbeatKeeper,
+    ) -> Result<ControlFlow<DeliveryOutcome, Node>, DrainError> {
+        if !*waited_for_lease {
+            tracing::info!(step = "notice_drain_wait", holder, until = %until, "a drain for an instance notice is on this node: taking it over when it ends");
+            *waited_for_lease = true;
+        }
+        let wait = lease_wait(until).min(NOTICE_DRAIN_POLL);
+        if wait + NOTICE_DRAIN_POLL >= request.invocation.budget.remaining() {
+            let outcome = self.hand_over_unclaimed(request, keeper).await?;
+            return Ok(ControlFlow::Break(outcome));
+        }
+        self.wait_for_lease(lease, wait, request.notification, keeper)
+            .await
+    }
+
+    /// What a claim that took no drain and waits for no holder means for the delivery.
+    async fn not_claimed(
+        &self,
+        claim: Claim,
+        notification: &LifecycleNotification,
+    ) -> Result<DeliveryOutcome, DrainError> {
+        match claim {
+            Claim::AlreadyCompleted => {
+                tracing::info!(
+                    step = "already_completed",
+                    "this lifecycle action's drain is complete already"
+                );
+                Ok(DeliveryOutcome::AlreadyCompleted)
+            }
+            Claim::NodeGone => {
+                tracing::info!(step = "no_node", "the node was deleted: completing");
+                self.node_gone(notification).await
+            }
+            // Only a notice's decision joins; a lifecycle claim never gets this.
+            Claim::JoinLifecycleDrain { .. } => Err(DrainError::Internal(
+                "a lifecycle claim was told to join a lifecycle drain".to_owned(),
+            )),
+            Claim::Claimed { .. } | Claim::HeldByOther { .. } => Err(DrainError::Internal(
+                "a claimed or held drain was taken for an unclaimed one".to_owned(),
+            )),
         }
     }
 

@@ -9,6 +9,7 @@
 //! `unschedulable`, optional taint; see [`super::cordon`]): one round trip instead of three,
 //! and a node is never cordoned by an invocation that lost the race for its drain.
 
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -127,57 +128,12 @@ pub async fn claim_with(
         let existing = checkpoint_of(&node).map(|c| c.as_found_on(&node));
         let decision = decide(existing.as_ref(), Timestamp::now());
         let steps = CordonSteps::needed(&node, taint);
-        let (checkpoint, resumed) = match decision {
-            LeaseDecision::Claim {
-                mut checkpoint,
-                resumed,
-            } => {
-                // Record what this write changes on top of what any earlier drain of ours
-                // recorded (a resumed drain, or one replacing the checkpoint of an earlier
-                // scale-in whose changes are still on the node): a node back from a warm
-                // pool gets exactly that undone.
-                // An instance refresh's marks become the drain's: the refresh's end must not
-                // lift the cordon of a node being drained, and a return from a warm pool
-                // undoes them with the drain's own.
-                // A cordon-only notice (a rebalance recommendation) drains nothing: the
-                // refresh's record stays the refresh's, for its end to undo.
-                let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
-                let refreshed = refresh_marks_of(&node)
-                    .filter(|_| !is_cordon_only(&checkpoint))
-                    .map(|m| m.out_of_service)
-                    .unwrap_or_default();
-                checkpoint.out_of_service = Some(earlier.union(&refreshed).union(&steps.record()));
-                (checkpoint, resumed)
-            }
-            LeaseDecision::HeldByOther { holder, until } => {
-                let notice_drain = existing.is_some_and(|e| e.action.is_notice());
-                return Ok(Claim::HeldByOther {
-                    holder,
-                    until,
-                    notice_drain,
-                });
-            }
-            LeaseDecision::AlreadyCompleted => return Ok(Claim::AlreadyCompleted),
-            LeaseDecision::JoinLifecycleDrain => {
-                return Ok(Claim::JoinLifecycleDrain {
-                    node: Box::new(node),
-                });
-            }
+        let (checkpoint, resumed) = match checkpoint_to_write(decision, existing, &node, &steps) {
+            ControlFlow::Continue(to_write) => to_write,
+            ControlFlow::Break(outcome) => return Ok(outcome),
         };
-        let written = match write(nodes, &name, &node, &checkpoint, Some(&steps)).await {
-            Ok(written) => written,
-            // One refused write (a 5xx, a throttle past kube's retries) must not fail the
-            // invocation: try again against a fresh read, a few times, with backoff.
-            Err(error) if is_transient(&error) && transient_failures + 1 < TRANSIENT_ATTEMPTS => {
-                let delay = backoff_delay(transient_failures, TRANSIENT_BASE, TRANSIENT_CAP);
-                tracing::warn!(node = %name, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "could not take the drain; retrying");
-                transient_failures += 1;
-                tokio::time::sleep(delay).await;
-                Written::Conflict
-            }
-            Err(error) => return Err(error),
-        };
-        match written {
+        let written = write(nodes, &name, &node, &checkpoint, Some(&steps)).await;
+        match retry_transient(written, &name, &mut transient_failures).await? {
             Written::Node(written) => {
                 return Ok(Claim::Claimed {
                     node: written,
@@ -197,6 +153,71 @@ pub async fn claim_with(
         }
     }
     Err(too_many_conflicts(&name))
+}
+
+/// The checkpoint a claim writes (with whether it resumes a drain), or the claim's outcome
+/// when the decision writes nothing.
+fn checkpoint_to_write(
+    decision: LeaseDecision,
+    existing: Option<DrainCheckpoint>,
+    node: &Node,
+    steps: &CordonSteps,
+) -> ControlFlow<Claim, (DrainCheckpoint, bool)> {
+    match decision {
+        LeaseDecision::Claim {
+            mut checkpoint,
+            resumed,
+        } => {
+            // Record what this write changes on top of what any earlier drain of ours
+            // recorded (a resumed drain, or one replacing the checkpoint of an earlier
+            // scale-in whose changes are still on the node): a node back from a warm
+            // pool gets exactly that undone.
+            // An instance refresh's marks become the drain's: the refresh's end must not
+            // lift the cordon of a node being drained, and a return from a warm pool
+            // undoes them with the drain's own.
+            // A cordon-only notice (a rebalance recommendation) drains nothing: the
+            // refresh's record stays the refresh's, for its end to undo.
+            let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
+            let refreshed = refresh_marks_of(node)
+                .filter(|_| !is_cordon_only(&checkpoint))
+                .map(|m| m.out_of_service)
+                .unwrap_or_default();
+            checkpoint.out_of_service = Some(earlier.union(&refreshed).union(&steps.record()));
+            ControlFlow::Continue((checkpoint, resumed))
+        }
+        LeaseDecision::HeldByOther { holder, until } => {
+            let notice_drain = existing.is_some_and(|e| e.action.is_notice());
+            ControlFlow::Break(Claim::HeldByOther {
+                holder,
+                until,
+                notice_drain,
+            })
+        }
+        LeaseDecision::AlreadyCompleted => ControlFlow::Break(Claim::AlreadyCompleted),
+        LeaseDecision::JoinLifecycleDrain => ControlFlow::Break(Claim::JoinLifecycleDrain {
+            node: Box::new(node.clone()),
+        }),
+    }
+}
+
+/// A write's result, with one refused write (a 5xx, a throttle past kube's retries) turned
+/// into a retry against a fresh read after a backoff: it must not fail the invocation. The
+/// retries are bounded by `transient_failures` (shared with the claim's reads).
+async fn retry_transient(
+    written: Result<Written, kube::Error>,
+    name: &str,
+    transient_failures: &mut u32,
+) -> Result<Written, kube::Error> {
+    match written {
+        Err(error) if is_transient(&error) && *transient_failures + 1 < TRANSIENT_ATTEMPTS => {
+            let delay = backoff_delay(*transient_failures, TRANSIENT_BASE, TRANSIENT_CAP);
+            tracing::warn!(node = %name, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "could not take the drain; retrying");
+            *transient_failures += 1;
+            tokio::time::sleep(delay).await;
+            Ok(Written::Conflict)
+        }
+        other => other,
+    }
 }
 
 /// [`get`], retried on transient errors while `transient_failures` (shared with the caller's
