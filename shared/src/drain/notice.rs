@@ -10,8 +10,11 @@
 //!
 //! Which notices lead here, and when, is `crate::instance_notice`'s decision.
 
+use std::ops::ControlFlow;
+
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Api;
 use serde_json::json;
 
@@ -25,6 +28,7 @@ use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::checkpoint::{
     CHECKPOINT_ANNOTATION, DrainCheckpoint, DrainResult, InstanceNotice, checkpoint_of,
 };
+use crate::node_marks::out_of_service::CordonReport;
 use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
 
 /// What became of a notice's drain.
@@ -79,6 +83,14 @@ pub struct NoticeDrainRequest<'a> {
     pub events: &'a DrainEvents,
 }
 
+/// A notice drain this invocation took: the node as written and its checkpoint.
+struct ClaimedNoticeDrain {
+    node: Node,
+    checkpoint: DrainCheckpoint,
+    resumed: bool,
+    cordon: CordonReport,
+}
+
 impl<C: HookClients> Drainer<C> {
     /// Takes the node out of service and drains it for `request.notice`, or joins the
     /// lifecycle drain already on it.
@@ -92,6 +104,38 @@ impl<C: HookClients> Drainer<C> {
             id: request.invocation.request_id.clone(),
             lease_duration: self.settings().lease_duration,
         };
+        let claimed = match self.claim_for_notice(&request, &nodes, &holder).await? {
+            ControlFlow::Continue(claimed) => claimed,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        announce(&request, &name, &claimed);
+        if claimed
+            .checkpoint
+            .notice
+            .as_ref()
+            .is_some_and(|n| n.cordon_only)
+        {
+            return Ok(NoticeDrainOutcome::CordonedOnly);
+        }
+        let mut lease = NodeLease {
+            nodes,
+            name,
+            holder,
+            last_written: None,
+        };
+        self.run_notice_session(claimed.node, claimed.checkpoint, &mut lease, &request)
+            .await
+    }
+
+    /// Claims the node's drain for the notice (cordoning it in the same write), within the
+    /// invocation's time; or what became of the notice when the drain is not this
+    /// invocation's to run.
+    async fn claim_for_notice(
+        &self,
+        request: &NoticeDrainRequest<'_>,
+        nodes: &Api<Node>,
+        holder: &LeaseHolder,
+    ) -> Result<ControlFlow<NoticeDrainOutcome, ClaimedNoticeDrain>, DrainError> {
         let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
         let decide = |existing: Option<&DrainCheckpoint>, now| {
             DrainCheckpoint::decide_notice(
@@ -104,84 +148,48 @@ impl<C: HookClients> Drainer<C> {
                 holder.lease_duration,
             )
         };
+        let name = request.node.metadata.name.as_deref().unwrap_or_default();
         let cutoff = request.invocation.budget.cutoff_at();
         let claim = tokio::time::timeout_at(
             cutoff,
-            lease::claim_with(&nodes, request.node.clone(), taint.as_ref(), decide),
+            lease::claim_with(nodes, request.node.clone(), taint.as_ref(), decide),
         )
         .await
         .map_err(|_| DrainError::NoAnswerBeforeHandOver {
             instance_id: request.action.instance_id.clone(),
         })?
-        .map_err(|source| kube_error(&name, source))?;
-        let (node, checkpoint, resumed, cordon) = match claim {
+        .map_err(|source| kube_error(name, source))?;
+        Ok(ControlFlow::Break(match claim {
             Claim::Claimed {
                 node,
                 checkpoint,
                 resumed,
                 cordon,
-            } => (*node, checkpoint, resumed, cordon),
+            } => {
+                return Ok(ControlFlow::Continue(ClaimedNoticeDrain {
+                    node: *node,
+                    checkpoint,
+                    resumed,
+                    cordon,
+                }));
+            }
             Claim::HeldByOther { holder, .. } => {
                 tracing::info!(
                     step = "duplicate",
                     holder,
                     "another invocation is draining this node for the notice: exiting quietly"
                 );
-                return Ok(NoticeDrainOutcome::Duplicate { holder });
+                NoticeDrainOutcome::Duplicate { holder }
             }
             Claim::AlreadyCompleted => {
                 tracing::info!(step = "already_drained", "the node was drained already");
-                return Ok(NoticeDrainOutcome::AlreadyDrained);
+                NoticeDrainOutcome::AlreadyDrained
             }
             Claim::JoinLifecycleDrain { node } => {
-                return join_lifecycle_drain(&nodes, *node, request.notice).await;
+                join_lifecycle_drain(nodes, *node, request.notice).await?
             }
-            Claim::NodeGone => return Ok(NoticeDrainOutcome::NodeGone),
-        };
-        let node_reference = DrainEvents::node_reference(&name, node.metadata.uid.as_deref());
-        let kind = request.notice.kind.as_str();
-        if cordon.changed_anything() {
-            tracing::info!(
-                step = "cordoned",
-                notice = kind,
-                labelled = cordon.labelled,
-                cordoned = cordon.cordoned,
-                tainted = cordon.tainted,
-                "node excluded from load balancers and cordoned"
-            );
-            request.events.normal(
-                &node_reference,
-                reason::CORDONED,
-                format!("Node {name} excluded from external load balancers and marked unschedulable ({kind} of instance {})", request.action.instance_id),
-            );
-        }
-        if checkpoint.notice.as_ref().is_some_and(|n| n.cordon_only) {
-            return Ok(NoticeDrainOutcome::CordonedOnly);
-        }
-        if !resumed {
-            let ends = request
-                .notice
-                .instance_ends_at
-                .map(|t| format!(", the instance stops at {t}"))
-                .unwrap_or_default();
-            tracing::info!(step = "drain_started", notice = kind, deadline = %checkpoint.deadline, "drain started for an instance notice");
-            request.events.normal(
-                &node_reference,
-                reason::DRAIN_STARTED,
-                format!(
-                    "Draining node {name}: {kind} of instance {}{ends} (deadline {})",
-                    request.action.instance_id, checkpoint.deadline
-                ),
-            );
-        }
-        let mut lease = NodeLease {
-            nodes,
-            name: name.clone(),
-            holder,
-            last_written: None,
-        };
-        self.run_notice_session(node, checkpoint, &mut lease, &request)
-            .await
+            Claim::NodeGone => NoticeDrainOutcome::NodeGone,
+        }))
     }
 
     /// Runs the session on the claimed checkpoint and records how it ended.
@@ -207,95 +215,168 @@ impl<C: HookClients> Drainer<C> {
             .await
             .unwrap_or(Ok(SessionEnd::HandOver))
             .map_err(|source| kube_error(&lease.name, source))?;
-        let stats = session.stats;
         let node_reference = session.node_reference();
         lease.last_written = session.last_written.take();
-        let outcome = match ran {
+        let ended = SessionReport {
+            pods_evicted: session.stats.pods_evicted,
+            node_reference: &node_reference,
+            node_name: &lease.name,
+            events: request.events,
+        };
+        let outcome = match ended.outcome(ran) {
+            ControlFlow::Continue(outcome) => outcome,
+            ControlFlow::Break(NoticeDrainOutcome::OutOfTime) => {
+                lease.release(budget.closing_write_bound()).await;
+                return Ok(NoticeDrainOutcome::OutOfTime);
+            }
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        Ok(record_end(lease, budget.closing_write_bound(), outcome).await)
+    }
+}
+
+/// Logs and records as Events that the node was taken out of service and, for a new drain,
+/// that the drain started.
+fn announce(request: &NoticeDrainRequest<'_>, name: &str, claimed: &ClaimedNoticeDrain) {
+    let node_reference = DrainEvents::node_reference(name, claimed.node.metadata.uid.as_deref());
+    let kind = request.notice.kind.as_str();
+    let cordon = &claimed.cordon;
+    if cordon.changed_anything() {
+        tracing::info!(
+            step = "cordoned",
+            notice = kind,
+            labelled = cordon.labelled,
+            cordoned = cordon.cordoned,
+            tainted = cordon.tainted,
+            "node excluded from load balancers and cordoned"
+        );
+        request.events.normal(
+            &node_reference,
+            reason::CORDONED,
+            format!("Node {name} excluded from external load balancers and marked unschedulable ({kind} of instance {})", request.action.instance_id),
+        );
+    }
+    let is_cordon_only = claimed
+        .checkpoint
+        .notice
+        .as_ref()
+        .is_some_and(|n| n.cordon_only);
+    if claimed.resumed || is_cordon_only {
+        return;
+    }
+    let ends = request
+        .notice
+        .instance_ends_at
+        .map(|t| format!(", the instance stops at {t}"))
+        .unwrap_or_default();
+    let deadline = claimed.checkpoint.deadline;
+    tracing::info!(step = "drain_started", notice = kind, deadline = %deadline, "drain started for an instance notice");
+    request.events.normal(
+        &node_reference,
+        reason::DRAIN_STARTED,
+        format!(
+            "Draining node {name}: {kind} of instance {}{ends} (deadline {deadline})",
+            request.action.instance_id
+        ),
+    );
+}
+
+/// How a notice drain's session ended, for the outcome and its Events.
+struct SessionReport<'a> {
+    pods_evicted: u32,
+    node_reference: &'a ObjectReference,
+    node_name: &'a str,
+    events: &'a DrainEvents,
+}
+
+impl SessionReport<'_> {
+    /// The outcome to record on the checkpoint (`Continue`), or one that ends the
+    /// invocation with nothing more to record (`Break`; `OutOfTime` releases the lease).
+    fn outcome(&self, ran: SessionEnd) -> ControlFlow<NoticeDrainOutcome, NoticeDrainOutcome> {
+        match ran {
             SessionEnd::Settled => {
                 tracing::info!(
                     step = "drained",
-                    pods_evicted = stats.pods_evicted,
+                    pods_evicted = self.pods_evicted,
                     "node drained for the instance notice"
                 );
-                NoticeDrainOutcome::Drained {
-                    pods_evicted: stats.pods_evicted,
-                }
+                ControlFlow::Continue(NoticeDrainOutcome::Drained {
+                    pods_evicted: self.pods_evicted,
+                })
             }
             SessionEnd::DeadlinePassed(stuck) => {
                 let pods: Vec<String> = stuck.iter().map(|p| p.pod.to_string()).collect();
+                let still_there: Vec<String> = stuck.iter().map(ToString::to_string).collect();
                 let note = format!(
                     "The instance's end came before node {} was empty; still there: {}",
-                    lease.name,
-                    stuck
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join("; ")
+                    self.node_name,
+                    still_there.join("; ")
                 );
                 tracing::warn!(step = "pod_eviction_failure", pods = ?pods, "{note}");
-                request
-                    .events
-                    .warning(&node_reference, reason::POD_EVICTION_FAILURE, note);
-                NoticeDrainOutcome::PodsLeft { pods }
+                self.events
+                    .warning(self.node_reference, reason::POD_EVICTION_FAILURE, note);
+                ControlFlow::Continue(NoticeDrainOutcome::PodsLeft { pods })
             }
             SessionEnd::PodsUnknown(cause) => {
                 let note = format!(
                     "The instance's end came and the pods of node {} could not be listed ({cause}): they may still be running",
-                    lease.name
+                    self.node_name
                 );
                 tracing::warn!(step = "pod_eviction_failure", cause, "{note}");
-                request
-                    .events
-                    .warning(&node_reference, reason::POD_EVICTION_FAILURE, note);
-                NoticeDrainOutcome::PodsLeft {
+                self.events
+                    .warning(self.node_reference, reason::POD_EVICTION_FAILURE, note);
+                ControlFlow::Continue(NoticeDrainOutcome::PodsLeft {
                     pods: vec![format!("pods unknown: {cause}")],
-                }
+                })
             }
             SessionEnd::HandOver => {
                 tracing::warn!(
                     step = "out_of_time",
                     "the invocation ran out of time before the notice drain ended: lease released"
                 );
-                lease.release(budget.closing_write_bound()).await;
-                return Ok(NoticeDrainOutcome::OutOfTime);
+                ControlFlow::Break(NoticeDrainOutcome::OutOfTime)
             }
             SessionEnd::LeaseLost => {
                 tracing::info!(
                     step = "taken_over",
                     "a lifecycle drain took the drain over: stopping"
                 );
-                return Ok(NoticeDrainOutcome::TakenOverByLifecycleDrain);
+                ControlFlow::Break(NoticeDrainOutcome::TakenOverByLifecycleDrain)
             }
-            SessionEnd::NodeGone => return Ok(NoticeDrainOutcome::NodeGone),
-        };
-        let left = match outcome {
-            NoticeDrainOutcome::Drained { .. } => DrainResult::Drained,
-            _ => DrainResult::PodsLeft,
-        };
-        // The notice's drain is over: mark it so, with how it left the node (a repeated
-        // notice then has nothing to do if it drained it) and let go of the lease at once, so a lifecycle drain waiting for it takes the
-        // node over now rather than when the lease would lapse.
-        let finished = tokio::time::timeout(
-            budget.closing_write_bound(),
-            lease.update(|c, now| c.finished(now, left)),
-        )
-        .await;
-        match finished {
-            Ok(Ok(Update::Written(_))) => {}
-            Ok(Ok(Update::LeaseLost)) => return Ok(NoticeDrainOutcome::TakenOverByLifecycleDrain),
-            Ok(Ok(Update::NodeGone)) => return Ok(NoticeDrainOutcome::NodeGone),
-            Ok(Err(error)) => {
-                tracing::warn!(step = "end_unrecorded", %error, "could not record the end of the notice drain; its lease lapses by itself");
-            }
-            Err(_) => {
-                tracing::warn!(
-                    step = "end_unrecorded",
-                    "recording the end of the notice drain got no answer in time; its lease lapses by itself"
-                );
-            }
+            SessionEnd::NodeGone => ControlFlow::Break(NoticeDrainOutcome::NodeGone),
         }
-        Ok(outcome)
     }
+}
+
+/// The notice's drain is over: marks it so, with how it left the node (a repeated notice
+/// then has nothing to do if it drained it), and lets go of the lease at once, so a
+/// lifecycle drain waiting for it takes the node over now rather than when the lease would
+/// lapse.
+async fn record_end(
+    lease: &mut NodeLease,
+    bound: std::time::Duration,
+    outcome: NoticeDrainOutcome,
+) -> NoticeDrainOutcome {
+    let left = match outcome {
+        NoticeDrainOutcome::Drained { .. } => DrainResult::Drained,
+        _ => DrainResult::PodsLeft,
+    };
+    let finished = tokio::time::timeout(bound, lease.update(|c, now| c.finished(now, left))).await;
+    match finished {
+        Ok(Ok(Update::Written(_))) => {}
+        Ok(Ok(Update::LeaseLost)) => return NoticeDrainOutcome::TakenOverByLifecycleDrain,
+        Ok(Ok(Update::NodeGone)) => return NoticeDrainOutcome::NodeGone,
+        Ok(Err(error)) => {
+            tracing::warn!(step = "end_unrecorded", %error, "could not record the end of the notice drain; its lease lapses by itself");
+        }
+        Err(_) => {
+            tracing::warn!(
+                step = "end_unrecorded",
+                "recording the end of the notice drain got no answer in time; its lease lapses by itself"
+            );
+        }
+    }
+    outcome
 }
 
 /// Adds `notice` to the lifecycle drain's checkpoint on `node` (conditional on the node's
