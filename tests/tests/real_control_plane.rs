@@ -111,7 +111,7 @@ fn watch_available(client: kube::Client) -> (Arc<Mutex<usize>>, tokio::task::Joi
 fn writes_of(audit: &[AuditEvent], user: &str) -> Vec<AuditEvent> {
     audit
         .iter()
-        .filter(|e| e.user.username == user && e.stage == "ResponseComplete")
+        .filter(|e| e.user.username == user)
         .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
         .cloned()
         .collect()
@@ -438,8 +438,8 @@ async fn nodegroup_auth_maps_the_node_role_so_nodes_authenticate_on_a_real_clust
         .next()
         .unwrap();
     let role = w.aws.account().add_role_credentials(role_name);
-    w.plane
-        .webhook()
+    w.aws
+        .account()
         .name_session(&role.access_key_id, &w.instance);
     let credentials = aws_credential_types::Credentials::new(
         &role.access_key_id,

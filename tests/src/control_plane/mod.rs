@@ -284,9 +284,23 @@ impl RealControlPlane {
         &self.webhook
     }
 
-    /// The audit log so far: one event per completed request (watches also when they start),
+    /// The audit log so far, one event per request as the test kit's API server logs it,
     /// from every client but the plane's own components and the kubelet emulation.
+    ///
+    /// kube-apiserver logs a request at each stage it reaches: a watch (a long-running
+    /// request) at `ResponseStarted` and again at `ResponseComplete` when it ends, anything
+    /// else at `ResponseComplete` (`RequestReceived` is omitted by the policy). The first
+    /// event of each `auditID` is kept, so a watch counts once, as on the fake.
     pub fn audit(&self) -> Vec<AuditEvent> {
+        let mut seen = std::collections::HashSet::new();
+        self.audit_stages()
+            .into_iter()
+            .filter(|event| seen.insert(event.audit_id.clone()))
+            .collect()
+    }
+
+    /// Every event of the audit log, each stage of a request on its own.
+    pub fn audit_stages(&self) -> Vec<AuditEvent> {
         let text = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
         text.lines()
             .filter_map(|line| serde_json::from_str(line).ok())
