@@ -189,6 +189,16 @@ impl RealControlPlane {
         bin: &Path,
         webhook: WebhookSettings,
     ) -> Result<RealControlPlane, ControlPlaneError> {
+        Self::start_with(bin, webhook, &[]).await
+    }
+
+    /// [`RealControlPlane::start`] with more kube-apiserver flags (e.g. a small
+    /// `--max-requests-inflight` for a brownout), after the plane's own.
+    pub async fn start_with(
+        bin: &Path,
+        webhook: WebhookSettings,
+        apiserver_flags: &[String],
+    ) -> Result<RealControlPlane, ControlPlaneError> {
         let started = Instant::now();
         let dir = std::env::temp_dir().join(format!(
             "onm-control-plane-{}-{}",
@@ -223,7 +233,9 @@ impl RealControlPlane {
         };
         plane.write_files(&[&controller_manager, &scheduler])?;
         plane.spawn(bin, "etcd", &plane.etcd_args(&ports))?;
-        plane.spawn(bin, "kube-apiserver", &plane.apiserver_args(&ports))?;
+        let mut apiserver_args = plane.apiserver_args(&ports);
+        apiserver_args.extend_from_slice(apiserver_flags);
+        plane.spawn(bin, "kube-apiserver", &apiserver_args)?;
         plane.wait_ready(&admin_client, started).await?;
         plane.spawn(
             bin,
