@@ -559,3 +559,136 @@ async fn the_same_drain_on_the_fake_api_server_for_comparison() {
         requests.len()
     );
 }
+
+/// Seeds the nginx Deployment (4 replicas, grace `grace`, a PDB `maxUnavailable: 1`) on the
+/// world's node with [`OTHER_NODE`] cordoned, waits until the replicas are Ready and the budget
+/// allows one disruption, then opens [`OTHER_NODE`]; returns the pods' names.
+async fn seed_nginx(w: &RealFunctionWorld, admin: &kube::Client, grace: i64) -> BTreeSet<String> {
+    w.kubelets
+        .register_node(
+            OTHER_NODE,
+            "aws:///eu-west-1b/i-0fffeeeedddd11112",
+            "eu-west-1b",
+            true,
+        )
+        .await
+        .unwrap();
+    let nginx = Workload::new("default", "nginx")
+        .replicas(REPLICAS as i32)
+        .grace_period_seconds(Some(grace));
+    Api::<Deployment>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &nginx.deployment())
+        .await
+        .unwrap();
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
+    budgets
+        .create(
+            &PostParams::default(),
+            &fixtures::pdb_max_unavailable("default", "nginx", json!(1), &[("app", "nginx")]),
+        )
+        .await
+        .unwrap();
+    let node = w.node.clone();
+    wait_until(admin, "the replicas Ready", Duration::from_secs(20), || {
+        let (admin, node, budgets) = (admin.clone(), node.clone(), budgets.clone());
+        async move {
+            let pods = nginx_pods(&admin).await;
+            let allowed = budgets
+                .get("nginx")
+                .await
+                .ok()
+                .and_then(|b| b.status)
+                .is_some_and(|s| s.disruptions_allowed == 1);
+            allowed
+                && pods.len() == REPLICAS
+                && pods.iter().all(|(_, n, ready, _)| *ready && *n == node)
+        }
+    })
+    .await;
+    Api::<Node>::all(admin.clone())
+        .patch(
+            OTHER_NODE,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .unwrap();
+    nginx_pods(admin).await.into_iter().map(|p| p.0).collect()
+}
+
+/// Accepted evictions by pod, with the grace periods they asked for.
+fn accepted_evictions(audit: &[AuditEvent], user: &str) -> BTreeMap<String, Vec<Option<i64>>> {
+    let mut by_pod: BTreeMap<String, Vec<Option<i64>>> = BTreeMap::new();
+    for e in writes_of(audit, user)
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && (200..300).contains(&e.code()))
+    {
+        let grace = e
+            .request_object
+            .as_ref()
+            .and_then(|b| b["deleteOptions"]["gracePeriodSeconds"].as_i64());
+        by_pod.entry(e.name().to_owned()).or_default().push(grace);
+    }
+    by_pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_drains_once_on_a_real_cluster() {
+    use node_manager_testkit::aws::SpotInterruptionAction;
+    let Some(bin) = binaries_or_skip("a_spot_interruption_drains_once_on_a_real_cluster") else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .spot()
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.5")
+        .env("DRAIN_LEASE_SECONDS", "2")
+        .start(&bin)
+        .await
+        .unwrap();
+    let admin = w.plane.admin_client().await.unwrap();
+    let seeded = seed_nginx(&w, &admin, 300).await;
+    let (fewest_available, sampler) = watch_available(admin.clone());
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    let interruption = w
+        .aws
+        .interruptions()
+        .spot_interruption_carried_out(
+            &w.instance,
+            SpotInterruptionAction::Terminate,
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    let notification = topic.next_event(Duration::from_secs(5)).await.unwrap();
+    let hook = w.function(Target::TerminatingHook);
+
+    // The warning drains the node within its two minutes, the 300 s grace periods cut.
+    let answer = hook.response_to(&interruption.warning).await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    // Then the hook's notification: the drain is not run again, the action completed once.
+    let answer = hook.response_to(&notification).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    sampler.abort();
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+
+    let user = RealFunctionWorld::username(Target::TerminatingHook);
+    let evicted = accepted_evictions(&w.plane.audit(), user);
+    assert_eq!(
+        evicted.keys().cloned().collect::<BTreeSet<_>>(),
+        seeded,
+        "{evicted:?}"
+    );
+    for (pod, graces) in &evicted {
+        assert_eq!(graces.len(), 1, "{pod} evicted more than once: {graces:?}");
+        let grace = graces[0].unwrap_or_default();
+        assert!((1..=115).contains(&grace), "{pod}: grace {grace}");
+    }
+    let fewest = *fewest_available.lock().unwrap();
+    assert!(
+        fewest >= REPLICAS - 1,
+        "only {fewest} replicas were available at one point"
+    );
+}

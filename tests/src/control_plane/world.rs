@@ -52,6 +52,7 @@ impl RealFunctionWorld {
             authentication_mode: "API_AND_CONFIG_MAP",
             processes: 1,
             apiserver_flags: Vec::new(),
+            spot: false,
         }
     }
 
@@ -71,7 +72,8 @@ impl RealFunctionWorld {
         zone: &str,
         unschedulable: bool,
     ) -> Result<String, ControlPlaneError> {
-        add_instance(&self.aws, &self.kubelets, instance_id, zone, unschedulable).await
+        let instance = FakeInstance::new(instance_id, "eu-west-1").availability_zone(zone);
+        add_instance(&self.aws, &self.kubelets, instance, unschedulable).await
     }
 
     /// The process of `target`. Panics when the world was built without it (a test bug).
@@ -97,6 +99,7 @@ pub struct RealWorldBuilder {
     authentication_mode: &'static str,
     processes: usize,
     apiserver_flags: Vec<String>,
+    spot: bool,
 }
 
 impl RealWorldBuilder {
@@ -121,6 +124,12 @@ impl RealWorldBuilder {
     /// environments); default 1.
     pub fn processes(mut self, count: usize) -> Self {
         self.processes = count.max(1);
+        self
+    }
+
+    /// The seeded instance is a Spot instance (a fulfilled Spot request), for interruptions.
+    pub fn spot(mut self) -> Self {
+        self.spot = true;
         self
     }
 
@@ -169,7 +178,12 @@ impl RealWorldBuilder {
         .await?;
         let topic = seed_aws(&aws, &plane, self.authentication_mode)?;
         let kubelets = FakeKubelets::start(plane.kubelet_client().await?);
-        let node = add_instance(&aws, &kubelets, &self.instance_id, ZONE, false).await?;
+        let mut instance =
+            FakeInstance::new(&self.instance_id, "eu-west-1").availability_zone(ZONE);
+        if self.spot {
+            instance = instance.spot();
+        }
+        let node = add_instance(&aws, &kubelets, instance, false).await?;
         let functions = self.start_functions(&account, &aws, &admin, &topic).await?;
         Ok(RealFunctionWorld {
             aws,
@@ -245,23 +259,20 @@ impl RealWorldBuilder {
 async fn add_instance(
     aws: &FakeAws,
     kubelets: &FakeKubelets,
-    instance_id: &str,
-    zone: &str,
+    instance: FakeInstance,
     unschedulable: bool,
 ) -> Result<String, ControlPlaneError> {
-    let instance = FakeInstance::new(instance_id, "eu-west-1").availability_zone(zone);
     let node = instance.private_dns_name.clone();
+    let (id, zone) = (
+        instance.instance_id.clone(),
+        instance.availability_zone.clone(),
+    );
     aws.ec2().add_instance(instance);
     aws.autoscaling()
-        .add_instance(GROUP, instance_id, zone)
+        .add_instance(GROUP, &id, &zone)
         .map_err(|e| setup("the instance", e))?;
     kubelets
-        .register_node(
-            &node,
-            &format!("aws:///{zone}/{instance_id}"),
-            zone,
-            unschedulable,
-        )
+        .register_node(&node, &format!("aws:///{zone}/{id}"), &zone, unschedulable)
         .await?;
     Ok(node)
 }
