@@ -692,3 +692,93 @@ async fn a_spot_interruption_drains_once_on_a_real_cluster() {
         "only {fewest} replicas were available at one point"
     );
 }
+
+fn node_marks(node: &Node) -> (bool, bool, bool, bool) {
+    use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+    use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "example.com/draining"));
+    let recorded = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CHECKPOINT_ANNOTATION));
+    (cordoned, labelled, tainted, recorded)
+}
+
+/// Scale-in with reuse then scale-out from the pool: the terminating hook drains the node
+/// (cordon, label, taint, record), the instance stops in the pool; back in service, the
+/// launching hook undoes exactly that in one conditional write, on the real API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_from_the_warm_pool_gets_its_drain_undone_on_a_real_cluster() {
+    use node_manager_testkit::aws::WarmPoolState;
+    let Some(bin) =
+        binaries_or_skip("a_node_back_from_the_warm_pool_gets_its_drain_undone_on_a_real_cluster")
+    else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook, Target::LaunchingHook])
+        .env("NODE_TAINT", "example.com/draining=true:NoSchedule")
+        .env("SETTLE_SECONDS", "0.1")
+        .env("LAUNCH_TIMEOUT_SECONDS", "20")
+        .start(&bin)
+        .await
+        .unwrap();
+    let admin = w.plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let autoscaling = w.aws.autoscaling();
+    autoscaling.set_warm_pool(GROUP, WarmPoolState::Stopped);
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    autoscaling
+        .scale_in_to_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    let to_pool = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&to_pool)
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(
+        node_marks(&nodes.get(&w.node).await.unwrap()),
+        (true, true, true, true)
+    );
+
+    autoscaling
+        .launch_from_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    let back = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w.function(Target::LaunchingHook).response_to(&back).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let restored = &answer["records"][0]["restored"];
+    assert_eq!(restored["uncordoned"], true, "{answer}");
+    assert_eq!(restored["unlabelled"], true, "{answer}");
+    assert_eq!(
+        node_marks(&nodes.get(&w.node).await.unwrap()),
+        (false, false, false, false)
+    );
+    let user = RealFunctionWorld::username(Target::LaunchingHook);
+    let patches: Vec<AuditEvent> = writes_of(&w.plane.audit(), user)
+        .into_iter()
+        .filter(|e| e.resource() == "nodes" && e.verb == "patch")
+        .collect();
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    let sent = patches[0].request_object.clone().unwrap_or(Value::Null);
+    assert!(sent["metadata"]["resourceVersion"].is_string(), "{sent}");
+    assert_eq!(w.aws.autoscaling().completions().len(), 2);
+}
