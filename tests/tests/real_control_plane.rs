@@ -782,3 +782,89 @@ async fn a_node_back_from_the_warm_pool_gets_its_drain_undone_on_a_real_cluster(
     assert!(sent["metadata"]["resourceVersion"].is_string(), "{sent}");
     assert_eq!(w.aws.autoscaling().completions().len(), 2);
 }
+
+/// What EventBridge sends on a schedule; node-repair needs none of it.
+fn scheduled_event() -> Value {
+    json!({
+        "version": "0", "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+        "detail-type": "Scheduled Event", "source": "aws.events", "account": "111111111111",
+        "time": "2026-11-24T02:00:00Z", "region": "eu-west-1",
+        "resources": ["arn:aws:events:eu-west-1:111111111111:rule/node-repair"], "detail": {}
+    })
+}
+
+fn repair_outcome(answer: &Value, node: &str) -> String {
+    answer["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node"] == node))
+        .map(|n| n["outcome"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("{node} missing from {answer}"))
+}
+
+/// A node whose kubelet died is repaired on the real cluster: past the threshold its
+/// instance is marked unhealthy, and the terminating hook drains the dead node without
+/// waiting for the deletions its kubelet will never confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_kubelet_died_is_repaired_on_a_real_cluster() {
+    use node_manager_testkit::aws::FakeAutoScalingGroup;
+    let Some(bin) = binaries_or_skip("a_node_whose_kubelet_died_is_repaired_on_a_real_cluster")
+    else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::NodeRepair, Target::TerminatingHook])
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0.025, "repairAction": "Replace"}]}"#,
+        )
+        .env("STUCK_POD_SECONDS", "1")
+        .start(&bin)
+        .await
+        .unwrap();
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", node_manager_testkit::e2e::CLUSTER)
+            .availability_zones(&["eu-west-1a"])
+            .health_check_grace_period(Duration::ZERO),
+    );
+    let admin = w.plane.admin_client().await.unwrap();
+    seed_nginx(&w, &admin, 1).await;
+    let repair = w.function(Target::NodeRepair);
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(repair_outcome(&answer, &w.node), "Healthy", "{answer}");
+
+    w.kubelets.kill(&w.node).await.unwrap();
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(repair_outcome(&answer, &w.node), "Waiting", "{answer}");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(repair_outcome(&answer, &w.node), "Repair", "{answer}");
+    assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1);
+
+    w.aws
+        .autoscaling()
+        .wait_for_health_replacement(&w.instance, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let terminating = loop {
+        let event = topic.next_event(Duration::from_secs(5)).await.unwrap();
+        if event.to_string().contains("EC2_INSTANCE_TERMINATING") {
+            break event;
+        }
+    };
+    let started = Instant::now();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&terminating)
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{answer}");
+    // Evicted, and left Terminating: nothing else removes a dead kubelet's pods.
+    let pods = nginx_pods(&admin).await;
+    assert!(
+        pods.iter()
+            .any(|(_, node, _, terminating)| *node == w.node && *terminating),
+        "{pods:?}"
+    );
+}
