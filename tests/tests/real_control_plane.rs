@@ -868,3 +868,18 @@ async fn a_node_whose_kubelet_died_is_repaired_on_a_real_cluster() {
         "{pods:?}"
     );
 }
+
+/// `sandbox --real-control-plane` plays its drain and every expectation holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_job_on_the_real_control_plane_holds_its_expectations() {
+    let Some(bin) =
+        binaries_or_skip("the_sandbox_job_on_the_real_control_plane_holds_its_expectations")
+    else {
+        return;
+    };
+    assert!(
+        node_manager_testkit::control_plane::sandbox_job::play(&bin)
+            .await
+            .unwrap()
+    );
+}

@@ -14,6 +14,7 @@
 
 pub mod certs;
 pub mod kubelet;
+pub mod sandbox_job;
 pub mod webhook;
 pub mod world;
 
