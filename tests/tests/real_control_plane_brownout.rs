@@ -216,17 +216,7 @@ async fn twenty_drains_at_once_complete_under_an_apf_brownout() {
         .unwrap();
     let admin = w.plane.admin_client().await.unwrap();
     apply_manifest(&admin, &brownout_manifest()).await.unwrap();
-    let mut instances = vec![w.instance.clone()];
-    for i in 1..DRAINED {
-        let id = format!("i-0b1c2d3e4f50617{i:02}");
-        w.add_instance(&id, "eu-west-1a", false).await.unwrap();
-        instances.push(id);
-    }
-    let mut survivors = Vec::new();
-    for i in 0..SURVIVORS {
-        let id = format!("i-0fffeeeedddd111{i:02}");
-        survivors.push(w.add_instance(&id, "eu-west-1a", true).await.unwrap());
-    }
+    let (instances, survivors) = seed_nodes(&w).await;
     seed_workload(&admin).await;
     for node in &survivors {
         Api::<Node>::all(admin.clone())
@@ -241,15 +231,53 @@ async fn twenty_drains_at_once_complete_under_an_apf_brownout() {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let (fewest, sampler) = sample_fewest(pods.clone());
 
+    let took = drain_all_at_once(&w, &instances).await;
+    sampler.abort();
+    let completions = w.aws.autoscaling().completions();
+    let completed: BTreeSet<&str> = completions.iter().map(|c| c.instance_id.as_str()).collect();
+    assert_eq!(completions.len(), DRAINED, "{completions:?}");
+    assert_eq!(completed.len(), DRAINED, "{completions:?}");
+    assert!(
+        completions
+            .iter()
+            .all(|c| c.result == LifecycleActionResult::Continue)
+    );
+    let fewest = *fewest.lock().unwrap();
+    assert!(
+        fewest >= REPLICAS - 1,
+        "a budget was broken: only {fewest} pods of a Deployment were available at one point"
+    );
+    report(&w, took);
+}
+
+/// The 20 instances to drain (the world's first) and the 2 survivors' nodes (cordoned).
+async fn seed_nodes(w: &RealFunctionWorld) -> (Vec<String>, Vec<String>) {
+    let mut instances = vec![w.instance.clone()];
+    for i in 1..DRAINED {
+        let id = format!("i-0b1c2d3e4f50617{i:02}");
+        w.add_instance(&id, "eu-west-1a", false).await.unwrap();
+        instances.push(id);
+    }
+    let mut survivors = Vec::new();
+    for i in 0..SURVIVORS {
+        let id = format!("i-0fffeeeedddd111{i:02}");
+        survivors.push(w.add_instance(&id, "eu-west-1a", true).await.unwrap());
+    }
+    (instances, survivors)
+}
+
+/// Terminates every instance at once and answers each notification in its own process;
+/// every invocation must complete its drain. Returns how long they took together.
+async fn drain_all_at_once(w: &RealFunctionWorld, instances: &[String]) -> Duration {
     let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    for instance in &instances {
+    for instance in instances {
         w.aws
             .autoscaling()
             .terminate_instance(GROUP, instance)
             .unwrap();
     }
     let mut events = Vec::new();
-    for _ in 0..DRAINED {
+    for _ in 0..instances.len() {
         events.push(
             subscription
                 .next_event(Duration::from_secs(5))
@@ -267,8 +295,6 @@ async fn twenty_drains_at_once_complete_under_an_apf_brownout() {
     )
     .await;
     let took = started.elapsed();
-    sampler.abort();
-
     for (outcome, process) in outcomes.iter().zip(&processes) {
         match outcome {
             Ok(InvocationOutcome::Response(answer)) => {
@@ -277,21 +303,7 @@ async fn twenty_drains_at_once_complete_under_an_apf_brownout() {
             other => panic!("{other:?}\n{}", process.runtime.output()),
         }
     }
-    let completions = w.aws.autoscaling().completions();
-    let completed: BTreeSet<&str> = completions.iter().map(|c| c.instance_id.as_str()).collect();
-    assert_eq!(completions.len(), DRAINED, "{completions:?}");
-    assert_eq!(completed.len(), DRAINED, "{completions:?}");
-    assert!(
-        completions
-            .iter()
-            .all(|c| c.result == LifecycleActionResult::Continue)
-    );
-    let fewest = *fewest.lock().unwrap();
-    assert!(
-        fewest >= REPLICAS - 1,
-        "a budget was broken: only {fewest} pods of a Deployment were available at one point"
-    );
-    report(&w, took);
+    took
 }
 
 fn report(w: &RealFunctionWorld, took: Duration) {

@@ -517,20 +517,7 @@ impl State {
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
         metadata.remove("deletionGracePeriodSeconds");
-        if origin == Origin::Client {
-            match resource.plural {
-                "pods" => {
-                    self.admit_service_account(&namespace, &name, &mut object)?;
-                    object["status"] = json!({ "phase": "Pending", "qosClass": "BestEffort" })
-                }
-                "namespaces" => object["status"] = json!({ "phase": "Active" }),
-                "nodes" => add_not_ready_taint(&mut object),
-                _ if resource.has_status => object["status"] = json!({}),
-                _ => {}
-            }
-        } else if resource.plural == "namespaces" && object.get("status").is_none() {
-            object["status"] = json!({ "phase": "Active" });
-        }
+        self.admit(resource, &namespace, &name, &mut object, origin)?;
         let created = view(
             requested,
             self.commit(resource, key, object, ChangeType::Added),
@@ -539,6 +526,36 @@ impl State {
             self.create_default_service_account(&name);
         }
         Ok(created)
+    }
+
+    /// What the API server does to a new object before storing it: the status a client
+    /// cannot set, and the admission plugins the fake has (`ServiceAccount` for pods,
+    /// `TaintNodesByCondition` for nodes). Objects seeded by the tests keep what they say.
+    fn admit(
+        &self,
+        resource: &ResourceType,
+        namespace: &str,
+        name: &str,
+        object: &mut Value,
+        origin: Origin,
+    ) -> Result<(), ApiError> {
+        if origin != Origin::Client {
+            if resource.plural == "namespaces" && object.get("status").is_none() {
+                object["status"] = json!({ "phase": "Active" });
+            }
+            return Ok(());
+        }
+        match resource.plural {
+            "pods" => {
+                self.admit_service_account(namespace, name, object)?;
+                object["status"] = json!({ "phase": "Pending", "qosClass": "BestEffort" })
+            }
+            "namespaces" => object["status"] = json!({ "phase": "Active" }),
+            "nodes" => add_not_ready_taint(object),
+            _ if resource.has_status => object["status"] = json!({}),
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The service account controller's part: every namespace gets its `default`
