@@ -36,6 +36,10 @@ pub struct FakeAccount {
     /// `aws`, `aws-cn` or `aws-us-gov`.
     pub partition: String,
     credentials: Arc<RwLock<BTreeMap<String, FakeCredentials>>>,
+    /// Role session names by access key id, where a test named one (STS's
+    /// `assumed-role/<role>/<session>`; EC2 names an instance profile's sessions after the
+    /// instance id).
+    sessions: Arc<RwLock<BTreeMap<String, String>>>,
 }
 
 impl FakeAccount {
@@ -52,6 +56,7 @@ impl FakeAccount {
             region: region.to_owned(),
             partition: partition.to_owned(),
             credentials: Arc::default(),
+            sessions: Arc::default(),
         }
     }
 
@@ -93,6 +98,38 @@ impl FakeAccount {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(credentials.access_key_id.clone(), credentials);
+    }
+
+    /// Names the role session the credentials `access_key_id` belong to (e.g. an instance id,
+    /// as EC2 names the sessions of an instance profile's role).
+    pub fn name_session(&self, access_key_id: &str, session_name: &str) {
+        self.sessions
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(access_key_id.to_owned(), session_name.to_owned());
+    }
+
+    /// The session name STS reports for these credentials (the last part of
+    /// `arn:aws:sts::<account>:assumed-role/<role>/<session>`): the one named through
+    /// [`FakeAccount::name_session`], else the role's name (as a Lambda function's session
+    /// is named after the function). Empty for IAM users, which have no session.
+    pub fn session_name(&self, credentials: &FakeCredentials) -> String {
+        if let Some(name) = self
+            .sessions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&credentials.access_key_id)
+        {
+            return name.clone();
+        }
+        match credentials.principal_arn.split_once(":role/") {
+            Some((_, path_and_name)) => path_and_name
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+            None => String::new(),
+        }
     }
 
     /// The credentials with this access key id, if the account issued them.

@@ -247,6 +247,7 @@ impl FunctionWorldBuilder {
             .cluster_name(CLUSTER)
             .account(account.clone())
             .access_entries(Arc::new(aws.eks()))
+            .ec2(aws.ec2())
             .simulation(self.simulation.clone())
             .start()
             .await

@@ -53,6 +53,8 @@ pub struct VerifiedCaller {
     /// Canonical principal ARN (role ARN for role sessions).
     pub principal_arn: String,
     pub access_key_id: String,
+    /// The role session's name (`{{SessionName}}`; empty for an IAM user).
+    pub session_name: String,
 }
 
 /// Why a token was refused; the message says which check failed.
@@ -215,6 +217,7 @@ pub fn verify_token(
     Ok(VerifiedCaller {
         principal_arn: known.principal_arn.clone(),
         access_key_id: known.access_key_id.clone(),
+        session_name: account.session_name(&known),
     })
 }
 

@@ -21,6 +21,7 @@ use node_manager::nodegroup_auth::settings::NodegroupAuthSettings;
 use node_manager::retry::RetryPolicy;
 use node_manager::settings::ClusterScope;
 use node_manager_testkit::account::{AccessEntryLookup, KubernetesIdentity};
+use node_manager_testkit::aws::FakeAws;
 use node_manager_testkit::kube::FakeApiServer;
 use serde_json::{Value, json};
 
@@ -57,6 +58,8 @@ impl AccessEntryLookup for FunctionAccessEntry {
 
 struct Scenario {
     server: FakeApiServer,
+    /// Its EC2 holds the node's instance, for `{{EC2PrivateDNSName}}`.
+    _aws: FakeAws,
     eks: InMemoryEks,
     function:
         NodegroupAuth<InMemoryEks, KubeAwsAuthStore, InMemoryInstanceProfiles, InMemoryInstances>,
@@ -89,9 +92,12 @@ impl Scenario {
     /// `aws_auth`: the initial `aws-auth` data (`None`: absent).
     async fn start(aws_auth: Option<&str>) -> Self {
         let account = node_manager_testkit::account::FakeAccount::reference();
+        let aws = FakeAws::start(account.clone()).await.unwrap();
+        aws.ec2().add_running_instance(NODE_INSTANCE);
         let server = FakeApiServer::builder()
             .cluster_name(CLUSTER)
             .account(account.clone())
+            .ec2(aws.ec2())
             .access_entries(Arc::new(FunctionAccessEntry {
                 principal: account.role_arn("nodegroup-auth"),
             }))
@@ -144,6 +150,7 @@ impl Scenario {
         let admin = server.admin_client().await.unwrap();
         Self {
             server,
+            _aws: aws,
             eks,
             function,
             admin,
@@ -211,7 +218,16 @@ impl Scenario {
 }
 
 /// Whether a node of `role_name` gets past authentication (RBAC may still say no).
+/// The instance the node runs on: EC2 names its role's sessions after it, which is how
+/// `{{EC2PrivateDNSName}}` is resolved.
+const NODE_INSTANCE: &str = "i-0a1b2c3d4e5f60718";
+
 async fn node_can_authenticate(server: &FakeApiServer, role_name: &str) -> bool {
+    let key = server
+        .account()
+        .add_role_credentials(role_name)
+        .access_key_id;
+    server.account().name_session(&key, NODE_INSTANCE);
     let client = client_as(server, role_name).await;
     match Api::<Node>::all(client).list(&Default::default()).await {
         Ok(_) => true,

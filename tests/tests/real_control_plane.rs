@@ -111,7 +111,7 @@ fn watch_available(client: kube::Client) -> (Arc<Mutex<usize>>, tokio::task::Joi
 fn writes_of(audit: &[AuditEvent], user: &str) -> Vec<AuditEvent> {
     audit
         .iter()
-        .filter(|e| e.user.username == user && e.stage == "ResponseComplete")
+        .filter(|e| e.user.username == user)
         .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
         .cloned()
         .collect()
@@ -438,8 +438,8 @@ async fn nodegroup_auth_maps_the_node_role_so_nodes_authenticate_on_a_real_clust
         .next()
         .unwrap();
     let role = w.aws.account().add_role_credentials(role_name);
-    w.plane
-        .webhook()
+    w.aws
+        .account()
         .name_session(&role.access_key_id, &w.instance);
     let credentials = aws_credential_types::Credentials::new(
         &role.access_key_id,
@@ -557,5 +557,329 @@ async fn the_same_drain_on_the_fake_api_server_for_comparison() {
     println!(
         "drain on the fake API server: {took:?}, {} requests ({rejected} evictions refused by the budget)",
         requests.len()
+    );
+}
+
+/// Seeds the nginx Deployment (4 replicas, grace `grace`, a PDB `maxUnavailable: 1`) on the
+/// world's node with [`OTHER_NODE`] cordoned, waits until the replicas are Ready and the budget
+/// allows one disruption, then opens [`OTHER_NODE`]; returns the pods' names.
+async fn seed_nginx(w: &RealFunctionWorld, admin: &kube::Client, grace: i64) -> BTreeSet<String> {
+    w.kubelets
+        .register_node(
+            OTHER_NODE,
+            "aws:///eu-west-1b/i-0fffeeeedddd11112",
+            "eu-west-1b",
+            true,
+        )
+        .await
+        .unwrap();
+    let nginx = Workload::new("default", "nginx")
+        .replicas(REPLICAS as i32)
+        .grace_period_seconds(Some(grace));
+    Api::<Deployment>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &nginx.deployment())
+        .await
+        .unwrap();
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
+    budgets
+        .create(
+            &PostParams::default(),
+            &fixtures::pdb_max_unavailable("default", "nginx", json!(1), &[("app", "nginx")]),
+        )
+        .await
+        .unwrap();
+    let node = w.node.clone();
+    wait_until(admin, "the replicas Ready", Duration::from_secs(20), || {
+        let (admin, node, budgets) = (admin.clone(), node.clone(), budgets.clone());
+        async move {
+            let pods = nginx_pods(&admin).await;
+            let allowed = budgets
+                .get("nginx")
+                .await
+                .ok()
+                .and_then(|b| b.status)
+                .is_some_and(|s| s.disruptions_allowed == 1);
+            allowed
+                && pods.len() == REPLICAS
+                && pods.iter().all(|(_, n, ready, _)| *ready && *n == node)
+        }
+    })
+    .await;
+    Api::<Node>::all(admin.clone())
+        .patch(
+            OTHER_NODE,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
+        )
+        .await
+        .unwrap();
+    nginx_pods(admin).await.into_iter().map(|p| p.0).collect()
+}
+
+/// Accepted evictions by pod, with the grace periods they asked for.
+fn accepted_evictions(audit: &[AuditEvent], user: &str) -> BTreeMap<String, Vec<Option<i64>>> {
+    let mut by_pod: BTreeMap<String, Vec<Option<i64>>> = BTreeMap::new();
+    for e in writes_of(audit, user)
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && (200..300).contains(&e.code()))
+    {
+        let grace = e
+            .request_object
+            .as_ref()
+            .and_then(|b| b["deleteOptions"]["gracePeriodSeconds"].as_i64());
+        by_pod.entry(e.name().to_owned()).or_default().push(grace);
+    }
+    by_pod
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_drains_once_on_a_real_cluster() {
+    use node_manager_testkit::aws::SpotInterruptionAction;
+    let Some(bin) = binaries_or_skip("a_spot_interruption_drains_once_on_a_real_cluster") else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .spot()
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.5")
+        .env("DRAIN_LEASE_SECONDS", "2")
+        .start(&bin)
+        .await
+        .unwrap();
+    let admin = w.plane.admin_client().await.unwrap();
+    let seeded = seed_nginx(&w, &admin, 300).await;
+    let (fewest_available, sampler) = watch_available(admin.clone());
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    let interruption = w
+        .aws
+        .interruptions()
+        .spot_interruption_carried_out(
+            &w.instance,
+            SpotInterruptionAction::Terminate,
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    let notification = topic.next_event(Duration::from_secs(5)).await.unwrap();
+    let hook = w.function(Target::TerminatingHook);
+
+    // The warning drains the node within its two minutes, the 300 s grace periods cut.
+    let answer = hook.response_to(&interruption.warning).await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    // Then the hook's notification: the drain is not run again, the action completed once.
+    let answer = hook.response_to(&notification).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    sampler.abort();
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+
+    let user = RealFunctionWorld::username(Target::TerminatingHook);
+    let evicted = accepted_evictions(&w.plane.audit(), user);
+    assert_eq!(
+        evicted.keys().cloned().collect::<BTreeSet<_>>(),
+        seeded,
+        "{evicted:?}"
+    );
+    for (pod, graces) in &evicted {
+        assert_eq!(graces.len(), 1, "{pod} evicted more than once: {graces:?}");
+        let grace = graces[0].unwrap_or_default();
+        assert!((1..=115).contains(&grace), "{pod}: grace {grace}");
+    }
+    let fewest = *fewest_available.lock().unwrap();
+    assert!(
+        fewest >= REPLICAS - 1,
+        "only {fewest} replicas were available at one point"
+    );
+}
+
+fn node_marks(node: &Node) -> (bool, bool, bool, bool) {
+    use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+    use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL));
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == "example.com/draining"));
+    let recorded = node
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CHECKPOINT_ANNOTATION));
+    (cordoned, labelled, tainted, recorded)
+}
+
+/// Scale-in with reuse then scale-out from the pool: the terminating hook drains the node
+/// (cordon, label, taint, record), the instance stops in the pool; back in service, the
+/// launching hook undoes exactly that in one conditional write, on the real API server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_back_from_the_warm_pool_gets_its_drain_undone_on_a_real_cluster() {
+    use node_manager_testkit::aws::WarmPoolState;
+    let Some(bin) =
+        binaries_or_skip("a_node_back_from_the_warm_pool_gets_its_drain_undone_on_a_real_cluster")
+    else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook, Target::LaunchingHook])
+        .env("NODE_TAINT", "example.com/draining=true:NoSchedule")
+        .env("SETTLE_SECONDS", "0.1")
+        .env("LAUNCH_TIMEOUT_SECONDS", "20")
+        .start(&bin)
+        .await
+        .unwrap();
+    let admin = w.plane.admin_client().await.unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let autoscaling = w.aws.autoscaling();
+    autoscaling.set_warm_pool(GROUP, WarmPoolState::Stopped);
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    autoscaling
+        .scale_in_to_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    let to_pool = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&to_pool)
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(
+        node_marks(&nodes.get(&w.node).await.unwrap()),
+        (true, true, true, true)
+    );
+
+    autoscaling
+        .launch_from_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    let back = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let answer = w.function(Target::LaunchingHook).response_to(&back).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let restored = &answer["records"][0]["restored"];
+    assert_eq!(restored["uncordoned"], true, "{answer}");
+    assert_eq!(restored["unlabelled"], true, "{answer}");
+    assert_eq!(
+        node_marks(&nodes.get(&w.node).await.unwrap()),
+        (false, false, false, false)
+    );
+    let user = RealFunctionWorld::username(Target::LaunchingHook);
+    let patches: Vec<AuditEvent> = writes_of(&w.plane.audit(), user)
+        .into_iter()
+        .filter(|e| e.resource() == "nodes" && e.verb == "patch")
+        .collect();
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    let sent = patches[0].request_object.clone().unwrap_or(Value::Null);
+    assert!(sent["metadata"]["resourceVersion"].is_string(), "{sent}");
+    assert_eq!(w.aws.autoscaling().completions().len(), 2);
+}
+
+/// What EventBridge sends on a schedule; node-repair needs none of it.
+fn scheduled_event() -> Value {
+    json!({
+        "version": "0", "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa",
+        "detail-type": "Scheduled Event", "source": "aws.events", "account": "111111111111",
+        "time": "2026-11-24T02:00:00Z", "region": "eu-west-1",
+        "resources": ["arn:aws:events:eu-west-1:111111111111:rule/node-repair"], "detail": {}
+    })
+}
+
+fn repair_outcome(answer: &Value, node: &str) -> String {
+    answer["nodes"]
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["node"] == node))
+        .map(|n| n["outcome"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("{node} missing from {answer}"))
+}
+
+/// A node whose kubelet died is repaired on the real cluster: past the threshold its
+/// instance is marked unhealthy, and the terminating hook drains the dead node without
+/// waiting for the deletions its kubelet will never confirm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_kubelet_died_is_repaired_on_a_real_cluster() {
+    use node_manager_testkit::aws::FakeAutoScalingGroup;
+    let Some(bin) = binaries_or_skip("a_node_whose_kubelet_died_is_repaired_on_a_real_cluster")
+    else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::NodeRepair, Target::TerminatingHook])
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0.025, "repairAction": "Replace"}]}"#,
+        )
+        .env("STUCK_POD_SECONDS", "1")
+        .start(&bin)
+        .await
+        .unwrap();
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", node_manager_testkit::e2e::CLUSTER)
+            .availability_zones(&["eu-west-1a"])
+            .health_check_grace_period(Duration::ZERO),
+    );
+    let admin = w.plane.admin_client().await.unwrap();
+    seed_nginx(&w, &admin, 1).await;
+    let repair = w.function(Target::NodeRepair);
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(repair_outcome(&answer, &w.node), "Healthy", "{answer}");
+
+    w.kubelets.kill(&w.node).await.unwrap();
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(repair_outcome(&answer, &w.node), "Waiting", "{answer}");
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    let answer = repair.response_to(&scheduled_event()).await;
+    assert_eq!(repair_outcome(&answer, &w.node), "Repair", "{answer}");
+    assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1);
+
+    w.aws
+        .autoscaling()
+        .wait_for_health_replacement(&w.instance, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let terminating = loop {
+        let event = topic.next_event(Duration::from_secs(5)).await.unwrap();
+        if event.to_string().contains("EC2_INSTANCE_TERMINATING") {
+            break event;
+        }
+    };
+    let started = Instant::now();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&terminating)
+        .await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(15), "{answer}");
+    // Evicted, and left Terminating: nothing else removes a dead kubelet's pods.
+    let pods = nginx_pods(&admin).await;
+    assert!(
+        pods.iter()
+            .any(|(_, node, _, terminating)| *node == w.node && *terminating),
+        "{pods:?}"
+    );
+}
+
+/// `sandbox --real-control-plane` plays its drain and every expectation holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sandbox_job_on_the_real_control_plane_holds_its_expectations() {
+    let Some(bin) =
+        binaries_or_skip("the_sandbox_job_on_the_real_control_plane_holds_its_expectations")
+    else {
+        return;
+    };
+    assert!(
+        node_manager_testkit::control_plane::sandbox_job::play(&bin)
+            .await
+            .unwrap()
     );
 }

@@ -1,6 +1,7 @@
 //! `sandbox`: the whole node lifecycle on a simulated EKS cluster and AWS, in one command.
 //!
-//! `cargo run -p node-manager-testkit --bin sandbox [-- --scenario FILE] [--serve]`
+//! `cargo run -p node-manager-testkit --bin sandbox [-- --scenario FILE] [--serve]`, or
+//! `-- --real-control-plane` for its drain on a real Kubernetes control plane.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -20,6 +21,10 @@ struct Args {
     /// After the scenario, keep the fakes running and print how to reach them.
     #[arg(long)]
     serve: bool,
+    /// Play the lifecycle drain (PDB, replacements by the real ReplicaSet controller and
+    /// kube-scheduler) on a real control plane instead (`scripts/control-plane.sh build` first).
+    #[arg(long, conflicts_with_all = ["scenario", "serve"])]
+    real_control_plane: bool,
 }
 
 #[tokio::main]
@@ -31,6 +36,9 @@ async fn main() -> ExitCode {
         eprintln!("sandbox: {error}");
         return ExitCode::from(2);
     }
+    if args.real_control_plane {
+        return exit_code(real_control_plane().await);
+    }
     let scenario = match &args.scenario {
         Some(path) => std::fs::read_to_string(path)
             .map_err(|e| sandbox::SandboxError::Scenario(format!("{}: {e}", path.display())))
@@ -41,6 +49,17 @@ async fn main() -> ExitCode {
         Ok(scenario) => play(scenario, args.serve).await,
         Err(error) => Err(error),
     };
+    exit_code(result)
+}
+
+async fn real_control_plane() -> Result<bool, String> {
+    let bin = node_manager_testkit::control_plane::built_binaries().map_err(|e| e.to_string())?;
+    node_manager_testkit::control_plane::sandbox_job::play(&bin)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+fn exit_code<E: std::fmt::Display>(result: Result<bool, E>) -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {

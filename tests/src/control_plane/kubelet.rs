@@ -113,6 +113,29 @@ impl FakeKubelets {
     }
 }
 
+impl FakeKubelets {
+    /// The kubelet of `node` dies: its pods are no longer served (an evicted pod stays
+    /// `Terminating`), its Lease is no longer renewed, and the node turns `Ready=Unknown` as
+    /// the node lifecycle controller (not run here) would show it.
+    pub async fn kill(&self, node: &str) -> Result<(), ControlPlaneError> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(node);
+        let now = jiff::Timestamp::now().to_string();
+        let status = json!({"status": {"conditions": [{
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": now, "lastTransitionTime": now,
+        }]}});
+        Api::<Node>::all(self.client.clone())
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(&status))
+            .await
+            .map_err(|e| setup(node, e))?;
+        Ok(())
+    }
+}
+
 impl Drop for FakeKubelets {
     fn drop(&mut self) {
         self.task.abort();

@@ -14,6 +14,7 @@
 
 pub mod certs;
 pub mod kubelet;
+pub mod sandbox_job;
 pub mod webhook;
 pub mod world;
 
@@ -189,6 +190,16 @@ impl RealControlPlane {
         bin: &Path,
         webhook: WebhookSettings,
     ) -> Result<RealControlPlane, ControlPlaneError> {
+        Self::start_with(bin, webhook, &[]).await
+    }
+
+    /// [`RealControlPlane::start`] with more kube-apiserver flags (e.g. a small
+    /// `--max-requests-inflight` for a brownout), after the plane's own.
+    pub async fn start_with(
+        bin: &Path,
+        webhook: WebhookSettings,
+        apiserver_flags: &[String],
+    ) -> Result<RealControlPlane, ControlPlaneError> {
         let started = Instant::now();
         let dir = std::env::temp_dir().join(format!(
             "onm-control-plane-{}-{}",
@@ -223,7 +234,9 @@ impl RealControlPlane {
         };
         plane.write_files(&[&controller_manager, &scheduler])?;
         plane.spawn(bin, "etcd", &plane.etcd_args(&ports))?;
-        plane.spawn(bin, "kube-apiserver", &plane.apiserver_args(&ports))?;
+        let mut apiserver_args = plane.apiserver_args(&ports);
+        apiserver_args.extend_from_slice(apiserver_flags);
+        plane.spawn(bin, "kube-apiserver", &apiserver_args)?;
         plane.wait_ready(&admin_client, started).await?;
         plane.spawn(
             bin,
@@ -284,9 +297,23 @@ impl RealControlPlane {
         &self.webhook
     }
 
-    /// The audit log so far: one event per completed request (watches also when they start),
+    /// The audit log so far, one event per request as the test kit's API server logs it,
     /// from every client but the plane's own components and the kubelet emulation.
+    ///
+    /// kube-apiserver logs a request at each stage it reaches: a watch (a long-running
+    /// request) at `ResponseStarted` and again at `ResponseComplete` when it ends, anything
+    /// else at `ResponseComplete` (`RequestReceived` is omitted by the policy). The first
+    /// event of each `auditID` is kept, so a watch counts once, as on the fake.
     pub fn audit(&self) -> Vec<AuditEvent> {
+        let mut seen = std::collections::HashSet::new();
+        self.audit_stages()
+            .into_iter()
+            .filter(|event| seen.insert(event.audit_id.clone()))
+            .collect()
+    }
+
+    /// Every event of the audit log, each stage of a request on its own.
+    pub fn audit_stages(&self) -> Vec<AuditEvent> {
         let text = std::fs::read_to_string(self.dir.join("audit.log")).unwrap_or_default();
         text.lines()
             .filter_map(|line| serde_json::from_str(line).ok())

@@ -8,7 +8,6 @@
 //! kube-apiserver calls it over HTTPS (`authentication.k8s.io/v1` `TokenReview`, the
 //! default of `--authentication-token-webhook-version`). Tokens are never logged.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -26,7 +25,7 @@ use tokio::net::TcpListener;
 use super::ControlPlaneError;
 use crate::account::{AccessEntryLookup, FakeAccount, KubernetesIdentity};
 use crate::aws::FakeEc2;
-use crate::kube::authn::aws_auth_identity;
+use crate::kube::authn::{aws_auth_identity, resolve_session_templates};
 use crate::kube::tls::ClusterCertificates;
 use crate::token_verifier::{VerifiedCaller, verify_token};
 
@@ -60,8 +59,6 @@ struct State {
     /// An admin client of the real API server, to read `aws-auth`.
     client: kube::Client,
     reviews: Mutex<Vec<Review>>,
-    /// Role session names by access key id (the fake STS has none of its own).
-    sessions: Mutex<HashMap<String, String>>,
 }
 
 /// The running webhook. Dropping it stops serving.
@@ -100,7 +97,6 @@ impl TokenWebhook {
             settings,
             client,
             reviews: Mutex::default(),
-            sessions: Mutex::default(),
         });
         let (shutdown, receiver) = tokio::sync::watch::channel(false);
         let acceptor = tokio_rustls::TlsAcceptor::from(certificates.server_config.clone());
@@ -121,17 +117,6 @@ impl TokenWebhook {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: token-webhook\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: kube-apiserver\ncontexts:\n- name: webhook\n  context:\n    cluster: token-webhook\n    user: kube-apiserver\ncurrent-context: webhook\n",
             self.url
         )
-    }
-
-    /// Names the role session of `access_key_id` (e.g. an instance id, as EC2 names the
-    /// sessions of an instance profile's role), for `{{SessionName}}` and
-    /// `{{EC2PrivateDNSName}}`.
-    pub fn name_session(&self, access_key_id: &str, session_name: &str) {
-        self.state
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(access_key_id.to_owned(), session_name.to_owned());
     }
 
     /// Every review answered so far, oldest first.
@@ -263,18 +248,11 @@ impl State {
                 };
             }
         };
-        let session_name = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&caller.access_key_id)
-            .cloned()
-            .unwrap_or_else(|| caller.access_key_id.clone());
         let identity = match settings.access_entries.as_ref().and_then(|lookup| {
             lookup.kubernetes_identity(&settings.cluster_name, &caller.principal_arn)
         }) {
             Some(identity) => Some(identity),
-            None => self.aws_auth_identity(&caller, &session_name).await,
+            None => self.aws_auth_identity(&caller).await,
         };
         let Some(identity) = identity else {
             return Review::Refused {
@@ -284,7 +262,7 @@ impl State {
                 ),
             };
         };
-        match self.with_private_dns_name(identity, &session_name) {
+        match resolve_session_templates(identity, &caller, settings.ec2.as_ref()) {
             Ok(KubernetesIdentity { username, groups }) => Review::Authenticated {
                 principal_arn: caller.principal_arn,
                 username,
@@ -294,51 +272,11 @@ impl State {
         }
     }
 
-    /// Fills in `{{EC2PrivateDNSName}}` as aws-iam-authenticator does: the private DNS name
-    /// of the instance the session is named after; an unknown instance is refused.
-    fn with_private_dns_name(
-        &self,
-        identity: KubernetesIdentity,
-        session_name: &str,
-    ) -> Result<KubernetesIdentity, String> {
-        const TEMPLATE: &str = "{{EC2PrivateDNSName}}";
-        let templated = identity.username.contains(TEMPLATE)
-            || identity.groups.iter().any(|g| g.contains(TEMPLATE));
-        if !templated {
-            return Ok(identity);
-        }
-        let name = self
-            .settings
-            .ec2
-            .as_ref()
-            .and_then(|ec2| ec2.instance(session_name))
-            .map(|instance| instance.private_dns_name)
-            .filter(|name| !name.is_empty())
-            .ok_or_else(|| format!("no EC2 instance {session_name:?} for {TEMPLATE}"))?;
-        Ok(KubernetesIdentity {
-            username: identity.username.replace(TEMPLATE, &name),
-            groups: identity
-                .groups
-                .iter()
-                .map(|g| g.replace(TEMPLATE, &name))
-                .collect(),
-        })
-    }
-
-    async fn aws_auth_identity(
-        &self,
-        caller: &VerifiedCaller,
-        session_name: &str,
-    ) -> Option<KubernetesIdentity> {
+    async fn aws_auth_identity(&self, caller: &VerifiedCaller) -> Option<KubernetesIdentity> {
         let config_maps: kube::Api<ConfigMap> =
             kube::Api::namespaced(self.client.clone(), "kube-system");
         let config_map = config_maps.get_opt("aws-auth").await.ok()??;
         let data = serde_json::to_value(config_map.data?).ok()?;
-        aws_auth_identity(
-            &data,
-            caller,
-            session_name,
-            &self.settings.account.account_id,
-        )
+        aws_auth_identity(&data, caller, &self.settings.account.account_id)
     }
 }

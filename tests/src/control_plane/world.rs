@@ -50,7 +50,30 @@ impl RealFunctionWorld {
             log_level: "info",
             instance_id: "i-0b1c2d3e4f5061728".to_owned(),
             authentication_mode: "API_AND_CONFIG_MAP",
+            processes: 1,
+            apiserver_flags: Vec::new(),
+            spot: false,
         }
+    }
+
+    /// Every process of `target` (see [`RealWorldBuilder::processes`]).
+    pub fn processes_of(&self, target: Target) -> Vec<&RunningFunction> {
+        self.functions
+            .iter()
+            .filter(|f| f.target == target)
+            .collect()
+    }
+
+    /// Another instance `instance_id` in service in [`GROUP`] in `zone`, with its Ready node
+    /// (cordoned when `unschedulable`); returns the node's name.
+    pub async fn add_instance(
+        &self,
+        instance_id: &str,
+        zone: &str,
+        unschedulable: bool,
+    ) -> Result<String, ControlPlaneError> {
+        let instance = FakeInstance::new(instance_id, "eu-west-1").availability_zone(zone);
+        add_instance(&self.aws, &self.kubelets, instance, unschedulable).await
     }
 
     /// The process of `target`. Panics when the world was built without it (a test bug).
@@ -74,6 +97,9 @@ pub struct RealWorldBuilder {
     log_level: &'static str,
     instance_id: String,
     authentication_mode: &'static str,
+    processes: usize,
+    apiserver_flags: Vec<String>,
+    spot: bool,
 }
 
 impl RealWorldBuilder {
@@ -91,6 +117,25 @@ impl RealWorldBuilder {
 
     pub fn log_level(mut self, level: &'static str) -> Self {
         self.log_level = level;
+        self
+    }
+
+    /// How many processes of each function run (Lambda runs concurrent events in separate
+    /// environments); default 1.
+    pub fn processes(mut self, count: usize) -> Self {
+        self.processes = count.max(1);
+        self
+    }
+
+    /// The seeded instance is a Spot instance (a fulfilled Spot request), for interruptions.
+    pub fn spot(mut self) -> Self {
+        self.spot = true;
+        self
+    }
+
+    /// A kube-apiserver flag beyond the plane's own.
+    pub fn apiserver_flag(mut self, flag: &str) -> Self {
+        self.apiserver_flags.push(flag.to_owned());
         self
     }
 
@@ -113,7 +158,7 @@ impl RealWorldBuilder {
         let aws = FakeAws::start(account.clone())
             .await
             .map_err(|e| setup("the fake AWS", e))?;
-        let plane = RealControlPlane::start(
+        let plane = RealControlPlane::start_with(
             bin,
             WebhookSettings {
                 cluster_name: CLUSTER.to_owned(),
@@ -121,6 +166,7 @@ impl RealWorldBuilder {
                 access_entries: Some(Arc::new(aws.eks())),
                 ec2: Some(aws.ec2()),
             },
+            &self.apiserver_flags,
         )
         .await?;
         let admin = plane.admin_client().await?;
@@ -131,21 +177,13 @@ impl RealWorldBuilder {
         )
         .await?;
         let topic = seed_aws(&aws, &plane, self.authentication_mode)?;
-        let instance = FakeInstance::new(&self.instance_id, "eu-west-1").availability_zone(ZONE);
-        let node = instance.private_dns_name.clone();
-        aws.ec2().add_instance(instance);
-        aws.autoscaling()
-            .add_instance(GROUP, &self.instance_id, ZONE)
-            .map_err(|e| setup("the instance", e))?;
         let kubelets = FakeKubelets::start(plane.kubelet_client().await?);
-        kubelets
-            .register_node(
-                &node,
-                &format!("aws:///{ZONE}/{}", self.instance_id),
-                ZONE,
-                false,
-            )
-            .await?;
+        let mut instance =
+            FakeInstance::new(&self.instance_id, "eu-west-1").availability_zone(ZONE);
+        if self.spot {
+            instance = instance.spot();
+        }
+        let node = add_instance(&aws, &kubelets, instance, false).await?;
         let functions = self.start_functions(&account, &aws, &admin, &topic).await?;
         Ok(RealFunctionWorld {
             aws,
@@ -189,6 +227,9 @@ impl RealWorldBuilder {
             .map_err(|e| setup("creating aws-auth", e))?;
 
         let mut functions = Vec::new();
+        let granted = granted
+            .into_iter()
+            .flat_map(|grant| std::iter::repeat_n(grant, self.processes));
         for (target, credentials) in granted {
             let name = target.function_name();
             let spec = FunctionSpec::new(name, function_binary(name))
@@ -212,6 +253,28 @@ impl RealWorldBuilder {
         }
         Ok(functions)
     }
+}
+
+/// An instance in service in [`GROUP`] and its Ready node; returns the node's name.
+async fn add_instance(
+    aws: &FakeAws,
+    kubelets: &FakeKubelets,
+    instance: FakeInstance,
+    unschedulable: bool,
+) -> Result<String, ControlPlaneError> {
+    let node = instance.private_dns_name.clone();
+    let (id, zone) = (
+        instance.instance_id.clone(),
+        instance.availability_zone.clone(),
+    );
+    aws.ec2().add_instance(instance);
+    aws.autoscaling()
+        .add_instance(GROUP, &id, &zone)
+        .map_err(|e| setup("the instance", e))?;
+    kubelets
+        .register_node(&node, &format!("aws:///{zone}/{id}"), &zone, unschedulable)
+        .await?;
+    Ok(node)
 }
 
 /// The cluster (endpoint and CA of the real plane), node group, topic, Auto Scaling group and

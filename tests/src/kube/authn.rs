@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::store::Store;
 use crate::account::{AccessEntryLookup, FakeAccount, KubernetesIdentity};
+use crate::aws::FakeEc2;
 use crate::token_verifier::{VerifiedCaller, verify_token};
 
 /// The user a request runs as.
@@ -55,6 +56,8 @@ pub struct Authenticator {
     /// The principal that created the cluster: EKS maps it to `system:masters` without any
     /// visible access entry or aws-auth entry (`bootstrapClusterCreatorAdminPermissions`).
     pub cluster_creator_arn: Option<String>,
+    /// The fake EC2, which resolves `{{EC2PrivateDNSName}}` (none: such a mapping is refused).
+    pub ec2: Option<FakeEc2>,
 }
 
 /// The username and groups for the admin token.
@@ -106,6 +109,8 @@ impl Authenticator {
             })
             .or_else(|| self.aws_auth_identity(&caller))
             .ok_or_else(|| AuthnError::Unmapped(caller.principal_arn.clone()))?;
+        let identity = resolve_session_templates(identity, &caller, self.ec2.as_ref())
+            .map_err(AuthnError::Token)?;
         let mut groups = identity.groups;
         if !groups.iter().any(|g| g == "system:authenticated") {
             groups.push("system:authenticated".into());
@@ -122,25 +127,50 @@ impl Authenticator {
             .store
             .get_value("v1", "ConfigMap", "kube-system", "aws-auth")
             .ok()?;
-        // The fake STS knows no session names: the access key id stands in for one.
-        aws_auth_identity(
-            config_map.get("data")?,
-            caller,
-            &caller.access_key_id,
-            &self.account.account_id,
-        )
+        aws_auth_identity(config_map.get("data")?, caller, &self.account.account_id)
     }
 }
 
+/// Fills in the templates that name the caller's session, as aws-iam-authenticator does for
+/// access entries and `aws-auth` alike: `{{SessionName}}` is the role session's name and
+/// `{{EC2PrivateDNSName}}` the private DNS name of the instance the session is named after (an
+/// instance profile's sessions carry the instance id); an unknown instance is refused.
+/// Shared with the real control plane's token webhook, so both servers map a caller alike.
+pub fn resolve_session_templates(
+    identity: KubernetesIdentity,
+    caller: &VerifiedCaller,
+    ec2: Option<&FakeEc2>,
+) -> Result<KubernetesIdentity, String> {
+    const DNS_NAME: &str = "{{EC2PrivateDNSName}}";
+    let templated = identity.username.contains(DNS_NAME)
+        || identity.groups.iter().any(|g| g.contains(DNS_NAME));
+    let dns_name = if templated {
+        ec2.and_then(|ec2| ec2.instance(&caller.session_name))
+            .map(|instance| instance.private_dns_name)
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| format!("no EC2 instance {:?} for {DNS_NAME}", caller.session_name))?
+    } else {
+        String::new()
+    };
+    let resolve = |text: &str| {
+        text.replace("{{SessionName}}", &caller.session_name)
+            .replace(DNS_NAME, &dns_name)
+    };
+    Ok(KubernetesIdentity {
+        username: resolve(&identity.username),
+        groups: identity.groups.iter().map(|g| resolve(g)).collect(),
+    })
+}
+
 /// The identity the `data` of a `kube-system/aws-auth` ConfigMap maps `caller` to, as
-/// aws-iam-authenticator maps it, `{{SessionName}}` being `session_name` (also used by the
-/// real control plane's token webhook).
+/// aws-iam-authenticator maps it (also used by the real control plane's token webhook);
+/// `{{EC2PrivateDNSName}}` is left for [`resolve_session_templates`].
 pub fn aws_auth_identity(
     data: &Value,
     caller: &VerifiedCaller,
-    session_name: &str,
     account_id: &str,
 ) -> Option<KubernetesIdentity> {
+    let session_name = caller.session_name.as_str();
     let substitute = |template: &str| {
         template
             .replace("{{AccountID}}", account_id)

@@ -71,6 +71,7 @@ use self::api::ServerState;
 use self::authn::Authenticator;
 use self::tls::{ClusterCertificates, TlsError};
 use crate::account::AccessEntryLookup;
+use crate::aws::FakeEc2;
 
 /// Why the server could not start or a helper failed.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +103,7 @@ pub struct FakeApiServerBuilder {
     cluster_name: String,
     account: FakeAccount,
     access_entries: Option<Arc<dyn AccessEntryLookup>>,
+    ec2: Option<FakeEc2>,
     plain_http: bool,
     timings: SimulationTimings,
     bookmark_interval: Duration,
@@ -124,6 +126,12 @@ impl FakeApiServerBuilder {
     /// EKS access entries, consulted before the `aws-auth` ConfigMap.
     pub fn access_entries(mut self, lookup: Arc<dyn AccessEntryLookup>) -> Self {
         self.access_entries = Some(lookup);
+        self
+    }
+
+    /// The fake EC2, for `{{EC2PrivateDNSName}}` in a mapping (as EKS resolves it).
+    pub fn ec2(mut self, ec2: FakeEc2) -> Self {
+        self.ec2 = Some(ec2);
         self
     }
 
@@ -195,6 +203,7 @@ impl FakeApiServerBuilder {
                 store: store.clone(),
                 static_tokens: static_tokens.clone(),
                 cluster_creator_arn: self.cluster_creator_arn,
+                ec2: self.ec2,
             },
             bookmark_interval: self.bookmark_interval,
             server_address: address.to_string(),
@@ -322,6 +331,7 @@ impl FakeApiServer {
             cluster_name: "ironman-2022".to_owned(),
             account: FakeAccount::reference(),
             access_entries: None,
+            ec2: None,
             plain_http: false,
             timings: SimulationTimings::default(),
             bookmark_interval: Duration::from_secs(1),

@@ -184,6 +184,26 @@ pub(crate) fn name_suffix() -> String {
 
 /// The resource whose shape an object is stored in (`events.k8s.io` Events are stored as
 /// core/v1 Events).
+/// The taint every new node carries until the node lifecycle controller sees it Ready.
+pub(crate) const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+
+/// What kube-apiserver's `TaintNodesByCondition` admission plugin does to a node created
+/// through the API: adds `node.kubernetes.io/not-ready:NoSchedule` (once), so nothing is
+/// scheduled there before the node is seen Ready.
+pub(crate) fn add_not_ready_taint(node: &mut Value) {
+    let taints = &mut node["spec"]["taints"];
+    if !taints.is_array() {
+        *taints = json!([]);
+    }
+    if let Some(list) = taints.as_array_mut()
+        && !list
+            .iter()
+            .any(|t| t["key"] == NOT_READY_TAINT && t["effect"] == "NoSchedule")
+    {
+        list.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
+    }
+}
+
 fn storage_resource(resource: &'static ResourceType) -> &'static ResourceType {
     if resource.group == "events.k8s.io" {
         resources::find("", "v1", "events").unwrap_or(resource)
@@ -497,23 +517,91 @@ impl State {
         metadata.insert("generation".into(), json!(1));
         metadata.remove("deletionTimestamp");
         metadata.remove("deletionGracePeriodSeconds");
-        if origin == Origin::Client {
-            match resource.plural {
-                "pods" => {
-                    object["status"] = json!({ "phase": "Pending", "qosClass": "BestEffort" })
-                }
-                "namespaces" => object["status"] = json!({ "phase": "Active" }),
-                "nodes" => {}
-                _ if resource.has_status => object["status"] = json!({}),
-                _ => {}
-            }
-        } else if resource.plural == "namespaces" && object.get("status").is_none() {
-            object["status"] = json!({ "phase": "Active" });
-        }
-        Ok(view(
+        self.admit(resource, &namespace, &name, &mut object, origin)?;
+        let created = view(
             requested,
             self.commit(resource, key, object, ChangeType::Added),
-        ))
+        );
+        if resource.plural == "namespaces" {
+            self.create_default_service_account(&name);
+        }
+        Ok(created)
+    }
+
+    /// What the API server does to a new object before storing it: the status a client
+    /// cannot set, and the admission plugins the fake has (`ServiceAccount` for pods,
+    /// `TaintNodesByCondition` for nodes). Objects seeded by the tests keep what they say.
+    fn admit(
+        &self,
+        resource: &ResourceType,
+        namespace: &str,
+        name: &str,
+        object: &mut Value,
+        origin: Origin,
+    ) -> Result<(), ApiError> {
+        if origin != Origin::Client {
+            if resource.plural == "namespaces" && object.get("status").is_none() {
+                object["status"] = json!({ "phase": "Active" });
+            }
+            return Ok(());
+        }
+        match resource.plural {
+            "pods" => {
+                self.admit_service_account(namespace, name, object)?;
+                object["status"] = json!({ "phase": "Pending", "qosClass": "BestEffort" })
+            }
+            "namespaces" => object["status"] = json!({ "phase": "Active" }),
+            "nodes" => add_not_ready_taint(object),
+            _ if resource.has_status => object["status"] = json!({}),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The service account controller's part: every namespace gets its `default`
+    /// ServiceAccount. On a real cluster it comes a moment after the namespace; here at once.
+    fn create_default_service_account(&mut self, namespace: &str) {
+        let Some(accounts) = resources::find("", "v1", "serviceaccounts") else {
+            return;
+        };
+        let _ = self.create(
+            accounts,
+            namespace,
+            json!({ "metadata": { "name": "default" } }),
+            Origin::Setup,
+        );
+    }
+
+    /// kube-apiserver's `ServiceAccount` admission plugin: a pod runs as a service account of
+    /// its namespace (`default` when it names none), which must exist.
+    fn admit_service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+        pod: &mut Value,
+    ) -> Result<(), ApiError> {
+        let account = pod["spec"]["serviceAccountName"]
+            .as_str()
+            .filter(|a| !a.is_empty())
+            .unwrap_or("default")
+            .to_owned();
+        let exists = self
+            .objects
+            .get("serviceaccounts")
+            .is_some_and(|b| b.contains_key(&(namespace.to_owned(), account.clone())));
+        if !exists {
+            return Err(ApiError::new(
+                403,
+                "Forbidden",
+                format!(
+                    "pods \"{name}\" is forbidden: error looking up service account {namespace}/{account}: serviceaccount \"{account}\" not found"
+                ),
+            ));
+        }
+        if pod["spec"].is_object() {
+            pod["spec"]["serviceAccountName"] = json!(account);
+        }
+        Ok(())
     }
 
     /// Replaces an object; a non-empty `metadata.resourceVersion` must be the current one.

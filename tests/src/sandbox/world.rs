@@ -363,6 +363,7 @@ async fn start_api_server(
         .cluster_name(&scenario.cluster)
         .account(account.clone())
         .access_entries(Arc::new(aws.eks()))
+        .ec2(aws.ec2())
         .simulation(SimulationTimings {
             pod_start_delay: Duration::from_secs_f64(timings.pod_start_seconds),
             node_ready_after: Duration::from_secs_f64(timings.node_ready_seconds),

@@ -12,6 +12,29 @@ use crate::kube::selectors::LabelQuery;
 use crate::kube::store::{Change, ChangeType, State, meta_str};
 
 impl Simulation {
+    /// Whether the disruption controller syncs in this step: once what changed has waited
+    /// [`SimulationTimings::pdb_status_lag`](super::SimulationTimings) since the controller
+    /// first saw it (a `disruptedPods` recheck falling due counts as a change).
+    pub(super) fn disruption_controller_due(
+        &self,
+        state: &State,
+        memory: &mut Memory,
+        now: std::time::Instant,
+    ) -> bool {
+        let recheck_due = memory
+            .recheck_at
+            .is_some_and(|at| at <= jiff::Timestamp::now());
+        if state.resource_version() == memory.synced_rv && !recheck_due {
+            return false;
+        }
+        let since = *memory.unsynced_since.get_or_insert(now);
+        if now.duration_since(since) < self.timings.pdb_status_lag {
+            return false;
+        }
+        memory.unsynced_since = None;
+        true
+    }
+
     /// Recomputes the status of every PDB whose inputs changed since the last sync: its own
     /// object, a pod its selector matches (before or after the change), or the replica
     /// count of a controller in its namespace; every PDB when an evicted pod's
@@ -222,6 +245,8 @@ mod tests {
             store.clone(),
             SimulationTimings {
                 disrupted_pod_timeout,
+                // These tests step the controller by hand and read the status at once.
+                pdb_status_lag: std::time::Duration::ZERO,
                 ..SimulationTimings::default()
             },
         );

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use super::{
     Memory, Simulation, being_deleted, condition_true, resource, spec_str, status_str, update_full,
 };
-use crate::kube::store::{State, meta_str, now_rfc3339};
+use crate::kube::store::{NOT_READY_TAINT, State, meta_str, now_rfc3339};
 
 impl Simulation {
     pub(super) fn kubelet_removes_terminated_pods(
@@ -77,6 +77,10 @@ impl Simulation {
                 "lastHeartbeatTime": time,
                 "lastTransitionTime": time,
             }]);
+            // The node lifecycle controller lifts the admission's taint once it sees Ready.
+            if let Some(taints) = node["spec"]["taints"].as_array_mut() {
+                taints.retain(|t| t["key"] != NOT_READY_TAINT);
+            }
             update_full(state, nodes, node);
         }
     }

@@ -52,6 +52,12 @@ pub struct SimulationTimings {
     /// ImageLocality score tilts it toward nodes that ran the workload before. Off: least
     /// loaded only (every test but the node-update ones).
     pub prefer_cached_images: bool,
+    /// How long the disruption controller takes to see a change (a pod turning Ready, a
+    /// replica count, a new budget): a budget's status is at least this old. The real one
+    /// works from informers and a queue and lags 0.2–3 s; the default is that to the scale of
+    /// the default pod start (100 ms here for ~5 s), real time in [`SimulationTimings::real_time`].
+    /// An eviction meets the status as it stands, so 429s vary with it as on a real cluster.
+    pub pdb_status_lag: Duration,
 }
 
 impl Default for SimulationTimings {
@@ -65,6 +71,7 @@ impl Default for SimulationTimings {
             disrupted_pod_timeout: Duration::from_secs(120),
             enabled: true,
             prefer_cached_images: false,
+            pdb_status_lag: Duration::from_millis(50),
         }
     }
 }
@@ -80,6 +87,7 @@ impl SimulationTimings {
             disrupted_pod_timeout: Duration::from_secs(120),
             enabled: true,
             prefer_cached_images: false,
+            pdb_status_lag: Duration::from_secs(1),
         }
     }
 
@@ -101,6 +109,8 @@ struct Memory {
     /// Resource version the disruption controller last synced at, and when to resync anyway.
     synced_rv: u64,
     recheck_at: Option<jiff::Timestamp>,
+    /// When the disruption controller first saw changes it has not synced yet.
+    unsynced_since: Option<Instant>,
     /// When each budget with a pending `disruptedPods` entry must be recomputed even if
     /// nothing it depends on changes (the earliest of them is `recheck_at`).
     rechecks: HashMap<(String, String), jiff::Timestamp>,
@@ -283,7 +293,9 @@ impl Simulation {
         self.scheduler(&mut state);
         self.kubelet_starts_pods(&mut state, &mut memory, now);
         self.workload_status(&mut state);
-        self.disruption_controller(&mut state, &mut memory);
+        if self.disruption_controller_due(&state, &mut memory, now) {
+            self.disruption_controller(&mut state, &mut memory);
+        }
         memory.steps.record(now.elapsed());
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::{Simulation, resource, update_full};
 use crate::kube::status::ApiError;
-use crate::kube::store::{Origin, now_rfc3339};
+use crate::kube::store::{Origin, add_not_ready_taint, now_rfc3339};
 
 /// The taint the cloud node lifecycle controller puts on a node whose instance is stopped.
 pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
@@ -65,6 +65,9 @@ impl Simulation {
                 "nodeInfo": { "kubeletVersion": "v1.33.0-eks-fake", "osImage": "Amazon Linux 2023" },
             },
         });
+        // A kubelet registers through the API, so the admission taint applies.
+        let mut node = node;
+        add_not_ready_taint(&mut node);
         let created = self
             .store
             .lock()

@@ -1,0 +1,435 @@
+//! The differences found between the test kit's API server and a real kube-apiserver, each a
+//! check run against both: the fake on every run (one test per difference) and the real
+//! control plane in one test that starts it once (skipped with a printed line when
+//! `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not built). A check that holds on the
+//! real server and fails on the fake is a fake that lies.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
+use node_manager_testkit::aws::FakeAws;
+use node_manager_testkit::control_plane::binaries_or_skip;
+use node_manager_testkit::control_plane::world::RealFunctionWorld;
+use node_manager_testkit::e2e::{CLUSTER, FunctionWorld};
+use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::kube::{AuditEvent, SimulationTimings};
+use serde_json::json;
+
+/// What a check needs of a cluster, fake or real.
+struct Cluster<'a> {
+    name: &'static str,
+    admin: kube::Client,
+    aws: &'a FakeAws,
+    /// The seeded instance and its node.
+    instance: String,
+    node: String,
+    /// A client presenting a token.
+    client_with_token: Box<dyn Fn(String) -> kube::Client + 'a>,
+    /// The audit log, one event per request.
+    audit: Box<dyn Fn() -> Vec<AuditEvent> + 'a>,
+}
+
+async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
+    let config = w.server.config_with_token("").await.unwrap();
+    Cluster {
+        name: "fake",
+        admin: w.server.admin_client_without_retries().await.unwrap(),
+        aws: &w.aws,
+        instance: w.instance.clone(),
+        node: w.node.clone(),
+        client_with_token: Box::new(move |token| {
+            let mut config = config.clone();
+            config.auth_info.token = Some(token.into());
+            kube::Client::try_from(config).unwrap()
+        }),
+        audit: Box::new(|| w.server.audit().events()),
+    }
+}
+
+fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
+    let handle = tokio::runtime::Handle::current();
+    Cluster {
+        name: "real",
+        admin,
+        aws: &w.aws,
+        instance: w.instance.clone(),
+        node: w.node.clone(),
+        client_with_token: Box::new(move |token| {
+            tokio::task::block_in_place(|| {
+                handle.block_on(w.plane.client_with_token(&token)).unwrap()
+            })
+        }),
+        audit: Box::new(|| w.plane.audit()),
+    }
+}
+
+async fn fake_world(timings: SimulationTimings) -> FunctionWorld {
+    FunctionWorld::builder()
+        .functions(&[])
+        .simulation(timings)
+        .start()
+        .await
+}
+
+fn status_of(error: &kube::Error) -> (u16, String) {
+    match error {
+        kube::Error::Api(status) => (status.code, status.message.clone()),
+        other => (0, other.to_string()),
+    }
+}
+
+// --- (1) Nodes are created with the not-ready taint -------------------------------------
+
+/// kube-apiserver's `TaintNodesByCondition` admission plugin puts
+/// `node.kubernetes.io/not-ready:NoSchedule` on every node created through the API, whatever
+/// the request said; the node lifecycle controller lifts it once the node is Ready.
+async fn check_new_nodes_carry_the_not_ready_taint(cluster: &Cluster<'_>) {
+    let nodes: Api<Node> = Api::all(cluster.admin.clone());
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {"name": "ip-10-0-77-7.eu-west-1.compute.internal"},
+        "spec": {"providerID": "aws:///eu-west-1a/i-0777777777777777a",
+                 "taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]},
+    }))
+    .unwrap();
+    let created = nodes.create(&PostParams::default(), &node).await.unwrap();
+    let taints: Vec<(String, String)> = created
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|t| (t.key, t.effect))
+        .collect();
+    assert_eq!(
+        taints,
+        [
+            ("dedicated".to_owned(), "NoSchedule".to_owned()),
+            (
+                "node.kubernetes.io/not-ready".to_owned(),
+                "NoSchedule".to_owned()
+            )
+        ],
+        "{}",
+        cluster.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_new_nodes_carry_the_not_ready_taint_until_ready() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_new_nodes_carry_the_not_ready_taint(&fake_cluster(&w).await).await;
+    // A kubelet's registration gets it too, and loses it once the node is Ready.
+    let name = "ip-10-0-88-8.eu-west-1.compute.internal";
+    w.server
+        .register_node(
+            name,
+            "aws:///eu-west-1a/i-0888888888888888a",
+            Some(Duration::from_millis(300)),
+        )
+        .unwrap();
+    let registered: Node = w.server.store().get("", name).unwrap();
+    assert_eq!(
+        serde_json::to_value(registered.spec.and_then(|s| s.taints)).unwrap(),
+        json!([{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}])
+    );
+    w.server
+        .wait_for("the node Ready", Duration::from_secs(5), |store| {
+            store.get::<Node>("", name).is_ok_and(|n| {
+                let ready = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                ready && n.spec.and_then(|s| s.taints).unwrap_or_default().is_empty()
+            })
+        })
+        .await
+        .unwrap();
+}
+
+// --- (2) {{SessionName}} and {{EC2PrivateDNSName}} ---------------------------------------
+
+/// aws-iam-authenticator fills `{{SessionName}}` with the role session's name and
+/// `{{EC2PrivateDNSName}}` with the private DNS name of the instance the session is named
+/// after (EC2 names an instance profile's sessions after the instance).
+async fn check_session_templates_resolve(cluster: &Cluster<'_>) {
+    let role = cluster
+        .aws
+        .account()
+        .add_role_credentials("template-check-node-role");
+    cluster
+        .aws
+        .account()
+        .name_session(&role.access_key_id, &cluster.instance);
+    let mapping = format!(
+        "- rolearn: {}\n  username: system:node:{{{{EC2PrivateDNSName}}}}\n  groups: [\"system:nodes\", \"session:{{{{SessionName}}}}\"]\n",
+        role.principal_arn
+    );
+    let aws_auth: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "aws-auth", "namespace": "kube-system"},
+        "data": {"mapRoles": mapping},
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(cluster.admin.clone(), "kube-system")
+        .patch(
+            "aws-auth",
+            &PatchParams::apply("template-check").force(),
+            &Patch::Apply(&aws_auth),
+        )
+        .await
+        .unwrap();
+    let credentials = aws_credential_types::Credentials::new(
+        &role.access_key_id,
+        &role.secret_access_key,
+        role.session_token.clone(),
+        None,
+        "test",
+    );
+    let token = node_manager::cluster::token::sign_token(
+        &credentials,
+        "eu-west-1",
+        CLUSTER,
+        std::time::SystemTime::now(),
+    )
+    .unwrap();
+    let client = (cluster.client_with_token)(token.expose().to_owned());
+    let (username, groups) = whoami(&client).await;
+    assert_eq!(
+        username,
+        format!("system:node:{}", cluster.node),
+        "{}",
+        cluster.name
+    );
+    assert!(
+        groups.contains(&format!("session:{}", cluster.instance)),
+        "{}: {groups:?}",
+        cluster.name
+    );
+}
+
+async fn whoami(client: &kube::Client) -> (String, Vec<String>) {
+    use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+    let review: SelfSubjectReview = serde_json::from_value(json!({})).unwrap();
+    let answer = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    let user = answer.status.and_then(|s| s.user_info).unwrap_or_default();
+    (
+        user.username.unwrap_or_default(),
+        user.groups.unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_session_templates_resolve_as_aws_iam_authenticator_does() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_session_templates_resolve(&fake_cluster(&w).await).await;
+}
+
+// --- (3) The audit log counts a watch once ---------------------------------------------
+
+/// A watch is one request in the audit log as the tests read it (the real log writes it at
+/// two stages; the test kit keeps the first).
+async fn check_a_watch_is_one_request(cluster: &Cluster<'_>) {
+    let namespace = "audit-check";
+    let config_maps: Api<ConfigMap> = Api::namespaced(cluster.admin.clone(), namespace);
+    let stream = config_maps
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap();
+    // Until the server ends it (after a second).
+    let _events: Vec<_> = futures::StreamExt::collect(stream).await;
+    let started = Instant::now();
+    loop {
+        let watches = (cluster.audit)()
+            .into_iter()
+            .filter(|e| e.verb == "watch" && e.namespace() == namespace)
+            .filter(|e| e.user.username == "kubernetes-admin")
+            .count();
+        if watches == 1 || started.elapsed() > Duration::from_secs(3) {
+            assert_eq!(watches, 1, "{}", cluster.name);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_audit_log_counts_a_watch_once() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_a_watch_is_one_request(&fake_cluster(&w).await).await;
+}
+
+// --- (4) A budget's status lags -----------------------------------------------------------
+
+/// The disruption controller computes a budget's status asynchronously: right after a
+/// budget is created, an eviction it covers is refused with 429 while the status is not yet
+/// observed ("still being processed"), and accepted once the controller caught up. Returns
+/// whether the first eviction met the lag (the real lag varies; only the fake's is set).
+async fn check_budget_status_lags(cluster: &Cluster<'_>) -> bool {
+    let admin = &cluster.admin;
+    let web = Workload::new("default", "lagging").replicas(2);
+    Api::<Deployment>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &web.deployment())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let ready = wait_ready_pods(&pods, "app=lagging", 2).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
+    budgets
+        .create(
+            &PostParams::default(),
+            &fixtures::pdb_max_unavailable("default", "lagging", json!(1), &[("app", "lagging")]),
+        )
+        .await
+        .unwrap();
+    let first = pods.evict(&ready[0], &EvictParams::default()).await;
+    let lagged = match &first {
+        Ok(_) => false,
+        Err(error) => {
+            let (code, message) = status_of(error);
+            assert_eq!(code, 429, "{}: {message}", cluster.name);
+            assert!(
+                message.contains("disruption budget"),
+                "{}: {message}",
+                cluster.name
+            );
+            true
+        }
+    };
+    if lagged {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match pods.evict(&ready[0], &EvictParams::default()).await {
+                Ok(_) => break,
+                Err(error) if Instant::now() < deadline => {
+                    assert_eq!(status_of(&error).0, 429, "{}: {error}", cluster.name);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(error) => panic!("{}: still refused after 10 s: {error}", cluster.name),
+            }
+        }
+    }
+    lagged
+}
+
+async fn wait_ready_pods(pods: &Api<Pod>, selector: &str, count: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let list = pods
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap();
+        let ready: Vec<String> = list
+            .items
+            .iter()
+            .filter(|p| fixtures::pod_is_ready(p) && p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        if ready.len() >= count {
+            return ready;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pods {selector} not Ready: {ready:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_budget_status_lags_its_inputs() {
+    let w = fake_world(SimulationTimings {
+        pdb_status_lag: Duration::from_secs(1),
+        ..SimulationTimings::default()
+    })
+    .await;
+    let cluster = fake_cluster(&w).await;
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(cluster.admin.clone(), "default");
+    let observer = tokio::spawn(async move {
+        // Well within the lag after the budget appeared, its status is still not observed.
+        while budgets.get_opt("lagging").await.unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let budget = budgets.get("lagging").await.unwrap();
+        budget.status.and_then(|s| s.observed_generation)
+    });
+    assert!(
+        check_budget_status_lags(&cluster).await,
+        "with a 1 s lag the first eviction must meet an unprocessed budget"
+    );
+    assert_eq!(observer.await.unwrap(), None);
+}
+
+// --- (5) Pods need their service account ---------------------------------------------------
+
+/// The `ServiceAccount` admission plugin: a pod runs as a service account of its namespace
+/// (`default` when it names none, filled in) and is refused (403) when that account does not
+/// exist.
+async fn check_pods_need_their_service_account(cluster: &Cluster<'_>) {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "default");
+    let pod = |name: &str, account: Option<&str>| -> Pod {
+        let mut spec = json!({"containers": [{"name": "app", "image": "nginx"}]});
+        if let Some(account) = account {
+            spec["serviceAccountName"] = json!(account);
+        }
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": spec})).unwrap()
+    };
+    let refused = pods
+        .create(&PostParams::default(), &pod("orphan", Some("missing")))
+        .await
+        .unwrap_err();
+    let (code, message) = status_of(&refused);
+    assert_eq!(code, 403, "{}: {message}", cluster.name);
+    assert!(
+        message.contains("serviceaccount \"missing\" not found"),
+        "{}: {message}",
+        cluster.name
+    );
+    let created = pods
+        .create(&PostParams::default(), &pod("plain", None))
+        .await
+        .unwrap();
+    assert_eq!(
+        created.spec.and_then(|s| s.service_account_name).as_deref(),
+        Some("default"),
+        "{}",
+        cluster.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_pods_need_their_service_account() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_pods_need_their_service_account(&fake_cluster(&w).await).await;
+}
+
+// --- All of them on the real control plane --------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_api_server_passes_every_check_the_fake_does() {
+    let Some(bin) = binaries_or_skip("the_real_api_server_passes_every_check_the_fake_does") else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[])
+        .start(&bin)
+        .await
+        .unwrap();
+    let admin = w.plane.admin_client().await.unwrap();
+    let cluster = real_cluster(&w, admin);
+    check_new_nodes_carry_the_not_ready_taint(&cluster).await;
+    check_session_templates_resolve(&cluster).await;
+    check_a_watch_is_one_request(&cluster).await;
+    check_pods_need_their_service_account(&cluster).await;
+    let lagged = check_budget_status_lags(&cluster).await;
+    println!(
+        "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
+    );
+}

@@ -1,0 +1,333 @@
+//! A brownout through API Priority and Fairness on the real control plane: the terminating
+//! hook's identity is put in a priority level of one seat that rejects (429 with
+//! `Retry-After`) what does not fit, on an apiserver started with a small
+//! `--max-requests-inflight`, and 20 nodes are terminated at once, each lifecycle
+//! notification in its own function process. Every drain must still complete exactly once,
+//! with no PodDisruptionBudget broken; the test reports how many 429s the brownout gave.
+//!
+//! Skipped with a printed line when `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not
+//! built.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use node_manager::aws::LifecycleActionResult;
+use node_manager_testkit::control_plane::binaries_or_skip;
+use node_manager_testkit::control_plane::world::{RealFunctionWorld, apply_manifest};
+use node_manager_testkit::e2e::{GROUP, Target};
+use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::kube::AuditEvent;
+use node_manager_testkit::lambda_api::InvocationOutcome;
+use serde_json::json;
+
+const DRAINED: usize = 20;
+const SURVIVORS: usize = 2;
+const DEPLOYMENTS: usize = 4;
+const REPLICAS: usize = 5;
+const HOOK_USER: &str = "terminating-hook";
+
+/// Three seats for the hook's user (6 shares of the 90 seats the flags give), nothing lent or
+/// borrowed, one queue of 8: what does not fit is rejected with 429 and `Retry-After`.
+fn brownout_manifest() -> String {
+    format!(
+        "apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata:
+  name: brownout
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 6
+    lendablePercent: 0
+    borrowingLimitPercent: 0
+    limitResponse:
+      type: Queue
+      queuing:
+        queues: 1
+        handSize: 1
+        queueLengthLimit: 8
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata:
+  name: brownout
+spec:
+  priorityLevelConfiguration:
+    name: brownout
+  matchingPrecedence: 100
+  distinguisherMethod:
+    type: ByUser
+  rules:
+  - subjects:
+    - kind: User
+      user:
+        name: {HOOK_USER}
+    resourceRules:
+    - verbs: ['*']
+      apiGroups: ['*']
+      resources: ['*']
+      namespaces: ['*']
+      clusterScope: true
+    nonResourceRules:
+    - verbs: ['*']
+      nonResourceURLs: ['*']
+"
+    )
+}
+
+/// Ready, not terminating pods of each `app`.
+async fn available_by_app(pods: &Api<Pod>) -> BTreeMap<String, usize> {
+    let mut available = BTreeMap::new();
+    let Ok(list) = pods
+        .list(&ListParams::default().labels("brownout=yes"))
+        .await
+    else {
+        return available;
+    };
+    for pod in &list.items {
+        let app = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app").cloned())
+            .unwrap_or_default();
+        let counted = available.entry(app).or_insert(0);
+        if fixtures::pod_is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+            *counted += 1;
+        }
+    }
+    available
+}
+
+/// The fewest pods of any Deployment available at once, sampled until stopped.
+fn sample_fewest(pods: Api<Pod>) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
+    let fewest = Arc::new(Mutex::new(usize::MAX));
+    let task = tokio::spawn({
+        let fewest = fewest.clone();
+        async move {
+            loop {
+                let by_app = available_by_app(&pods).await;
+                if let Some(least) = by_app.values().min() {
+                    let mut fewest = fewest.lock().unwrap();
+                    *fewest = (*fewest).min(*least);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+    (fewest, task)
+}
+
+/// Four Deployments of five replicas (a PDB `maxUnavailable: 1` each) spread by the
+/// scheduler over the nodes to drain, the survivors cordoned until every pod is Ready.
+async fn seed_workload(admin: &kube::Client) {
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
+    for d in 0..DEPLOYMENTS {
+        let app = format!("web-{d}");
+        let mut deployment = Workload::new("default", &app)
+            .replicas(REPLICAS as i32)
+            .grace_period_seconds(Some(1))
+            .deployment();
+        if let Some(labels) = deployment
+            .spec
+            .as_mut()
+            .and_then(|s| s.template.metadata.as_mut())
+            .and_then(|m| m.labels.as_mut())
+        {
+            labels.insert("brownout".into(), "yes".into());
+        }
+        deployments
+            .create(&PostParams::default(), &deployment)
+            .await
+            .unwrap();
+        let budget = fixtures::pdb_max_unavailable("default", &app, json!(1), &[("app", &app)]);
+        budgets
+            .create(&PostParams::default(), &budget)
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let by_app = available_by_app(&pods).await;
+        let budgets_ready = budgets
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|b| {
+                b.status
+                    .as_ref()
+                    .is_some_and(|s| s.disruptions_allowed == 1)
+            })
+            .count();
+        if by_app.len() == DEPLOYMENTS
+            && by_app.values().all(|n| *n == REPLICAS)
+            && budgets_ready == DEPLOYMENTS
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workload was not Ready in 30 s: {by_app:?}, {budgets_ready} budgets"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The 429s the hook's user met: (rejected by the brownout, refused by a budget).
+fn refusals(audit: &[AuditEvent]) -> (usize, usize) {
+    let refused: Vec<&AuditEvent> = audit
+        .iter()
+        .filter(|e| e.user.username == HOOK_USER && e.code() == 429)
+        .collect();
+    let by_budget = refused
+        .iter()
+        .filter(|e| e.subresource() == "eviction" && e.response_status.message.contains("budget"))
+        .count();
+    (refused.len() - by_budget, by_budget)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_drains_at_once_complete_under_an_apf_brownout() {
+    let Some(bin) = binaries_or_skip("twenty_drains_at_once_complete_under_an_apf_brownout") else {
+        return;
+    };
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .processes(DRAINED)
+        .apiserver_flag("--max-requests-inflight=60")
+        .apiserver_flag("--max-mutating-requests-inflight=30")
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.2")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "1")
+        .env("DRAIN_TIMEOUT_SECONDS", "40")
+        .log_level("warn")
+        .start(&bin)
+        .await
+        .unwrap();
+    let admin = w.plane.admin_client().await.unwrap();
+    apply_manifest(&admin, &brownout_manifest()).await.unwrap();
+    let (instances, survivors) = seed_nodes(&w).await;
+    seed_workload(&admin).await;
+    for node in &survivors {
+        Api::<Node>::all(admin.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
+            )
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let (fewest, sampler) = sample_fewest(pods.clone());
+
+    let took = drain_all_at_once(&w, &instances).await;
+    sampler.abort();
+    let completions = w.aws.autoscaling().completions();
+    let completed: BTreeSet<&str> = completions.iter().map(|c| c.instance_id.as_str()).collect();
+    assert_eq!(completions.len(), DRAINED, "{completions:?}");
+    assert_eq!(completed.len(), DRAINED, "{completions:?}");
+    assert!(
+        completions
+            .iter()
+            .all(|c| c.result == LifecycleActionResult::Continue)
+    );
+    let fewest = *fewest.lock().unwrap();
+    assert!(
+        fewest >= REPLICAS - 1,
+        "a budget was broken: only {fewest} pods of a Deployment were available at one point"
+    );
+    report(&w, took);
+}
+
+/// The 20 instances to drain (the world's first) and the 2 survivors' nodes (cordoned).
+async fn seed_nodes(w: &RealFunctionWorld) -> (Vec<String>, Vec<String>) {
+    let mut instances = vec![w.instance.clone()];
+    for i in 1..DRAINED {
+        let id = format!("i-0b1c2d3e4f50617{i:02}");
+        w.add_instance(&id, "eu-west-1a", false).await.unwrap();
+        instances.push(id);
+    }
+    let mut survivors = Vec::new();
+    for i in 0..SURVIVORS {
+        let id = format!("i-0fffeeeedddd111{i:02}");
+        survivors.push(w.add_instance(&id, "eu-west-1a", true).await.unwrap());
+    }
+    (instances, survivors)
+}
+
+/// Terminates every instance at once and answers each notification in its own process;
+/// every invocation must complete its drain. Returns how long they took together.
+async fn drain_all_at_once(w: &RealFunctionWorld, instances: &[String]) -> Duration {
+    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
+    for instance in instances {
+        w.aws
+            .autoscaling()
+            .terminate_instance(GROUP, instance)
+            .unwrap();
+    }
+    let mut events = Vec::new();
+    for _ in 0..instances.len() {
+        events.push(
+            subscription
+                .next_event(Duration::from_secs(5))
+                .await
+                .unwrap(),
+        );
+    }
+    let started = Instant::now();
+    let processes = w.processes_of(Target::TerminatingHook);
+    let outcomes = futures::future::join_all(
+        processes
+            .iter()
+            .zip(&events)
+            .map(|(f, event)| f.runtime.invoke(event, Duration::from_secs(60))),
+    )
+    .await;
+    let took = started.elapsed();
+    for (outcome, process) in outcomes.iter().zip(&processes) {
+        match outcome {
+            Ok(InvocationOutcome::Response(answer)) => {
+                assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}")
+            }
+            other => panic!("{other:?}\n{}", process.runtime.output()),
+        }
+    }
+    took
+}
+
+fn report(w: &RealFunctionWorld, took: Duration) {
+    let audit = w.plane.audit();
+    let (brownout, budget) = refusals(&audit);
+    assert!(
+        brownout > 0,
+        "the brownout rejected nothing: it did not bite"
+    );
+    let requests = audit
+        .iter()
+        .filter(|e| e.user.username == HOOK_USER)
+        .count();
+    let mut evictions: BTreeMap<&str, usize> = BTreeMap::new();
+    for e in audit.iter().filter(|e| {
+        e.user.username == HOOK_USER
+            && e.subresource() == "eviction"
+            && (200..300).contains(&e.code())
+    }) {
+        *evictions.entry(e.name()).or_default() += 1;
+    }
+    println!(
+        "{DRAINED} drains at once under the APF brownout: {took:?}, {requests} requests, {brownout} rejected by APF (429), {budget} evictions refused by a budget, {} pods evicted ({} evictions)",
+        evictions.len(),
+        evictions.values().sum::<usize>()
+    );
+}
