@@ -10,13 +10,13 @@ use hyper_util::client::legacy::Client as PooledClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::ConfigExt;
-use kube::client::retry::RetryPolicy;
 use tower::ServiceBuilder;
 use tower::retry::RetryLayer;
 
 use super::bearer::{BearerAuth, TokenSource};
 use super::discovery::ClusterInfo;
 use super::error::ClusterAccessError;
+use super::server_retry::ServerRetry;
 
 /// `open-node-manager/<version> (<function>)`: how the API server's audit log names us.
 pub fn user_agent(function_name: &str) -> String {
@@ -41,8 +41,8 @@ fn is_eviction(uri: &http::Uri) -> bool {
     uri.path().ends_with("/eviction")
 }
 
-/// The longest one request may take, kube's retries of 429/503/504 included (they honour
-/// `Retry-After`, up to 15 times), unless it is a watch. Without it a brownout, or a
+/// The longest one request may take, the retries of 429/503/504 included
+/// ([`ServerRetry`]), unless it is a watch. Without it a brownout, or a
 /// connection that stops answering (kube sets no read timeout), holds a call for minutes and
 /// the caller's own deadlines (lease renewal, hand-over) cannot be kept; with it the caller
 /// gets an error it already knows how to handle (transient: retried or handed over).
@@ -91,13 +91,14 @@ fn connection_pool(
 }
 
 /// A `kube::Client` over `pool`: the cluster's base URI, the function's headers and, with
-/// `retry`, kube's own retry of 429/503/504 (it honours `Retry-After`).
+/// `retry`, the retry of 429/503/504 ([`ServerRetry`]: `Retry-After` as the floor, jitter
+/// on top).
 fn stack(
     config: &kube::Config,
     pool: PooledClient<HttpsConnector<HttpConnector>, kube::client::Body>,
     retry: bool,
 ) -> Result<kube::Client, ClusterAccessError> {
-    let retry = retry.then(|| RetryLayer::new(RetryPolicy::server_retry()));
+    let retry = retry.then(|| RetryLayer::new(ServerRetry::default()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(retry)
@@ -174,10 +175,10 @@ pub(crate) fn build_client(
     config.headers.push((USER_AGENT, agent));
 
     // One pool of connections to the API server, shared by two unauthenticated stacks (base
-    // URI, user agent): one with kube's retry of 429/503/504, and one without it for
+    // URI, user agent): one with the retry of 429/503/504, and one without it for
     // evictions, whose 429 is a PodDisruptionBudget refusal the drain must see, count, back
     // off from with jitter and name in its report, not a throttle to be hidden inside one call
-    // for up to 15 attempts. Each stack is a `kube::Client`: its request queue makes it cheap to
+    // for up to 10 attempts. Each stack is a `kube::Client`: its request queue makes it cheap to
     // clone, which the 401 retry needs.
     let pool = connection_pool(&config)?;
     let transport = stack(&config, pool.clone(), true)?;

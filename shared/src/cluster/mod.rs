@@ -24,6 +24,7 @@ pub mod clock;
 pub mod connection;
 pub mod discovery;
 pub mod error;
+mod server_retry;
 pub mod token;
 
 use std::sync::Arc;
