@@ -164,6 +164,12 @@ fn drain_to_run(action: &Action, drain_timeout: std::time::Duration) -> Option<D
             group,
             instance_id,
             deadline,
+        }
+        | Action::DrainForSpotInterruption {
+            notice,
+            group,
+            instance_id,
+            deadline,
         } => Some(DrainToRun {
             group: group.clone(),
             instance_id: instance_id.clone(),

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
-use super::desired::{AwsFacts, Fact};
+use super::desired::{AwsFacts, Fact, may_need_spot_drain};
 use super::marks::NodeMarks;
 use crate::aws::{AwsError, GroupActivity, InstanceFacts, InstanceNoticesBatch};
 use crate::node_marks::checkpoint::NoticeKind;
@@ -194,14 +194,22 @@ fn fact<T, U>(answer: &Answer<T>, pick: impl FnOnce(&T) -> U) -> Fact<U> {
     }
 }
 
-/// A notice drain of a Spot interruption is checked against its Spot request.
+/// A notice drain of a Spot interruption is checked against its Spot request, and so is a
+/// marked node's Spot instance no drain runs on (its interruption warning may be lost).
 fn needs_spot_status(node: &NodeMarks) -> bool {
-    notice_kind(node) == Some(NoticeKind::SpotInterruption)
+    notice_kind(node) == Some(NoticeKind::SpotInterruption) || may_need_spot_drain(node)
 }
 
-/// A maintenance plan, or a maintenance drain, is checked against EC2's schedule.
+/// A maintenance plan, or a maintenance drain (running or done: after the maintenance our
+/// cordon goes), is checked against EC2's schedule.
 fn needs_schedule(node: &NodeMarks) -> bool {
-    node.maintenance.is_some() || notice_kind(node) == Some(NoticeKind::ScheduledMaintenance)
+    node.maintenance.is_some()
+        || node.checkpoint.as_ref().is_some_and(|c| {
+            c.action.is_notice()
+                && c.notice
+                    .as_ref()
+                    .is_some_and(|n| n.kind == NoticeKind::ScheduledMaintenance)
+        })
 }
 
 /// The notice of a notice drain that is not over.

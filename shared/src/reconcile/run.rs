@@ -123,7 +123,9 @@ async fn converge_node(
     for action in actions {
         if matches!(
             action,
-            Action::DrainForMaintenance { .. } | Action::ResumeNoticeDrain { .. }
+            Action::DrainForMaintenance { .. }
+                | Action::ResumeNoticeDrain { .. }
+                | Action::DrainForSpotInterruption { .. }
         ) {
             reconciled.drains.push(DueDrain {
                 marks: marks.clone(),
