@@ -21,6 +21,10 @@ pub const CALL_BOUND: Duration = Duration::from_secs(10);
 /// How many calls of each AWS operation one run made (for its report and the benchmark).
 pub type CallCounts = BTreeMap<&'static str, u32>;
 
+/// What `DescribeInstances` answered moments ago (an event's own proof), reused instead of
+/// asking again.
+pub type KnownInstances = BTreeMap<String, InstanceFacts>;
+
 /// The facts of each node of `nodes` (same order), and the calls made for them.
 pub async fn gather<E, A>(
     ec2: &E,
@@ -31,12 +35,32 @@ where
     E: InstanceNoticesBatch,
     A: GroupActivity,
 {
+    gather_knowing(ec2, autoscaling, nodes, None).await
+}
+
+/// [`gather`], with `known` instances' facts taken as answered (no `DescribeInstances` when
+/// they cover every node's instance).
+pub async fn gather_knowing<E, A>(
+    ec2: &E,
+    autoscaling: &A,
+    nodes: &[NodeMarks],
+    known: Option<&KnownInstances>,
+) -> (Vec<AwsFacts>, CallCounts)
+where
+    E: InstanceNoticesBatch,
+    A: GroupActivity,
+{
     let mut calls = CallCounts::new();
     let ids: Vec<String> = distinct(nodes.iter().filter_map(|n| n.instance().map(str::to_owned)));
-    let instances = ask(&mut calls, "DescribeInstances", !ids.is_empty(), || {
-        ec2.instances_facts(&ids)
-    })
-    .await;
+    let instances = match known.filter(|k| ids.iter().all(|id| k.contains_key(id))) {
+        Some(known) => Ok(known.clone()),
+        None => {
+            ask(&mut calls, "DescribeInstances", !ids.is_empty(), || {
+                ec2.instances_facts(&ids)
+            })
+            .await
+        }
+    };
     let states = ask(
         &mut calls,
         "DescribeAutoScalingInstances",

@@ -126,6 +126,73 @@ async fn reconcile_a_rebalance_cordon_neither_swallows_a_running_refresh_nor_lif
     assert!(s.checkpoint().is_none());
 }
 
+/// A Health event far ahead, as AWS Health sends it.
+fn health_event(starts_at: jiff::Timestamp) -> Value {
+    let start = jiff::fmt::rfc2822::to_string(&starts_at.to_zoned(jiff::tz::TimeZone::UTC))
+        .unwrap()
+        .replace("+0000", "GMT");
+    json!({
+        "version": "0", "id": "h-2", "detail-type": "AWS Health Event", "source": "aws.health",
+        "account": "111111111111", "time": jiff::Timestamp::now().to_string(), "region": "eu-west-1",
+        "resources": [INSTANCE],
+        "detail": {
+            "eventArn": "arn:aws:health:eu-west-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/y",
+            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventTypeCategory": "scheduledChange", "startTime": start,
+            "affectedEntities": [{"entityValue": INSTANCE}],
+        }
+    })
+}
+
+/// Issue 35, reconcile after each event: a refresh's record whose end event was lost goes as
+/// soon as another event about the node is handled, without waiting for the schedule.
+#[tokio::test]
+async fn a_stale_mark_goes_right_after_an_event_about_its_node_without_a_tick() {
+    let s = reference_cluster(false, 1).await;
+    s.instances.notices.set_facts(
+        INSTANCE,
+        InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some(GROUP.into()),
+            ..InstanceFacts::default()
+        },
+    );
+    s.autoscaling.set_lifecycle_state(INSTANCE, "InService");
+    marked_by_refresh(&s);
+    // The refresh is over; its end event was lost.
+    s.autoscaling
+        .set_refresh_status(GROUP, REFRESH, "Successful");
+    let starts_at =
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 2 * 86_400).unwrap();
+    s.instances.notices.schedule(
+        INSTANCE,
+        node_manager::aws::ScheduledInstanceEvent {
+            code: "instance-retirement".into(),
+            not_before: Some(starts_at),
+            description: "The instance is running on degraded hardware".into(),
+        },
+    );
+    let drainer = s.drainer(&[]);
+    let planned = run(&drainer, health_event(starts_at), "req-health").await;
+    assert_eq!(
+        planned["instances"][0]["outcome"], "MaintenancePlanned",
+        "{planned}"
+    );
+    let node = s.server.store().get::<Node>("", NODE).unwrap();
+    assert!(
+        refresh_marks_of(&node).is_none(),
+        "the lost end's marks are gone with the event"
+    );
+    assert!(!is_cordoned(&s), "the refresh's cordon is undone");
+    assert!(
+        node.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("open-node-manager.io/maintenance"),
+        "the event's own plan stays"
+    );
+}
+
 /// What one reconcile run costs in calls, for a cluster of `nodes` nodes of which `marked`
 /// carry a maintenance plan: (Kubernetes requests, AWS calls, wall time).
 async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
