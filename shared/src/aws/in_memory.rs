@@ -23,6 +23,11 @@ impl InMemoryFaults {
         queue.extend(std::iter::repeat_n(kind, times));
     }
 
+    /// Forgets every fault still queued (a brownout is over).
+    pub fn clear(&self) {
+        lock(&self.queued).clear();
+    }
+
     fn take(&self, operation: &'static str) -> Result<(), AwsError> {
         match lock(&self.queued)
             .get_mut(operation)
@@ -371,6 +376,11 @@ impl InMemoryInstanceNotices {
 
     pub fn set_spot_status(&self, spot_request_id: &str, code: &str) {
         lock(&self.spot_statuses).insert(spot_request_id.to_owned(), code.to_owned());
+    }
+
+    /// Replaces the instance's scheduled events (EC2 cancelled, completed or moved them).
+    pub fn set_schedule(&self, instance_id: &str, events: Vec<ScheduledInstanceEvent>) {
+        lock(&self.scheduled).insert(instance_id.to_owned(), events);
     }
 
     pub fn schedule(&self, instance_id: &str, event: ScheduledInstanceEvent) {
