@@ -438,8 +438,31 @@ impl InstanceNotices for InMemoryInstances {
     }
 }
 
-impl InstanceNoticesBatch for InMemoryInstanceNotices {}
-impl InstanceNoticesBatch for InMemoryInstances {}
+impl InstanceNoticesBatch for InMemoryInstanceNotices {
+    async fn interrupted_spot_instances(&self) -> Result<Vec<String>, AwsError> {
+        self.faults.take("DescribeSpotInstanceRequests")?;
+        let statuses = lock(&self.spot_statuses).clone();
+        let mut out: Vec<String> = lock(&self.facts)
+            .iter()
+            .filter(|(_, facts)| {
+                facts
+                    .spot_request_id
+                    .as_ref()
+                    .and_then(|r| statuses.get(r))
+                    .is_some_and(|code| SPOT_INTERRUPTION_CODES.contains(&code.as_str()))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+}
+
+impl InstanceNoticesBatch for InMemoryInstances {
+    async fn interrupted_spot_instances(&self) -> Result<Vec<String>, AwsError> {
+        self.notices.interrupted_spot_instances().await
+    }
+}
 
 /// A message published to SNS.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -206,7 +206,7 @@ where
     }
 
     /// One affected instance: ours, confirmed, then acted on.
-    async fn instance(
+    pub(super) async fn instance(
         &self,
         event: &InstanceEvent,
         instance_id: &str,

@@ -145,7 +145,13 @@ impl Action {
             {
                 "RebalanceCordonUndone"
             }
-            Self::UndoNoticeMarks { record, .. } if record.completed_at.is_some() => {
+            Self::UndoNoticeMarks { record, .. }
+                if record.completed_at.is_some()
+                    && record
+                        .notice
+                        .as_ref()
+                        .is_some_and(|n| n.kind == NoticeKind::ScheduledMaintenance) =>
+            {
                 "RestoredAfterMaintenance"
             }
             Self::UndoNoticeMarks { .. } => "NoticeDrainUndone",
@@ -250,9 +256,7 @@ fn for_checkpoint(
         return None;
     }
     if checkpoint.completed_at.is_some() {
-        return (notice.kind == NoticeKind::ScheduledMaintenance)
-            .then(|| after_maintenance(checkpoint, marks, facts))
-            .flatten();
+        return came_back(checkpoint, notice, marks, facts);
     }
     if notice.cordon_only {
         rebalance_cordon(checkpoint, marks, facts, now)
@@ -261,32 +265,35 @@ fn for_checkpoint(
     }
 }
 
-/// A completed maintenance drain: once EC2 lists no pending event for the instance, which
-/// runs, our marks go as soon as the node is Ready again (kept cordoned until then).
-fn after_maintenance(
+/// A completed notice drain: once the instance runs again and AWS no longer reports the
+/// notice's reason (the maintenance is over or cancelled, the stopped instance was started,
+/// the Spot request is no longer marked), our marks go as soon as the node is Ready again
+/// (kept cordoned until then). A rebalance drain's reason cannot be asked again: kept.
+fn came_back(
     checkpoint: &DrainCheckpoint,
+    notice: &InstanceNotice,
     marks: &NodeMarks,
     facts: &AwsFacts,
 ) -> Option<Action> {
     let unchecked = |why| {
         Some(Action::Unchecked {
-            mark: "maintenance-drain",
+            mark: "notice-drain",
             why,
         })
     };
-    let running = match facts.instance.known() {
+    let instance = match facts.instance.known() {
         Err(why) => return unchecked(why),
-        Ok(instance) => instance
-            .as_ref()
-            .is_some_and(|i| i.state.as_deref() == Some("running")),
+        Ok(Some(instance)) if instance.state.as_deref() == Some("running") => instance,
+        Ok(_) => return None,
     };
-    let pending = match facts.scheduled.known() {
+    let why = match reason_stands(notice.kind, instance, facts) {
         Err(why) => return unchecked(why),
-        Ok(events) => events.iter().any(ScheduledInstanceEvent::is_pending),
+        Ok(Ok(())) => return None,
+        Ok(Err(why)) => why,
     };
-    (running && !pending && marks.ready).then(|| Action::UndoNoticeMarks {
+    marks.ready.then(|| Action::UndoNoticeMarks {
         record: Box::new(checkpoint.clone()),
-        why: "the maintenance is over and the node Ready again".to_owned(),
+        why: format!("{why}, and the node is Ready again"),
     })
 }
 

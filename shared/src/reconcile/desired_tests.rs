@@ -583,12 +583,50 @@ fn after_the_maintenance_our_cordon_stays_until_the_node_is_ready_then_goes() {
         ..completed.clone()
     };
     assert_eq!(desired(&ready, &stopped, &POLICY, at(1000)), vec![]);
-    // A Spot drain completed is not a maintenance: kept.
+    // A Spot drain completed while the request is still marked: kept.
     let mut spot = notice_record(NoticeKind::SpotInterruption, false, 900);
     spot.completed_at = Some(at(800));
     let spot_node = NodeMarks {
         checkpoint: Some(spot),
         ..ready
     };
-    assert_eq!(desired(&spot_node, &completed, &POLICY, at(1000)), vec![]);
+    let marked = AwsFacts {
+        spot_status: Fact::Known(Some("marked-for-termination".into())),
+        ..running(true)
+    };
+    assert_eq!(desired(&spot_node, &marked, &POLICY, at(1000)), vec![]);
+}
+
+// Found by the event soak: a stopped instance started again kept our cordon for good.
+
+#[test]
+fn a_completed_notice_drain_is_undone_once_the_instance_runs_again_and_its_node_is_ready() {
+    let mut record = notice_record(NoticeKind::InstanceStopping, false, 120);
+    record.completed_at = Some(at(100));
+    let ready = NodeMarks {
+        checkpoint: Some(record.clone()),
+        ..marks()
+    };
+    assert_eq!(
+        names(&desired(&ready, &running(false), &POLICY, at(1000))),
+        ["NoticeDrainUndone"]
+    );
+    let not_ready = NodeMarks {
+        ready: false,
+        ..ready.clone()
+    };
+    assert_eq!(
+        desired(&not_ready, &running(false), &POLICY, at(1000)),
+        vec![]
+    );
+    let stopped = AwsFacts {
+        instance: Fact::Known(Some(InstanceFacts {
+            state: Some("stopped".into()),
+            auto_scaling_group: Some("ng".into()),
+            spot_request_id: None,
+            private_dns_name: None,
+        })),
+        ..running(false)
+    };
+    assert_eq!(desired(&ready, &stopped, &POLICY, at(1000)), vec![]);
 }

@@ -218,8 +218,9 @@ fn fact<T, U>(answer: &Answer<T>, pick: impl FnOnce(&T) -> U) -> Fact<U> {
     }
 }
 
-/// A notice drain of a Spot interruption is checked against its Spot request, and so is a
-/// marked node's Spot instance no drain runs on (its interruption warning may be lost).
+/// A notice drain of a Spot interruption (running or done) is checked against its Spot
+/// request, and so is a marked node's Spot instance no drain runs on (its interruption
+/// warning may be lost).
 fn needs_spot_status(node: &NodeMarks) -> bool {
     notice_kind(node) == Some(NoticeKind::SpotInterruption) || may_need_spot_drain(node)
 }
@@ -227,19 +228,13 @@ fn needs_spot_status(node: &NodeMarks) -> bool {
 /// A maintenance plan, or a maintenance drain (running or done: after the maintenance our
 /// cordon goes), is checked against EC2's schedule.
 fn needs_schedule(node: &NodeMarks) -> bool {
-    node.maintenance.is_some()
-        || node.checkpoint.as_ref().is_some_and(|c| {
-            c.action.is_notice()
-                && c.notice
-                    .as_ref()
-                    .is_some_and(|n| n.kind == NoticeKind::ScheduledMaintenance)
-        })
+    node.maintenance.is_some() || notice_kind(node) == Some(NoticeKind::ScheduledMaintenance)
 }
 
-/// The notice of a notice drain that is not over.
+/// The notice of a notice drain of this node's instance, running or done.
 fn notice_kind(node: &NodeMarks) -> Option<NoticeKind> {
     let checkpoint = node.checkpoint.as_ref()?;
-    if !checkpoint.action.is_notice() || checkpoint.completed_at.is_some() {
+    if !checkpoint.action.is_notice() {
         return None;
     }
     checkpoint.notice.as_ref().map(|n| n.kind)

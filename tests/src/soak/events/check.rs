@@ -4,7 +4,8 @@
 //! 1. `mark-without-reason`: no node carries a mark of ours whose reason AWS no longer reports;
 //! 2. `cordon-without-leaving`: no node is cordoned by us unless its instance is leaving or
 //!    about to;
-//! 3. `drain-not-running`: every drain whose reason stands is running or done;
+//! 3. `drain-not-running`: every drain whose reason stands (a pending lifecycle action, a
+//!    running Spot instance whose request is marked, a maintenance due) is running or done;
 //! 4. `lifecycle-not-drained`: every lifecycle action gets a full drain, completed once, with
 //!    PDBs honoured (evictions only, never a delete);
 //! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing.
@@ -291,10 +292,10 @@ fn drain_runs_or_done(
     aws: &Now,
     now: Timestamp,
 ) -> Option<Violation> {
-    let stands = aws.pending_action
-        || (aws.spot_marked() && aws.running())
-        || aws.instance.as_ref().and_then(|i| i.state.as_deref()) == Some("stopped")
-        || aws.maintenance_due(now);
+    // A stopped instance is not asked for: its pods went with it (the drain is for the
+    // stopping notice's moment, before the instance is down).
+    let stands =
+        aws.pending_action || (aws.spot_marked() && aws.running()) || aws.maintenance_due(now);
     if !stands {
         return None;
     }

@@ -55,6 +55,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
     let started = Instant::now();
     let plan = plan(seed);
     let world = EventWorld::start(plan.fleet.clone()).await;
+    let watcher = PodWatcher::start(world.server.store().clone());
     let mut player = Player::new(&world);
     player.play(&plan.steps).await;
     // Auto Scaling terminates what it completed the action of.
@@ -77,7 +78,8 @@ pub async fn run_seed(seed: u64) -> SeedReport {
             detail: format!("the quiet schedule tick failed: {error}"),
         });
     }
-    let played = player.played;
+    let mut played = player.played;
+    played.pods.extend(watcher.stop().await);
     violations.extend(check::check(&world, &played.pods, &played.violations).await);
     let evictions = world
         .server
@@ -101,5 +103,40 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         evictions,
         violations,
         elapsed: started.elapsed(),
+    }
+}
+
+/// Every pod's node, noted every few milliseconds while a seed plays: a replacement pod can
+/// be created, scheduled and evicted again between two steps.
+struct PodWatcher {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::collections::BTreeMap<String, String>>,
+}
+
+impl PodWatcher {
+    fn start(store: crate::kube::Store) -> Self {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut seen = std::collections::BTreeMap::new();
+            loop {
+                for pod in store.list::<k8s_openapi::api::core::v1::Pod>() {
+                    if let (Some(name), Some(node)) =
+                        (pod.metadata.name, pod.spec.and_then(|s| s.node_name))
+                    {
+                        seen.insert(name, node);
+                    }
+                }
+                tokio::select! {
+                    _ = &mut stopped => return seen,
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> std::collections::BTreeMap<String, String> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
     }
 }
