@@ -193,6 +193,43 @@ async fn a_stale_mark_goes_right_after_an_event_about_its_node_without_a_tick() 
     );
 }
 
+/// Found by the event soak: a Spot interruption warning lost, on a node with no mark of ours;
+/// the next scheduled run finds the request EC2 marks for interruption and drains the node.
+#[tokio::test]
+async fn a_lost_spot_warning_is_drained_by_the_next_scheduled_run() {
+    let s = reference_cluster(false, 1).await;
+    s.instances.notices.set_facts(
+        INSTANCE,
+        InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some(GROUP.into()),
+            spot_request_id: Some(SPOT_REQUEST.into()),
+            private_dns_name: None,
+        },
+    );
+    s.instances
+        .notices
+        .set_spot_status(SPOT_REQUEST, "marked-for-termination");
+    s.autoscaling.set_lifecycle_state(INSTANCE, "InService");
+    let drainer = s.drainer(&[]);
+    let swept = run(&drainer, tick(), "req-tick").await;
+    assert_eq!(swept["instances"][0]["instanceId"], INSTANCE, "{swept}");
+    assert_eq!(swept["instances"][0]["outcome"], "Drained", "{swept}");
+    assert_eq!(s.running_pods_on(NODE, "nginx-"), 0);
+    assert!(is_cordoned(&s));
+    // The request no longer marked (the instance is gone or kept): nothing more to drain.
+    s.instances.notices.set_spot_status(SPOT_REQUEST, "fulfilled");
+    let again = run(&drainer, tick(), "req-tick-2").await;
+    assert!(
+        again["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["outcome"] != "Drained"),
+        "{again}"
+    );
+}
+
 /// What one reconcile run costs in calls, for a cluster of `nodes` nodes of which `marked`
 /// carry a maintenance plan: (Kubernetes requests, AWS calls, wall time).
 async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
