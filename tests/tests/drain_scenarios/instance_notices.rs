@@ -29,7 +29,9 @@ async fn spot_cluster(nginx_grace: i64) -> Scenario {
 /// (its request fulfilled): a rebalance recommendation or a maintenance, not an interruption.
 async fn spot_cluster_kept(nginx_grace: i64) -> Scenario {
     let s = spot_cluster(nginx_grace).await;
-    s.instances.notices.set_spot_status(SPOT_REQUEST, "fulfilled");
+    s.instances
+        .notices
+        .set_spot_status(SPOT_REQUEST, "fulfilled");
     s
 }
 

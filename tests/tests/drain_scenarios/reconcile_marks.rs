@@ -218,7 +218,9 @@ async fn a_lost_spot_warning_is_drained_by_the_next_scheduled_run() {
     assert_eq!(s.running_pods_on(NODE, "nginx-"), 0);
     assert!(is_cordoned(&s));
     // The request no longer marked (the instance is gone or kept): nothing more to drain.
-    s.instances.notices.set_spot_status(SPOT_REQUEST, "fulfilled");
+    s.instances
+        .notices
+        .set_spot_status(SPOT_REQUEST, "fulfilled");
     let again = run(&drainer, tick(), "req-tick-2").await;
     assert!(
         again["instances"]
@@ -300,8 +302,13 @@ async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
 /// reconcile_calls --no-capture`).
 #[tokio::test]
 async fn reconcile_calls_grow_with_the_marked_nodes_not_with_the_cluster() {
+    let mut sizes = vec![(100, 0), (100, 10), (1000, 0), (1000, 10), (1000, 100)];
+    // The 5,000-node rows of BENCHMARKS.md: `RECONCILE_CALLS_FULL=1`.
+    if std::env::var_os("RECONCILE_CALLS_FULL").is_some() {
+        sizes.extend([(5000, 0), (5000, 10), (5000, 100)]);
+    }
     let mut rows = Vec::new();
-    for (nodes, marked) in [(100, 0), (100, 10), (1000, 0), (1000, 10), (1000, 100)] {
+    for (nodes, marked) in sizes {
         let (kube, aws, took) = cost_of_a_run(nodes, marked).await;
         println!(
             "reconcile run: {nodes} nodes, {marked} marked: {kube} Kubernetes requests, {aws} AWS calls, {took:?}"
@@ -329,4 +336,12 @@ async fn reconcile_calls_grow_with_the_marked_nodes_not_with_the_cluster() {
         (3, 0),
         "three label-selected lists, no AWS call"
     );
+    if rows.iter().any(|r| r.0 == 5000) {
+        assert_eq!(
+            of(5000, 10),
+            of(100, 10),
+            "ten marked: the same cost at 5,000 nodes"
+        );
+        assert_eq!(of(5000, 100), of(1000, 100));
+    }
 }
