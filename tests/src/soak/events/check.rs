@@ -183,10 +183,10 @@ fn marks_have_reasons(
             ));
         }
     }
-    if let Some(checkpoint) = &marks.checkpoint {
-        if let Some(why) = record_without_reason(checkpoint, marks, aws, refresh_runs, now) {
-            out.push(violation(MARK_WITHOUT_REASON, format!("{node}: {why}")));
-        }
+    if let Some(checkpoint) = &marks.checkpoint
+        && let Some(why) = record_without_reason(checkpoint, marks, aws, refresh_runs, now)
+    {
+        out.push(violation(MARK_WITHOUT_REASON, format!("{node}: {why}")));
     }
     out
 }
