@@ -60,15 +60,14 @@ fn print(report: &SeedReport) {
 async fn event_soak_keeps_every_invariant() {
     let count = env_number("EVENT_SOAK_SEEDS", 50);
     let first = env_number("EVENT_SOAK_SEED", 1);
-    // A few seeds at a time: each is its own world.
-    let reports: Vec<SeedReport> = futures::stream::iter(first..first + count)
+    // A few seeds at a time (each is its own world), each printed as it ends.
+    let mut reports = futures::stream::iter(first..first + count)
         .map(run_seed)
-        .buffer_unordered(4)
-        .collect()
-        .await;
+        .buffer_unordered(4);
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
-    for report in &reports {
+    while let Some(report) = reports.next().await {
+        let report = &report;
         print(report);
         lost += report.lost;
         duplicated += report.duplicated;
