@@ -23,6 +23,11 @@ impl InMemoryFaults {
         queue.extend(std::iter::repeat_n(kind, times));
     }
 
+    /// Forgets every fault still queued (a brownout is over).
+    pub fn clear(&self) {
+        lock(&self.queued).clear();
+    }
+
     fn take(&self, operation: &'static str) -> Result<(), AwsError> {
         match lock(&self.queued)
             .get_mut(operation)
@@ -373,6 +378,11 @@ impl InMemoryInstanceNotices {
         lock(&self.spot_statuses).insert(spot_request_id.to_owned(), code.to_owned());
     }
 
+    /// Replaces the instance's scheduled events (EC2 cancelled, completed or moved them).
+    pub fn set_schedule(&self, instance_id: &str, events: Vec<ScheduledInstanceEvent>) {
+        lock(&self.scheduled).insert(instance_id.to_owned(), events);
+    }
+
     pub fn schedule(&self, instance_id: &str, event: ScheduledInstanceEvent) {
         lock(&self.scheduled)
             .entry(instance_id.to_owned())
@@ -428,8 +438,31 @@ impl InstanceNotices for InMemoryInstances {
     }
 }
 
-impl InstanceNoticesBatch for InMemoryInstanceNotices {}
-impl InstanceNoticesBatch for InMemoryInstances {}
+impl InstanceNoticesBatch for InMemoryInstanceNotices {
+    async fn interrupted_spot_instances(&self) -> Result<Vec<String>, AwsError> {
+        self.faults.take("DescribeSpotInstanceRequests")?;
+        let statuses = lock(&self.spot_statuses).clone();
+        let mut out: Vec<String> = lock(&self.facts)
+            .iter()
+            .filter(|(_, facts)| {
+                facts
+                    .spot_request_id
+                    .as_ref()
+                    .and_then(|r| statuses.get(r))
+                    .is_some_and(|code| SPOT_INTERRUPTION_CODES.contains(&code.as_str()))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+}
+
+impl InstanceNoticesBatch for InMemoryInstances {
+    async fn interrupted_spot_instances(&self) -> Result<Vec<String>, AwsError> {
+        self.notices.interrupted_spot_instances().await
+    }
+}
 
 /// A message published to SNS.
 #[derive(Debug, Clone, PartialEq, Eq)]

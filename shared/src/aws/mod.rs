@@ -220,6 +220,14 @@ impl ScheduledInstanceEvent {
     }
 }
 
+/// The Spot request status codes of an instance EC2 is about to interrupt (stop, terminate
+/// or hibernate).
+pub const SPOT_INTERRUPTION_CODES: [&str; 3] = [
+    "marked-for-termination",
+    "marked-for-stop",
+    "marked-for-hibernation",
+];
+
 /// EC2: what proves an instance notice before the drain it starts.
 pub trait InstanceNotices: Send + Sync {
     /// The instance's state, group and Spot request; `None` when EC2 does not know it.
@@ -278,6 +286,13 @@ pub trait InstanceNoticesBatch: InstanceNotices {
             Ok(out)
         }
     }
+
+    /// The instances whose Spot request EC2 marks for interruption now
+    /// ([`SPOT_INTERRUPTION_CODES`]), account-wide: what a lost interruption warning
+    /// announced, found again.
+    fn interrupted_spot_instances(
+        &self,
+    ) -> impl Future<Output = Result<Vec<String>, AwsError>> + Send;
 
     /// The scheduled events of each instance (all of them EC2 knows).
     fn scheduled_events_of(

@@ -527,6 +527,42 @@ impl InstanceNoticesBatch for SdkInstances {
         Ok(out)
     }
 
+    /// By a `status-code` filter, every page.
+    async fn interrupted_spot_instances(&self) -> Result<Vec<String>, AwsError> {
+        use aws_sdk_ec2::types::Filter;
+        let filter = Filter::builder()
+            .name("status-code")
+            .set_values(Some(
+                SPOT_INTERRUPTION_CODES
+                    .iter()
+                    .map(|c| (*c).to_owned())
+                    .collect(),
+            ))
+            .build();
+        let mut out = Vec::new();
+        let mut next_token = None;
+        loop {
+            let output = self
+                .client()
+                .describe_spot_instance_requests()
+                .filters(filter.clone())
+                .set_next_token(next_token.take())
+                .send()
+                .await
+                .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+            out.extend(
+                output
+                    .spot_instance_requests()
+                    .iter()
+                    .filter_map(|r| r.instance_id().map(str::to_owned)),
+            );
+            match output.next_token().filter(|t| !t.is_empty()) {
+                Some(token) => next_token = Some(token.to_owned()),
+                None => return Ok(out),
+            }
+        }
+    }
+
     /// By a `spot-instance-request-id` filter: an unknown request is absent.
     async fn spot_request_statuses(
         &self,

@@ -41,6 +41,7 @@ use crate::lifecycle::node::{
 use crate::lifecycle::scope::{ScopeDecision, managed_node_group};
 use crate::lifecycle::settings::DrainSettings;
 use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, checkpoint_of, notice_action};
+use crate::reconcile::{KnownInstances, NodeMarks, Policy, after_event};
 
 /// How long EC2 calls that prove a notice may take in all: the drain they gate has two
 /// minutes.
@@ -205,7 +206,7 @@ where
     }
 
     /// One affected instance: ours, confirmed, then acted on.
-    async fn instance(
+    pub(super) async fn instance(
         &self,
         event: &InstanceEvent,
         instance_id: &str,
@@ -251,6 +252,8 @@ where
             tracing::info!(step = "managed_node_group", %reason, "left to EKS's node manager");
             return Ok(outcome("ManagedNodeGroup", Some(reason)));
         }
+        let found = NodeMarks::of(&node);
+        let drains = matches!(plan, NodePlan::Act { .. });
         let (name, detail) = match plan {
             NodePlan::Act { notice, deadline } => {
                 let target = NoticeTarget {
@@ -269,7 +272,39 @@ where
                 still_pending,
             } => restore(&client, node, ec2_code, still_pending).await?,
         };
+        self.reconcile_after(&client, &found, drains, facts).await;
         Ok(outcome(name, detail))
+    }
+
+    /// The node's other marks checked right after the event, not at the next scheduled
+    /// run; the instance's facts the event just read are not asked again.
+    async fn reconcile_after(
+        &self,
+        client: &kube::Client,
+        found: &NodeMarks,
+        event_drained: bool,
+        facts: InstanceFacts,
+    ) {
+        let context = &self.drainer.context;
+        let policy = Policy {
+            maintenance_margin: context.settings.notices.maintenance_margin,
+        };
+        let known = found
+            .instance_id
+            .clone()
+            .map(|id| KnownInstances::from([(id, facts)]));
+        let instances = &context.instances;
+        let autoscaling = &context.autoscaling;
+        after_event(
+            client,
+            instances,
+            autoscaling,
+            policy,
+            found,
+            event_drained,
+            known.as_ref(),
+        )
+        .await;
     }
 
     /// Drains (or cordons) the node now; the outcome's name and detail.

@@ -10,9 +10,16 @@
 //! (what is left waits for the next run, nothing is lost):
 //! - **planned maintenance that is due** ([`super::maintenance`]): drained until its start;
 //! - **a notice drain nobody runs** (its invocation ran out of time or failed) whose reason
-//!   stands: resumed on its own record, until its own deadline.
+//!   stands: resumed on its own record, until its own deadline;
+//! - **a Spot instance EC2 marks for interruption** (its warning may have been lost): found
+//!   by one account-wide `DescribeSpotInstanceRequests` by status code, drained as for its
+//!   warning.
+
+use std::collections::BTreeSet;
 
 use jiff::Timestamp;
+
+use super::event::{Announcement, InstanceEvent};
 
 use super::handler::{
     InstanceOutcome, NoticeError, NoticeHandler, NoticeReport, kube_error, maintenance_drain,
@@ -60,13 +67,82 @@ where
         })
         .collect();
     let handler = NoticeHandler { drainer };
+    let mut drained: BTreeSet<String> = BTreeSet::new();
     for due in drains {
+        drained.extend(due.marks.instance().map(str::to_owned));
         instances.push(run_drain(&handler, &client, due, invocation).await);
     }
+    instances.extend(lost_spot_warnings(&handler, &drained, invocation).await);
     Ok(NoticeReport {
         event: "Sweep".to_owned(),
         instances,
     })
+}
+
+/// How long asking EC2 for the Spot requests it marks for interruption may take.
+const SPOT_SCAN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The Spot instances EC2 marks for interruption now, account-wide (one
+/// `DescribeSpotInstanceRequests` by status code), handled as if their interruption warning
+/// had just arrived (the warning may have been lost): checked as the warning would be (ours,
+/// confirmed), then drained for Spot's two minutes. Those the reconciler drained already are
+/// skipped; an instance of another cluster is left alone as for its warning.
+async fn lost_spot_warnings<C: HookClients>(
+    handler: &NoticeHandler<'_, C>,
+    drained: &BTreeSet<String>,
+    invocation: &Invocation,
+) -> Vec<InstanceOutcome>
+where
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
+{
+    let context = &handler.drainer.context;
+    let scanned = tokio::time::timeout(
+        SPOT_SCAN_BOUND,
+        context.instances.interrupted_spot_instances(),
+    )
+    .await;
+    let interrupted = match scanned {
+        Ok(Ok(ids)) => ids,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not list the Spot requests marked for interruption: the next run does");
+            return Vec::new();
+        }
+        Err(_) => {
+            tracing::warn!(
+                "EC2 did not list the Spot requests marked for interruption in time: the next run does"
+            );
+            return Vec::new();
+        }
+    };
+    let mut outcomes = Vec::new();
+    for instance_id in interrupted.iter().filter(|id| !drained.contains(*id)) {
+        if !invocation.budget.has_working_slice() {
+            break;
+        }
+        let event = InstanceEvent {
+            id: format!("sweep-spot-{instance_id}"),
+            account: invocation.function_account.clone().unwrap_or_default(),
+            region: context.settings.notices.region.clone().unwrap_or_default(),
+            time: Timestamp::now(),
+            announcement: Announcement::SpotInterruption {
+                action: "terminate".to_owned(),
+            },
+            instance_ids: vec![instance_id.clone()],
+        };
+        outcomes.push(match handler.instance(&event, instance_id, invocation).await {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                tracing::error!(step = "sweep_drain_failed", instance_id, %error, "the drain of an interrupted Spot instance failed: the next run tries again");
+                InstanceOutcome {
+                    instance_id: instance_id.clone(),
+                    outcome: "Failed".to_owned(),
+                    detail: Some(error.to_string()),
+                }
+            }
+        });
+    }
+    outcomes
 }
 
 /// Runs one drain the reconciler found due, if the invocation still has time for it; a
@@ -160,6 +236,12 @@ fn drain_to_run(action: &Action, drain_timeout: std::time::Duration) -> Option<D
             })
         }
         Action::ResumeNoticeDrain {
+            notice,
+            group,
+            instance_id,
+            deadline,
+        }
+        | Action::DrainForSpotInterruption {
             notice,
             group,
             instance_id,

@@ -91,6 +91,7 @@ async fn apply_to(
         Action::AddMarkedLabel
         | Action::RemoveMarkedLabel
         | Action::DrainForMaintenance { .. }
+        | Action::DrainForSpotInterruption { .. }
         | Action::ResumeNoticeDrain { .. } => Ok("not a change of marks".to_owned()),
     }
 }

@@ -13,7 +13,8 @@ use serde::Serialize;
 
 use super::marks::NodeMarks;
 use crate::aws::{InstanceFacts, ScheduledInstanceEvent};
-use crate::instance_notice::maintenance::MaintenanceRecord;
+use crate::instance_notice::event::SPOT_NOTICE;
+use crate::instance_notice::maintenance::{MaintenanceRecord, announced_event};
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
 use crate::node_marks::refresh::RefreshMarks;
 
@@ -107,6 +108,16 @@ pub enum Action {
         record: MaintenanceRecord,
         starts_at: Timestamp,
     },
+    /// EC2 marked the Spot request of a marked node's instance for interruption (its
+    /// warning may have been lost): drain now, for Spot's two minutes.
+    #[serde(rename_all = "camelCase")]
+    DrainForSpotInterruption {
+        #[serde(skip)]
+        notice: InstanceNotice,
+        group: String,
+        instance_id: String,
+        deadline: Timestamp,
+    },
     /// A notice drain whose reason stands and that nobody runs: drain in place.
     #[serde(rename_all = "camelCase")]
     ResumeNoticeDrain {
@@ -134,11 +145,21 @@ impl Action {
             {
                 "RebalanceCordonUndone"
             }
+            Self::UndoNoticeMarks { record, .. }
+                if record.completed_at.is_some()
+                    && record
+                        .notice
+                        .as_ref()
+                        .is_some_and(|n| n.kind == NoticeKind::ScheduledMaintenance) =>
+            {
+                "RestoredAfterMaintenance"
+            }
             Self::UndoNoticeMarks { .. } => "NoticeDrainUndone",
             Self::DropMaintenancePlan { .. } => "MaintenancePlanDropped",
             Self::ReplanMaintenance { .. } => "MaintenancePlanMoved",
             Self::DrainForMaintenance { .. } => "MaintenanceDrainDue",
             Self::ResumeNoticeDrain { .. } => "NoticeDrainResumed",
+            Self::DrainForSpotInterruption { .. } => "SpotDrainDue",
             Self::AddMarkedLabel => "MarkedLabelAdded",
             Self::RemoveMarkedLabel => "MarkedLabelRemoved",
             Self::Unchecked { .. } => "Unchecked",
@@ -180,6 +201,19 @@ pub fn desired(
         }
         actions.extend(planned);
     }
+    if let Some(spot) = spot_interruption(marks, facts, now) {
+        // The interruption's drain takes the rebalance cordon over and comes before any
+        // other drain of the node.
+        actions.retain(|a| {
+            !matches!(
+                a,
+                Action::UndoNoticeMarks { .. }
+                    | Action::DrainForMaintenance { .. }
+                    | Action::ResumeNoticeDrain { .. }
+            )
+        });
+        actions.push(spot);
+    }
     match (marks.any(), marks.labelled) {
         (true, false) => actions.push(Action::AddMarkedLabel),
         (false, true) => actions.push(Action::RemoveMarkedLabel),
@@ -218,18 +252,125 @@ fn for_checkpoint(
 ) -> Option<Action> {
     let notice = checkpoint.notice.as_ref()?;
     let same_instance = marks.instance_id.as_deref() == Some(&checkpoint.action.instance_id);
-    if !checkpoint.action.is_notice()
-        || !same_instance
-        || checkpoint.completed_at.is_some()
-        || checkpoint.lease.held_by_other("", now)
-    {
+    if !checkpoint.action.is_notice() || !same_instance || checkpoint.lease.held_by_other("", now) {
         return None;
+    }
+    if checkpoint.completed_at.is_some() {
+        return came_back(checkpoint, notice, marks, facts);
     }
     if notice.cordon_only {
         rebalance_cordon(checkpoint, marks, facts, now)
     } else {
         abandoned_notice_drain(checkpoint, notice, facts, now)
     }
+}
+
+/// A completed notice drain: once the instance runs again and AWS no longer reports the
+/// notice's reason (the maintenance is over or cancelled, the stopped instance was started,
+/// the Spot request is no longer marked), our marks go as soon as the node is Ready again
+/// (kept cordoned until then). A rebalance drain's reason cannot be asked again: kept.
+fn came_back(
+    checkpoint: &DrainCheckpoint,
+    notice: &InstanceNotice,
+    marks: &NodeMarks,
+    facts: &AwsFacts,
+) -> Option<Action> {
+    let unchecked = |why| {
+        Some(Action::Unchecked {
+            mark: "notice-drain",
+            why,
+        })
+    };
+    let instance = match facts.instance.known() {
+        Err(why) => return unchecked(why),
+        Ok(Some(instance)) if instance.state.as_deref() == Some("running") => instance,
+        Ok(_) => return None,
+    };
+    let why = match reason_stands(notice.kind, instance, facts) {
+        Err(why) => return unchecked(why),
+        Ok(Ok(())) => return None,
+        Ok(Err(why)) => why,
+    };
+    marks.ready.then(|| Action::UndoNoticeMarks {
+        record: Box::new(checkpoint.clone()),
+        why: format!("{why}, and the node is Ready again"),
+    })
+}
+
+/// Whether a node's marks leave room for a Spot interruption's drain: none of ours, or a
+/// rebalance cordon (EC2 recommends a rebalance before it interrupts); not a drain that
+/// runs or ran.
+pub(super) fn may_need_spot_drain(marks: &NodeMarks) -> bool {
+    match &marks.checkpoint {
+        None => true,
+        Some(checkpoint) => {
+            checkpoint.action.is_notice()
+                && checkpoint.completed_at.is_none()
+                && checkpoint.notice.as_ref().is_some_and(|n| n.cordon_only)
+        }
+    }
+}
+
+/// A marked node's Spot instance whose request EC2 marks for interruption (`marked-for-*`)
+/// while it still runs: its drain is due now, whether or not the warning arrived.
+fn spot_interruption(marks: &NodeMarks, facts: &AwsFacts, now: Timestamp) -> Option<Action> {
+    if !may_need_spot_drain(marks)
+        || marks.checkpoint.as_ref().is_some_and(|c| {
+            c.lease.held_by_other("", now)
+                || marks.instance_id.as_deref() != Some(&c.action.instance_id)
+        })
+    {
+        return None;
+    }
+    let Fact::Known(Some(instance)) = &facts.instance else {
+        return None;
+    };
+    instance.spot_request_id.as_ref()?;
+    if instance.state.as_deref() != Some("running") {
+        return None;
+    }
+    let status = match facts.spot_status.known() {
+        Err(why) => {
+            return Some(Action::Unchecked {
+                mark: "spot-request",
+                why,
+            });
+        }
+        Ok(status) => status.as_deref()?,
+    };
+    if !status.starts_with("marked-for-") {
+        return None;
+    }
+    let group = instance.auto_scaling_group.clone().or_else(|| {
+        marks
+            .checkpoint
+            .as_ref()
+            .map(|c| c.action.auto_scaling_group_name.clone())
+            .or_else(|| {
+                marks
+                    .refresh
+                    .as_ref()
+                    .map(|r| r.auto_scaling_group_name.clone())
+            })
+            .or_else(|| {
+                marks
+                    .maintenance
+                    .as_ref()
+                    .map(|m| m.auto_scaling_group_name.clone())
+            })
+    })?;
+    let ends_at = now.checked_add(SPOT_NOTICE).unwrap_or(now);
+    Some(Action::DrainForSpotInterruption {
+        notice: InstanceNotice {
+            kind: NoticeKind::SpotInterruption,
+            received_at: now,
+            instance_ends_at: Some(ends_at),
+            cordon_only: false,
+        },
+        group,
+        instance_id: marks.instance()?.to_owned(),
+        deadline: ends_at,
+    })
 }
 
 /// A rebalance cordon past its time is undone unless the instance is leaving, or an
@@ -400,7 +541,10 @@ fn for_maintenance(
         }
         Ok(events) => events,
     };
-    let Some(starts_at) = first_pending(events, Some(plan.starts_at)) else {
+    // The plan's own event (its code, nearest its start): another code's event is not it.
+    let Some(starts_at) = announced_event(events, &plan.type_code, Some(plan.starts_at))
+        .map(|e| e.not_before.unwrap_or(plan.starts_at))
+    else {
         return drop(format!(
             "EC2 lists no pending scheduled event ({}): completed or cancelled",
             plan.type_code

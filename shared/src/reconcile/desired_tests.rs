@@ -20,6 +20,7 @@ fn marks() -> NodeMarks {
         refresh: None,
         maintenance: None,
         labelled: true,
+        ready: true,
     }
 }
 
@@ -470,4 +471,162 @@ fn the_common_label_follows_the_marks() {
         names(&desired(&marks(), &running(false), &POLICY, at(0))),
         ["MarkedLabelRemoved"]
     );
+}
+
+// Issue 35, leftovers: a lost Spot warning, the plan's own event, after the maintenance.
+
+#[test]
+fn a_marked_spot_instance_whose_request_is_marked_for_interruption_is_drained() {
+    let cordon = notice_record(NoticeKind::RebalanceRecommendation, true, 3600);
+    for checkpoint in [None, Some(cordon)] {
+        let node = NodeMarks {
+            checkpoint: checkpoint.clone(),
+            refresh: checkpoint.is_none().then(refresh_marks),
+            ..marks()
+        };
+        for code in ["marked-for-termination", "marked-for-stop"] {
+            let facts = AwsFacts {
+                spot_status: Fact::Known(Some(code.into())),
+                refresh_status: Fact::Known(Some("InProgress".into())),
+                ..running(true)
+            };
+            let actions = desired(&node, &facts, &POLICY, at(60));
+            let [
+                Action::DrainForSpotInterruption {
+                    notice,
+                    group,
+                    deadline,
+                    ..
+                },
+            ] = actions.as_slice()
+            else {
+                panic!("{code} {checkpoint:?}: {actions:?}");
+            };
+            assert_eq!(notice.kind, NoticeKind::SpotInterruption);
+            assert_eq!(group, "ng");
+            assert_eq!(*deadline, at(180), "Spot's two minutes from now");
+        }
+        let fulfilled = AwsFacts {
+            spot_status: Fact::Known(Some("fulfilled".into())),
+            refresh_status: Fact::Known(Some("InProgress".into())),
+            ..running(true)
+        };
+        assert_eq!(desired(&node, &fulfilled, &POLICY, at(60)), vec![]);
+    }
+}
+
+#[test]
+fn a_maintenance_plan_is_checked_against_its_own_event_not_another_codes() {
+    let node = NodeMarks {
+        maintenance: Some(plan(7200)),
+        ..marks()
+    };
+    let reboot_sooner = ScheduledInstanceEvent {
+        code: "instance-reboot".into(),
+        ..scheduled(3000, "reboot")
+    };
+    let both = AwsFacts {
+        scheduled: Fact::Known(vec![reboot_sooner.clone(), scheduled(7200, "retirement")]),
+        ..running(false)
+    };
+    assert_eq!(
+        desired(&node, &both, &POLICY, at(100)),
+        vec![],
+        "the retirement's plan stays at the retirement's time"
+    );
+    let only_the_reboot = AwsFacts {
+        scheduled: Fact::Known(vec![reboot_sooner]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &only_the_reboot, &POLICY, at(100))),
+        ["MaintenancePlanDropped"],
+        "the retirement was cancelled; a reboot is not it"
+    );
+}
+
+#[test]
+fn after_the_maintenance_our_cordon_stays_until_the_node_is_ready_then_goes() {
+    let mut record = notice_record(NoticeKind::ScheduledMaintenance, false, 900);
+    record.completed_at = Some(at(800));
+    let not_ready = NodeMarks {
+        checkpoint: Some(record.clone()),
+        ready: false,
+        ..marks()
+    };
+    let completed = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(900, "[Completed] reboot")]),
+        ..running(false)
+    };
+    assert_eq!(desired(&not_ready, &completed, &POLICY, at(1000)), vec![]);
+    let ready = NodeMarks {
+        ready: true,
+        ..not_ready.clone()
+    };
+    assert_eq!(
+        names(&desired(&ready, &completed, &POLICY, at(1000))),
+        ["RestoredAfterMaintenance"]
+    );
+    // Still pending (under way), or the instance did not come back: kept.
+    let pending = AwsFacts {
+        scheduled: Fact::Known(vec![scheduled(900, "reboot")]),
+        ..running(false)
+    };
+    assert_eq!(desired(&ready, &pending, &POLICY, at(1000)), vec![]);
+    let stopped = AwsFacts {
+        instance: Fact::Known(Some(InstanceFacts {
+            state: Some("stopped".into()),
+            auto_scaling_group: Some("ng".into()),
+            spot_request_id: None,
+            private_dns_name: None,
+        })),
+        ..completed.clone()
+    };
+    assert_eq!(desired(&ready, &stopped, &POLICY, at(1000)), vec![]);
+    // A Spot drain completed while the request is still marked: kept.
+    let mut spot = notice_record(NoticeKind::SpotInterruption, false, 900);
+    spot.completed_at = Some(at(800));
+    let spot_node = NodeMarks {
+        checkpoint: Some(spot),
+        ..ready
+    };
+    let marked = AwsFacts {
+        spot_status: Fact::Known(Some("marked-for-termination".into())),
+        ..running(true)
+    };
+    assert_eq!(desired(&spot_node, &marked, &POLICY, at(1000)), vec![]);
+}
+
+// Found by the event soak: a stopped instance started again kept our cordon for good.
+
+#[test]
+fn a_completed_notice_drain_is_undone_once_the_instance_runs_again_and_its_node_is_ready() {
+    let mut record = notice_record(NoticeKind::InstanceStopping, false, 120);
+    record.completed_at = Some(at(100));
+    let ready = NodeMarks {
+        checkpoint: Some(record.clone()),
+        ..marks()
+    };
+    assert_eq!(
+        names(&desired(&ready, &running(false), &POLICY, at(1000))),
+        ["NoticeDrainUndone"]
+    );
+    let not_ready = NodeMarks {
+        ready: false,
+        ..ready.clone()
+    };
+    assert_eq!(
+        desired(&not_ready, &running(false), &POLICY, at(1000)),
+        vec![]
+    );
+    let stopped = AwsFacts {
+        instance: Fact::Known(Some(InstanceFacts {
+            state: Some("stopped".into()),
+            auto_scaling_group: Some("ng".into()),
+            spot_request_id: None,
+            private_dns_name: None,
+        })),
+        ..running(false)
+    };
+    assert_eq!(desired(&ready, &stopped, &POLICY, at(1000)), vec![]);
 }

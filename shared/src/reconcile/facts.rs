@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
-use super::desired::{AwsFacts, Fact};
+use super::desired::{AwsFacts, Fact, may_need_spot_drain};
 use super::marks::NodeMarks;
 use crate::aws::{AwsError, GroupActivity, InstanceFacts, InstanceNoticesBatch};
 use crate::node_marks::checkpoint::NoticeKind;
@@ -20,6 +20,10 @@ pub const CALL_BOUND: Duration = Duration::from_secs(10);
 
 /// How many calls of each AWS operation one run made (for its report and the benchmark).
 pub type CallCounts = BTreeMap<&'static str, u32>;
+
+/// What `DescribeInstances` answered moments ago (an event's own proof), reused instead of
+/// asking again.
+pub type KnownInstances = BTreeMap<String, InstanceFacts>;
 
 /// The facts of each node of `nodes` (same order), and the calls made for them.
 pub async fn gather<E, A>(
@@ -31,12 +35,32 @@ where
     E: InstanceNoticesBatch,
     A: GroupActivity,
 {
+    gather_knowing(ec2, autoscaling, nodes, None).await
+}
+
+/// [`gather`], with `known` instances' facts taken as answered (no `DescribeInstances` when
+/// they cover every node's instance).
+pub async fn gather_knowing<E, A>(
+    ec2: &E,
+    autoscaling: &A,
+    nodes: &[NodeMarks],
+    known: Option<&KnownInstances>,
+) -> (Vec<AwsFacts>, CallCounts)
+where
+    E: InstanceNoticesBatch,
+    A: GroupActivity,
+{
     let mut calls = CallCounts::new();
     let ids: Vec<String> = distinct(nodes.iter().filter_map(|n| n.instance().map(str::to_owned)));
-    let instances = ask(&mut calls, "DescribeInstances", !ids.is_empty(), || {
-        ec2.instances_facts(&ids)
-    })
-    .await;
+    let instances = match known.filter(|k| ids.iter().all(|id| k.contains_key(id))) {
+        Some(known) => Ok(known.clone()),
+        None => {
+            ask(&mut calls, "DescribeInstances", !ids.is_empty(), || {
+                ec2.instances_facts(&ids)
+            })
+            .await
+        }
+    };
     let states = ask(
         &mut calls,
         "DescribeAutoScalingInstances",
@@ -194,20 +218,23 @@ fn fact<T, U>(answer: &Answer<T>, pick: impl FnOnce(&T) -> U) -> Fact<U> {
     }
 }
 
-/// A notice drain of a Spot interruption is checked against its Spot request.
+/// A notice drain of a Spot interruption (running or done) is checked against its Spot
+/// request, and so is a marked node's Spot instance no drain runs on (its interruption
+/// warning may be lost).
 fn needs_spot_status(node: &NodeMarks) -> bool {
-    notice_kind(node) == Some(NoticeKind::SpotInterruption)
+    notice_kind(node) == Some(NoticeKind::SpotInterruption) || may_need_spot_drain(node)
 }
 
-/// A maintenance plan, or a maintenance drain, is checked against EC2's schedule.
+/// A maintenance plan, or a maintenance drain (running or done: after the maintenance our
+/// cordon goes), is checked against EC2's schedule.
 fn needs_schedule(node: &NodeMarks) -> bool {
     node.maintenance.is_some() || notice_kind(node) == Some(NoticeKind::ScheduledMaintenance)
 }
 
-/// The notice of a notice drain that is not over.
+/// The notice of a notice drain of this node's instance, running or done.
 fn notice_kind(node: &NodeMarks) -> Option<NoticeKind> {
     let checkpoint = node.checkpoint.as_ref()?;
-    if !checkpoint.action.is_notice() || checkpoint.completed_at.is_some() {
+    if !checkpoint.action.is_notice() {
         return None;
     }
     checkpoint.notice.as_ref().map(|n| n.kind)

@@ -4,7 +4,7 @@
 use k8s_openapi::api::core::v1::Node;
 
 use crate::instance_notice::maintenance::MaintenanceRecord;
-use crate::lifecycle::node::node_instance_id;
+use crate::lifecycle::node::{is_ready, node_instance_id};
 use crate::node_marks::MARKED_LABEL;
 use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of};
 use crate::node_marks::refresh::{RefreshMarks, refresh_marks_of};
@@ -23,6 +23,8 @@ pub struct NodeMarks {
     pub maintenance: Option<MaintenanceRecord>,
     /// Whether the node carries [`MARKED_LABEL`] (what the reconciler lists by).
     pub labelled: bool,
+    /// Whether the node is Ready (after a maintenance, our cordon stays until it is).
+    pub ready: bool,
 }
 
 impl NodeMarks {
@@ -38,6 +40,7 @@ impl NodeMarks {
                 .labels
                 .as_ref()
                 .is_some_and(|l| l.contains_key(MARKED_LABEL)),
+            ready: is_ready(node),
         }
     }
 

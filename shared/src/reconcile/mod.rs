@@ -10,7 +10,8 @@
 //! become ([`desired`], pure) and converges ([`converge`]): a mark whose reason is gone is
 //! removed (only what we did, only where still in place), a drain whose reason stands but
 //! which nobody runs is resumed (by the notice feature, [`crate::instance_notice::sweep`]).
-//! One node that fails is reported and skipped; the others converge.
+//! One node that fails is reported and skipped; the others converge. After a feature handled
+//! an event about a node, [`after_event`] reconciles that node alone, at once.
 
 pub mod converge;
 pub mod desired;
@@ -19,4 +20,6 @@ pub mod marks;
 pub mod run;
 
 pub use desired::{Action, AwsFacts, Fact, Policy, desired};
+pub use facts::KnownInstances;
 pub use marks::NodeMarks;
+pub use run::after_event;

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::converge;
 use super::desired::{Action, Policy, desired};
-use super::facts::{CallCounts, gather};
+use super::facts::{CallCounts, KnownInstances, gather, gather_knowing};
 use super::marks::NodeMarks;
 use crate::aws::{GroupActivity, InstanceNoticesBatch};
 use crate::instance_notice::maintenance::MAINTENANCE_LABEL;
@@ -22,6 +22,9 @@ use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, MARKED_LABEL};
 /// How long the writes of one node may take in all: a node that hangs is reported and the
 /// run goes on with the next.
 pub const NODE_BOUND: Duration = Duration::from_secs(30);
+
+/// How long reconciling one node after an event may take in all.
+pub const AFTER_EVENT_BOUND: Duration = Duration::from_secs(20);
 
 /// How long one list of nodes may take.
 const LIST_BOUND: Duration = Duration::from_secs(30);
@@ -94,6 +97,94 @@ where
     Ok(reconciled)
 }
 
+/// Reconciles node `name` alone, right after an event about it was handled, so a stale mark
+/// goes now rather than at the next scheduled run: its facts only (`known`, the instance's
+/// facts the event just read, are not asked again), within [`AFTER_EVENT_BOUND`]. The drains
+/// it finds due are left to the scheduled run. Never fails the event: what went wrong is
+/// logged, and the scheduled run tries again.
+pub async fn reconcile_node<E, A>(
+    client: &kube::Client,
+    ec2: &E,
+    autoscaling: &A,
+    policy: Policy,
+    name: &str,
+    known: Option<&KnownInstances>,
+) -> Reconciled
+where
+    E: InstanceNoticesBatch,
+    A: GroupActivity,
+{
+    let mut reconciled = Reconciled::default();
+    let run = async {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let Some(node) = nodes.get_opt(name).await? else {
+            return Ok(());
+        };
+        let marks = NodeMarks::of(&node);
+        if !marks.any() && !marks.labelled {
+            return Ok(());
+        }
+        let (mut facts, aws_calls) =
+            gather_knowing(ec2, autoscaling, std::slice::from_ref(&marks), known).await;
+        reconciled.aws_calls = aws_calls;
+        reconciled.nodes = 1;
+        let facts = facts.pop().unwrap_or_default();
+        let actions = desired(&marks, &facts, &policy, Timestamp::now());
+        converge_node(client, marks, actions, &mut reconciled).await;
+        Ok::<(), kube::Error>(())
+    };
+    match tokio::time::timeout(AFTER_EVENT_BOUND, run).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => {
+            tracing::warn!(step = "reconcile_failed", node = name, %error, "could not reconcile the node after the event: the scheduled run does");
+        }
+        Err(_) => {
+            tracing::warn!(
+                step = "reconcile_failed",
+                node = name,
+                "reconciling the node after the event took too long: the scheduled run does"
+            );
+        }
+    }
+    for drain in &reconciled.drains {
+        tracing::info!(
+            step = "reconcile",
+            node = name,
+            action = drain.action.name(),
+            "a drain is due: the scheduled run runs it"
+        );
+    }
+    reconciled
+}
+
+/// What a feature calls once it handled an event about node `found` (its marks as the
+/// event found them; `event_drained`: the event ran a notice drain, which decides on the
+/// node's drain record itself): the node is reconciled now ([`reconcile_node`]) if it
+/// carried a mark the event's handling did not look at (an instance refresh's record, a
+/// maintenance plan, a drain record the event left alone). `known`: the instance's facts
+/// the event just read.
+pub async fn after_event<E, A>(
+    client: &kube::Client,
+    ec2: &E,
+    autoscaling: &A,
+    policy: Policy,
+    found: &NodeMarks,
+    event_drained: bool,
+    known: Option<&KnownInstances>,
+) -> Option<Reconciled>
+where
+    E: InstanceNoticesBatch,
+    A: GroupActivity,
+{
+    let worth = found.refresh.is_some()
+        || found.maintenance.is_some()
+        || (found.checkpoint.is_some() && !event_drained);
+    if !worth {
+        return None;
+    }
+    Some(reconcile_node(client, ec2, autoscaling, policy, &found.node, known).await)
+}
+
 /// Applies one node's actions in order; the first failure ends that node's turn (a later
 /// action may depend on it) and is reported, the run goes on.
 async fn converge_node(
@@ -123,7 +214,9 @@ async fn converge_node(
     for action in actions {
         if matches!(
             action,
-            Action::DrainForMaintenance { .. } | Action::ResumeNoticeDrain { .. }
+            Action::DrainForMaintenance { .. }
+                | Action::ResumeNoticeDrain { .. }
+                | Action::DrainForSpotInterruption { .. }
         ) {
             reconciled.drains.push(DueDrain {
                 marks: marks.clone(),

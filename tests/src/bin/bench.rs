@@ -22,7 +22,8 @@ struct Args {
     #[arg(long)]
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
-    /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls, token.
+    /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls,
+    /// event-soak, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -89,10 +90,54 @@ async fn main() -> ExitCode {
     if wanted("notice-calls") {
         report(notice_calls(mode).await);
     }
+    if wanted("event-soak") {
+        report(event_soak(mode).await);
+    }
     if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The seeded event soak (issue 35) over more seeds than the test suite's fifty:
+/// `EVENT_SOAK_SEEDS` (default 5 quick, 500 full) from `EVENT_SOAK_SEED` (default 1).
+async fn event_soak(mode: Mode) -> Result<(), String> {
+    use node_manager_testkit::soak::events::run_seed;
+    let number = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let count = number("EVENT_SOAK_SEEDS", if mode == Mode::Full { 500 } else { 5 });
+    let first = number("EVENT_SOAK_SEED", 1);
+    let started = std::time::Instant::now();
+    let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
+    let mut failing = Vec::new();
+    for seed in first..first + count {
+        let report = run_seed(seed).await;
+        lost += report.lost;
+        duplicated += report.duplicated;
+        late += report.delayed;
+        brownouts += report.brownouts;
+        evictions += report.evictions;
+        for violation in &report.violations {
+            eprintln!("seed {seed}: {violation}");
+        }
+        if !report.violations.is_empty() {
+            failing.push(format!("seed {seed} ({})", report.rerun_hint()));
+        }
+    }
+    println!(
+        "## Event soak\n\n{count} seeds from {first} in {:.0} s: {lost} events lost, {duplicated} repeated, {late} late, {brownouts} brownouts, {evictions} evictions; {} seeds with violations\n",
+        started.elapsed().as_secs_f64(),
+        failing.len()
+    );
+    if failing.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("event soak: violations in {}", failing.join(", ")))
     }
 }
 

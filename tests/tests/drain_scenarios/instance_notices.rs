@@ -25,6 +25,16 @@ async fn spot_cluster(nginx_grace: i64) -> Scenario {
     s
 }
 
+/// The reference cluster, the instance a Spot instance of the group EC2 is not interrupting
+/// (its request fulfilled): a rebalance recommendation or a maintenance, not an interruption.
+async fn spot_cluster_kept(nginx_grace: i64) -> Scenario {
+    let s = spot_cluster(nginx_grace).await;
+    s.instances
+        .notices
+        .set_spot_status(SPOT_REQUEST, "fulfilled");
+    s
+}
+
 /// What EC2 answers about the instance: its state, its group, whether it is a Spot instance
 /// (with [`SPOT_REQUEST`]).
 fn set_facts(s: &Scenario, state: &str, group: Option<&str>, spot: bool) {
@@ -389,7 +399,7 @@ async fn events_of_other_clusters_and_unconfirmed_warnings_write_nothing() {
 
 #[tokio::test]
 async fn a_rebalance_cordon_is_undone_by_the_sweep_when_no_termination_follows() {
-    let s = spot_cluster(1).await;
+    let s = spot_cluster_kept(1).await;
     let drainer = s.drainer(&[("REBALANCE_UNDO_SECONDS", "1")]);
     let response = notice(&drainer, rebalance(), "req-1").await.unwrap();
     assert_eq!(outcome(&response), "CordonedOnly", "{response}");
@@ -426,7 +436,7 @@ async fn a_rebalance_cordon_is_undone_by_the_sweep_when_no_termination_follows()
 #[tokio::test]
 async fn a_rebalance_cordon_taken_over_by_the_termination_is_not_undone_and_someone_elses_cordon_stays()
  {
-    let s = spot_cluster(1).await;
+    let s = spot_cluster_kept(1).await;
     let drainer = s.drainer(&[("REBALANCE_UNDO_SECONDS", "1")]);
     assert_eq!(
         outcome(&notice(&drainer, rebalance(), "req-1").await.unwrap()),
@@ -465,7 +475,7 @@ async fn rebalance_none_leaves_the_node_and_drain_drains_it() {
 
 #[tokio::test]
 async fn scheduled_maintenance_is_planned_then_drained_by_the_sweep_and_a_past_one_is_ignored() {
-    let s = spot_cluster(1).await;
+    let s = spot_cluster_kept(1).await;
     let drainer = s.drainer(&[("MAINTENANCE_DRAIN_MARGIN_SECONDS", "3600")]);
     // EC2 confirms a retirement in two hours: planned, node left in service.
     let starts_at =
@@ -521,7 +531,7 @@ async fn scheduled_maintenance_is_planned_then_drained_by_the_sweep_and_a_past_o
 
 #[tokio::test]
 async fn a_plan_that_comes_due_is_drained_by_the_sweep_and_cleared() {
-    let s = spot_cluster(1).await;
+    let s = spot_cluster_kept(1).await;
     // Due one second from now, starting eight seconds from now.
     let starts_at = jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 8).unwrap();
     s.instances.notices.schedule(

@@ -126,6 +126,112 @@ async fn reconcile_a_rebalance_cordon_neither_swallows_a_running_refresh_nor_lif
     assert!(s.checkpoint().is_none());
 }
 
+/// A Health event far ahead, as AWS Health sends it.
+fn health_event(starts_at: jiff::Timestamp) -> Value {
+    let start = jiff::fmt::rfc2822::to_string(&starts_at.to_zoned(jiff::tz::TimeZone::UTC))
+        .unwrap()
+        .replace("+0000", "GMT");
+    json!({
+        "version": "0", "id": "h-2", "detail-type": "AWS Health Event", "source": "aws.health",
+        "account": "111111111111", "time": jiff::Timestamp::now().to_string(), "region": "eu-west-1",
+        "resources": [INSTANCE],
+        "detail": {
+            "eventArn": "arn:aws:health:eu-west-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/y",
+            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventTypeCategory": "scheduledChange", "startTime": start,
+            "affectedEntities": [{"entityValue": INSTANCE}],
+        }
+    })
+}
+
+/// Issue 35, reconcile after each event: a refresh's record whose end event was lost goes as
+/// soon as another event about the node is handled, without waiting for the schedule.
+#[tokio::test]
+async fn a_stale_mark_goes_right_after_an_event_about_its_node_without_a_tick() {
+    let s = reference_cluster(false, 1).await;
+    s.instances.notices.set_facts(
+        INSTANCE,
+        InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some(GROUP.into()),
+            ..InstanceFacts::default()
+        },
+    );
+    s.autoscaling.set_lifecycle_state(INSTANCE, "InService");
+    marked_by_refresh(&s);
+    // The refresh is over; its end event was lost.
+    s.autoscaling
+        .set_refresh_status(GROUP, REFRESH, "Successful");
+    let starts_at =
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + 2 * 86_400).unwrap();
+    s.instances.notices.schedule(
+        INSTANCE,
+        node_manager::aws::ScheduledInstanceEvent {
+            code: "instance-retirement".into(),
+            not_before: Some(starts_at),
+            description: "The instance is running on degraded hardware".into(),
+        },
+    );
+    let drainer = s.drainer(&[]);
+    let planned = run(&drainer, health_event(starts_at), "req-health").await;
+    assert_eq!(
+        planned["instances"][0]["outcome"], "MaintenancePlanned",
+        "{planned}"
+    );
+    let node = s.server.store().get::<Node>("", NODE).unwrap();
+    assert!(
+        refresh_marks_of(&node).is_none(),
+        "the lost end's marks are gone with the event"
+    );
+    assert!(!is_cordoned(&s), "the refresh's cordon is undone");
+    assert!(
+        node.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("open-node-manager.io/maintenance"),
+        "the event's own plan stays"
+    );
+}
+
+/// Found by the event soak: a Spot interruption warning lost, on a node with no mark of ours;
+/// the next scheduled run finds the request EC2 marks for interruption and drains the node.
+#[tokio::test]
+async fn a_lost_spot_warning_is_drained_by_the_next_scheduled_run() {
+    let s = reference_cluster(false, 1).await;
+    s.instances.notices.set_facts(
+        INSTANCE,
+        InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some(GROUP.into()),
+            spot_request_id: Some(SPOT_REQUEST.into()),
+            private_dns_name: None,
+        },
+    );
+    s.instances
+        .notices
+        .set_spot_status(SPOT_REQUEST, "marked-for-termination");
+    s.autoscaling.set_lifecycle_state(INSTANCE, "InService");
+    let drainer = s.drainer(&[]);
+    let swept = run(&drainer, tick(), "req-tick").await;
+    assert_eq!(swept["instances"][0]["instanceId"], INSTANCE, "{swept}");
+    assert_eq!(swept["instances"][0]["outcome"], "Drained", "{swept}");
+    assert_eq!(s.running_pods_on(NODE, "nginx-"), 0);
+    assert!(is_cordoned(&s));
+    // The request no longer marked (the instance is gone or kept): nothing more to drain.
+    s.instances
+        .notices
+        .set_spot_status(SPOT_REQUEST, "fulfilled");
+    let again = run(&drainer, tick(), "req-tick-2").await;
+    assert!(
+        again["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["outcome"] != "Drained"),
+        "{again}"
+    );
+}
+
 /// What one reconcile run costs in calls, for a cluster of `nodes` nodes of which `marked`
 /// carry a maintenance plan: (Kubernetes requests, AWS calls, wall time).
 async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
@@ -196,8 +302,13 @@ async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
 /// reconcile_calls --no-capture`).
 #[tokio::test]
 async fn reconcile_calls_grow_with_the_marked_nodes_not_with_the_cluster() {
+    let mut sizes = vec![(100, 0), (100, 10), (1000, 0), (1000, 10), (1000, 100)];
+    // The 5,000-node rows of BENCHMARKS.md: `RECONCILE_CALLS_FULL=1`.
+    if std::env::var_os("RECONCILE_CALLS_FULL").is_some() {
+        sizes.extend([(5000, 0), (5000, 10), (5000, 100)]);
+    }
     let mut rows = Vec::new();
-    for (nodes, marked) in [(100, 0), (100, 10), (1000, 0), (1000, 10), (1000, 100)] {
+    for (nodes, marked) in sizes {
         let (kube, aws, took) = cost_of_a_run(nodes, marked).await;
         println!(
             "reconcile run: {nodes} nodes, {marked} marked: {kube} Kubernetes requests, {aws} AWS calls, {took:?}"
@@ -225,4 +336,12 @@ async fn reconcile_calls_grow_with_the_marked_nodes_not_with_the_cluster() {
         (3, 0),
         "three label-selected lists, no AWS call"
     );
+    if rows.iter().any(|r| r.0 == 5000) {
+        assert_eq!(
+            of(5000, 10),
+            of(100, 10),
+            "ten marked: the same cost at 5,000 nodes"
+        );
+        assert_eq!(of(5000, 100), of(1000, 100));
+    }
 }

@@ -1,0 +1,377 @@
+//! The invariants the event soak checks at the end of each seed, against what AWS (the
+//! in-memory fakes) says now and what the fake API server holds and recorded:
+//!
+//! 1. `mark-without-reason`: no node carries a mark of ours whose reason AWS no longer reports;
+//! 2. `cordon-without-leaving`: no node is cordoned by us unless its instance is leaving or
+//!    about to;
+//! 3. `drain-not-running`: every drain whose reason stands (a pending lifecycle action, a
+//!    running Spot instance whose request is marked, a maintenance due) is running or done;
+//! 4. `lifecycle-not-drained`: every lifecycle action gets a full drain, completed once, with
+//!    PDBs honoured (evictions only, never a delete);
+//! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use node_manager::aws::{GroupActivity, InstanceFacts, InstanceNotices, ScheduledInstanceEvent};
+use node_manager::instance_notice::maintenance::announced_event;
+use node_manager::lifecycle::node::is_ready;
+use node_manager::node_marks::checkpoint::{DrainCheckpoint, NoticeKind};
+use node_manager::reconcile::NodeMarks;
+use node_manager::reconcile::desired::refresh_in_progress;
+
+use super::plan::{Fate, Member};
+use super::world::{EventWorld, MAINTENANCE_MARGIN};
+
+pub const MARK_WITHOUT_REASON: &str = "mark-without-reason";
+pub const CORDON_WITHOUT_LEAVING: &str = "cordon-without-leaving";
+pub const DRAIN_NOT_RUNNING: &str = "drain-not-running";
+pub const LIFECYCLE_NOT_DRAINED: &str = "lifecycle-not-drained";
+pub const EVICTION_FROM_KEPT_NODE: &str = "eviction-from-kept-node";
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.invariant, self.detail)
+    }
+}
+
+fn violation(invariant: &'static str, detail: String) -> Violation {
+    Violation { invariant, detail }
+}
+
+/// What AWS says now about one instance.
+struct Now {
+    instance: Option<InstanceFacts>,
+    lifecycle: Option<String>,
+    spot: Option<String>,
+    scheduled: Vec<ScheduledInstanceEvent>,
+    pending_action: bool,
+}
+
+impl Now {
+    fn running(&self) -> bool {
+        self.instance.as_ref().and_then(|i| i.state.as_deref()) == Some("running")
+    }
+
+    fn spot_marked(&self) -> bool {
+        self.spot
+            .as_deref()
+            .is_some_and(|s| s.starts_with("marked-for-"))
+    }
+
+    fn maintenance_pending(&self) -> bool {
+        self.scheduled
+            .iter()
+            .any(ScheduledInstanceEvent::is_pending)
+    }
+
+    fn maintenance_due(&self, now: Timestamp) -> bool {
+        self.scheduled.iter().filter(|e| e.is_pending()).any(|e| {
+            e.not_before
+                .is_some_and(|at| now >= at.checked_sub(MAINTENANCE_MARGIN).unwrap_or(at))
+        })
+    }
+
+    /// Leaving or about to: terminating, not running, Spot-marked, maintenance pending.
+    fn leaving(&self) -> bool {
+        self.pending_action
+            || self
+                .lifecycle
+                .as_deref()
+                .is_some_and(|s| s.starts_with("Terminating"))
+            || !self.running()
+            || self.spot_marked()
+            || self.maintenance_pending()
+    }
+}
+
+async fn aws_now(world: &EventWorld, member: &Member) -> Now {
+    let notices = &world.instances.notices;
+    let id = &member.instance_id;
+    let instance = notices.instance_facts(id).await.ok().flatten();
+    let spot = match member.spot_request() {
+        Some(request) => notices.spot_request_status(&request).await.ok().flatten(),
+        None => None,
+    };
+    let lifecycle = world
+        .autoscaling
+        .lifecycle_states(std::slice::from_ref(id))
+        .await
+        .ok()
+        .and_then(|mut m| m.remove(id));
+    Now {
+        instance,
+        lifecycle,
+        spot,
+        scheduled: notices.scheduled_events(id).await.unwrap_or_default(),
+        pending_action: world.autoscaling.is_pending(&member.action()),
+    }
+}
+
+async fn refresh_runs(world: &EventWorld, marks: &NodeMarks) -> Option<bool> {
+    let record = marks.refresh.as_ref()?;
+    let status = world
+        .autoscaling
+        .instance_refresh_status(&record.auto_scaling_group_name, &record.instance_refresh_id)
+        .await
+        .ok()
+        .flatten();
+    Some(status.as_deref().is_some_and(refresh_in_progress))
+}
+
+/// Checks every invariant; `evicted_from` maps each pod the soak saw to its node, and
+/// `recorded` holds what was seen wrong while the seed ran (a completion with pods left).
+pub async fn check(
+    world: &EventWorld,
+    evicted_from: &BTreeMap<String, String>,
+    recorded: &[Violation],
+) -> Vec<Violation> {
+    let mut found = recorded.to_vec();
+    let now = Timestamp::now();
+    let nodes: BTreeMap<String, Node> = world
+        .server
+        .store()
+        .list::<Node>()
+        .into_iter()
+        .filter_map(|n| Some((n.metadata.name.clone()?, n)))
+        .collect();
+    for member in &world.fleet {
+        let aws = aws_now(world, member).await;
+        if let Some(node) = nodes.get(&member.node) {
+            let marks = NodeMarks::of(node);
+            let refresh = refresh_runs(world, &marks).await;
+            found.extend(marks_have_reasons(&marks, &aws, refresh, now));
+            found.extend(cordon_is_ours_and_leaving(node, &marks, &aws, refresh, now));
+            found.extend(drain_runs_or_done(world, member, &marks, &aws, now));
+        }
+        found.extend(lifecycle_drained(world, member));
+    }
+    found.extend(evictions_from_replaced_nodes(world, evicted_from));
+    found
+}
+
+/// Invariant 1 for one node.
+fn marks_have_reasons(
+    marks: &NodeMarks,
+    aws: &Now,
+    refresh_runs: Option<bool>,
+    now: Timestamp,
+) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let node = &marks.node;
+    if refresh_runs == Some(false) {
+        out.push(violation(
+            MARK_WITHOUT_REASON,
+            format!("{node}: an instance refresh's record, the refresh is over"),
+        ));
+    }
+    if let Some(plan) = &marks.maintenance {
+        let stands = announced_event(&aws.scheduled, &plan.type_code, Some(plan.starts_at))
+            .is_some_and(|e| e.not_before.unwrap_or(plan.starts_at) > now);
+        if !stands {
+            out.push(violation(
+                MARK_WITHOUT_REASON,
+                format!("{node}: a maintenance plan EC2 no longer schedules"),
+            ));
+        }
+    }
+    if let Some(checkpoint) = &marks.checkpoint
+        && let Some(why) = record_without_reason(checkpoint, marks, aws, refresh_runs, now)
+    {
+        out.push(violation(MARK_WITHOUT_REASON, format!("{node}: {why}")));
+    }
+    out
+}
+
+/// Why a drain record's reason is gone (`None`: it stands).
+fn record_without_reason(
+    checkpoint: &DrainCheckpoint,
+    marks: &NodeMarks,
+    aws: &Now,
+    refresh_runs: Option<bool>,
+    now: Timestamp,
+) -> Option<String> {
+    if !checkpoint.action.is_notice() {
+        return (!aws.pending_action && aws.running())
+            .then(|| "a lifecycle drain's record, its action neither pending nor done".to_owned());
+    }
+    let notice = checkpoint.notice.as_ref()?;
+    let stands = match notice.kind {
+        NoticeKind::SpotInterruption => aws.spot_marked() || !aws.running(),
+        NoticeKind::InstanceStopping => !aws.running(),
+        NoticeKind::ScheduledMaintenance => {
+            aws.maintenance_pending()
+                || !aws.running()
+                || (checkpoint.completed_at.is_some() && !marks.ready)
+        }
+        NoticeKind::RebalanceRecommendation if notice.cordon_only => {
+            now < checkpoint.deadline || aws.leaving() || refresh_runs == Some(true)
+        }
+        NoticeKind::RebalanceRecommendation => true,
+    };
+    (!stands).then(|| {
+        format!(
+            "a {:?} drain record AWS no longer gives a reason for",
+            notice.kind
+        )
+    })
+}
+
+/// Invariant 2 for one node.
+fn cordon_is_ours_and_leaving(
+    node: &Node,
+    marks: &NodeMarks,
+    aws: &Now,
+    refresh_runs: Option<bool>,
+    now: Timestamp,
+) -> Option<Violation> {
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    if !cordoned {
+        return None;
+    }
+    let name = &marks.node;
+    let by_drain = marks
+        .checkpoint
+        .as_ref()
+        .and_then(|c| c.out_of_service.as_ref())
+        .is_some_and(|o| o.cordoned);
+    let by_refresh = marks
+        .refresh
+        .as_ref()
+        .is_some_and(|r| r.out_of_service.cordoned);
+    if !by_drain && !by_refresh {
+        return Some(violation(
+            CORDON_WITHOUT_LEAVING,
+            format!("{name}: cordoned, and no record of ours says so"),
+        ));
+    }
+    let rebalance_holds = marks
+        .checkpoint
+        .as_ref()
+        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only) && now < c.deadline);
+    let maintenance_not_over = marks.checkpoint.as_ref().is_some_and(|c| {
+        c.notice
+            .as_ref()
+            .is_some_and(|n| n.kind == NoticeKind::ScheduledMaintenance)
+    }) && !is_ready(node);
+    if aws.leaving() || refresh_runs == Some(true) || rebalance_holds || maintenance_not_over {
+        return None;
+    }
+    Some(violation(
+        CORDON_WITHOUT_LEAVING,
+        format!("{name}: cordoned by us, its instance stays"),
+    ))
+}
+
+/// Pods on `node` a drain must evict: running, not being deleted.
+fn evictable_on(world: &EventWorld, node: &str) -> Vec<String> {
+    world
+        .server
+        .store()
+        .list::<Pod>()
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
+/// Invariant 3 for one member.
+fn drain_runs_or_done(
+    world: &EventWorld,
+    member: &Member,
+    marks: &NodeMarks,
+    aws: &Now,
+    now: Timestamp,
+) -> Option<Violation> {
+    // A stopped instance is not asked for: its pods went with it (the drain is for the
+    // stopping notice's moment, before the instance is down).
+    let stands =
+        aws.pending_action || (aws.spot_marked() && aws.running()) || aws.maintenance_due(now);
+    if !stands {
+        return None;
+    }
+    let running_or_done = marks.checkpoint.as_ref().is_some_and(|c| {
+        c.completed_at.is_some() || (c.lease.holder.is_some() && now < c.lease.expires_at())
+    });
+    let left = evictable_on(world, &member.node);
+    if running_or_done || left.is_empty() {
+        return None;
+    }
+    Some(violation(
+        DRAIN_NOT_RUNNING,
+        format!(
+            "{}: a drain stands ({:?}) and nobody runs it; pods left: {}",
+            member.node,
+            member.fate,
+            left.join(", ")
+        ),
+    ))
+}
+
+/// Invariant 4 for one member: its action, if it has one, completed once with CONTINUE.
+fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let action = member.action();
+    let completions: Vec<_> = world
+        .autoscaling
+        .completions()
+        .into_iter()
+        .filter(|c| c.action.instance_id == action.instance_id)
+        .collect();
+    let expected = usize::from(member.fate == Fate::ScaleIn);
+    if completions.len() != expected || world.autoscaling.is_pending(&action) {
+        out.push(violation(
+            LIFECYCLE_NOT_DRAINED,
+            format!(
+                "{}: {} completions of its lifecycle action, {expected} expected (pending: {})",
+                member.instance_id,
+                completions.len(),
+                world.autoscaling.is_pending(&action)
+            ),
+        ));
+    }
+    out
+}
+
+/// Invariant 4's PDB half and invariant 5, from the audit log.
+fn evictions_from_replaced_nodes(
+    world: &EventWorld,
+    evicted_from: &BTreeMap<String, String>,
+) -> Vec<Violation> {
+    let audit = world.server.audit();
+    let mut out: Vec<Violation> = audit
+        .requests("delete", "pods")
+        .iter()
+        .filter(|e| e.user.username == "terminating-hook")
+        .map(|e| {
+            violation(
+                LIFECYCLE_NOT_DRAINED,
+                format!("pod {} deleted past its PDB", e.name()),
+            )
+        })
+        .collect();
+    for eviction in audit.subresource_requests("pods", "eviction") {
+        if eviction.user.username != "terminating-hook" || !(200..300).contains(&eviction.code()) {
+            continue;
+        }
+        let pod = eviction.name();
+        let node = evicted_from.get(pod).map(String::as_str).unwrap_or("?");
+        let fate = world.fleet.iter().find(|m| m.node == node).map(|m| &m.fate);
+        if !fate.is_some_and(Fate::may_be_drained) {
+            out.push(violation(
+                EVICTION_FROM_KEPT_NODE,
+                format!("pod {pod} evicted from {node} ({fate:?}), which nobody replaces"),
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,142 @@
+//! The seeded event soak (issue 35): every kind of event the terminating hook gets (lifecycle
+//! notifications and the drain's own continuations, Spot warnings, rebalance
+//! recommendations, stopping notifications, AWS Health scheduled changes, schedule ticks) and
+//! an instance refresh's start and end, each lost, repeated (at once: concurrently) or late,
+//! failed invocations retried as Lambda does, and API brownouts (429 and 5xx on the fake API
+//! server, failures of the AWS fakes). The shared crate's handlers run in process over the
+//! test kit's fake API server and the in-memory AWS, so fifty seeds fit in the test suite.
+//!
+//! After the events, one schedule tick with nothing else going on (one reconcile period),
+//! then the invariants of [`check`]. A seed is reproducible: `EVENT_SOAK_SEED=N
+//! EVENT_SOAK_SEEDS=1` reruns it alone.
+
+pub mod check;
+pub mod deliver;
+pub mod plan;
+pub mod world;
+
+use std::time::{Duration, Instant};
+
+use check::Violation;
+use deliver::{Player, final_tick};
+use plan::{Fate, plan};
+use world::{EventWorld, LEASE, REBALANCE_UNDO};
+
+/// What one seed did and found.
+#[derive(Debug)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub fates: Vec<Fate>,
+    pub steps: usize,
+    pub lost: usize,
+    pub duplicated: usize,
+    pub delayed: usize,
+    pub invocations: usize,
+    pub failed_invocations: usize,
+    pub continuations: usize,
+    pub brownouts: usize,
+    pub evictions: usize,
+    pub violations: Vec<Violation>,
+    pub elapsed: Duration,
+}
+
+impl SeedReport {
+    /// How to run this seed alone.
+    pub fn rerun_hint(&self) -> String {
+        format!(
+            "EVENT_SOAK_SEED={} EVENT_SOAK_SEEDS=1 cargo test -p node-manager-testkit --test reliability_event_soak event_soak -- --nocapture",
+            self.seed
+        )
+    }
+}
+
+/// Plays seed `seed` and checks the invariants after one quiet reconcile period.
+pub async fn run_seed(seed: u64) -> SeedReport {
+    let started = Instant::now();
+    let plan = plan(seed);
+    let world = EventWorld::start(plan.fleet.clone()).await;
+    let watcher = PodWatcher::start(world.server.store().clone());
+    let mut player = Player::new(&world);
+    player.play(&plan.steps).await;
+    // Auto Scaling terminates what it completed the action of.
+    for member in &world.fleet {
+        let done = world
+            .autoscaling
+            .completions()
+            .iter()
+            .any(|c| c.action.instance_id == member.instance_id);
+        if done {
+            player.terminate(member).await;
+        }
+    }
+    // Quiet: leases lapse and rebalance cordons reach their time; then one reconcile period.
+    tokio::time::sleep(LEASE.max(REBALANCE_UNDO) + Duration::from_millis(300)).await;
+    let mut violations = Vec::new();
+    if let Err(error) = final_tick(&world).await {
+        violations.push(Violation {
+            invariant: "final-tick",
+            detail: format!("the quiet schedule tick failed: {error}"),
+        });
+    }
+    let mut played = player.played;
+    played.pods.extend(watcher.stop().await);
+    violations.extend(check::check(&world, &played.pods, &played.violations).await);
+    let evictions = world
+        .server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .iter()
+        .filter(|e| e.user.username == "terminating-hook" && (200..300).contains(&e.code()))
+        .count();
+    world.server.shutdown();
+    SeedReport {
+        seed,
+        fates: plan.fleet.iter().map(|m| m.fate.clone()).collect(),
+        steps: plan.steps.len(),
+        lost: plan.lost,
+        duplicated: plan.duplicated,
+        delayed: plan.delayed,
+        invocations: played.invocations,
+        failed_invocations: played.failed_invocations,
+        continuations: played.continuations,
+        brownouts: played.brownouts,
+        evictions,
+        violations,
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Every pod's node, noted every few milliseconds while a seed plays: a replacement pod can
+/// be created, scheduled and evicted again between two steps.
+struct PodWatcher {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::collections::BTreeMap<String, String>>,
+}
+
+impl PodWatcher {
+    fn start(store: crate::kube::Store) -> Self {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut seen = std::collections::BTreeMap::new();
+            loop {
+                for pod in store.list::<k8s_openapi::api::core::v1::Pod>() {
+                    if let (Some(name), Some(node)) =
+                        (pod.metadata.name, pod.spec.and_then(|s| s.node_name))
+                    {
+                        seen.insert(name, node);
+                    }
+                }
+                tokio::select! {
+                    _ = &mut stopped => return seen,
+                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> std::collections::BTreeMap<String, String> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
+    }
+}

@@ -1,0 +1,210 @@
+//! The seeded event soak (`node_manager_testkit::soak::events`, issue 35): lost, repeated,
+//! late and reordered events of every kind, failed invocations retried, API brownouts; after
+//! one quiet reconcile period every invariant holds. Fifty seeds by default:
+//!
+//! ```sh
+//! EVENT_SOAK_SEEDS=500 cargo test -p node-manager-testkit --release --test reliability_event_soak event_soak -- --nocapture
+//! ```
+//! (`EVENT_SOAK_SEED=N` starts at another seed; a failing seed prints how to rerun it alone.)
+//! The checker's own test plants one violation of each invariant and sees it reported.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use node_manager::aws::InstanceFacts;
+use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
+use node_manager_testkit::soak::events::check::{
+    self, CORDON_WITHOUT_LEAVING, DRAIN_NOT_RUNNING, EVICTION_FROM_KEPT_NODE,
+    LIFECYCLE_NOT_DRAINED, MARK_WITHOUT_REASON,
+};
+use node_manager_testkit::soak::events::plan::{Fate, Member};
+use node_manager_testkit::soak::events::world::{EventWorld, GROUP};
+use node_manager_testkit::soak::events::{SeedReport, run_seed};
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn print(report: &SeedReport) {
+    println!(
+        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions; {} violations; {:.1}s",
+        report.seed,
+        report.fates,
+        report.steps,
+        report.lost,
+        report.duplicated,
+        report.delayed,
+        report.invocations,
+        report.failed_invocations,
+        report.continuations,
+        report.brownouts,
+        report.evictions,
+        report.violations.len(),
+        report.elapsed.as_secs_f64()
+    );
+    for violation in &report.violations {
+        println!("  VIOLATION seed {}: {violation}", report.seed);
+    }
+    if !report.violations.is_empty() {
+        println!("  rerun alone: {}", report.rerun_hint());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_soak_keeps_every_invariant() {
+    let count = env_number("EVENT_SOAK_SEEDS", 50);
+    let first = env_number("EVENT_SOAK_SEED", 1);
+    // A few seeds at a time (each is its own world), each printed as it ends.
+    let mut reports = futures::stream::iter(first..first + count)
+        .map(run_seed)
+        .buffer_unordered(4);
+    let mut failing = Vec::new();
+    let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
+    while let Some(report) = reports.next().await {
+        let report = &report;
+        print(report);
+        lost += report.lost;
+        duplicated += report.duplicated;
+        late += report.delayed;
+        brownouts += report.brownouts;
+        evictions += report.evictions;
+        if !report.violations.is_empty() {
+            failing.push(format!(
+                "seed {}: {:?}\n  rerun alone: {}",
+                report.seed,
+                report.violations,
+                report.rerun_hint()
+            ));
+        }
+    }
+    println!(
+        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {} failing seeds",
+        failing.len()
+    );
+    if count >= 20 {
+        assert!(
+            lost > 0 && duplicated > 0 && late > 0 && brownouts > 0 && evictions > 0,
+            "the soak exercised too little"
+        );
+    }
+    assert!(failing.is_empty(), "{}", failing.join("\n"));
+}
+
+fn member(i: u32, fate: Fate) -> Member {
+    Member {
+        instance_id: format!("i-0feed000000000{i:02}"),
+        node: format!("ip-10-99-0-{i}.eu-west-1.compute.internal"),
+        fate,
+    }
+}
+
+/// A rebalance cordon's record, past its time, as a lost or failed sweep leaves it.
+fn stale_rebalance_cordon(instance: &str) -> String {
+    use node_manager::node_marks::checkpoint::{
+        DrainCheckpoint, InstanceNotice, NoticeKind, OutOfService, notice_action,
+    };
+    let past = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
+    let mut record = DrainCheckpoint::start(
+        &notice_action(GROUP, instance),
+        past,
+        Duration::ZERO,
+        "req-planted",
+        Duration::from_secs(60),
+    )
+    .released(past);
+    record.notice = Some(InstanceNotice {
+        kind: NoticeKind::RebalanceRecommendation,
+        received_at: past,
+        instance_ends_at: None,
+        cordon_only: true,
+    });
+    record.out_of_service = Some(OutOfService {
+        cordoned: true,
+        ..OutOfService::default()
+    });
+    serde_json::to_string(&record).unwrap()
+}
+
+/// Each invariant can fail: with the reconciler never run, one planted violation of each is
+/// reported by the checker.
+#[tokio::test]
+async fn the_checker_reports_a_planted_violation_of_each_invariant() {
+    let kept = member(1, Fate::Stays);
+    let spot = member(2, Fate::SpotInterrupted { terminated: false });
+    let scaled = member(3, Fate::ScaleIn);
+    let world = EventWorld::start(vec![kept.clone(), spot.clone(), scaled.clone()]).await;
+    let store = world.server.store();
+
+    // 1 and 2: a stale rebalance cordon on a node that stays.
+    store
+        .modify::<Node>("", &kept.node, |node| {
+            node.metadata.annotations.get_or_insert_default().insert(
+                CHECKPOINT_ANNOTATION.into(),
+                stale_rebalance_cordon(&kept.instance_id),
+            );
+            node.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .unwrap();
+    let planted = store.get::<Node>("", &kept.node).unwrap();
+    assert!(
+        node_manager::reconcile::NodeMarks::of(&planted)
+            .checkpoint
+            .is_some(),
+        "the planted record parses"
+    );
+    // 3: EC2 marks a Spot request for termination, nobody drains.
+    world.instances.notices.set_facts(
+        &spot.instance_id,
+        InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some(GROUP.into()),
+            spot_request_id: spot.spot_request(),
+            private_dns_name: None,
+        },
+    );
+    world
+        .instances
+        .notices
+        .set_spot_status(&spot.spot_request().unwrap(), "marked-for-termination");
+    // 4: a lifecycle action nobody completes.
+    world.autoscaling.start_action(&scaled.action());
+    // 5: a pod evicted, as the terminating hook, from the node that stays.
+    let pod = store
+        .list::<Pod>()
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&kept.node))
+        .unwrap();
+    let name = pod.metadata.name.clone().unwrap();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(world.client.clone(), "default");
+    pods.evict(&name, &Default::default()).await.unwrap();
+    let seen = BTreeMap::from([(name, kept.node.clone())]);
+
+    let found = check::check(&world, &seen, &[]).await;
+    let invariants: std::collections::BTreeSet<&str> = found.iter().map(|v| v.invariant).collect();
+    for expected in [
+        MARK_WITHOUT_REASON,
+        CORDON_WITHOUT_LEAVING,
+        DRAIN_NOT_RUNNING,
+        LIFECYCLE_NOT_DRAINED,
+        EVICTION_FROM_KEPT_NODE,
+    ] {
+        assert!(
+            invariants.contains(expected),
+            "{expected} not reported: {found:#?}"
+        );
+    }
+}
+
+/// A clean world breaks no invariant (the checker does not cry wolf).
+#[tokio::test]
+async fn the_checker_reports_nothing_on_a_world_where_nothing_happened() {
+    let world = EventWorld::start(vec![member(1, Fate::Stays), member(2, Fate::Rebalanced)]).await;
+    let found = check::check(&world, &BTreeMap::new(), &[]).await;
+    assert!(found.is_empty(), "{found:#?}");
+}
