@@ -1233,41 +1233,37 @@ fn refresh_description(
     let instance_refresh_id = refresh.instance_refresh_id()?;
     let preferences = refresh.preferences();
     Some(InstanceRefreshDescription {
-            instance_refresh_id: instance_refresh_id.to_owned(),
-            auto_scaling_group_name: refresh
-                .auto_scaling_group_name()
-                .unwrap_or(group_name)
-                .to_owned(),
-            status: refresh
-                .status()
-                .map(|s| s.as_str().to_owned())
-                .unwrap_or_default(),
-            start_time: refresh.start_time().and_then(|at| {
-                jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok()
-            }),
-            min_healthy_percentage: percentage(
-                preferences.and_then(|p| p.min_healthy_percentage()),
-            ),
-            max_healthy_percentage: percentage(
-                preferences.and_then(|p| p.max_healthy_percentage()),
-            ),
-            skip_matching: preferences.and_then(|p| p.skip_matching()).unwrap_or(false),
-            scale_in_protected_instances: preferences
-                .and_then(|p| p.scale_in_protected_instances())
-                .map(|v| v.as_str().to_owned()),
-            standby_instances: preferences
-                .and_then(|p| p.standby_instances())
-                .map(|v| v.as_str().to_owned()),
-            desired_launch_template: launch_template_of(
-                refresh
-                    .desired_configuration()
-                    .and_then(|c| c.launch_template()),
-            ),
-            desired_mixed_instances_policy: mixed_instances_policy_of(
-                refresh
-                    .desired_configuration()
-                    .and_then(|c| c.mixed_instances_policy()),
-            ),
+        instance_refresh_id: instance_refresh_id.to_owned(),
+        auto_scaling_group_name: refresh
+            .auto_scaling_group_name()
+            .unwrap_or(group_name)
+            .to_owned(),
+        status: refresh
+            .status()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default(),
+        start_time: refresh
+            .start_time()
+            .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok()),
+        min_healthy_percentage: percentage(preferences.and_then(|p| p.min_healthy_percentage())),
+        max_healthy_percentage: percentage(preferences.and_then(|p| p.max_healthy_percentage())),
+        skip_matching: preferences.and_then(|p| p.skip_matching()).unwrap_or(false),
+        scale_in_protected_instances: preferences
+            .and_then(|p| p.scale_in_protected_instances())
+            .map(|v| v.as_str().to_owned()),
+        standby_instances: preferences
+            .and_then(|p| p.standby_instances())
+            .map(|v| v.as_str().to_owned()),
+        desired_launch_template: launch_template_of(
+            refresh
+                .desired_configuration()
+                .and_then(|c| c.launch_template()),
+        ),
+        desired_mixed_instances_policy: mixed_instances_policy_of(
+            refresh
+                .desired_configuration()
+                .and_then(|c| c.mixed_instances_policy()),
+        ),
     })
 }
 

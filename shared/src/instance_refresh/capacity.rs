@@ -103,11 +103,7 @@ fn resources_of(map: Option<&BTreeMap<String, Quantity>>, pods: u64, unknown: u6
 }
 
 fn requests_of(resources: Option<&ResourceRequirements>) -> Resources {
-    resources_of(
-        resources.and_then(|r| r.requests.as_ref()),
-        0,
-        u64::MAX,
-    )
+    resources_of(resources.and_then(|r| r.requests.as_ref()), 0, u64::MAX)
 }
 
 /// What the scheduler reserves for `pod`: containers' requests summed, or the largest init
@@ -119,12 +115,9 @@ pub fn pod_request(pod: &Pod) -> Resources {
             ..Resources::default()
         };
     };
-    let containers = spec
-        .containers
-        .iter()
-        .fold(Resources::default(), |sum, c| {
-            sum.plus(&requests_of(c.resources.as_ref()))
-        });
+    let containers = spec.containers.iter().fold(Resources::default(), |sum, c| {
+        sum.plus(&requests_of(c.resources.as_ref()))
+    });
     let init = spec
         .init_containers
         .iter()
@@ -182,13 +175,11 @@ pub fn allocatable(node: &Node) -> Resources {
 pub fn accepts_new_pods(node: &Node) -> bool {
     let spec = node.spec.as_ref();
     let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
-    let repelling = spec
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|taints| {
-            taints
-                .iter()
-                .any(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
-        });
+    let repelling = spec.and_then(|s| s.taints.as_ref()).is_some_and(|taints| {
+        taints
+            .iter()
+            .any(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
+    });
     crate::lifecycle::node::is_ready(node) && !cordoned && !repelling
 }
 
@@ -306,7 +297,10 @@ mod tests {
             "an unreadable quantity is no room"
         );
         assert!(!accepts_new_pods(&node(json!({}), "False")));
-        assert!(!accepts_new_pods(&node(json!({"unschedulable": true}), "True")));
+        assert!(!accepts_new_pods(&node(
+            json!({"unschedulable": true}),
+            "True"
+        )));
         assert!(!accepts_new_pods(&node(
             json!({"taints": [{"key": "k", "effect": "NoSchedule"}]}),
             "True"

@@ -65,7 +65,10 @@ impl RefreshEventKind {
     pub fn plans(self) -> bool {
         matches!(
             self,
-            Self::Started | Self::CheckpointReached | Self::InstanceLaunched | Self::InstanceTerminated
+            Self::Started
+                | Self::CheckpointReached
+                | Self::InstanceLaunched
+                | Self::InstanceTerminated
         )
     }
 

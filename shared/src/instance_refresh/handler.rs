@@ -228,7 +228,10 @@ where
             None => return Ok(RefreshReport::new(event, "NoRefresh", no_refresh(event))),
         }
     } else {
-        (event.clone(), describe_refresh(&ctx.autoscaling, event).await?)
+        (
+            event.clone(),
+            describe_refresh(&ctx.autoscaling, event).await?,
+        )
     };
     let event = &event;
     if event.kind.ends_replacement() {

@@ -9,9 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
 
+use super::capacity::survey;
 use super::event::RefreshEvent;
 use super::handler::{RefreshError, RefreshReport, UnmarkedNode};
-use super::capacity::survey;
 use super::plan::MarkPlan;
 use super::room::choose;
 use crate::lifecycle::node::node_instance_id;
@@ -42,7 +42,9 @@ pub(super) async fn list_nodes(
     nodes: &Api<Node>,
     params: ListParams,
 ) -> Result<Vec<Node>, RefreshError> {
-    list_all(nodes, params).await.map_err(RefreshError::ListNodes)
+    list_all(nodes, params)
+        .await
+        .map_err(RefreshError::ListNodes)
 }
 
 /// Chooses with the room rule which outdated nodes to mark (filling the plan's `mark` and
@@ -79,7 +81,16 @@ pub(super) async fn mark_outdated(
     let mut failures = Vec::new();
     for instance_id in &mark_plan.mark {
         if let Some(node) = by_instance.get(instance_id.as_str()) {
-            mark_one(nodes, node, event, instance_id, taint, report, &mut failures).await;
+            mark_one(
+                nodes,
+                node,
+                event,
+                instance_id,
+                taint,
+                report,
+                &mut failures,
+            )
+            .await;
         }
     }
     for node in &listed {
