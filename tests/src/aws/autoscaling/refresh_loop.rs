@@ -19,6 +19,12 @@ use crate::aws::{Shared, lock};
 /// How often the loop looks at the instances it waits for.
 pub(super) const POLL: Duration = Duration::from_millis(10);
 
+/// How long after reporting the refresh started (`InProgress`, the Started event) the loop
+/// begins its first batch. On AWS the first replacement activity comes seconds after the
+/// start; without a pause here, the first termination would always begin before a
+/// subscriber of the Started event could act on it.
+const FIRST_BATCH_AFTER: Duration = Duration::from_millis(300);
+
 /// What the loop works from, fixed at the start.
 pub(super) struct Plan {
     pub(super) id: String,
@@ -41,6 +47,7 @@ pub(super) async fn run(shared: Weak<Shared>, plan: Plan) {
     if !set_in_progress(&shared, &plan) {
         return;
     }
+    tokio::time::sleep(FIRST_BATCH_AFTER).await;
     let mut queue = plan.outdated.iter();
     let end = loop {
         if cancelling(&shared, &plan.id) {
