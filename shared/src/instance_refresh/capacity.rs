@@ -7,7 +7,7 @@
 //! the scheduler reserves for it: the larger of the sum of its containers' requests and
 //! its largest init container's, plus the pod's `overhead`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -184,12 +184,12 @@ pub fn accepts_new_pods(node: &Node) -> bool {
 }
 
 /// The room rule's inputs from the cluster: the free capacity of every node that accepts
-/// new pods and is not `outdated` (by instance id), and each outdated node with a Node,
-/// whether it is out of service and the requests of the pods its drain would move.
+/// new pods and is not `outdated` (instance id → launch time), and each outdated node with
+/// a Node, whether it is out of service and the requests of the pods its drain would move.
 pub fn survey(
     nodes: &[Node],
     pods: &[Pod],
-    outdated: &BTreeSet<&str>,
+    outdated: &BTreeMap<&str, Option<jiff::Timestamp>>,
 ) -> (Vec<Resources>, Vec<super::room::OutdatedNode>) {
     let mut on_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
     for pod in pods.iter().filter(|p| holds_a_place(p)) {
@@ -203,9 +203,10 @@ pub fn survey(
         let name = node.metadata.name.as_deref().unwrap_or_default();
         let bound = on_node.get(name).map(Vec::as_slice).unwrap_or_default();
         let instance = crate::lifecycle::node::node_instance_id(node);
-        match instance.filter(|id| outdated.contains(id)) {
-            Some(instance_id) => outdated_nodes.push(super::room::OutdatedNode {
+        match instance.and_then(|id| Some((id, outdated.get(id)?))) {
+            Some((instance_id, launched)) => outdated_nodes.push(super::room::OutdatedNode {
                 instance_id: instance_id.to_owned(),
+                launched: *launched,
                 out_of_service: node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
                 pods_to_move: bound
                     .iter()
@@ -309,5 +310,80 @@ mod tests {
             json!({"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}),
             "True"
         )));
+    }
+
+    #[test]
+    fn the_survey_counts_room_on_nodes_that_stay_and_the_pods_a_drain_moves() {
+        let node = |name: &str, instance: &str, spec: serde_json::Value| -> Node {
+            let mut spec = spec;
+            spec["providerID"] = json!(format!("aws:///eu-west-1a/{instance}"));
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": spec,
+                "status": {
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                    "allocatable": {"cpu": "2", "memory": "4Gi", "pods": "10"},
+                },
+            }))
+            .unwrap()
+        };
+        let pod = |name: &str, node: &str, extra: serde_json::Value| -> Pod {
+            let mut value = json!({
+                "metadata": {"name": name, "namespace": "app"},
+                "spec": {"nodeName": node, "containers": [
+                    {"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}
+                ]},
+                "status": {"phase": "Running"},
+            });
+            if let Some(object) = extra.as_object() {
+                for (key, part) in object {
+                    for (field, v) in part.as_object().unwrap() {
+                        value[key][field] = v.clone();
+                    }
+                }
+            }
+            serde_json::from_value(value).unwrap()
+        };
+        let daemon = json!({"metadata": {"ownerReferences": [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "u", "controller": true}
+        ]}});
+        let nodes = vec![
+            node("old", "i-0000000000000000a", json!({})),
+            node("new", "i-0000000000000000b", json!({})),
+            node(
+                "cordoned",
+                "i-0000000000000000c",
+                json!({"unschedulable": true}),
+            ),
+        ];
+        let pods = vec![
+            pod("web", "old", json!({})),
+            pod("ds-old", "old", daemon.clone()),
+            pod("done", "old", json!({"status": {"phase": "Succeeded"}})),
+            pod("ds-new", "new", daemon),
+            pod("busy", "cordoned", json!({})),
+        ];
+        let outdated = BTreeMap::from([("i-0000000000000000a", None)]);
+        let (room, outdated_nodes) = survey(&nodes, &pods, &outdated);
+        assert_eq!(
+            room,
+            vec![Resources {
+                cpu_millis: 1500,
+                memory_bytes: 3 << 30,
+                pods: 9
+            }],
+            "only the new node is room, less its DaemonSet pod"
+        );
+        assert_eq!(outdated_nodes.len(), 1);
+        assert!(!outdated_nodes[0].out_of_service);
+        assert_eq!(
+            outdated_nodes[0].pods_to_move,
+            vec![Resources {
+                cpu_millis: 500,
+                memory_bytes: 1 << 30,
+                pods: 1
+            }],
+            "the DaemonSet's and the finished pod do not move"
+        );
     }
 }

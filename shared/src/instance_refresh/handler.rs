@@ -378,6 +378,7 @@ where
         &pods,
         event,
         &mut mark_plan,
+        &facts.launch_times,
         taint.as_ref(),
         &mut report,
     ))

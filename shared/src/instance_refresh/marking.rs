@@ -4,7 +4,7 @@
 //! ([`crate::node_marks::refresh`]); a failed write is collected, not fatal, so the other
 //! nodes are still written.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
@@ -55,6 +55,7 @@ pub(super) async fn mark_outdated(
     pods: &Api<Pod>,
     event: &RefreshEvent,
     mark_plan: &mut MarkPlan,
+    launch_times: &BTreeMap<String, jiff::Timestamp>,
     taint: Option<&Taint>,
     report: &mut RefreshReport,
 ) -> Result<Vec<String>, RefreshError> {
@@ -62,7 +63,11 @@ pub(super) async fn mark_outdated(
     let all_pods = list_all(pods, ListParams::default())
         .await
         .map_err(RefreshError::ListPods)?;
-    let outdated: BTreeSet<&str> = mark_plan.outdated.iter().map(String::as_str).collect();
+    let outdated: BTreeMap<&str, Option<jiff::Timestamp>> = mark_plan
+        .outdated
+        .iter()
+        .map(|id| (id.as_str(), launch_times.get(id).copied()))
+        .collect();
     let (room, outdated_nodes) = survey(&listed, &all_pods, &outdated);
     let decision = choose(room, &outdated_nodes);
     mark_plan.mark = decision.mark;

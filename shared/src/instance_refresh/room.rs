@@ -9,12 +9,15 @@
 //!   DaemonSet's, not mirror pods, not finished), with their requests.
 //! - Outdated nodes already out of service (marked, being drained, or cordoned by someone)
 //!   claim room first, and stay marked: the rule never lifts a mark to plan again.
-//! - Then the other outdated nodes, fewest pods to move first (ties by instance id): each
-//!   is marked when every one of its pods can be placed, largest first, on a room node
-//!   where it fits (first fit), on top of the pods placed before. Its pods then hold that
-//!   room; a node whose pods do not fit stays schedulable, and the next ones are still
-//!   tried. Fewest pods first marks the most nodes with the room there is, so the most
-//!   nodes stop receiving pods that would move again.
+//! - Then the other outdated nodes, oldest launch first (then fewest pods to move, then
+//!   instance id): each is marked when every one of its pods can be placed, largest first,
+//!   on a room node where it fits (first fit), on top of the pods placed before. Its pods
+//!   then hold that room; a node whose pods do not fit stays schedulable, and the next ones
+//!   are still tried. Oldest first is a stable order (launch times do not change between
+//!   plans, pod counts do), and the likeliest guess of Auto Scaling's own order (the
+//!   `OldestInstance` termination policy; the default one picks among instances of the same
+//!   old template nearly at random): a marked node drained early protects its pods from a
+//!   second move, one drained late only holds room.
 //!
 //! The placement is an actual assignment of every marked node's pods to room nodes within
 //! their capacity, so the rule never counts room that is not there. It counts requests
@@ -29,6 +32,8 @@ use super::capacity::Resources;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutdatedNode {
     pub instance_id: String,
+    /// When EC2 launched it (unknown: after every known one).
+    pub launched: Option<jiff::Timestamp>,
     /// Cordoned already (by this refresh, a drain, or anyone).
     pub out_of_service: bool,
     /// The requests of the pods its drain would move.
@@ -55,8 +60,13 @@ pub fn choose(mut room: Vec<Resources>, outdated: &[OutdatedNode]) -> RoomDecisi
     }
     let mut candidates: Vec<&OutdatedNode> =
         outdated.iter().filter(|n| !n.out_of_service).collect();
-    candidates.sort_by(|a, b| {
-        (a.pods_to_move.len(), &a.instance_id).cmp(&(b.pods_to_move.len(), &b.instance_id))
+    candidates.sort_by_key(|n| {
+        (
+            n.launched.is_none(),
+            n.launched,
+            n.pods_to_move.len(),
+            n.instance_id.clone(),
+        )
     });
     for node in candidates {
         let mut tentative = room.clone();
@@ -109,6 +119,7 @@ mod tests {
     fn outdated(id: &str, pods: &[u64]) -> OutdatedNode {
         OutdatedNode {
             instance_id: id.to_owned(),
+            launched: None,
             out_of_service: false,
             pods_to_move: pods.iter().map(|cpu| pod(*cpu)).collect(),
         }
@@ -161,15 +172,24 @@ mod tests {
     }
 
     #[test]
-    fn fewest_pods_first_and_a_node_that_does_not_fit_does_not_stop_the_others() {
-        let nodes = vec![
+    fn oldest_first_and_a_node_that_does_not_fit_does_not_stop_the_others() {
+        let at = |second: i64| Some(jiff::Timestamp::from_second(1_700_000_000 + second).unwrap());
+        let mut nodes = vec![
             outdated("i-big", &[900, 900, 900]),
-            outdated("i-small", &[100]),
+            outdated("i-new", &[600]),
+            outdated("i-old", &[600]),
             outdated("i-empty", &[]),
         ];
+        nodes[0].launched = at(0);
+        nodes[1].launched = at(20);
+        nodes[2].launched = at(10);
         let decision = choose(vec![node_room(1000, 110)], &nodes);
-        assert_eq!(decision.mark, vec!["i-empty", "i-small"]);
-        assert_eq!(decision.kept, vec!["i-big"]);
+        assert_eq!(
+            decision.mark,
+            vec!["i-old", "i-empty"],
+            "i-new's pod no longer fits"
+        );
+        assert_eq!(decision.kept, vec!["i-big", "i-new"]);
     }
 
     /// Terminate first, one group, as at `Started`: every node is outdated, so there is no
