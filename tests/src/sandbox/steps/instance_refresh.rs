@@ -250,7 +250,7 @@ impl Sandbox {
             evictions: evicted.len(),
             pods_moved_twice: evicted.iter().filter(|p| !at_start.contains(*p)).count(),
             scheduled_onto_outdated: landed,
-            pending_pod_seconds: pending.values().map(Duration::as_secs_f64).sum(),
+            pending_pod_seconds: pending.values().fold(0.0, |sum, d| sum + d.as_secs_f64()),
             longest_pending: pending.values().max().copied().unwrap_or_default(),
             pdb_violations: self.pdb_violations().saturating_sub(violations_before),
             wall,
