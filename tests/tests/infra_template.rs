@@ -588,6 +588,45 @@ fn node_group_calls_reach_the_auth_function_with_retries_and_a_dead_letter_queue
     }));
 }
 
+/// The instance refresh rule forwards every refresh event and the instance events that
+/// re-plan a refresh in progress, and the function reads each of them.
+#[test]
+fn instance_refresh_events_and_instance_launches_reach_the_refresh_function() {
+    let template = main_template();
+    let rule = &template["Resources"]["InstanceRefreshEventsRule"]["Properties"];
+    assert_eq!(rule["EventPattern"]["source"], json!(["aws.autoscaling"]));
+    let detail_types: Vec<&str> = rule["EventPattern"]["detail-type"]
+        .as_array()
+        .expect("detail-type")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for wanted in [
+        "EC2 Auto Scaling Instance Refresh Started",
+        "EC2 Instance Launch Successful",
+        "EC2 Instance Terminate Successful",
+    ] {
+        assert!(detail_types.contains(&wanted), "{wanted}: {detail_types:?}");
+    }
+    for detail_type in detail_types {
+        let event = json!({
+            "version": "0", "id": "e", "detail-type": detail_type, "source": "aws.autoscaling",
+            "account": "123456789012", "time": "2026-11-28T08:00:00Z", "region": "eu-west-1",
+            "resources": [], "detail": {"AutoScalingGroupName": "ng",
+                "InstanceRefreshId": "c613620e-07e2-4ed2-a9e2-ef8258911ade",
+                "EC2InstanceId": "i-1234567890abcdef0"},
+        });
+        assert!(
+            node_manager::instance_refresh::event::RefreshEvent::parse(&event).is_ok(),
+            "{detail_type}"
+        );
+    }
+    assert_eq!(
+        rule["Targets"][0]["Arn"],
+        attribute("InstanceRefreshFunction", "Arn")
+    );
+}
+
 #[test]
 fn the_fixture_events_match_the_rule_pattern() {
     let template = main_template();

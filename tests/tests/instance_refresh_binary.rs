@@ -1,7 +1,8 @@
 //! The `instance-refresh` binary as built, run under the local Lambda Runtime API against
 //! the fake Auto Scaling's instance refreshes (real SDK calls) and the fake API server (the
 //! shipped RBAC), across invocations: a Started delivered again after the first
-//! replacements came in service, and an end event that runs ahead of Auto Scaling's status.
+//! replacements came in service, an end event that runs ahead of Auto Scaling's status, and
+//! the marking that follows the replacements as they come in service.
 //!
 //! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing it.
 #![allow(clippy::unwrap_used)]
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use node_manager::node_marks::refresh::refresh_marks_of;
 use node_manager_testkit::account::FakeAccount;
 use node_manager_testkit::aws::{
@@ -18,6 +20,7 @@ use node_manager_testkit::aws::{
 };
 use node_manager_testkit::binaries::function_binary;
 use node_manager_testkit::e2e::function_group;
+use node_manager_testkit::fixtures::running_pod;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 use node_manager_testkit::soak::corpus;
@@ -27,6 +30,7 @@ const CLUSTER: &str = "ironman-2022";
 const GROUP: &str = "eks-refresh-ng";
 const ZONE: &str = "eu-west-1a";
 const FUNCTION: &str = "instance-refresh";
+const LAUNCH_SUCCESSFUL: &str = "EC2 Instance Launch Successful";
 /// The refresh's instance warmup: how long it waits after the first replacements are in
 /// service before it terminates outdated instances. Much longer than an invocation, so the
 /// first Started is handled while every outdated instance is still in service.
@@ -94,6 +98,7 @@ impl RefreshWorld {
             detail_types: ["Started", "Succeeded", "Failed", "Cancelled"]
                 .iter()
                 .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"))
+                .chain([LAUNCH_SUCCESSFUL.to_owned()])
                 .collect(),
         });
         let credentials = account.add_role_credentials(&format!("open-node-manager-{FUNCTION}"));
@@ -140,17 +145,98 @@ impl RefreshWorld {
         }
     }
 
+    /// The next refresh event, past any instance event (a test that does not follow the
+    /// launches leaves them to the handler's other deliveries).
     async fn next_event(&mut self, detail_type: &str) -> Value {
+        loop {
+            let event = self
+                .events
+                .next_event(Duration::from_secs(10))
+                .await
+                .unwrap();
+            if event["detail-type"] != LAUNCH_SUCCESSFUL {
+                let wanted = format!("EC2 Auto Scaling Instance Refresh {detail_type}");
+                assert_eq!(event["detail-type"], wanted.as_str(), "{event}");
+                return event;
+            }
+        }
+    }
+
+    /// The next event on the bus, which must be of `detail_type`.
+    async fn next_event_of(&mut self, detail_type: &str) -> Value {
         let event = self
             .events
             .next_event(Duration::from_secs(10))
             .await
             .unwrap();
-        assert_eq!(
-            event["detail-type"],
-            format!("EC2 Auto Scaling Instance Refresh {detail_type}")
-        );
+        assert_eq!(event["detail-type"], detail_type, "{event}");
         event
+    }
+
+    /// `count` running pods on the node of each outdated instance.
+    fn pods_on_old_nodes(&self, count: usize) {
+        for id in &self.old {
+            let node = self.node_of(id).metadata.name.unwrap();
+            for p in 0..count {
+                let pod = running_pod("default", &format!("web-{id}-{p}"), &node, &[]);
+                self.server.store().create(&pod).unwrap();
+            }
+        }
+    }
+
+    /// What the launching hook waits for: the instance's node registers and is Ready (here
+    /// with room for `pods` pods); then the hook completes the launch.
+    async fn node_ready_then_launch_completed(&self, instance_id: &str, pods: u32) {
+        let instance = self.aws.ec2().instance(instance_id).unwrap();
+        let name = instance.private_dns_name.clone();
+        self.server
+            .register_node(&name, &format!("aws:///{ZONE}/{instance_id}"), None)
+            .unwrap();
+        self.server
+            .store()
+            .modify::<Node>("", &name, |n| {
+                let status = n.status.get_or_insert_default();
+                // The simulation is off: the kubelet's Ready and allocatable are set here.
+                for condition in status.conditions.iter_mut().flatten() {
+                    condition.status = "True".into();
+                }
+                status
+                    .allocatable
+                    .get_or_insert_default()
+                    .insert("pods".into(), Quantity(pods.to_string()));
+            })
+            .unwrap();
+        let operator = self.aws.account().add_role_credentials("launching-hook");
+        let client = aws_sdk_autoscaling::Client::new(&self.aws.sdk_config(&operator).await);
+        client
+            .complete_lifecycle_action()
+            .auto_scaling_group_name(GROUP)
+            .lifecycle_hook_name("launch")
+            .instance_id(instance_id)
+            .lifecycle_action_result("CONTINUE")
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// The instances the refresh launched, once `count` wait in `Pending:Wait`.
+    async fn launched_waiting(&self, refresh_id: &str, count: usize) -> Vec<String> {
+        let autoscaling = self.aws.autoscaling();
+        for _ in 0..500 {
+            let launched = autoscaling
+                .instance_refresh(refresh_id)
+                .map(|r| r.launched_instance_ids)
+                .unwrap_or_default();
+            let waiting = launched
+                .iter()
+                .filter(|id| autoscaling.has_active_action(id))
+                .count();
+            if waiting == count {
+                return launched;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the refresh did not launch {count} instances");
     }
 
     fn node_of(&self, instance_id: &str) -> Node {
@@ -187,6 +273,61 @@ impl RefreshWorld {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("the refresh launched no replacement");
+    }
+}
+
+/// Launch before terminate, the replacements' launching hook held until each node is
+/// Ready (as the launching hook does): at `Started` no replacement is Ready, so no outdated
+/// node is marked (before, all were cordoned at once); each `EC2 Instance Launch
+/// Successful` then marks as many outdated nodes as that replacement's room takes.
+#[tokio::test]
+async fn launch_before_terminate_marks_outdated_nodes_only_as_replacements_come_ready() {
+    let mut world = RefreshWorld::start(3).await;
+    world
+        .aws
+        .autoscaling()
+        .add_hook(
+            GROUP,
+            FakeLifecycleHook::launching("launch").heartbeat_timeout(Duration::from_secs(3600)),
+        )
+        .unwrap();
+    world.pods_on_old_nodes(2);
+    let refresh_id = world
+        .aws
+        .autoscaling()
+        .start_instance_refresh(
+            GROUP,
+            FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200)
+                .instance_warmup(WARMUP),
+        )
+        .unwrap();
+    let started = world.next_event("Started").await;
+    let at_start = world.response_to(&started).await;
+    assert_eq!(at_start["outcome"], "Marked", "{at_start}");
+    assert!(
+        at_start.get("marked").is_none(),
+        "nothing Ready yet: {at_start}"
+    );
+    assert!(world.old.iter().all(|id| !cordoned(&world.node_of(id))));
+
+    let launched = world.launched_waiting(&refresh_id, 3).await;
+    for (ready, instance_id) in launched.iter().enumerate() {
+        world.node_ready_then_launch_completed(instance_id, 2).await;
+        let event = world.next_event_of(LAUNCH_SUCCESSFUL).await;
+        assert_eq!(event["detail"]["EC2InstanceId"], instance_id.as_str());
+        let answer = world.response_to(&event).await;
+        assert_eq!(answer["instanceRefreshId"], refresh_id.as_str(), "{answer}");
+        let marked = world
+            .old
+            .iter()
+            .filter(|id| cordoned(&world.node_of(id)))
+            .count();
+        assert_eq!(
+            marked,
+            ready + 1,
+            "one more per replacement Ready: {answer}"
+        );
     }
 }
 

@@ -17,6 +17,7 @@ use node_manager::instance_refresh::handler::{self, RefreshContext, RefreshError
 use node_manager::instance_refresh::settings::RefreshSettings;
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::node_marks::refresh::{REFRESH_LABEL, refresh_marks_of};
+use node_manager_testkit::fixtures::running_pod;
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;
 use serde_json::{Value, json};
@@ -151,6 +152,62 @@ impl World {
         self.server.store().find::<Node>("", &node_name(i)).unwrap()
     }
 
+    /// `count` running pods (no requests: one pod slot each) on each of nodes `0..nodes`.
+    fn pods_on_each_node(&self, nodes: usize, count: usize) {
+        for i in 0..nodes {
+            for p in 0..count {
+                let pod = running_pod("default", &format!("web-{i}-{p}"), &node_name(i), &[]);
+                self.server.store().create(&pod).unwrap();
+            }
+        }
+    }
+
+    /// A Ready node `i` with room for `pods` more pods (its allocatable pod count).
+    fn register_room_node(&self, i: usize, instance_id: &str, pods: u32) {
+        self.server
+            .register_node(
+                &node_name(i),
+                &format!("aws:///eu-west-1a/{instance_id}"),
+                Some(Duration::ZERO),
+            )
+            .unwrap();
+        self.server
+            .store()
+            .modify::<Node>("", &node_name(i), |n| {
+                let status = n.status.get_or_insert_default();
+                // The simulation is off here: the kubelet's Ready is set by hand.
+                for condition in status.conditions.iter_mut().flatten() {
+                    if condition.type_ == "Ready" {
+                        condition.status = "True".into();
+                    }
+                }
+                status.allocatable.get_or_insert_default().insert(
+                    "pods".into(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(pods.to_string()),
+                );
+            })
+            .unwrap();
+    }
+
+    /// The refresh's replacement `i`: in service in the group since after the start, on
+    /// the desired template, its node Ready with room for `pods` pods.
+    fn add_replacement(&self, i: usize, pods: u32) {
+        self.register_room_node(i, &instance(i), pods);
+        let mut group = self.group();
+        group.instances.push(ConfiguredInstance {
+            instance_id: instance(i),
+            lifecycle_state: "InService".into(),
+            instance_type: Some("m5.large".into()),
+            launch_template: Some(template("2")),
+            protected_from_scale_in: false,
+        });
+        self.aws.put_group(group);
+        self.aws.put_launch_time(
+            &instance(i),
+            refresh_start() + jiff::SignedDuration::from_secs(60),
+        );
+    }
+
     fn patches(&self) -> usize {
         self.server
             .audit()
@@ -180,6 +237,21 @@ fn event(kind: &str, group: &str) -> Value {
         "region": "eu-west-1",
         "resources": [],
         "detail": {"InstanceRefreshId": REFRESH, "AutoScalingGroupName": group},
+    })
+}
+
+/// An instance event of Auto Scaling for [`GROUP`] (no refresh id in it).
+fn instance_event(detail_type: &str, instance_id: &str) -> Value {
+    json!({
+        "version": "0",
+        "id": "0c4b3f6e-4a8e-4b4a-9d3c-6f1e2a7b8c9d",
+        "detail-type": detail_type,
+        "source": "aws.autoscaling",
+        "account": ACCOUNT,
+        "time": "2026-11-28T08:00:00Z",
+        "region": "eu-west-1",
+        "resources": [],
+        "detail": {"AutoScalingGroupName": GROUP, "EC2InstanceId": instance_id, "StatusCode": "InProgress"},
     })
 }
 
@@ -294,17 +366,74 @@ async fn launch_before_terminate_marks_every_outdated_node_and_the_end_undoes_on
     assert!(repeated.unmarked.is_empty());
 }
 
+/// Terminate first with every node of the cluster outdated: there is no room the refresh
+/// does not replace, so no node is marked, whichever Auto Scaling takes first (the old rule
+/// cordoned all but one and that one could go first). A node of another group with room
+/// for exactly one outdated node's pods lets exactly one be marked.
 #[tokio::test]
-async fn terminate_first_keeps_one_batch_of_outdated_nodes_schedulable() {
+async fn terminate_first_marks_only_as_far_as_the_room_of_nodes_that_stay() {
     let world = World::start(4).await;
+    world.pods_on_each_node(4, 2);
     world.refresh("InProgress", 75, 100);
     let report = world.send("Started").await.unwrap();
-    let plan = report.plan.unwrap();
+    let plan = report.plan.clone().unwrap();
     assert!(!plan.launch_before_terminate);
-    assert_eq!(plan.batch, 1);
-    assert_eq!(report.marked.len(), 3);
-    let schedulable: Vec<usize> = (0..4).filter(|i| !cordoned(&world.node(*i))).collect();
-    assert_eq!(schedulable.len(), 1, "one node left as room");
+    assert!(report.marked.is_empty(), "{report:?}");
+    assert_eq!(plan.kept.len(), 4, "{report:?}");
+    assert_eq!(world.patches(), 0);
+
+    // A node of another group, Ready, with room for two pods.
+    world.register_room_node(10, "i-0other0000000000a", 2);
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked, vec![node_name(0)], "{report:?}");
+    assert_eq!((0..4).filter(|i| cordoned(&world.node(*i))).count(), 1);
+}
+
+/// Launch before terminate: nothing is marked before a replacement is Ready; each
+/// replacement that comes in service (`EC2 Instance Launch Successful`) marks as many
+/// outdated nodes as its room takes, and the nodes marked before stay marked.
+#[tokio::test]
+async fn replacements_coming_in_service_mark_outdated_nodes_as_far_as_their_room_reaches() {
+    let world = World::start(3).await;
+    world.pods_on_each_node(3, 2);
+    world.refresh("InProgress", 100, 200);
+    let started = world.send("Started").await.unwrap();
+    assert!(started.marked.is_empty(), "{started:?}");
+
+    for (step, replacement) in [3usize, 4].into_iter().enumerate() {
+        world.add_replacement(replacement, 2);
+        let report = handler::handle(
+            &world.context(),
+            &instance_event("EC2 Instance Launch Successful", &instance(replacement)),
+            Some(ACCOUNT),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.outcome, "Marked", "{report:?}");
+        assert_eq!(report.instance_refresh_id, REFRESH);
+        assert_eq!(report.marked.len(), step + 1, "{report:?}");
+        assert!(cordoned(&world.node(0)), "the first marked stays marked");
+        assert!(!cordoned(&world.node(replacement)));
+    }
+    assert!(!cordoned(&world.node(2)), "no room for node 2's pods yet");
+}
+
+/// An instance event of a group with no refresh in progress plans nothing and writes
+/// nothing; one of another cluster's group is not ours.
+#[tokio::test]
+async fn an_instance_event_without_a_refresh_in_progress_writes_nothing() {
+    let world = World::start(2).await;
+    let launched = instance_event("EC2 Instance Launch Successful", &instance(5));
+    let report = handler::handle(&world.context(), &launched, Some(ACCOUNT))
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, "NoRefresh", "{report:?}");
+    world.refresh("Successful", 100, 200);
+    let report = handler::handle(&world.context(), &launched, Some(ACCOUNT))
+        .await
+        .unwrap();
+    assert_eq!(report.outcome, "NoRefresh", "{report:?}");
+    assert_eq!(world.patches(), 0);
 }
 
 #[tokio::test]
@@ -514,6 +643,13 @@ impl InstanceRefreshes for EndsAfterFirstRead {
             refresh.status = "Cancelled".into();
         }
         Ok(refresh)
+    }
+
+    async fn active_instance_refresh(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, node_manager::aws::AwsError> {
+        self.aws.active_instance_refresh(group_name).await
     }
 
     async fn describe_group_configuration(

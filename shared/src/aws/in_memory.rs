@@ -971,6 +971,21 @@ impl InstanceRefreshes for InMemoryInstanceRefreshes {
             .cloned())
     }
 
+    async fn active_instance_refresh(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, AwsError> {
+        self.faults.take("DescribeInstanceRefreshes")?;
+        Ok(lock(&self.refreshes)
+            .iter()
+            .rev()
+            .find(|r| {
+                r.auto_scaling_group_name == group_name
+                    && matches!(r.status.as_str(), "Pending" | "InProgress")
+            })
+            .cloned())
+    }
+
     async fn describe_group_configuration(
         &self,
         group_name: &str,

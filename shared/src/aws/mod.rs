@@ -669,6 +669,13 @@ pub trait InstanceRefreshes: Send + Sync {
         instance_refresh_id: &str,
     ) -> impl Future<Output = Result<Option<InstanceRefreshDescription>, AwsError>> + Send;
 
+    /// The group's refresh that is `Pending` or `InProgress`, if any (the same
+    /// `DescribeInstanceRefreshes`, without an id: the newest refreshes first).
+    fn active_instance_refresh(
+        &self,
+        group_name: &str,
+    ) -> impl Future<Output = Result<Option<InstanceRefreshDescription>, AwsError>> + Send;
+
     /// The group's configuration and instances; `None` when the group does not exist.
     fn describe_group_configuration(
         &self,

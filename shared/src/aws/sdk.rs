@@ -1227,26 +1227,27 @@ impl GroupActivity for SdkAutoScaling {
     }
 }
 
-impl InstanceRefreshes for SdkAutoScaling {
-    async fn describe_instance_refresh(
+impl SdkAutoScaling {
+    /// One page of `DescribeInstanceRefreshes` for the group (the refresh `id`, or the
+    /// newest ones), read as descriptions. An unknown group is a validation error: none.
+    async fn instance_refreshes(
         &self,
         group_name: &str,
-        instance_refresh_id: &str,
-    ) -> Result<Option<InstanceRefreshDescription>, AwsError> {
+        id: Option<&str>,
+    ) -> Result<Vec<InstanceRefreshDescription>, AwsError> {
         let answer = self
             .client()
             .describe_instance_refreshes()
             .auto_scaling_group_name(group_name)
-            .instance_refresh_ids(instance_refresh_id)
+            .set_instance_refresh_ids(id.map(|id| vec![id.to_owned()]))
             .send()
             .await;
         let output = match answer {
             Ok(output) => output,
             Err(error) => {
                 let error = classify("DescribeInstanceRefreshes", error);
-                // An unknown group is a validation error: nothing known of the refresh.
                 return if error.kind == AwsErrorKind::Invalid {
-                    Ok(None)
+                    Ok(Vec::new())
                 } else {
                     Err(error)
                 };
@@ -1255,47 +1256,76 @@ impl InstanceRefreshes for SdkAutoScaling {
         Ok(output
             .instance_refreshes()
             .iter()
-            .find(|r| r.instance_refresh_id() == Some(instance_refresh_id))
-            .map(|refresh| {
-                let preferences = refresh.preferences();
-                InstanceRefreshDescription {
-                    instance_refresh_id: instance_refresh_id.to_owned(),
-                    auto_scaling_group_name: refresh
-                        .auto_scaling_group_name()
-                        .unwrap_or(group_name)
-                        .to_owned(),
-                    status: refresh
-                        .status()
-                        .map(|s| s.as_str().to_owned())
-                        .unwrap_or_default(),
-                    start_time: refresh.start_time().and_then(|at| {
-                        jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok()
-                    }),
-                    min_healthy_percentage: percentage(
-                        preferences.and_then(|p| p.min_healthy_percentage()),
-                    ),
-                    max_healthy_percentage: percentage(
-                        preferences.and_then(|p| p.max_healthy_percentage()),
-                    ),
-                    skip_matching: preferences.and_then(|p| p.skip_matching()).unwrap_or(false),
-                    scale_in_protected_instances: preferences
-                        .and_then(|p| p.scale_in_protected_instances())
-                        .map(|v| v.as_str().to_owned()),
-                    standby_instances: preferences
-                        .and_then(|p| p.standby_instances())
-                        .map(|v| v.as_str().to_owned()),
-                    desired_launch_template: launch_template_of(
-                        refresh
-                            .desired_configuration()
-                            .and_then(|c| c.launch_template()),
-                    ),
-                    desired_mixed_instances_policy: mixed_instances_policy_of(
-                        refresh
-                            .desired_configuration()
-                            .and_then(|c| c.mixed_instances_policy()),
-                    ),
-                }
-            }))
+            .filter_map(|refresh| refresh_description(refresh, group_name))
+            .collect())
+    }
+}
+
+/// What we read of one refresh; `None` without an id.
+fn refresh_description(
+    refresh: &aws_sdk_autoscaling::types::InstanceRefresh,
+    group_name: &str,
+) -> Option<InstanceRefreshDescription> {
+    let instance_refresh_id = refresh.instance_refresh_id()?;
+    let preferences = refresh.preferences();
+    Some(InstanceRefreshDescription {
+        instance_refresh_id: instance_refresh_id.to_owned(),
+        auto_scaling_group_name: refresh
+            .auto_scaling_group_name()
+            .unwrap_or(group_name)
+            .to_owned(),
+        status: refresh
+            .status()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default(),
+        start_time: refresh
+            .start_time()
+            .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok()),
+        min_healthy_percentage: percentage(preferences.and_then(|p| p.min_healthy_percentage())),
+        max_healthy_percentage: percentage(preferences.and_then(|p| p.max_healthy_percentage())),
+        skip_matching: preferences.and_then(|p| p.skip_matching()).unwrap_or(false),
+        scale_in_protected_instances: preferences
+            .and_then(|p| p.scale_in_protected_instances())
+            .map(|v| v.as_str().to_owned()),
+        standby_instances: preferences
+            .and_then(|p| p.standby_instances())
+            .map(|v| v.as_str().to_owned()),
+        desired_launch_template: launch_template_of(
+            refresh
+                .desired_configuration()
+                .and_then(|c| c.launch_template()),
+        ),
+        desired_mixed_instances_policy: mixed_instances_policy_of(
+            refresh
+                .desired_configuration()
+                .and_then(|c| c.mixed_instances_policy()),
+        ),
+    })
+}
+
+impl InstanceRefreshes for SdkAutoScaling {
+    async fn describe_instance_refresh(
+        &self,
+        group_name: &str,
+        instance_refresh_id: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, AwsError> {
+        Ok(self
+            .instance_refreshes(group_name, Some(instance_refresh_id))
+            .await?
+            .into_iter()
+            .find(|r| r.instance_refresh_id == instance_refresh_id))
+    }
+
+    async fn active_instance_refresh(
+        &self,
+        group_name: &str,
+    ) -> Result<Option<InstanceRefreshDescription>, AwsError> {
+        // Newest first; a group has at most one refresh that is not over.
+        Ok(self
+            .instance_refreshes(group_name, None)
+            .await?
+            .into_iter()
+            .find(|r| matches!(r.status.as_str(), "Pending" | "InProgress")))
     }
 
     async fn describe_group_configuration(

@@ -1,7 +1,9 @@
 //! The EventBridge events Auto Scaling sends about an instance refresh (source
-//! `aws.autoscaling`, detail `InstanceRefreshId` and `AutoScalingGroupName`), as this
-//! function reads them. Only AWS services can send `aws.*` sources, but the event is still
-//! only a hint: the handler asks Auto Scaling for the refresh before it writes anything.
+//! `aws.autoscaling`, detail `InstanceRefreshId` and `AutoScalingGroupName`), and about an
+//! instance that joined or left a group (`EC2 Instance Launch Successful`, `EC2 Instance
+//! Terminate Successful`: detail `AutoScalingGroupName` and `EC2InstanceId`, no refresh id),
+//! as this function reads them. Only AWS services can send `aws.*` sources, but the event is
+//! still only a hint: the handler asks Auto Scaling for the refresh before it writes anything.
 
 use aws_lambda_events::event::eventbridge::EventBridgeEvent;
 use serde::{Deserialize, Serialize};
@@ -11,6 +13,8 @@ use crate::node_marks::refresh::is_label_safe;
 
 const AUTOSCALING_SOURCE: &str = "aws.autoscaling";
 const DETAIL_TYPE_PREFIX: &str = "EC2 Auto Scaling Instance Refresh ";
+const LAUNCHED: &str = "EC2 Instance Launch Successful";
+const TERMINATED: &str = "EC2 Instance Terminate Successful";
 
 /// What happened to the refresh, from the event's `detail-type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -23,10 +27,20 @@ pub enum RefreshEventKind {
     RollbackStarted,
     RollbackSucceeded,
     RollbackFailed,
+    /// An instance of the group is in service (after its launching hook): new room may be
+    /// Ready, so a refresh in progress plans again.
+    InstanceLaunched,
+    /// An instance left the group: room may have changed, a refresh in progress plans again.
+    InstanceTerminated,
 }
 
 impl RefreshEventKind {
     fn of_detail_type(detail_type: &str) -> Option<Self> {
+        match detail_type {
+            LAUNCHED => return Some(Self::InstanceLaunched),
+            TERMINATED => return Some(Self::InstanceTerminated),
+            _ => {}
+        }
         Some(match detail_type.strip_prefix(DETAIL_TYPE_PREFIX)? {
             "Started" => Self::Started,
             "Checkpoint Reached" => Self::CheckpointReached,
@@ -42,9 +56,26 @@ impl RefreshEventKind {
 
     /// Whether the event says the replacement of outdated instances is over (or turned
     /// back): the nodes that stay get our marks undone. The others (`Started`, and
-    /// `Checkpoint Reached`, which plans again and marks nodes registered since) mark.
+    /// `Checkpoint Reached` and the instance events, which plan again) mark.
     pub fn ends_replacement(self) -> bool {
-        !matches!(self, Self::Started | Self::CheckpointReached)
+        !self.plans()
+    }
+
+    /// Whether the event (re)plans the marks of a refresh in progress.
+    pub fn plans(self) -> bool {
+        matches!(
+            self,
+            Self::Started
+                | Self::CheckpointReached
+                | Self::InstanceLaunched
+                | Self::InstanceTerminated
+        )
+    }
+
+    /// Whether the event names an instance, not a refresh: the group's refresh in progress
+    /// is looked up.
+    pub fn names_an_instance(self) -> bool {
+        matches!(self, Self::InstanceLaunched | Self::InstanceTerminated)
     }
 
     /// The refresh statuses that prove this event's claim. Auto Scaling reports the status
@@ -52,7 +83,10 @@ impl RefreshEventKind {
     /// and nothing is written.
     pub fn proven_by(self, status: &str) -> bool {
         match self {
-            Self::Started | Self::CheckpointReached => matches!(status, "Pending" | "InProgress"),
+            Self::Started
+            | Self::CheckpointReached
+            | Self::InstanceLaunched
+            | Self::InstanceTerminated => matches!(status, "Pending" | "InProgress"),
             Self::RollbackStarted => status == "RollbackInProgress" || is_final(status),
             Self::Succeeded | Self::Failed | Self::Cancelled => is_final(status),
             Self::RollbackSucceeded | Self::RollbackFailed => is_final(status),
@@ -72,7 +106,10 @@ fn is_final(status: &str) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefreshEvent {
     pub kind: RefreshEventKind,
+    /// Empty for the instance events until the handler finds the group's refresh.
     pub instance_refresh_id: String,
+    /// The instance an instance event names.
+    pub instance_id: Option<String>,
     pub group_name: String,
     /// The account the event came from.
     pub account: String,
@@ -89,6 +126,8 @@ pub enum RefreshEventError {
         "detail-type {0:?} is not an EC2 Auto Scaling instance refresh event; check the EventBridge rule"
     )]
     OtherDetailType(String),
+    #[error("EC2InstanceId {0:?} is not an instance id")]
+    BadInstanceId(String),
     #[error("the event detail lacks {0}")]
     MissingField(&'static str),
     #[error("InstanceRefreshId {0:?} is not an Auto Scaling refresh id")]
@@ -104,6 +143,8 @@ struct RefreshDetail {
     instance_refresh_id: Option<String>,
     #[serde(rename = "AutoScalingGroupName")]
     auto_scaling_group_name: Option<String>,
+    #[serde(rename = "EC2InstanceId")]
+    instance_id: Option<String>,
 }
 
 impl RefreshEvent {
@@ -119,13 +160,25 @@ impl RefreshEvent {
         }
         let kind = RefreshEventKind::of_detail_type(&event.detail_type)
             .ok_or_else(|| RefreshEventError::OtherDetailType(truncate(&event.detail_type)))?;
-        let id = event
-            .detail
-            .instance_refresh_id
-            .ok_or(RefreshEventError::MissingField("InstanceRefreshId"))?;
-        if !is_label_safe(&id) {
-            return Err(RefreshEventError::BadRefreshId(truncate(&id)));
-        }
+        let (id, instance_id) = if kind.names_an_instance() {
+            let instance = event
+                .detail
+                .instance_id
+                .ok_or(RefreshEventError::MissingField("EC2InstanceId"))?;
+            if !is_instance_id(&instance) {
+                return Err(RefreshEventError::BadInstanceId(truncate(&instance)));
+            }
+            (String::new(), Some(instance))
+        } else {
+            let id = event
+                .detail
+                .instance_refresh_id
+                .ok_or(RefreshEventError::MissingField("InstanceRefreshId"))?;
+            if !is_label_safe(&id) {
+                return Err(RefreshEventError::BadRefreshId(truncate(&id)));
+            }
+            (id, None)
+        };
         let group = event
             .detail
             .auto_scaling_group_name
@@ -136,10 +189,18 @@ impl RefreshEvent {
         Ok(Self {
             kind,
             instance_refresh_id: id,
+            instance_id,
             group_name: group,
             account: event.account.unwrap_or_default(),
         })
     }
+}
+
+/// `i-` and 8 or 17 hexadecimal digits.
+fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|hex| {
+        matches!(hex.len(), 8 | 17) && hex.bytes().all(|b| b.is_ascii_hexdigit())
+    })
 }
 
 /// Event text quoted in an error stays short (a hostile payload may be megabytes).
@@ -233,6 +294,36 @@ mod tests {
             assert!(matches!(
                 RefreshEvent::parse(&bad),
                 Err(RefreshEventError::NotAnEvent(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn instance_events_name_the_group_and_the_instance() {
+        for (detail_type, kind) in [
+            (LAUNCHED, RefreshEventKind::InstanceLaunched),
+            (TERMINATED, RefreshEventKind::InstanceTerminated),
+        ] {
+            let parsed = RefreshEvent::parse(&event(
+                detail_type,
+                json!({"AutoScalingGroupName": "ng", "EC2InstanceId": "i-1234567890abcdef0",
+                       "StatusCode": "InProgress", "ActivityId": "a"}),
+            ))
+            .unwrap();
+            assert_eq!(parsed.kind, kind);
+            assert!(kind.plans() && !kind.ends_replacement());
+            assert_eq!(parsed.instance_id.as_deref(), Some("i-1234567890abcdef0"));
+            assert_eq!(parsed.instance_refresh_id, "");
+            assert_eq!(
+                RefreshEvent::parse(&event(detail_type, json!({"AutoScalingGroupName": "ng"}))),
+                Err(RefreshEventError::MissingField("EC2InstanceId"))
+            );
+            assert!(matches!(
+                RefreshEvent::parse(&event(
+                    detail_type,
+                    json!({"AutoScalingGroupName": "ng", "EC2InstanceId": "i-../x"})
+                )),
+                Err(RefreshEventError::BadInstanceId(_))
             ));
         }
     }

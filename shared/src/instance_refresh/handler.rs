@@ -29,7 +29,7 @@ use crate::lifecycle::scope::{GroupScope, ScopeDecision};
 use crate::node_marks::out_of_service::Undone;
 use crate::retry::RetryPolicy;
 use crate::telemetry::{MetricSet, Unit};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 
 /// How long an end event waits for Auto Scaling to report the status it announces (the
@@ -77,6 +77,8 @@ pub enum RefreshError {
     Cluster(#[from] ClusterAccessError),
     #[error("cannot list the nodes: {0}")]
     ListNodes(#[source] kube::Error),
+    #[error("cannot list the pods: {0}")]
+    ListPods(#[source] kube::Error),
     #[error("{} node write(s) failed: {}", failures.len(), failures.join("; "))]
     Writes { failures: Vec<String> },
 }
@@ -91,6 +93,7 @@ impl FunctionError for RefreshError {
             Self::NotFinalYet { .. } => "InstanceRefreshNotFinal",
             Self::Cluster(_) => "ClusterAccessFailed",
             Self::ListNodes(_) => "ListNodesFailed",
+            Self::ListPods(_) => "ListPodsFailed",
             Self::Writes { .. } => "NodeWritesFailed",
         }
     }
@@ -119,7 +122,8 @@ pub struct RefreshReport {
     pub event: RefreshEventKind,
     pub instance_refresh_id: String,
     pub auto_scaling_group_name: String,
-    /// `Marked`, `Unmarked`, `NotOurs`, `Stale`.
+    /// `Marked`, `Unmarked`, `NotOurs`, `Stale`, `NoRefresh` (an instance event for a
+    /// group with no refresh in progress).
     pub outcome: &'static str,
     /// In words, for people.
     pub why: String,
@@ -209,7 +213,27 @@ where
         Ok(group) => group,
         Err(why) => return Ok(RefreshReport::new(event, "NotOurs", why)),
     };
-    let refresh = describe_refresh(&ctx.autoscaling, event).await?;
+    let (event, refresh) = if event.kind.names_an_instance() {
+        match ctx
+            .autoscaling
+            .active_instance_refresh(&event.group_name)
+            .await
+            .map_err(RefreshError::Describe)?
+        {
+            Some(refresh) => {
+                let mut resolved = event.clone();
+                resolved.instance_refresh_id = refresh.instance_refresh_id.clone();
+                (resolved, refresh)
+            }
+            None => return Ok(RefreshReport::new(event, "NoRefresh", no_refresh(event))),
+        }
+    } else {
+        (
+            event.clone(),
+            describe_refresh(&ctx.autoscaling, event).await?,
+        )
+    };
+    let event = &event;
     if event.kind.ends_replacement() {
         let refresh = await_announced_status(&ctx.autoscaling, event, refresh).await?;
         return Box::pin(undo_marks(ctx, event, &refresh.status)).await;
@@ -225,6 +249,15 @@ where
         ));
     }
     Box::pin(mark_refresh(ctx, event, &refresh, &group)).await
+}
+
+fn no_refresh(event: &RefreshEvent) -> String {
+    format!(
+        "{:?} of {} in group {}: no refresh in progress, nothing to plan",
+        event.kind,
+        event.instance_id.as_deref().unwrap_or("an instance"),
+        event.group_name
+    )
 }
 
 /// The event's group when it is this cluster's; else why not (nothing is written).
@@ -317,7 +350,8 @@ where
     finish(report, failures)
 }
 
-/// The start (or a checkpoint): the plan's nodes marked. Then the refresh is read again: if
+/// The start, a checkpoint, or an instance in or out of service: the outdated nodes the
+/// room rule chooses are marked. Then the refresh is read again: if
 /// it ended meanwhile, its end may have listed the labelled nodes before these writes, so
 /// the marks just written are undone here (an end's list either sees a mark, or the mark
 /// was written after the end was final and this read sees the end).
@@ -333,15 +367,18 @@ where
     E: RefreshInstances,
 {
     let facts = launch_facts(&ctx.ec2, refresh, group).await?;
-    let mark_plan = plan(refresh, group, &facts);
+    let mut mark_plan = plan(refresh, group, &facts);
     let client = ctx.kube.client().await?;
-    let nodes: Api<Node> = Api::all(client);
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pods: Api<Pod> = Api::all(client);
     let mut report = RefreshReport::new(event, "Marked", String::new());
     let taint = ctx.settings.taint.as_ref().map(|t| t.to_taint());
     let mut failures = Box::pin(mark_outdated(
         &nodes,
+        &pods,
         event,
-        &mark_plan,
+        &mut mark_plan,
+        &facts.launch_times,
         taint.as_ref(),
         &mut report,
     ))
@@ -358,15 +395,11 @@ where
         return finish(report, failures);
     }
     report.why = format!(
-        "{} of {} outdated node(s) taken out of service ({}; {} left schedulable as room; {} outdated instance(s) without a node yet)",
+        "{} of {} outdated node(s) out of service ({} being drained), as far as the room the refresh does not replace takes their pods; {} left schedulable until there is room for their pods; {} outdated instance(s) without a node",
         report.marked.len(),
         mark_plan.outdated.len(),
-        if mark_plan.launch_before_terminate {
-            "launch before terminate: all at once"
-        } else {
-            "terminate first: one batch kept"
-        },
-        mark_plan.reserve.len(),
+        report.draining.len(),
+        mark_plan.kept.len(),
         report.without_node.len(),
     );
     report.plan = Some(mark_plan);

@@ -1,30 +1,34 @@
-//! The Node writes of a refresh: mark the plan's nodes at the start, undo the refresh's
-//! marks at its end. Each write is one conditional patch ([`crate::node_marks::refresh`]);
-//! a failed write is collected, not fatal, so the other nodes are still written.
+//! The Node writes of a refresh: mark the outdated nodes the room rule chooses
+//! ([`super::room`], from one list of the Nodes and one of the Pods) whenever the refresh
+//! plans, undo the refresh's marks at its end. Each write is one conditional patch
+//! ([`crate::node_marks::refresh`]); a failed write is collected, not fatal, so the other
+//! nodes are still written.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
 
+use super::capacity::survey;
 use super::event::RefreshEvent;
 use super::handler::{RefreshError, RefreshReport, UnmarkedNode};
 use super::plan::MarkPlan;
+use super::room::choose;
 use crate::lifecycle::node::node_instance_id;
 use crate::node_marks::refresh::{Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node};
 
-/// Nodes per page of the list.
-const NODE_PAGE_SIZE: u32 = 500;
+/// Objects per page of a list.
+const PAGE_SIZE: u32 = 500;
 
-/// Every node, page by page.
-pub(super) async fn list_nodes(
-    nodes: &Api<Node>,
-    params: ListParams,
-) -> Result<Vec<Node>, RefreshError> {
-    let mut params = params.limit(NODE_PAGE_SIZE);
+/// Every object `params` selects, page by page.
+async fn list_all<K>(api: &Api<K>, params: ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = params.limit(PAGE_SIZE);
     let mut all = Vec::new();
     loop {
-        let page = nodes.list(&params).await.map_err(RefreshError::ListNodes)?;
+        let page = api.list(&params).await?;
         all.extend(page.items);
         match page.metadata.continue_.filter(|t| !t.is_empty()) {
             Some(token) => params = params.continue_token(&token),
@@ -33,43 +37,65 @@ pub(super) async fn list_nodes(
     }
 }
 
-/// Marks the plan's nodes; undoes the marks of an earlier refresh of this group (whose end
+/// Every node `params` selects.
+pub(super) async fn list_nodes(
+    nodes: &Api<Node>,
+    params: ListParams,
+) -> Result<Vec<Node>, RefreshError> {
+    list_all(nodes, params)
+        .await
+        .map_err(RefreshError::ListNodes)
+}
+
+/// Chooses with the room rule which outdated nodes to mark (filling the plan's `mark` and
+/// `kept`) and marks them; undoes the marks of an earlier refresh of this group (whose end
 /// was missed) on the group's nodes this one does not mark.
 pub(super) async fn mark_outdated(
     nodes: &Api<Node>,
+    pods: &Api<Pod>,
     event: &RefreshEvent,
-    mark_plan: &MarkPlan,
+    mark_plan: &mut MarkPlan,
+    launch_times: &BTreeMap<String, jiff::Timestamp>,
     taint: Option<&Taint>,
     report: &mut RefreshReport,
 ) -> Result<Vec<String>, RefreshError> {
     let listed = list_nodes(nodes, ListParams::default()).await?;
-    let mut by_instance: BTreeMap<&str, &Node> = BTreeMap::new();
-    for node in &listed {
-        if let Some(instance_id) = node_instance_id(node) {
-            by_instance.insert(instance_id, node);
-        }
-    }
+    let all_pods = list_all(pods, ListParams::default())
+        .await
+        .map_err(RefreshError::ListPods)?;
+    let outdated: BTreeMap<&str, Option<jiff::Timestamp>> = mark_plan
+        .outdated
+        .iter()
+        .map(|id| (id.as_str(), launch_times.get(id).copied()))
+        .collect();
+    let (room, outdated_nodes) = survey(&listed, &all_pods, &outdated);
+    let decision = choose(room, &outdated_nodes);
+    mark_plan.mark = decision.mark;
+    mark_plan.kept = decision.kept;
+    let by_instance: BTreeMap<&str, &Node> = listed
+        .iter()
+        .filter_map(|node| Some((node_instance_id(node)?, node)))
+        .collect();
+    report.without_node.extend(
+        mark_plan
+            .outdated
+            .iter()
+            .filter(|id| !by_instance.contains_key(id.as_str()))
+            .cloned(),
+    );
     let mut failures = Vec::new();
     for instance_id in &mark_plan.mark {
-        let Some(node) = by_instance.get(instance_id.as_str()) else {
-            report.without_node.push(instance_id.clone());
-            continue;
-        };
-        let name = node.metadata.name.clone().unwrap_or_default();
-        match mark_node(
-            nodes,
-            (*node).clone(),
-            &event.instance_refresh_id,
-            &event.group_name,
-            instance_id,
-            taint,
-        )
-        .await
-        {
-            Ok(Marked::Marked(_)) => report.marked.push(name),
-            Ok(Marked::Draining) => report.draining.push(name),
-            Ok(Marked::NodeGone) => report.without_node.push(instance_id.clone()),
-            Err(error) => failures.push(format!("marking node {name}: {error}")),
+        if let Some(node) = by_instance.get(instance_id.as_str()) {
+            mark_one(
+                nodes,
+                node,
+                event,
+                instance_id,
+                taint,
+                report,
+                &mut failures,
+            )
+            .await;
         }
     }
     for node in &listed {
@@ -80,17 +106,31 @@ pub(super) async fn mark_outdated(
             && marks.instance_refresh_id != event.instance_refresh_id
             && !mark_plan.mark.contains(&marks.instance_id);
         if stale {
-            unmark_one(
-                nodes,
-                node,
-                &marks.instance_refresh_id,
-                report,
-                &mut failures,
-            )
-            .await;
+            let refresh_id = &marks.instance_refresh_id;
+            unmark_one(nodes, node, refresh_id, report, &mut failures).await;
         }
     }
     Ok(failures)
+}
+
+async fn mark_one(
+    nodes: &Api<Node>,
+    node: &Node,
+    event: &RefreshEvent,
+    instance_id: &str,
+    taint: Option<&Taint>,
+    report: &mut RefreshReport,
+    failures: &mut Vec<String>,
+) {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let refresh_id = &event.instance_refresh_id;
+    let group = &event.group_name;
+    match mark_node(nodes, node.clone(), refresh_id, group, instance_id, taint).await {
+        Ok(Marked::Marked(_)) => report.marked.push(name),
+        Ok(Marked::Draining) => report.draining.push(name),
+        Ok(Marked::NodeGone) => report.without_node.push(instance_id.to_owned()),
+        Err(error) => failures.push(format!("marking node {name}: {error}")),
+    }
 }
 
 /// Undoes this refresh's marks on every node labelled with it.

@@ -1,16 +1,6 @@
-//! Which outdated nodes to take out of service when a refresh starts (pure).
-//!
-//! The rule, so that evicted pods always have somewhere to go:
-//! - **Launch before terminate** (`MaxHealthyPercentage` above 100): Auto Scaling brings up
-//!   each batch's replacements before it terminates the batch, so every outdated node is
-//!   marked at once, as a managed node group cordons all its old nodes once the new ones are
-//!   up. Pods evicted from the first node land on new nodes only.
-//! - **Terminate first** (`MaxHealthyPercentage` 100): the first batch's pods need room
-//!   before any replacement exists. One batch's worth of outdated nodes (the number Auto
-//!   Scaling takes at once, `max(1, desired − ⌈desired × MinHealthyPercentage / 100⌉)`) is
-//!   left schedulable as that room; the rest are marked. A pod may then move twice, once
-//!   onto a reserve node and once off it, but a drain never waits on capacity that only its
-//!   own end creates.
+//! Which instances the refresh replaces (pure). How many of their nodes are taken out of
+//! service now is the room rule's ([`super::room`]), the same for both strategies: only as
+//! far as the capacity the refresh does not replace can take their pods.
 //!
 //! An instance is outdated when the refresh will replace it, as Auto Scaling decides
 //! ([`will_replace`]): it was in the group before the refresh started (launched before the
@@ -38,17 +28,15 @@ const DEFAULT_MAX_HEALTHY: u32 = 100;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MarkPlan {
-    /// Instances to take out of service now.
-    pub mark: Vec<String>,
-    /// Outdated instances left schedulable as room for the first batch (terminate first).
-    pub reserve: Vec<String>,
     /// Every instance the refresh will replace.
     pub outdated: Vec<String>,
+    /// Outdated instances whose nodes are (to be) out of service: the room rule's choice.
+    pub mark: Vec<String>,
+    /// Outdated instances whose nodes stay schedulable for now: no room for their pods.
+    pub kept: Vec<String>,
     pub launch_before_terminate: bool,
     pub min_healthy_percentage: u32,
     pub max_healthy_percentage: u32,
-    /// Instances Auto Scaling takes out at once with terminate first.
-    pub batch: u32,
 }
 
 /// What EC2 says about the group's instances and templates, read for the plan.
@@ -111,7 +99,7 @@ fn in_a_replaced_state(
     state_replaced && protection_allows
 }
 
-/// The marking plan for `refresh` of `group`.
+/// The instances `refresh` of `group` replaces; the room rule fills `mark` and `kept`.
 pub fn plan(
     refresh: &InstanceRefreshDescription,
     group: &GroupConfiguration,
@@ -133,29 +121,13 @@ pub fn plan(
         .filter(|i| will_replace(i, refresh, &desired, facts))
         .map(|i| i.instance_id.clone())
         .collect();
-    let desired_capacity = group.desired_capacity;
-    let kept_healthy = (u64::from(desired_capacity) * u64::from(min)).div_ceil(100);
-    let batch = u32::try_from(u64::from(desired_capacity).saturating_sub(kept_healthy))
-        .unwrap_or(u32::MAX)
-        .max(1);
-    let launch_before_terminate = max > 100;
-    let (mark, reserve) = if launch_before_terminate {
-        (outdated.clone(), Vec::new())
-    } else {
-        let keep = usize::try_from(batch)
-            .unwrap_or(usize::MAX)
-            .min(outdated.len());
-        let (mark, reserve) = outdated.split_at(outdated.len() - keep);
-        (mark.to_vec(), reserve.to_vec())
-    };
     MarkPlan {
-        mark,
-        reserve,
         outdated,
-        launch_before_terminate,
+        mark: Vec::new(),
+        kept: Vec::new(),
+        launch_before_terminate: max > 100,
         min_healthy_percentage: min,
         max_healthy_percentage: max,
-        batch,
     }
 }
 
@@ -239,36 +211,17 @@ mod tests {
     ];
 
     #[test]
-    fn launch_before_terminate_marks_every_outdated_instance() {
-        let marking = plan_of(&refresh(Some(100), Some(200), false), &group(3, &THREE_OLD));
-        assert!(marking.launch_before_terminate);
-        assert_eq!(marking.mark, vec!["i-1", "i-2", "i-3"]);
-        assert!(marking.reserve.is_empty());
-    }
-
-    #[test]
-    fn terminate_first_keeps_one_batch_schedulable() {
-        let marking = plan_of(&refresh(None, None, false), &group(3, &THREE_OLD));
-        assert!(!marking.launch_before_terminate);
+    fn every_in_service_instance_from_before_the_start_is_outdated_in_both_strategies() {
+        let lbt = plan_of(&refresh(Some(100), Some(200), false), &group(3, &THREE_OLD));
+        assert!(lbt.launch_before_terminate);
+        assert_eq!(lbt.outdated, vec!["i-1", "i-2", "i-3"]);
+        let first = plan_of(&refresh(None, None, false), &group(3, &THREE_OLD));
+        assert!(!first.launch_before_terminate);
         assert_eq!(
-            (
-                marking.min_healthy_percentage,
-                marking.max_healthy_percentage
-            ),
+            (first.min_healthy_percentage, first.max_healthy_percentage),
             (90, 100)
         );
-        assert_eq!(marking.batch, 1);
-        assert_eq!(marking.mark, vec!["i-1", "i-2"]);
-        assert_eq!(marking.reserve, vec!["i-3"]);
-
-        let ten: Vec<(String, &str, &str)> = (0..10)
-            .map(|i| (format!("i-{i}"), "InService", "1"))
-            .collect();
-        let ten: Vec<(&str, &str, &str)> =
-            ten.iter().map(|(a, b, c)| (a.as_str(), *b, *c)).collect();
-        let marking = plan_of(&refresh(Some(50), Some(100), false), &group(10, &ten));
-        assert_eq!(marking.batch, 5);
-        assert_eq!((marking.mark.len(), marking.reserve.len()), (5, 5));
+        assert_eq!(first.outdated, lbt.outdated);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Node updates by instance refresh: a group of N nodes carrying Deployments behind PDBs is
 //! refreshed (launch before terminate, and terminate first), once with `instance-refresh`
-//! receiving the refresh events and once without, in fresh worlds. The figures are what the
-//! fakes saw: evictions per pod on the outdated nodes, pods scheduled onto an outdated node
-//! after the start, pods moved twice, PDB violations and the time to the refresh's end. The
+//! receiving the refresh and instance events and once without, in fresh worlds. The figures
+//! are what the fakes saw: evictions per pod on the outdated nodes, pods scheduled onto an
+//! outdated node after the start, pods moved twice, Pending pod-seconds (how long the evicted
+//! pods' replacements waited for a node), PDB violations and the time to the refresh's end. The
 //! fake scheduler prefers nodes that already hold a pod's image, as kube-scheduler's
 //! ImageLocality score does: the old nodes, which is what sends an evicted pod to the next
 //! outdated node when nothing cordons it.
@@ -53,7 +54,8 @@ pub async fn instance_refresh(
         nodegroup: "ng".to_owned(),
         min_healthy_percentage: if launch_before_terminate { 100 } else { 90 },
         max_healthy_percentage: if launch_before_terminate { 110 } else { 100 },
-        instance_warmup_seconds: 0.0,
+        // Auto Scaling's pause after a replacement is in service before the next batch.
+        instance_warmup_seconds: 1.0,
         expect_status: "Successful".to_owned(),
         expect_no_pod_moved_twice: true,
     };

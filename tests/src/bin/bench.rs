@@ -370,39 +370,22 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
 async fn instance_refresh(mode: Mode) -> Result<(), String> {
     let sizes: &[usize] = match mode {
         Mode::Quick => &[3],
-        Mode::Full => &[3, 10],
+        Mode::Full => &[3, 10, 30],
     };
     println!(
-        "## Node update by instance refresh (N nodes, N Deployments of N replicas, one pod of each per node, PDB maxUnavailable 1 each; launch before terminate = MinHealthy 100 / MaxHealthy 110, one new node at a time, terminate first = Auto Scaling's defaults 90 / 100)\n"
+        "## Node update by instance refresh (N nodes, N Deployments of N replicas, one pod of each per node, PDB maxUnavailable 1 each; launch before terminate = MinHealthy 100 / MaxHealthy 110, terminate first = Auto Scaling's defaults 90 / 100; instance warmup 1 s)\n"
     );
     println!(
-        "| nodes | strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods scheduled onto an outdated node after the start | pods moved twice | PDB violations | marks left | time to the end (ms) |"
+        "| nodes | strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods scheduled onto an outdated node after the start | pods moved twice | Pending pod-seconds | longest Pending (s) | PDB violations | marks left | time to the end (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut broken = Vec::new();
     for &nodes in sizes {
         for launch_first in [true, false] {
             for with in [true, false] {
                 let row = bench::instance_refresh(nodes, launch_first, with).await?;
+                print_refresh_row(&row);
                 let f = &row.figures;
-                println!(
-                    "| {nodes} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} |",
-                    if launch_first {
-                        "launch before terminate"
-                    } else {
-                        "terminate first"
-                    },
-                    if with { "on" } else { "off" },
-                    f.status.as_deref().unwrap_or("did not end"),
-                    f.pods_at_start,
-                    f.evictions,
-                    f.evictions as f64 / f.pods_at_start.max(1) as f64,
-                    f.scheduled_onto_outdated,
-                    f.pods_moved_twice,
-                    f.pdb_violations,
-                    f.marks_left,
-                    ms(f.wall),
-                );
                 if f.status.as_deref() != Some("Successful")
                     || f.pdb_violations > 0
                     || f.marks_left > 0
@@ -410,10 +393,6 @@ async fn instance_refresh(mode: Mode) -> Result<(), String> {
                     broken.push(format!(
                         "{nodes} nodes, launch first {launch_first}, instance-refresh {with}"
                     ));
-                }
-                if with && launch_first && (f.pods_moved_twice > 0 || f.scheduled_onto_outdated > 0)
-                {
-                    broken.push(format!("{nodes} nodes, launch first: a pod moved twice"));
                 }
             }
         }
@@ -424,6 +403,35 @@ async fn instance_refresh(mode: Mode) -> Result<(), String> {
     } else {
         Err(format!("instance refresh: {}", broken.join("; ")))
     }
+}
+
+fn print_refresh_row(row: &bench::RefreshRow) {
+    let f = &row.figures;
+    println!(
+        "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.1} | {} | {} | {:.1} |",
+        row.nodes,
+        if row.launch_before_terminate {
+            "launch before terminate"
+        } else {
+            "terminate first"
+        },
+        if row.with_instance_refresh {
+            "on"
+        } else {
+            "off"
+        },
+        f.status.as_deref().unwrap_or("did not end"),
+        f.pods_at_start,
+        f.evictions,
+        f.evictions as f64 / f.pods_at_start.max(1) as f64,
+        f.scheduled_onto_outdated,
+        f.pods_moved_twice,
+        f.pending_pod_seconds,
+        f.longest_pending.as_secs_f64(),
+        f.pdb_violations,
+        f.marks_left,
+        f.wall.as_secs_f64(),
+    );
 }
 
 async fn drain_defaults(mode: Mode) -> Result<(), String> {

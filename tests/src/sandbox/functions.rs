@@ -112,14 +112,15 @@ impl Sandbox {
 }
 
 impl Sandbox {
-    /// Auto Scaling's instance refresh events, as the stack's EventBridge rule routes them:
-    /// each becomes an invocation of `instance-refresh`, one after the other.
+    /// Auto Scaling's instance refresh and instance events, as the stack's EventBridge rule
+    /// routes them: each becomes an invocation of `instance-refresh`, one after the other.
     pub(super) fn deliver_refresh_events(&mut self) {
         let mut subscription = self.aws.eventbridge().subscribe(EventPattern {
             sources: vec!["aws.autoscaling".to_owned()],
             detail_types: REFRESH_DETAIL_TYPES
                 .iter()
                 .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"))
+                .chain(INSTANCE_DETAIL_TYPES.map(str::to_owned))
                 .collect(),
         });
         let function = "instance-refresh";
@@ -145,14 +146,21 @@ impl Sandbox {
 }
 
 /// The refresh events the stack's rule forwards (`infra/template.yaml`).
-const REFRESH_DETAIL_TYPES: [&str; 7] = [
+const REFRESH_DETAIL_TYPES: [&str; 8] = [
     "Started",
+    "Checkpoint Reached",
     "Succeeded",
     "Failed",
     "Cancelled",
     "Rollback Started",
     "Rollback Succeeded",
     "Rollback Failed",
+];
+
+/// The instance events the same rule forwards.
+const INSTANCE_DETAIL_TYPES: [&str; 2] = [
+    "EC2 Instance Launch Successful",
+    "EC2 Instance Terminate Successful",
 ];
 
 impl Sandbox {

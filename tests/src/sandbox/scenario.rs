@@ -143,6 +143,10 @@ pub struct NodegroupSpec {
     /// and node repair leave to EKS).
     #[serde(default)]
     pub self_managed: bool,
+    /// The Auto Scaling group's termination policies (`NewestInstance` makes an instance
+    /// refresh replace the newest instances first; by default the oldest go first).
+    #[serde(default)]
+    pub termination_policies: Vec<String>,
 }
 
 impl NodegroupSpec {

@@ -127,6 +127,12 @@ impl Sandbox {
             .availability_zones(&[&format!("{}a", self.scenario.region)])
             // The seeded nodes are minutes old in the story, not seconds.
             .health_check_grace_period(Duration::ZERO);
+        let policies: Vec<&str> = spec
+            .termination_policies
+            .iter()
+            .map(String::as_str)
+            .collect();
+        group = group.termination_policies(&policies);
         if spec.tagged_for_cluster {
             group = group.tag("eks:cluster-name", cluster);
         }

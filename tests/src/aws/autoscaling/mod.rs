@@ -103,6 +103,10 @@ pub struct FakeAutoScalingGroup {
     pub retain_on_abandon: bool,
     /// Whether the group has an instance lifecycle policy at all (reported only then).
     pub has_instance_lifecycle_policy: bool,
+    /// The group's termination policies. The fake reads only whether the first is
+    /// `NewestInstance`: an instance refresh then replaces the newest instances first
+    /// (else the oldest first), as AWS applies the termination policy within a zone.
+    pub termination_policies: Vec<String>,
 }
 
 impl FakeAutoScalingGroup {
@@ -120,7 +124,13 @@ impl FakeAutoScalingGroup {
             instance_maintenance_policy: None,
             retain_on_abandon: false,
             has_instance_lifecycle_policy: false,
+            termination_policies: Vec::new(),
         }
+    }
+
+    pub fn termination_policies(mut self, policies: &[&str]) -> Self {
+        self.termination_policies = policies.iter().map(|p| (*p).to_owned()).collect();
+        self
     }
 
     pub fn launch_template(mut self, id: &str, name: &str, version: &str) -> Self {
@@ -193,7 +203,8 @@ struct GroupInstance {
     /// What it was launched with: the group's configuration when it joined.
     launch_template: Option<FakeLaunchTemplate>,
     instance_type: String,
-    /// When it joined, as a sequence number (refreshes replace the oldest first).
+    /// When it joined, as a sequence number (refreshes replace the oldest first, or the
+    /// newest with the `NewestInstance` termination policy).
     joined: u64,
 }
 

@@ -186,6 +186,10 @@ pub(super) fn start(
             })
             .collect();
         in_service.sort_by_key(|(_, instance)| instance.joined);
+        let policies = &record.group.termination_policies;
+        if policies.first().is_some_and(|p| p == "NewestInstance") {
+            in_service.reverse();
+        }
         let outdated: Vec<String> = in_service.into_iter().map(|(id, _)| id.clone()).collect();
         let (launch_first, batch_size) = batching(record.group.desired_capacity, min, max);
         let warmup_seconds = preferences.instance_warmup.map_or(0, |w| w.as_secs());

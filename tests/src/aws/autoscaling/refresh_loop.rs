@@ -1,6 +1,9 @@
 //! The replacement loop of an instance refresh: a tokio task that launches and terminates
 //! batch by batch, polls the state for the instances it waits for (never holding the lock
-//! across an await), and records the end with its EventBridge event.
+//! across an await), and records the end with its EventBridge event. As Auto Scaling does,
+//! it puts `EC2 Instance Launch Successful` on the bus once a new instance is in service
+//! (after its launching hook) and `EC2 Instance Terminate Successful` once an outdated one
+//! has left the group.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -15,6 +18,12 @@ use crate::aws::{Shared, lock};
 
 /// How often the loop looks at the instances it waits for.
 pub(super) const POLL: Duration = Duration::from_millis(10);
+
+/// How long after reporting the refresh started (`InProgress`, the Started event) the loop
+/// begins its first batch. On AWS the first replacement activity comes seconds after the
+/// start; without a pause here, the first termination would always begin before a
+/// subscriber of the Started event could act on it.
+const FIRST_BATCH_AFTER: Duration = Duration::from_millis(300);
 
 /// What the loop works from, fixed at the start.
 pub(super) struct Plan {
@@ -38,6 +47,7 @@ pub(super) async fn run(shared: Weak<Shared>, plan: Plan) {
     if !set_in_progress(&shared, &plan) {
         return;
     }
+    tokio::time::sleep(FIRST_BATCH_AFTER).await;
     let mut queue = plan.outdated.iter();
     let end = loop {
         if cancelling(&shared, &plan.id) {
@@ -132,7 +142,11 @@ async fn launch(shared: &Weak<Shared>, plan: &Plan, count: usize) -> StepResult 
     for instance_id in &launched {
         loop {
             match lifecycle_state(shared, &plan.group_name, instance_id).as_deref() {
-                Some("InService") => break,
+                Some("InService") => {
+                    let shared = shared.upgrade().ok_or(None)?;
+                    emit_instance(&shared, plan, instance_id, LAUNCH_SUCCESSFUL);
+                    break;
+                }
                 Some(_) => tokio::time::sleep(POLL).await,
                 None if shared.upgrade().is_none() => return Err(None),
                 None => {
@@ -174,14 +188,8 @@ async fn terminate(shared: &Weak<Shared>, plan: &Plan, batch: &[String]) -> Step
                 }
                 _ => {
                     let shared = shared.upgrade().ok_or(None)?;
-                    let mut state = lock(&shared.autoscaling.state);
-                    if let Some(record) = record_mut(&mut state, &plan.id) {
-                        record.view.replaced_instance_ids.push(instance_id.clone());
-                        let done = record.view.replaced_instance_ids.len() * 100;
-                        let total = usize::try_from(record.view.instances_to_update).unwrap_or(1);
-                        record.view.percentage_complete =
-                            u32::try_from(done / total.max(1)).unwrap_or(100);
-                    }
+                    record_replaced(&shared, plan, instance_id);
+                    emit_instance(&shared, plan, instance_id, TERMINATE_SUCCESSFUL);
                     break;
                 }
             }
@@ -192,6 +200,19 @@ async fn terminate(shared: &Weak<Shared>, plan: &Plan, batch: &[String]) -> Step
             "instance {instance_id} was retained: its terminating lifecycle action was abandoned"
         ))),
         None => Ok(()),
+    }
+}
+
+fn record_replaced(shared: &Shared, plan: &Plan, instance_id: &str) {
+    let mut state = lock(&shared.autoscaling.state);
+    if let Some(record) = record_mut(&mut state, &plan.id) {
+        record
+            .view
+            .replaced_instance_ids
+            .push(instance_id.to_owned());
+        let done = record.view.replaced_instance_ids.len() * 100;
+        let total = usize::try_from(record.view.instances_to_update).unwrap_or(1);
+        record.view.percentage_complete = u32::try_from(done / total.max(1)).unwrap_or(100);
     }
 }
 
@@ -231,12 +252,53 @@ fn finish(
     emit(&shared, plan, detail_type);
 }
 
-fn emit(shared: &Shared, plan: &Plan, detail_type: &str) {
-    let arn = lock(&shared.autoscaling.state)
+const LAUNCH_SUCCESSFUL: &str = "EC2 Instance Launch Successful";
+const TERMINATE_SUCCESSFUL: &str = "EC2 Instance Terminate Successful";
+
+fn group_arn(shared: &Shared, plan: &Plan) -> String {
+    lock(&shared.autoscaling.state)
         .groups
         .get(&plan.group_name)
         .map(|record| record.arn.clone())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// An instance event as Auto Scaling sends it: the group's and the instance's ARNs, the
+/// group and instance in the detail (no refresh id), and the activity's fields.
+fn emit_instance(shared: &Shared, plan: &Plan, instance_id: &str, detail_type: &str) {
+    let instance_arn = format!(
+        "arn:aws:ec2:{}:{}:instance/{instance_id}",
+        shared.account.region, shared.account.account_id
+    );
+    let now = Timestamp::now().to_string();
+    let description = if detail_type == LAUNCH_SUCCESSFUL {
+        format!("Launching a new EC2 instance: {instance_id}")
+    } else {
+        format!("Terminating EC2 instance: {instance_id}")
+    };
+    crate::aws::eventbridge::emit(
+        shared,
+        "aws.autoscaling",
+        detail_type,
+        vec![group_arn(shared, plan), instance_arn],
+        json!({
+            "StatusCode": "InProgress",
+            "Description": description,
+            "AutoScalingGroupName": plan.group_name,
+            "ActivityId": crate::aws::uuid_v4(),
+            "Details": {},
+            "RequestId": crate::aws::uuid_v4(),
+            "StatusMessage": "",
+            "EndTime": now,
+            "EC2InstanceId": instance_id,
+            "StartTime": now,
+            "Cause": format!("An instance refresh {} is replacing instances", plan.id),
+        }),
+    );
+}
+
+fn emit(shared: &Shared, plan: &Plan, detail_type: &str) {
+    let arn = group_arn(shared, plan);
     crate::aws::eventbridge::emit(
         shared,
         "aws.autoscaling",

@@ -386,7 +386,7 @@ async fn an_abandoned_launch_fails_the_refresh_naming_the_instance() {
 }
 
 #[tokio::test]
-async fn refresh_events_go_to_eventbridge_started_then_succeeded() {
+async fn refresh_events_go_to_eventbridge_started_then_each_instance_then_succeeded() {
     let aws = fake().await;
     group(&aws, nodes(1), false);
     let mut events = aws.eventbridge().subscribe(EventPattern {
@@ -401,17 +401,42 @@ async fn refresh_events_go_to_eventbridge_started_then_succeeded() {
     let arn = lock(&aws.shared.autoscaling.state).groups[GROUP]
         .arn
         .clone();
+    let view = autoscaling.instance_refresh(&id).unwrap();
+    let (old, new) = (
+        &view.replaced_instance_ids[0],
+        &view.launched_instance_ids[0],
+    );
     let mut types = Vec::new();
     while let Some(event) = events.next_event(Duration::from_millis(50)).await {
-        assert_eq!(event["resources"], serde_json::json!([arn]));
-        assert_eq!(event["detail"]["InstanceRefreshId"], id.as_str());
+        assert_eq!(event["resources"][0], arn.as_str());
         assert_eq!(event["detail"]["AutoScalingGroupName"], GROUP);
-        types.push(event["detail-type"].as_str().unwrap().to_owned());
+        let detail_type = event["detail-type"].as_str().unwrap().to_owned();
+        if detail_type.starts_with("EC2 Instance ") {
+            let instance = if detail_type.contains("Launch") {
+                new
+            } else {
+                old
+            };
+            assert_eq!(event["detail"]["EC2InstanceId"], instance.as_str());
+            assert!(
+                event["resources"][1]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(instance.as_str())
+            );
+        } else {
+            assert_eq!(event["detail"]["InstanceRefreshId"], id.as_str());
+        }
+        types.push(detail_type);
     }
+    // Terminate first (Auto Scaling's default): the old instance leaves, then its
+    // replacement comes in service.
     assert_eq!(
         types,
         [
             "EC2 Auto Scaling Instance Refresh Started",
+            "EC2 Instance Terminate Successful",
+            "EC2 Instance Launch Successful",
             "EC2 Auto Scaling Instance Refresh Succeeded"
         ]
     );

@@ -63,6 +63,10 @@ impl Simulation {
                     { "type": "Hostname", "address": name },
                 ],
                 "nodeInfo": { "kubeletVersion": "v1.33.0-eks-fake", "osImage": "Amazon Linux 2023" },
+                // What a kubelet reports (an m5.xlarge's, less system reserve); the
+                // scheduler here does not count it, the instance refresh's room rule does.
+                "capacity": { "cpu": "4", "memory": "16Gi", "pods": "110" },
+                "allocatable": { "cpu": "3920m", "memory": "15Gi", "pods": "110" },
             },
         });
         // A kubelet registers through the API, so the admission taint applies.

@@ -6,9 +6,11 @@
 //!
 //! The step measures what the fakes saw (the benchmark reads the same figures): accepted
 //! evictions, pods evicted that had been scheduled after the start (moved twice), pods
-//! scheduled onto an outdated node after the start, PDB violations, and the marks left.
+//! scheduled onto an outdated node after the start, how long the pods created after the
+//! start (the evicted pods' replacements) waited unscheduled, PDB violations, and the marks
+//! left.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -39,6 +41,11 @@ pub struct RefreshFigures {
     pub pods_moved_twice: usize,
     /// Pods created after the start that were bound to an outdated node.
     pub scheduled_onto_outdated: usize,
+    /// Pending pod-seconds: summed over the pods created after the start (the evicted pods'
+    /// replacements), the time each spent without a node, sampled every 20 ms.
+    pub pending_pod_seconds: f64,
+    /// The longest time one such pod spent without a node.
+    pub longest_pending: Duration,
     /// Evictions that broke a PodDisruptionBudget (the fake's disruption log).
     pub pdb_violations: usize,
     /// Start to refresh end, and until our marks were undone.
@@ -186,35 +193,17 @@ impl Sandbox {
 
         let sampling = Arc::new(AtomicBool::new(true));
         let landed: Arc<Mutex<BTreeSet<String>>> = Arc::default();
-        let sampler = {
-            let (sampling, landed, outdated, store) = (
-                sampling.clone(),
-                landed.clone(),
-                outdated.clone(),
-                store.clone(),
-            );
-            tokio::spawn(async move {
-                while sampling.load(Ordering::Relaxed) {
-                    for pod in store.list::<Pod>() {
-                        let new = pod
-                            .metadata
-                            .uid
-                            .as_ref()
-                            .is_some_and(|uid| !known_uids.contains(uid));
-                        let on_outdated = pod
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.node_name.as_ref())
-                            .is_some_and(|n| outdated.contains(n));
-                        if new && on_outdated && !is_daemon_set_pod(&pod) {
-                            let mut landed = landed.lock().unwrap_or_else(|e| e.into_inner());
-                            landed.insert(pod_key(&pod));
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            })
-        };
+        let pending: Arc<Mutex<BTreeMap<String, Duration>>> = Arc::default();
+        let sampler = tokio::spawn(sample(
+            Sampled {
+                sampling: sampling.clone(),
+                landed: landed.clone(),
+                pending: pending.clone(),
+            },
+            store.clone(),
+            outdated.clone(),
+            known_uids,
+        ));
 
         let autoscaling = self.aws.autoscaling();
         autoscaling
@@ -253,6 +242,7 @@ impl Sandbox {
             .collect();
         let nodes_left = store.list::<Node>();
         let landed = landed.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let pending = pending.lock().unwrap_or_else(|e| e.into_inner()).clone();
         Ok(RefreshFigures {
             status,
             outdated_nodes: outdated.len(),
@@ -260,6 +250,8 @@ impl Sandbox {
             evictions: evicted.len(),
             pods_moved_twice: evicted.iter().filter(|p| !at_start.contains(*p)).count(),
             scheduled_onto_outdated: landed,
+            pending_pod_seconds: pending.values().fold(0.0, |sum, d| sum + d.as_secs_f64()),
+            longest_pending: pending.values().max().copied().unwrap_or_default(),
             pdb_violations: self.pdb_violations().saturating_sub(violations_before),
             wall,
             marks_left: nodes_left.iter().filter(|n| has_refresh_label(n)).count(),
@@ -292,6 +284,53 @@ impl Sandbox {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// What the sampler fills while the refresh runs.
+struct Sampled {
+    sampling: Arc<AtomicBool>,
+    /// Pods created after the start that were bound to an outdated node.
+    landed: Arc<Mutex<BTreeSet<String>>>,
+    /// Per pod created after the start, the time it was seen without a node.
+    pending: Arc<Mutex<BTreeMap<String, Duration>>>,
+}
+
+/// Every 20 ms until told to stop: the pods created since the start (not in `known_uids`)
+/// that are bound to an outdated node, and those without a node (for the time since the
+/// last sample).
+async fn sample(
+    sampled: Sampled,
+    store: crate::kube::Store,
+    outdated: BTreeSet<String>,
+    known_uids: BTreeSet<String>,
+) {
+    let mut last = Instant::now();
+    while sampled.sampling.load(Ordering::Relaxed) {
+        let elapsed = last.elapsed();
+        last = Instant::now();
+        for pod in store.list::<Pod>() {
+            let new = pod
+                .metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| !known_uids.contains(uid));
+            if !new || is_daemon_set_pod(&pod) {
+                continue;
+            }
+            match pod.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+                Some(node) if outdated.contains(node) => {
+                    let mut landed = sampled.landed.lock().unwrap_or_else(|e| e.into_inner());
+                    landed.insert(pod_key(&pod));
+                }
+                Some(_) => {}
+                None => {
+                    let mut pending = sampled.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    *pending.entry(pod_key(&pod)).or_default() += elapsed;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
