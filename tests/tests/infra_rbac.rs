@@ -333,10 +333,14 @@ fn node_repair_gets_exactly_what_it_uses() {
 
 #[test]
 fn instance_refresh_gets_exactly_what_it_uses() {
-    // Nodes only: no pods, no evictions, no Events, no get (a conflict re-reads by list).
+    // Nodes, and the pods list the room rule reads their requests from: no evictions, no
+    // Events, no get (a conflict re-reads by list).
     assert_exactly(
         INSTANCE_REFRESH_GROUP,
-        &[grant("*", "", "nodes", &["list", "patch"], &[])],
+        &[
+            grant("*", "", "nodes", &["list", "patch"], &[]),
+            grant("*", "", "pods", &["list"], &[]),
+        ],
     );
 }
 

@@ -20,7 +20,7 @@ use node_manager_testkit::aws::{
 };
 use node_manager_testkit::binaries::function_binary;
 use node_manager_testkit::e2e::function_group;
-use node_manager_testkit::fixtures::running_pod;
+use node_manager_testkit::fixtures::{make_ready_by_hand, running_pod};
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
 use node_manager_testkit::soak::corpus;
@@ -195,12 +195,10 @@ impl RefreshWorld {
         self.server
             .store()
             .modify::<Node>("", &name, |n| {
-                let status = n.status.get_or_insert_default();
-                // The simulation is off: the kubelet's Ready and allocatable are set here.
-                for condition in status.conditions.iter_mut().flatten() {
-                    condition.status = "True".into();
-                }
-                status
+                // The simulation is off: Ready and allocatable are set here.
+                make_ready_by_hand(n);
+                n.status
+                    .get_or_insert_default()
                     .allocatable
                     .get_or_insert_default()
                     .insert("pods".into(), Quantity(pods.to_string()));

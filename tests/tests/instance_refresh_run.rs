@@ -17,7 +17,7 @@ use node_manager::instance_refresh::handler::{self, RefreshContext, RefreshError
 use node_manager::instance_refresh::settings::RefreshSettings;
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::node_marks::refresh::{REFRESH_LABEL, refresh_marks_of};
-use node_manager_testkit::fixtures::running_pod;
+use node_manager_testkit::fixtures::{make_ready_by_hand, running_pod};
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;
 use serde_json::{Value, json};
@@ -174,13 +174,9 @@ impl World {
         self.server
             .store()
             .modify::<Node>("", &node_name(i), |n| {
+                // The simulation is off here: Ready is set by hand.
+                make_ready_by_hand(n);
                 let status = n.status.get_or_insert_default();
-                // The simulation is off here: the kubelet's Ready is set by hand.
-                for condition in status.conditions.iter_mut().flatten() {
-                    if condition.type_ == "Ready" {
-                        condition.status = "True".into();
-                    }
-                }
                 status.allocatable.get_or_insert_default().insert(
                     "pods".into(),
                     k8s_openapi::apimachinery::pkg::api::resource::Quantity(pods.to_string()),

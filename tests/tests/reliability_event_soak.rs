@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use node_manager::aws::InstanceFacts;
 use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager_testkit::soak::events::check::{
@@ -182,6 +183,22 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         .unwrap();
     let name = pod.metadata.name.clone().unwrap();
     let pods: kube::Api<Pod> = kube::Api::namespaced(world.client.clone(), "default");
+    // The disruption controller computes a budget's status a moment after its pods change,
+    // as kube-controller-manager does: evict once every budget allows it.
+    let budgets_observed = || {
+        store
+            .list::<PodDisruptionBudget>()
+            .iter()
+            .all(|b| b.status.as_ref().is_some_and(|s| s.disruptions_allowed > 0))
+    };
+    let waiting_since = std::time::Instant::now();
+    while !budgets_observed() {
+        assert!(
+            waiting_since.elapsed() < std::time::Duration::from_secs(10),
+            "the budgets' status never allowed a disruption"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     pods.evict(&name, &Default::default()).await.unwrap();
     let seen = BTreeMap::from([(name, kept.node.clone())]);
 
