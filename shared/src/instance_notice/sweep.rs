@@ -108,7 +108,10 @@ async fn scan<T>(
             None
         }
         Err(_) => {
-            tracing::warn!(what, "EC2 did not answer the scan in time: the next run does");
+            tracing::warn!(
+                what,
+                "EC2 did not answer the scan in time: the next run does"
+            );
             None
         }
     }
@@ -190,7 +193,13 @@ where
             starts_at: Some(starts_at),
             closed: false,
         };
-        let event = found_event(handler, "maintenance", instance_id, announcement, invocation);
+        let event = found_event(
+            handler,
+            "maintenance",
+            instance_id,
+            announcement,
+            invocation,
+        );
         outcomes.push(handle_found(handler, &event, instance_id, invocation).await);
     }
     outcomes

@@ -256,7 +256,9 @@ async fn a_lost_health_event_is_planned_or_drained_by_the_next_scheduled_run() {
     };
     // Two days ahead: planned for the margin before its start, the node left in service.
     let far = in_seconds(2 * 86_400);
-    s.instances.notices.set_schedule(INSTANCE, vec![reboot(far)]);
+    s.instances
+        .notices
+        .set_schedule(INSTANCE, vec![reboot(far)]);
     let drainer = s.drainer(&[]);
     let swept = run(&drainer, tick(), "req-tick").await;
     assert_eq!(swept["instances"][0]["instanceId"], INSTANCE, "{swept}");
@@ -266,9 +268,15 @@ async fn a_lost_health_event_is_planned_or_drained_by_the_next_scheduled_run() {
     );
     let node = s.server.store().get::<Node>("", NODE).unwrap();
     let record = node_manager::instance_notice::maintenance::MaintenanceRecord::of(&node).unwrap();
-    assert_eq!(record.type_code, "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED");
+    assert_eq!(
+        record.type_code,
+        "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
+    );
     assert_eq!(record.starts_at, far);
-    assert_eq!(record.drain_from, far - jiff::SignedDuration::from_secs(3600));
+    assert_eq!(
+        record.drain_from,
+        far - jiff::SignedDuration::from_secs(3600)
+    );
     assert!(!is_cordoned(&s));
     // Planned already: the next run leaves it to the reconciler.
     let again = run(&drainer, tick(), "req-tick-2").await;
