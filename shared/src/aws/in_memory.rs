@@ -456,11 +456,40 @@ impl InstanceNoticesBatch for InMemoryInstanceNotices {
         out.sort();
         Ok(out)
     }
+
+    /// As EC2 lists them without `IncludeAllInstances`: running instances only.
+    async fn instances_with_scheduled_events(
+        &self,
+    ) -> Result<BTreeMap<String, Vec<ScheduledInstanceEvent>>, AwsError> {
+        self.faults.take("DescribeInstanceStatus")?;
+        let facts = lock(&self.facts).clone();
+        let running = |id: &String| {
+            facts
+                .get(id)
+                .is_some_and(|f| f.state.as_deref() == Some("running"))
+        };
+        Ok(lock(&self.scheduled)
+            .iter()
+            .filter(|(id, events)| {
+                running(id)
+                    && events
+                        .iter()
+                        .any(|e| SCHEDULED_EVENT_CODES.contains(&e.code.as_str()))
+            })
+            .map(|(id, events)| (id.clone(), events.clone()))
+            .collect())
+    }
 }
 
 impl InstanceNoticesBatch for InMemoryInstances {
     async fn interrupted_spot_instances(&self) -> Result<Vec<String>, AwsError> {
         self.notices.interrupted_spot_instances().await
+    }
+
+    async fn instances_with_scheduled_events(
+        &self,
+    ) -> Result<BTreeMap<String, Vec<ScheduledInstanceEvent>>, AwsError> {
+        self.notices.instances_with_scheduled_events().await
     }
 }
 

@@ -228,6 +228,16 @@ pub const SPOT_INTERRUPTION_CODES: [&str; 3] = [
     "marked-for-hibernation",
 ];
 
+/// The codes of EC2's scheduled events that drain an instance (what AWS Health's scheduled
+/// changes for EC2 announce): a lost Health event is found again by these.
+pub const SCHEDULED_EVENT_CODES: [&str; 5] = [
+    "instance-reboot",
+    "system-reboot",
+    "system-maintenance",
+    "instance-retirement",
+    "instance-stop",
+];
+
 /// EC2: what proves an instance notice before the drain it starts.
 pub trait InstanceNotices: Send + Sync {
     /// The instance's state, group and Spot request; `None` when EC2 does not know it.
@@ -293,6 +303,13 @@ pub trait InstanceNoticesBatch: InstanceNotices {
     fn interrupted_spot_instances(
         &self,
     ) -> impl Future<Output = Result<Vec<String>, AwsError>> + Send;
+
+    /// The running instances with a scheduled event of one of [`SCHEDULED_EVENT_CODES`],
+    /// account-wide, with their scheduled events (all states): what a lost AWS Health event
+    /// announced, found again.
+    fn instances_with_scheduled_events(
+        &self,
+    ) -> impl Future<Output = Result<BTreeMap<String, Vec<ScheduledInstanceEvent>>, AwsError>> + Send;
 
     /// The scheduled events of each instance (all of them EC2 knows).
     fn scheduled_events_of(

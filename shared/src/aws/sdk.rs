@@ -563,6 +563,46 @@ impl InstanceNoticesBatch for SdkInstances {
         }
     }
 
+    /// By an `event.code` filter, every page (running instances only: a stopped one has
+    /// nothing left to drain).
+    async fn instances_with_scheduled_events(
+        &self,
+    ) -> Result<BTreeMap<String, Vec<ScheduledInstanceEvent>>, AwsError> {
+        use aws_sdk_ec2::types::Filter;
+        let filter = Filter::builder()
+            .name("event.code")
+            .set_values(Some(
+                SCHEDULED_EVENT_CODES
+                    .iter()
+                    .map(|c| (*c).to_owned())
+                    .collect(),
+            ))
+            .build();
+        let mut out: BTreeMap<String, Vec<ScheduledInstanceEvent>> = BTreeMap::new();
+        let mut next_token = None;
+        loop {
+            let output = self
+                .client()
+                .describe_instance_status()
+                .filters(filter.clone())
+                .set_next_token(next_token.take())
+                .send()
+                .await
+                .map_err(|e| classify("DescribeInstanceStatus", e))?;
+            for status in output.instance_statuses() {
+                if let Some(id) = status.instance_id() {
+                    out.entry(id.to_owned())
+                        .or_default()
+                        .extend(status.events().iter().map(scheduled_event_of));
+                }
+            }
+            match output.next_token().filter(|t| !t.is_empty()) {
+                Some(token) => next_token = Some(token.to_owned()),
+                None => return Ok(out),
+            }
+        }
+    }
+
     /// By a `spot-instance-request-id` filter: an unknown request is absent.
     async fn spot_request_statuses(
         &self,

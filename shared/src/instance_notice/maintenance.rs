@@ -139,6 +139,20 @@ pub fn ec2_event_code(health_type_code: &str) -> Option<&'static str> {
     })
 }
 
+/// The AWS Health type code that announces EC2's scheduled event `ec2_code` (the inverse of
+/// [`ec2_event_code`], one type code per EC2 code): a scheduled event found in EC2's own
+/// schedule whose Health event was lost is planned as that Health event would have been.
+pub fn health_type_code(ec2_code: &str) -> Option<&'static str> {
+    Some(match ec2_code {
+        "instance-retirement" => "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+        "instance-stop" => "AWS_EC2_INSTANCE_STOP_SCHEDULED",
+        "instance-reboot" => "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED",
+        "system-reboot" => "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED",
+        "system-maintenance" => "AWS_EC2_SYSTEM_MAINTENANCE_SCHEDULED",
+        _ => return None,
+    })
+}
+
 /// Whether the instance (and its node) is still there after an event of this EC2 code: a
 /// reboot or system maintenance ends; a retirement or stop ends the instance.
 pub fn instance_comes_back(ec2_code: &str) -> bool {
@@ -284,4 +298,19 @@ pub async fn replan_maintenance(
     })
     .await?;
     Ok(matches!(written, Patched::Written(..)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aws::SCHEDULED_EVENT_CODES;
+
+    #[test]
+    fn every_scheduled_event_code_has_the_health_type_code_that_announces_it() {
+        for code in SCHEDULED_EVENT_CODES {
+            let type_code = health_type_code(code);
+            assert_eq!(type_code.and_then(ec2_event_code), Some(code), "{code}");
+        }
+        assert_eq!(health_type_code("instance-launch"), None);
+    }
 }

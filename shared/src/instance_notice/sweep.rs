@@ -13,18 +13,22 @@
 //!   stands: resumed on its own record, until its own deadline;
 //! - **a Spot instance EC2 marks for interruption** (its warning may have been lost): found
 //!   by one account-wide `DescribeSpotInstanceRequests` by status code, drained as for its
-//!   warning.
+//!   warning;
+//! - **a scheduled maintenance whose AWS Health event was lost** on a node not planned yet:
+//!   found by one account-wide `DescribeInstanceStatus` by event code, planned (or drained,
+//!   when due) as for its Health event.
 
 use std::collections::BTreeSet;
 
 use jiff::Timestamp;
 
 use super::event::{Announcement, InstanceEvent};
+use super::maintenance::health_type_code;
 
 use super::handler::{
     InstanceOutcome, NoticeError, NoticeHandler, NoticeReport, kube_error, maintenance_drain,
 };
-use crate::aws::{GroupActivity, InstanceNoticesBatch};
+use crate::aws::{GroupActivity, InstanceNoticesBatch, ScheduledInstanceEvent};
 use crate::cluster::connection::KubeConnection;
 use crate::drain::Drainer;
 use crate::lifecycle::handler::{HookClients, Invocation};
@@ -48,7 +52,10 @@ where
         .await
         .map_err(|source| kube_error("", source))?;
     let Reconciled {
-        outcomes, drains, ..
+        outcomes,
+        drains,
+        maintenance_covered,
+        ..
     } = reconciled;
     let mut instances: Vec<InstanceOutcome> = outcomes
         .into_iter()
@@ -72,15 +79,43 @@ where
         drained.extend(due.marks.instance().map(str::to_owned));
         instances.push(run_drain(&handler, &client, due, invocation).await);
     }
-    instances.extend(lost_spot_warnings(&handler, &drained, invocation).await);
+    let spot = lost_spot_warnings(&handler, &drained, invocation).await;
+    let mut covered = maintenance_covered;
+    covered.extend(drained);
+    covered.extend(spot.iter().map(|o| o.instance_id.clone()));
+    instances.extend(spot);
+    instances.extend(lost_health_events(&handler, &covered, invocation).await);
     Ok(NoticeReport {
         event: "Sweep".to_owned(),
         instances,
     })
 }
 
-/// How long asking EC2 for the Spot requests it marks for interruption may take.
-const SPOT_SCAN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long each account-wide scan of EC2 (the Spot requests marked for interruption, the
+/// scheduled events) may take.
+const SCAN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The answer of one account-wide scan of EC2 within [`SCAN_BOUND`]; `None` (logged) when it
+/// failed or took too long: the next run scans again.
+async fn scan<T>(
+    what: &'static str,
+    call: impl std::future::Future<Output = Result<T, crate::aws::AwsError>>,
+) -> Option<T> {
+    match tokio::time::timeout(SCAN_BOUND, call).await {
+        Ok(Ok(found)) => Some(found),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, what, "could not scan EC2: the next run does");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                what,
+                "EC2 did not answer the scan in time: the next run does"
+            );
+            None
+        }
+    }
+}
 
 /// The Spot instances EC2 marks for interruption now, account-wide (one
 /// `DescribeSpotInstanceRequests` by status code), handled as if their interruption warning
@@ -96,53 +131,135 @@ where
     C::Instances: InstanceNoticesBatch,
     C::AutoScaling: GroupActivity,
 {
-    let context = &handler.drainer.context;
-    let scanned = tokio::time::timeout(
-        SPOT_SCAN_BOUND,
-        context.instances.interrupted_spot_instances(),
+    let instances = &handler.drainer.context.instances;
+    let Some(interrupted) = scan(
+        "the Spot requests marked for interruption",
+        instances.interrupted_spot_instances(),
     )
-    .await;
-    let interrupted = match scanned {
-        Ok(Ok(ids)) => ids,
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "could not list the Spot requests marked for interruption: the next run does");
-            return Vec::new();
-        }
-        Err(_) => {
-            tracing::warn!(
-                "EC2 did not list the Spot requests marked for interruption in time: the next run does"
-            );
-            return Vec::new();
-        }
+    .await
+    else {
+        return Vec::new();
     };
     let mut outcomes = Vec::new();
     for instance_id in interrupted.iter().filter(|id| !drained.contains(*id)) {
         if !invocation.budget.has_working_slice() {
             break;
         }
-        let event = InstanceEvent {
-            id: format!("sweep-spot-{instance_id}"),
-            account: invocation.function_account.clone().unwrap_or_default(),
-            region: context.settings.notices.region.clone().unwrap_or_default(),
-            time: Timestamp::now(),
-            announcement: Announcement::SpotInterruption {
-                action: "terminate".to_owned(),
-            },
-            instance_ids: vec![instance_id.clone()],
+        let announcement = Announcement::SpotInterruption {
+            action: "terminate".to_owned(),
         };
-        outcomes.push(match handler.instance(&event, instance_id, invocation).await {
-            Ok(outcome) => outcome,
-            Err(error) => {
-                tracing::error!(step = "sweep_drain_failed", instance_id, %error, "the drain of an interrupted Spot instance failed: the next run tries again");
-                InstanceOutcome {
-                    instance_id: instance_id.clone(),
-                    outcome: "Failed".to_owned(),
-                    detail: Some(error.to_string()),
-                }
-            }
-        });
+        let event = found_event(handler, "spot", instance_id, announcement, invocation);
+        outcomes.push(handle_found(handler, &event, instance_id, invocation).await);
     }
     outcomes
+}
+
+/// The instances with a scheduled event EC2 lists as pending and not yet started, of the
+/// codes AWS Health announces, account-wide (one `DescribeInstanceStatus` by event code,
+/// every page), handled as if their AWS Health event had just arrived (it may have been
+/// lost): checked as it would be (ours, confirmed in EC2's schedule), then planned for
+/// `MAINTENANCE_DRAIN_MARGIN_SECONDS` before the start, or drained now when that time has
+/// come. An instance whose node is planned, drained or draining already (`covered`) is
+/// skipped; one of another cluster is left alone as for its Health event.
+async fn lost_health_events<C: HookClients>(
+    handler: &NoticeHandler<'_, C>,
+    covered: &BTreeSet<String>,
+    invocation: &Invocation,
+) -> Vec<InstanceOutcome>
+where
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
+{
+    let instances = &handler.drainer.context.instances;
+    let Some(scheduled) = scan(
+        "the scheduled events",
+        instances.instances_with_scheduled_events(),
+    )
+    .await
+    else {
+        return Vec::new();
+    };
+    let now = Timestamp::now();
+    let mut outcomes = Vec::new();
+    for (instance_id, events) in scheduled.iter().filter(|(id, _)| !covered.contains(*id)) {
+        let Some((type_code, starts_at)) = first_upcoming(events, now) else {
+            continue;
+        };
+        if !invocation.budget.has_working_slice() {
+            break;
+        }
+        let announcement = Announcement::ScheduledChange {
+            type_code: type_code.to_owned(),
+            starts_at: Some(starts_at),
+            closed: false,
+        };
+        let event = found_event(
+            handler,
+            "maintenance",
+            instance_id,
+            announcement,
+            invocation,
+        );
+        outcomes.push(handle_found(handler, &event, instance_id, invocation).await);
+    }
+    outcomes
+}
+
+/// Of an instance's scheduled events, the first pending one not started yet of a code AWS
+/// Health announces: the Health type code that announces it, and its start.
+fn first_upcoming(
+    events: &[ScheduledInstanceEvent],
+    now: Timestamp,
+) -> Option<(&'static str, Timestamp)> {
+    events
+        .iter()
+        .filter(|e| e.is_pending())
+        .filter_map(|e| Some((health_type_code(&e.code)?, e.not_before?)))
+        .filter(|(_, starts_at)| *starts_at > now)
+        .min_by_key(|(_, starts_at)| *starts_at)
+}
+
+/// The event a lost one is handled as: from this function's account and region, now.
+fn found_event<C: HookClients>(
+    handler: &NoticeHandler<'_, C>,
+    kind: &str,
+    instance_id: &str,
+    announcement: Announcement,
+    invocation: &Invocation,
+) -> InstanceEvent {
+    let notices = &handler.drainer.context.settings.notices;
+    InstanceEvent {
+        id: format!("sweep-{kind}-{instance_id}"),
+        account: invocation.function_account.clone().unwrap_or_default(),
+        region: notices.region.clone().unwrap_or_default(),
+        time: Timestamp::now(),
+        announcement,
+        instance_ids: vec![instance_id.to_owned()],
+    }
+}
+
+/// Handles a found instance as its event; a failure is this instance's alone.
+async fn handle_found<C: HookClients>(
+    handler: &NoticeHandler<'_, C>,
+    event: &InstanceEvent,
+    instance_id: &str,
+    invocation: &Invocation,
+) -> InstanceOutcome
+where
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
+{
+    match handler.instance(event, instance_id, invocation).await {
+        Ok(outcome) => outcome,
+        Err(error) => {
+            tracing::error!(step = "sweep_drain_failed", instance_id, event_id = event.id, %error, "a lost event's handling failed: the next run tries again");
+            InstanceOutcome {
+                instance_id: instance_id.to_owned(),
+                outcome: "Failed".to_owned(),
+                detail: Some(error.to_string()),
+            }
+        }
+    }
 }
 
 /// Runs one drain the reconciler found due, if the invocation still has time for it; a

@@ -49,6 +49,17 @@ impl NodeMarks {
         self.checkpoint.is_some() || self.refresh.is_some() || self.maintenance.is_some()
     }
 
+    /// Whether a scheduled maintenance of the instance needs no plan from the sweep: the node
+    /// carries one already (the reconciler keeps it true to EC2's schedule), or a drain
+    /// record that drains it (a lifecycle or notice drain; a rebalance cordon does not).
+    pub fn covers_maintenance(&self) -> bool {
+        let drains = self
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| !c.notice.as_ref().is_some_and(|n| n.cordon_only));
+        self.maintenance.is_some() || drains
+    }
+
     /// The instance the marks are about: the node's own, else the one a record names.
     pub fn instance(&self) -> Option<&str> {
         self.instance_id

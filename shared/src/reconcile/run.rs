@@ -2,7 +2,7 @@
 //! drains it decides on are handed back to the caller (the terminating hook's sweep), which
 //! runs them within its invocation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -60,6 +60,10 @@ pub struct Reconciled {
     pub lists: u32,
     /// Nodes looked at.
     pub nodes: usize,
+    /// The instances whose node carries a maintenance plan or a drain record other than a
+    /// rebalance cordon: a scheduled event of theirs is already planned, or their node is
+    /// drained or draining (see [`NodeMarks::covers_maintenance`]).
+    pub maintenance_covered: BTreeSet<String>,
 }
 
 /// Lists the marked nodes, asks AWS about them, converges their marks.
@@ -83,6 +87,11 @@ where
         ..Reconciled::default()
     };
     for (marks, facts) in marked.into_iter().zip(facts) {
+        if marks.covers_maintenance()
+            && let Some(instance) = marks.instance()
+        {
+            reconciled.maintenance_covered.insert(instance.to_owned());
+        }
         let actions = desired(&marks, &facts, &policy, now);
         converge_node(client, marks, actions, &mut reconciled).await;
     }

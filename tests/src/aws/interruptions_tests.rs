@@ -181,6 +181,43 @@ async fn the_sdk_reads_the_spot_request_fulfilled_then_marked_by_the_warning() {
     }
 }
 
+/// The sweep's scan for lost AWS Health events, through the SDK adapter: one account-wide
+/// `DescribeInstanceStatus` by event code lists the running instances with a scheduled
+/// event, not those without one nor a stopped one.
+#[tokio::test]
+async fn the_sweeps_scan_lists_the_running_instances_with_scheduled_events() {
+    use node_manager::aws::InstanceNoticesBatch;
+    let account = FakeAccount::reference();
+    let credentials = account.add_role_credentials("scan-test");
+    let aws = FakeAws::start(account).await.unwrap();
+    let instances = node_manager::aws::sdk::SdkInstances::new(&aws.sdk_config(&credentials).await);
+    const STOPPED: &str = "i-0b1b2c3d4e5f60719";
+    const QUIET: &str = "i-0c1b2c3d4e5f6071a";
+    aws.ec2().add_running_instance(ON_DEMAND);
+    aws.ec2().add_running_instance(QUIET);
+    aws.ec2()
+        .add_instance(FakeInstance::new(STOPPED, "eu-west-1").state(InstanceState::Stopped));
+    let not_before: jiff::Timestamp = "2030-03-14T20:00:00Z".parse().unwrap();
+    let not_after: jiff::Timestamp = "2030-03-14T22:00:00Z".parse().unwrap();
+    for (instance, code) in [
+        (ON_DEMAND, ScheduledEventCode::SystemReboot),
+        (STOPPED, ScheduledEventCode::InstanceRetirement),
+    ] {
+        aws.interruptions()
+            .schedule_maintenance(instance, code, not_before, not_after)
+            .unwrap();
+    }
+
+    let found = instances.instances_with_scheduled_events().await.unwrap();
+    assert_eq!(found.keys().collect::<Vec<_>>(), [ON_DEMAND], "{found:?}");
+    let [event] = found[ON_DEMAND].as_slice() else {
+        panic!("one event: {found:?}");
+    };
+    assert_eq!(event.code, "system-reboot");
+    assert_eq!(event.not_before, Some(not_before));
+    assert!(event.is_pending());
+}
+
 #[tokio::test]
 async fn the_sdk_reads_scheduled_events_of_running_instances_unless_all_are_asked_for() {
     let (aws, client) = start().await;

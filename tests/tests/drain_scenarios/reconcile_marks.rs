@@ -232,6 +232,75 @@ async fn a_lost_spot_warning_is_drained_by_the_next_scheduled_run() {
     );
 }
 
+/// Found by the event soak (seeds 255, 288, 388, 423): an AWS Health event lost, on a node
+/// with no mark of ours; the next scheduled run finds the pending event in EC2's schedule and
+/// plans the maintenance as the Health event would have, or drains the node when it is due.
+#[tokio::test]
+async fn a_lost_health_event_is_planned_or_drained_by_the_next_scheduled_run() {
+    let s = reference_cluster(false, 1).await;
+    s.instances.notices.set_facts(
+        INSTANCE,
+        InstanceFacts {
+            state: Some("running".into()),
+            auto_scaling_group: Some(GROUP.into()),
+            ..InstanceFacts::default()
+        },
+    );
+    s.autoscaling.set_lifecycle_state(INSTANCE, "InService");
+    let in_seconds =
+        |s: i64| jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + s).unwrap();
+    let reboot = |starts_at| node_manager::aws::ScheduledInstanceEvent {
+        code: "system-reboot".into(),
+        not_before: Some(starts_at),
+        description: "scheduled reboot".into(),
+    };
+    // Two days ahead: planned for the margin before its start, the node left in service.
+    let far = in_seconds(2 * 86_400);
+    s.instances
+        .notices
+        .set_schedule(INSTANCE, vec![reboot(far)]);
+    let drainer = s.drainer(&[]);
+    let swept = run(&drainer, tick(), "req-tick").await;
+    assert_eq!(swept["instances"][0]["instanceId"], INSTANCE, "{swept}");
+    assert_eq!(
+        swept["instances"][0]["outcome"], "MaintenancePlanned",
+        "{swept}"
+    );
+    let node = s.server.store().get::<Node>("", NODE).unwrap();
+    let record = node_manager::instance_notice::maintenance::MaintenanceRecord::of(&node).unwrap();
+    assert_eq!(
+        record.type_code,
+        "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
+    );
+    assert_eq!(record.starts_at, far);
+    assert_eq!(
+        record.drain_from,
+        far - jiff::SignedDuration::from_secs(3600)
+    );
+    assert!(!is_cordoned(&s));
+    // Planned already: the next run leaves it to the reconciler.
+    let again = run(&drainer, tick(), "req-tick-2").await;
+    assert_eq!(again["instances"], json!([]), "{again}");
+    // EC2 moved it to within the margin and the plan is gone with its node's marks: drained.
+    s.server
+        .store()
+        .modify::<Node>("", NODE, |node| {
+            let labels = node.metadata.labels.get_or_insert_default();
+            labels.remove("open-node-manager.io/maintenance");
+            labels.remove("open-node-manager.io/marked");
+            let annotations = node.metadata.annotations.get_or_insert_default();
+            annotations.remove("open-node-manager.io/maintenance");
+        })
+        .unwrap();
+    s.instances
+        .notices
+        .set_schedule(INSTANCE, vec![reboot(in_seconds(600))]);
+    let due = run(&drainer, tick(), "req-tick-3").await;
+    assert_eq!(due["instances"][0]["outcome"], "Drained", "{due}");
+    assert_eq!(s.running_pods_on(NODE, "nginx-"), 0);
+    assert!(is_cordoned(&s));
+}
+
 /// What one reconcile run costs in calls, for a cluster of `nodes` nodes of which `marked`
 /// carry a maintenance plan: (Kubernetes requests, AWS calls, wall time).
 async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
