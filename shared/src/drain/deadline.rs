@@ -153,14 +153,7 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
             names(&forced.failed),
         );
         if !failed.is_empty() {
-            let note = format!(
-                "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE); could not delete {} (retried by the next invocation): {}",
-                deleted.len(),
-                failed.len(),
-                failed.join(", ")
-            );
-            tracing::warn!(step = "forced", pods = ?deleted, failed = ?failed, "{note}");
-            events.warning(&session.node_reference(), reason::DRAIN_FORCED, note);
+            report_failed_deletions(session, events, &deleted, &failed);
             // Completing now would let the instance go with the pods still running, which
             // is what force is configured to prevent: fail the invocation so it is retried.
             return Ok(NextStep::RetryForcedDeletion(failed));
@@ -183,19 +176,7 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
                 });
             }
         };
-        let end = if !refused.is_empty() {
-            DrainEnd::ForceRefused {
-                deleted: deleted.clone(),
-                refused: refused.clone(),
-            }
-        } else if !terminating.is_empty() {
-            DrainEnd::ForcedStillTerminating {
-                deleted: deleted.clone(),
-                terminating: terminating.clone(),
-            }
-        } else {
-            DrainEnd::Forced(deleted.clone())
-        };
+        let end = forced_end(&deleted, &refused, &terminating);
         // Pods refused for good still run: the drain failed, completed as DRAIN_TIMEOUT_RESULT says.
         let completion = if refused.is_empty() {
             None
@@ -220,6 +201,42 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
             _ => NextStep::Complete(end, completion),
         })
     }
+}
+
+/// How a forced drain ended: pods refused deletion for good, pods still terminating when
+/// time ran out, or every pod gone.
+fn forced_end(deleted: &[String], refused: &[String], terminating: &[String]) -> DrainEnd {
+    if !refused.is_empty() {
+        DrainEnd::ForceRefused {
+            deleted: deleted.to_vec(),
+            refused: refused.to_vec(),
+        }
+    } else if !terminating.is_empty() {
+        DrainEnd::ForcedStillTerminating {
+            deleted: deleted.to_vec(),
+            terminating: terminating.to_vec(),
+        }
+    } else {
+        DrainEnd::Forced(deleted.to_vec())
+    }
+}
+
+/// Logs and records as an Event the forced deletions that failed (retried by the next
+/// invocation).
+fn report_failed_deletions(
+    session: &DrainSession<'_>,
+    events: &DrainEvents,
+    deleted: &[String],
+    failed: &[String],
+) {
+    let note = format!(
+        "Drain deadline passed: deleted {} pod(s) that eviction could not move (DRAIN_FORCE); could not delete {} (retried by the next invocation): {}",
+        deleted.len(),
+        failed.len(),
+        failed.join(", ")
+    );
+    tracing::warn!(step = "forced", pods = ?deleted, failed = ?failed, "{note}");
+    events.warning(&session.node_reference(), reason::DRAIN_FORCED, note);
 }
 
 /// Time kept, after waiting for forced deletions, for writing the drained mark (one PATCH).

@@ -180,26 +180,14 @@ fn parse_cloudtrail(
         return Err(InvocationError::WrongDetailType(event.detail_type));
     }
     let call = event.detail;
-    // Every place that names an account or region must agree with this function's; the
-    // envelope's are required, the record's checked when present.
-    let account = event.account.unwrap_or_default();
-    for found in std::iter::once(account).chain(call.recipient_account_id) {
-        if found != origin.account_id {
-            return Err(InvocationError::WrongAccount {
-                found,
-                expected: origin.account_id.clone(),
-            });
-        }
-    }
-    for found in [event.region, call.aws_region] {
-        let found = found.unwrap_or_default();
-        if found != origin.region {
-            return Err(InvocationError::WrongRegion {
-                found,
-                expected: origin.region.clone(),
-            });
-        }
-    }
+    check_origin(
+        [
+            Some(event.account.unwrap_or_default()),
+            call.recipient_account_id,
+        ],
+        [event.region, call.aws_region],
+        origin,
+    )?;
     let event_source = call.event_source.unwrap_or_default();
     if event_source != "eks.amazonaws.com" {
         return Err(InvocationError::WrongSource(event_source));
@@ -240,6 +228,34 @@ fn parse_cloudtrail(
             event_node_role: response.node_role,
         }
     })
+}
+
+/// Every place that names an account or region must agree with this function's: the
+/// envelope's are required (given as `Some`, empty when absent), the record's checked when
+/// present (`None` when absent); an absent region is empty and never agrees.
+fn check_origin(
+    accounts: [Option<String>; 2],
+    regions: [Option<String>; 2],
+    origin: &Origin,
+) -> Result<(), InvocationError> {
+    for found in accounts.into_iter().flatten() {
+        if found != origin.account_id {
+            return Err(InvocationError::WrongAccount {
+                found,
+                expected: origin.account_id.clone(),
+            });
+        }
+    }
+    for found in regions {
+        let found = found.unwrap_or_default();
+        if found != origin.region {
+            return Err(InvocationError::WrongRegion {
+                found,
+                expected: origin.region.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The name from the response (preferred) and the request; when both are present they
