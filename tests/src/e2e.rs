@@ -128,7 +128,20 @@ impl FunctionWorld {
     pub fn provider_id(&self) -> String {
         format!("aws:///{ZONE}/{}", self.instance)
     }
+
+    /// Registers [`ROOM_NODE`], Ready at once, in another zone: where the seeded node's
+    /// evicted pods go (a drain's pods need a schedulable node to land on).
+    pub fn add_room_node(&self) {
+        self.server
+            .register_node(ROOM_NODE, ROOM_NODE_PROVIDER_ID, Some(Duration::ZERO))
+            .expect("the room node registers");
+    }
 }
+
+/// The node [`FunctionWorld::add_room_node`] registers.
+pub const ROOM_NODE: &str = "ip-10-0-9-9.eu-west-1.compute.internal";
+/// Its `spec.providerID`: an instance outside every seeded group.
+const ROOM_NODE_PROVIDER_ID: &str = "aws:///eu-west-1b/i-0fffeeeedddd11112";
 
 /// How the seeded instance starts out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -58,13 +58,7 @@ async fn drain_world(settings: &[(&str, &str)]) -> FunctionWorld {
         })
         .await
         .unwrap();
-    w.server
-        .register_node(
-            "ip-10-0-9-9.eu-west-1.compute.internal",
-            "aws:///eu-west-1b/i-0fffeeeedddd11112",
-            Some(Duration::ZERO),
-        )
-        .unwrap();
+    w.add_room_node();
     w
 }
 
@@ -296,7 +290,7 @@ async fn pod_grace_period_setting_reaches_every_eviction() {
 // --- Drains under cluster trouble (issue #15) -------------------------------------------
 
 /// The second node [`drain_world`] registers.
-const OTHER_NODE: &str = "ip-10-0-9-9.eu-west-1.compute.internal";
+const OTHER_NODE: &str = node_manager_testkit::e2e::ROOM_NODE;
 
 /// Terminates the reference instance and returns the terminating hook's answer to Auto
 /// Scaling's notification, whatever it is.

@@ -85,13 +85,7 @@ async fn world() -> FunctionWorld {
         )
         .await
         .unwrap();
-    w.server
-        .register_node(
-            "ip-10-0-9-9.eu-west-1.compute.internal",
-            "aws:///eu-west-1b/i-0fffeeeedddd11112",
-            Some(Duration::ZERO),
-        )
-        .unwrap();
+    w.add_room_node();
     w
 }
 

@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use node_manager_testkit::aws::{FakeInstance, ScheduledEventCode, SpotInterruptionAction};
 use node_manager_testkit::e2e::{FunctionWorld, Target};
 use node_manager_testkit::fixtures::{self, Workload};
@@ -40,23 +40,11 @@ async fn spot_world() -> FunctionWorld {
     let node = w.node.clone();
     w.server
         .wait_for("the pods run", Duration::from_secs(10), |store| {
-            store
-                .list::<Pod>()
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count()
-                == 7
+            fixtures::running_on(store, &node, "") == 7
         })
         .await
         .unwrap();
-    w.server
-        .register_node(
-            "ip-10-0-9-9.eu-west-1.compute.internal",
-            "aws:///eu-west-1b/i-0fffeeeedddd11112",
-            Some(Duration::ZERO),
-        )
-        .unwrap();
+    w.add_room_node();
     w
 }
 

@@ -45,24 +45,12 @@ async fn world(extra_env: &[(&str, &str)]) -> FunctionWorld {
     let node = w.node.clone();
     w.server
         .wait_for("the pods run", Duration::from_secs(10), |store| {
-            store
-                .list::<Pod>()
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-                .count()
-                == 3
+            fixtures::running_on(store, &node, "") == 3
         })
         .await
         .unwrap();
     // Room for the evicted pods.
-    w.server
-        .register_node(
-            "ip-10-0-9-9.eu-west-1.compute.internal",
-            "aws:///eu-west-1b/i-0fffeeeedddd11112",
-            Some(Duration::ZERO),
-        )
-        .unwrap();
+    w.add_room_node();
     w
 }
 

@@ -87,15 +87,19 @@ impl Sandbox {
         for (group_index, spec) in self.scenario.nodegroups.clone().iter().enumerate() {
             self.seed_nodegroup(spec)?;
             let mut nodes = Vec::new();
+            let seeded_at = jiff::Timestamp::now();
             for _ in 0..spec.nodes {
-                let node = self.new_node(
-                    group_index,
-                    self.next_instance
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-                );
+                let index = self
+                    .next_instance
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let node = self.new_node(group_index, index);
                 // A seeded node's instance ran before the sandbox started playing (an hour,
                 // say): what a refresh started now finds in the group was launched before it.
-                let launched = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+                // One second apart, in the order they joined the group, as a group that
+                // scaled out one instance at a time: `LaunchTime` then orders them as Auto
+                // Scaling's join order does, and nothing has to fall back to instance ids.
+                let launched = seeded_at - jiff::SignedDuration::from_hours(1)
+                    + jiff::SignedDuration::from_secs(i64::from(index));
                 self.add_instance(spec, &node, launched)?;
                 nodes.push(node);
             }
