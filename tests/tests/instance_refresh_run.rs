@@ -281,7 +281,21 @@ fn tainted(node: &Node) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == "open-node-manager.io/outdated"))
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == "open-node-manager.io/outdated" && t.effect == "NoSchedule")
+        })
+}
+
+/// The refresh's `PreferNoSchedule` mark of an outdated node it keeps schedulable.
+fn soft_tainted(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.key == "open-node-manager.io/outdated" && t.effect == "PreferNoSchedule")
+        })
 }
 
 #[tokio::test]
@@ -376,13 +390,36 @@ async fn terminate_first_marks_only_as_far_as_the_room_of_nodes_that_stay() {
     assert!(!plan.launch_before_terminate);
     assert!(report.marked.is_empty(), "{report:?}");
     assert_eq!(plan.kept.len(), 4, "{report:?}");
-    assert_eq!(world.patches(), 0);
+    // Kept schedulable, each marked outdated only: the soft taint, no cordon.
+    assert_eq!(report.outdated.len(), 4, "{report:?}");
+    for i in 0..4 {
+        let node = world.node(i);
+        assert!(!cordoned(&node) && !excluded(&node), "node {i}");
+        assert!(soft_tainted(&node), "node {i}");
+        assert!(refresh_marks_of(&node).unwrap().outdated_only, "node {i}");
+    }
+    assert_eq!(world.patches(), 4);
 
     // A node of another group, Ready, with room for two pods.
     world.register_room_node(10, "i-0other0000000000a", 2);
     let report = world.send("Started").await.unwrap();
     assert_eq!(report.marked, vec![node_name(0)], "{report:?}");
     assert_eq!((0..4).filter(|i| cordoned(&world.node(*i))).count(), 1);
+    assert!(
+        !soft_tainted(&world.node(0)),
+        "out of service: the soft taint went"
+    );
+    assert_eq!((1..4).filter(|i| soft_tainted(&world.node(*i))).count(), 3);
+
+    // The refresh ends: every mark of it goes, the soft ones too.
+    world.refresh("Cancelled", 75, 100);
+    let ended = world.send("Cancelled").await.unwrap();
+    assert_eq!(ended.unmarked.len(), 4, "{ended:?}");
+    for i in 0..4 {
+        let node = world.node(i);
+        assert!(!cordoned(&node) && !soft_tainted(&node), "node {i}");
+        assert!(refresh_marks_of(&node).is_none(), "node {i}");
+    }
 }
 
 /// Launch before terminate: nothing is marked before a replacement is Ready; each
@@ -412,6 +449,10 @@ async fn replacements_coming_in_service_mark_outdated_nodes_as_far_as_their_room
         assert!(!cordoned(&world.node(replacement)));
     }
     assert!(!cordoned(&world.node(2)), "no room for node 2's pods yet");
+    assert!(
+        soft_tainted(&world.node(2)),
+        "but pods go elsewhere when they can"
+    );
 }
 
 /// An instance event of a group with no refresh in progress plans nothing and writes

@@ -339,7 +339,7 @@ async fn write(
         steps.add_to_patch(&mut patch, read);
         patch["metadata"]["labels"][MARKED_LABEL] = json!("true");
         if refresh_marks_of(read).is_some() && !is_cordon_only(checkpoint) {
-            add_record_removal_to_patch(&mut patch);
+            add_record_removal_to_patch(&mut patch, read);
         }
     }
     match nodes

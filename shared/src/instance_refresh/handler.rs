@@ -129,9 +129,13 @@ pub struct RefreshReport {
     pub why: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub plan: Option<MarkPlan>,
-    /// Nodes marked (or found marked) for this refresh.
+    /// Nodes marked (or found marked) for this refresh: out of service.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub marked: Vec<String>,
+    /// Nodes marked outdated only (or found so): schedulable, with the `PreferNoSchedule`
+    /// taint `open-node-manager.io/outdated`, until there is room for their pods.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outdated: Vec<String>,
     /// Nodes whose drain had begun: their marks are the drain's.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub draining: Vec<String>,
@@ -152,6 +156,7 @@ impl RefreshReport {
             why,
             plan: None,
             marked: Vec::new(),
+            outdated: Vec::new(),
             draining: Vec::new(),
             without_node: Vec::new(),
             unmarked: Vec::new(),

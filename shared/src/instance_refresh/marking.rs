@@ -15,7 +15,9 @@ use super::handler::{RefreshError, RefreshReport, UnmarkedNode};
 use super::plan::MarkPlan;
 use super::room::choose;
 use crate::lifecycle::node::node_instance_id;
-use crate::node_marks::refresh::{Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node};
+use crate::node_marks::refresh::{
+    MarkAs, Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node,
+};
 
 /// Objects per page of a list.
 const PAGE_SIZE: u32 = 500;
@@ -84,18 +86,17 @@ pub(super) async fn mark_outdated(
             .cloned(),
     );
     let mut failures = Vec::new();
-    for instance_id in &mark_plan.mark {
+    let out_of_service = MarkAs::OutOfService { taint };
+    let chosen = (mark_plan.mark.iter().map(|id| (id, out_of_service)))
+        .chain(mark_plan.kept.iter().map(|id| (id, MarkAs::Outdated)));
+    for (instance_id, mark_as) in chosen {
         if let Some(node) = by_instance.get(instance_id.as_str()) {
-            mark_one(
-                nodes,
+            let target = MarkTarget {
                 node,
-                event,
                 instance_id,
-                taint,
-                report,
-                &mut failures,
-            )
-            .await;
+                mark_as,
+            };
+            mark_one(nodes, target, event, report, &mut failures).await;
         }
     }
     for node in &listed {
@@ -104,7 +105,8 @@ pub(super) async fn mark_outdated(
         };
         let stale = marks.auto_scaling_group_name == event.group_name
             && marks.instance_refresh_id != event.instance_refresh_id
-            && !mark_plan.mark.contains(&marks.instance_id);
+            && !mark_plan.mark.contains(&marks.instance_id)
+            && !mark_plan.kept.contains(&marks.instance_id);
         if stale {
             let refresh_id = &marks.instance_refresh_id;
             unmark_one(nodes, node, refresh_id, report, &mut failures).await;
@@ -113,19 +115,30 @@ pub(super) async fn mark_outdated(
     Ok(failures)
 }
 
+/// One node to mark, and how.
+struct MarkTarget<'a> {
+    node: &'a Node,
+    instance_id: &'a str,
+    mark_as: MarkAs<'a>,
+}
+
 async fn mark_one(
     nodes: &Api<Node>,
-    node: &Node,
+    target: MarkTarget<'_>,
     event: &RefreshEvent,
-    instance_id: &str,
-    taint: Option<&Taint>,
     report: &mut RefreshReport,
     failures: &mut Vec<String>,
 ) {
+    let MarkTarget {
+        node,
+        instance_id,
+        mark_as,
+    } = target;
     let name = node.metadata.name.clone().unwrap_or_default();
     let refresh_id = &event.instance_refresh_id;
     let group = &event.group_name;
-    match mark_node(nodes, node.clone(), refresh_id, group, instance_id, taint).await {
+    match mark_node(nodes, node.clone(), refresh_id, group, instance_id, mark_as).await {
+        Ok(Marked::Marked(marks)) if marks.outdated_only => report.outdated.push(name),
         Ok(Marked::Marked(_)) => report.marked.push(name),
         Ok(Marked::Draining) => report.draining.push(name),
         Ok(Marked::NodeGone) => report.without_node.push(instance_id.to_owned()),

@@ -1,10 +1,14 @@
 //! The marks an instance refresh puts on the outdated nodes of a group when it starts, and
 //! their record.
 //!
-//! A node the refresh will replace is taken out of service at once (load-balancer label,
-//! cordon, optional taint), so that pods evicted from the first replaced node land on new
-//! nodes, not on the next outdated one (see `crate::instance_refresh`). What the write
-//! changed is recorded on the node, like the drain's own marks:
+//! A node the refresh will replace is taken out of service (load-balancer label, cordon,
+//! optional taint) once there is room for its pods, so that pods evicted from the first
+//! replaced node land on new nodes, not on the next outdated one (see
+//! `crate::instance_refresh`). Until then it is only marked outdated: the `PreferNoSchedule`
+//! taint [`OUTDATED_TAINT_KEY`] keeps it schedulable but makes the scheduler put pods
+//! elsewhere when it can (the replacements), as cluster-autoscaler's soft taint does for the
+//! nodes it may remove. What the write changed is recorded on the node, like the drain's
+//! own marks:
 //! - the label [`REFRESH_LABEL`] names the refresh, so the refresh's end finds its nodes
 //!   with one label-selected list;
 //! - the annotation [`REFRESH_ANNOTATION`] holds the [`RefreshMarks`] record.
@@ -37,6 +41,22 @@ pub const REFRESH_LABEL: &str = "open-node-manager.io/instance-refresh";
 /// The Node annotation holding the [`RefreshMarks`] as JSON.
 pub const REFRESH_ANNOTATION: &str = "open-node-manager.io/instance-refresh";
 
+/// The key of the `PreferNoSchedule` taint an instance refresh puts on an outdated node it
+/// does not take out of service yet. The key is ours alone: whoever removes the refresh's
+/// record (its end, the reconciler, the drain taking the record over) removes the taint.
+pub const OUTDATED_TAINT_KEY: &str = "open-node-manager.io/outdated";
+
+/// The taint [`OUTDATED_TAINT_KEY`]: soft, so pods that tolerate nothing still land on the
+/// node when no other has room, and nothing is evicted for it.
+pub fn outdated_taint() -> Taint {
+    Taint {
+        key: OUTDATED_TAINT_KEY.to_owned(),
+        value: None,
+        effect: "PreferNoSchedule".to_owned(),
+        time_added: None,
+    }
+}
+
 /// What an instance refresh changed on a node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -47,6 +67,10 @@ pub struct RefreshMarks {
     pub marked_at: Timestamp,
     /// Only what the refresh's write changed: a cordon found in place is not ours.
     pub out_of_service: OutOfService,
+    /// Only marked outdated (the taint [`OUTDATED_TAINT_KEY`]), still schedulable: no room
+    /// for its pods yet. `false` once the refresh took it out of service.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outdated_only: bool,
 }
 
 /// Whether `id` can be a label value (and so an instance refresh id we act on): 1 to 63
@@ -80,11 +104,65 @@ pub fn refresh_marks_of(node: &Node) -> Option<RefreshMarks> {
     }
 }
 
-/// Adds to a merge `patch` the removal of the refresh's label and record (the drain does
-/// this in the write that takes the record over).
-pub fn add_record_removal_to_patch(patch: &mut Value) {
+/// Adds to a merge `patch` of `node` the removal of the refresh's label, record and
+/// [`OUTDATED_TAINT_KEY`] taint (the drain does this in the write that takes the record
+/// over). Whether the taint was there.
+pub fn add_record_removal_to_patch(patch: &mut Value, node: &Node) -> bool {
     patch["metadata"]["labels"][REFRESH_LABEL] = Value::Null;
     patch["metadata"]["annotations"][REFRESH_ANNOTATION] = Value::Null;
+    remove_outdated_taint(patch, node)
+}
+
+/// Drops the [`outdated_taint`] (key and effect) from the taints a merge `patch` of `node` writes
+/// (the patch's own list when it sets one, else the node's): a merge patch replaces
+/// `spec.taints` whole, so it must carry the node's `resourceVersion`. Whether it was there.
+fn remove_outdated_taint(patch: &mut Value, node: &Node) -> bool {
+    let taints: Vec<Value> = match patch["spec"]["taints"].as_array() {
+        Some(written) => written.clone(),
+        None => node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    let is_outdated =
+        |t: &Value| t["key"] == OUTDATED_TAINT_KEY && t["effect"] == "PreferNoSchedule";
+    if !taints.iter().any(is_outdated) {
+        return false;
+    }
+    let kept: Vec<Value> = taints.into_iter().filter(|t| !is_outdated(t)).collect();
+    patch["spec"]["taints"] = if kept.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(kept)
+    };
+    true
+}
+
+/// Whether `node` carries the [`OUTDATED_TAINT_KEY`] taint.
+fn has_outdated_taint(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints
+                .iter()
+                .any(|t| t.key == OUTDATED_TAINT_KEY && t.effect == "PreferNoSchedule")
+        })
+}
+
+/// Which mark a node gets: the room rule's choice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MarkAs<'a> {
+    /// Out of service (load-balancer label, cordon, and this taint if any).
+    OutOfService { taint: Option<&'a Taint> },
+    /// Outdated only: schedulable, with the [`OUTDATED_TAINT_KEY`] taint.
+    Outdated,
 }
 
 /// What marking a node came to.
@@ -135,9 +213,10 @@ pub fn mark_step(
         .is_some_and(|v| v == refresh_id);
     if let Some(existing) = existing
         .as_ref()
-        .filter(|m| m.instance_refresh_id == refresh_id)
+        .filter(|m| m.instance_refresh_id == refresh_id && !m.outdated_only)
         && steps.is_done()
         && labelled
+        && !has_outdated_taint(node)
     {
         return MarkStep::InPlace(existing.clone());
     }
@@ -152,9 +231,69 @@ pub fn mark_step(
         instance_id: instance_id.to_owned(),
         marked_at,
         out_of_service: earlier.union(&steps.record()),
+        outdated_only: false,
     };
     let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
     steps.add_to_patch(&mut patch, node);
+    // Out of service now: the soft taint has done its work.
+    remove_outdated_taint(&mut patch, node);
+    patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
+    patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
+    patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
+        json!(serde_json::to_string(&marks).unwrap_or_default());
+    MarkStep::Write(patch, marks)
+}
+
+/// What marking `node` outdated (schedulable, with the [`OUTDATED_TAINT_KEY`] taint) for
+/// the refresh takes. A node the refresh already took out of service stays so (marked
+/// nodes stay marked); a record of an earlier refresh is carried over, as [`mark_step`]
+/// does.
+pub fn outdated_step(
+    node: &Node,
+    refresh_id: &str,
+    group_name: &str,
+    instance_id: &str,
+    now: Timestamp,
+) -> MarkStep {
+    let cordon_only = super::checkpoint::checkpoint_of(node)
+        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only));
+    if !cordon_only && drain_holds(node) {
+        return MarkStep::Draining;
+    }
+    let existing = refresh_marks_of(node);
+    let ours = existing
+        .as_ref()
+        .filter(|m| m.instance_refresh_id == refresh_id);
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REFRESH_LABEL))
+        .is_some_and(|v| v == refresh_id);
+    if let Some(marks) = ours
+        && labelled
+        && (!marks.outdated_only || has_outdated_taint(node))
+    {
+        return MarkStep::InPlace(marks.clone());
+    }
+    let marks = RefreshMarks {
+        instance_refresh_id: refresh_id.to_owned(),
+        auto_scaling_group_name: group_name.to_owned(),
+        instance_id: instance_id.to_owned(),
+        marked_at: ours.map_or(now, |m| m.marked_at),
+        out_of_service: existing.map(|m| m.out_of_service).unwrap_or_default(),
+        outdated_only: true,
+    };
+    let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
+    if !has_outdated_taint(node) {
+        let mut taints = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        taints.push(outdated_taint());
+        patch["spec"]["taints"] = json!(taints);
+    }
     patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
     patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
     patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
@@ -170,8 +309,10 @@ pub fn unmark_patch(node: &Node, refresh_id: &str) -> Option<(Value, Undone)> {
         return None;
     }
     let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
-    add_record_removal_to_patch(&mut patch);
-    let undone = add_undo_to_patch(&marks.out_of_service, node, &mut patch);
+    let mut undone = add_undo_to_patch(&marks.out_of_service, node, &mut patch);
+    if add_record_removal_to_patch(&mut patch, node) && undone.untainted.is_none() {
+        undone.untainted = Some(format!("{OUTDATED_TAINT_KEY}:PreferNoSchedule"));
+    }
     Some((patch, undone))
 }
 
@@ -179,18 +320,25 @@ pub fn unmark_patch(node: &Node, refresh_id: &str) -> Option<(Value, Undone)> {
 /// nodes: a conflict re-reads by list).
 const WRITING: &str = "its instance refresh marks were written";
 
-/// Marks `node` for the refresh, in one conditional write (repeated on conflicts).
+/// Marks `node` for the refresh (out of service, or `outdated_only`: schedulable with the
+/// [`OUTDATED_TAINT_KEY`] taint), in one conditional write (repeated on conflicts).
 pub async fn mark_node(
     nodes: &Api<Node>,
     node: Node,
     refresh_id: &str,
     group_name: &str,
     instance_id: &str,
-    taint: Option<&Taint>,
+    mark_as: MarkAs<'_>,
 ) -> Result<Marked, kube::Error> {
     let now = Timestamp::now();
+    let step = |node: &Node| match mark_as {
+        MarkAs::OutOfService { taint } => {
+            mark_step(node, refresh_id, group_name, instance_id, taint, now)
+        }
+        MarkAs::Outdated => outdated_step(node, refresh_id, group_name, instance_id, now),
+    };
     let patched = patch_recomputing(nodes, node, Reread::List, WRITING, |node| {
-        match mark_step(node, refresh_id, group_name, instance_id, taint, now) {
+        match step(node) {
             MarkStep::Write(patch, marks) => PatchStep::Write(patch, marks),
             MarkStep::InPlace(marks) => PatchStep::Stop(Marked::Marked(marks)),
             MarkStep::Draining => PatchStep::Stop(Marked::Draining),
@@ -233,6 +381,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+    use crate::node_marks::checkpoint::OutOfService;
 
     const REFRESH: &str = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
 
@@ -353,6 +502,97 @@ mod tests {
         assert_eq!(
             mark_step(&draining, REFRESH, "ng", "i-1", None, at(1)),
             MarkStep::Draining
+        );
+    }
+
+    fn taint_keys(node: &Node) -> Vec<String> {
+        let spec = node.spec.clone().unwrap_or_default();
+        spec.taints
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| format!("{}:{}", t.key, t.effect))
+            .collect()
+    }
+
+    #[test]
+    fn an_outdated_node_stays_schedulable_with_the_soft_taint_until_it_is_taken_out() {
+        let fresh = node(json!({
+            "metadata": {"name": "n1", "resourceVersion": "3"},
+            "spec": {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]},
+        }));
+        let MarkStep::Write(patch, marks) = outdated_step(&fresh, REFRESH, "ng", "i-1", at(0))
+        else {
+            panic!("an unmarked node is written");
+        };
+        assert!(marks.outdated_only);
+        assert_eq!(marks.out_of_service, OutOfService::default());
+        assert!(patch["spec"].get("unschedulable").is_none(), "{patch}");
+        let outdated = apply(&fresh, &patch);
+        assert_eq!(
+            taint_keys(&outdated),
+            [
+                "dedicated:NoSchedule",
+                "open-node-manager.io/outdated:PreferNoSchedule"
+            ]
+        );
+        assert_eq!(
+            outdated_step(&outdated, REFRESH, "ng", "i-1", at(5)),
+            MarkStep::InPlace(marks.clone()),
+            "a repeated plan writes nothing"
+        );
+
+        // Room came: out of service, the soft taint gone in the same write.
+        let (patch, full) = mark_patch(&outdated, REFRESH, "ng", "i-1", None, at(9)).unwrap();
+        assert!(!full.outdated_only && full.out_of_service.cordoned);
+        assert_eq!(
+            full.marked_at,
+            at(0),
+            "the refresh marked it at its first plan"
+        );
+        let out = apply(&outdated, &patch);
+        assert_eq!(taint_keys(&out), ["dedicated:NoSchedule"]);
+        assert_eq!(out.spec.as_ref().unwrap().unschedulable, Some(true));
+        assert_eq!(
+            outdated_step(&out, REFRESH, "ng", "i-1", at(12)),
+            MarkStep::InPlace(full),
+            "a marked node stays marked"
+        );
+    }
+
+    #[test]
+    fn undoing_an_outdated_mark_removes_the_soft_taint_and_nothing_else() {
+        let fresh = node(json!({
+            "metadata": {"name": "n1", "resourceVersion": "3"},
+            "spec": {"unschedulable": true, "taints": [
+                {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+            ]},
+        }));
+        let MarkStep::Write(patch, _) = outdated_step(&fresh, REFRESH, "ng", "i-1", at(0)) else {
+            panic!("an unmarked node is written");
+        };
+        let outdated = apply(&fresh, &patch);
+        let (undo, undone) = unmark_patch(&outdated, REFRESH).unwrap();
+        assert_eq!(
+            undone.untainted.as_deref(),
+            Some("open-node-manager.io/outdated:PreferNoSchedule")
+        );
+        assert!(!undone.uncordoned, "the cordon was somebody else's");
+        let after = apply(&outdated, &undo);
+        assert_eq!(taint_keys(&after), ["dedicated:NoSchedule"]);
+        assert_eq!(after.spec.as_ref().unwrap().unschedulable, Some(true));
+        assert!(refresh_marks_of(&after).is_none());
+
+        // The drain taking the record over removes the taint too.
+        let mut takeover = json!({"metadata": {"resourceVersion": "4"}});
+        assert!(add_record_removal_to_patch(&mut takeover, &outdated));
+        assert_eq!(
+            apply(&outdated, &takeover)
+                .spec
+                .unwrap()
+                .taints
+                .unwrap()
+                .len(),
+            1
         );
     }
 

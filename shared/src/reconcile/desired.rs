@@ -391,7 +391,9 @@ fn rebalance_cordon(
             why,
         })
     };
-    if marks.refresh.is_some() {
+    // A refresh that only marked the node outdated did not cordon it: the rebalance cordon
+    // is the only reason it is cordoned.
+    if marks.refresh.as_ref().is_some_and(|r| !r.outdated_only) {
         match facts.refresh_status.known() {
             Err(why) => return unchecked(why),
             Ok(Some(status)) if refresh_in_progress(status) => return None,

@@ -48,6 +48,7 @@ fn refresh_marks() -> RefreshMarks {
             cordoned: true,
             taint: None,
         },
+        outdated_only: false,
     }
 }
 
@@ -183,6 +184,32 @@ fn an_expired_rebalance_cordon_is_kept_while_a_refresh_of_the_node_runs() {
     assert_eq!(
         names(&desired(&node, &ended, &POLICY, at(2000))),
         ["RefreshMarksRemoved", "RebalanceCordonUndone"]
+    );
+}
+
+#[test]
+fn a_refresh_that_only_marked_the_node_outdated_keeps_no_rebalance_cordon() {
+    let node = NodeMarks {
+        checkpoint: Some(notice_record(
+            NoticeKind::RebalanceRecommendation,
+            true,
+            1800,
+        )),
+        refresh: Some(RefreshMarks {
+            outdated_only: true,
+            out_of_service: OutOfService::default(),
+            ..refresh_marks()
+        }),
+        ..marks()
+    };
+    let refreshing = AwsFacts {
+        refresh_status: Fact::Known(Some("InProgress".into())),
+        ..running(true)
+    };
+    assert_eq!(
+        names(&desired(&node, &refreshing, &POLICY, at(2000))),
+        ["RebalanceCordonUndone"],
+        "the refresh did not cordon the node: the expired rebalance cordon goes"
     );
 }
 

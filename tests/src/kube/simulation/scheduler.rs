@@ -82,6 +82,17 @@ fn fits(pod: &Value, node: &Value) -> bool {
             .all(|taint| tolerates(pod, taint))
 }
 
+/// How many `PreferNoSchedule` taints of the node the pod does not tolerate: what
+/// kube-scheduler's TaintToleration score counts (weight 3 in the default profile, above
+/// ImageLocality's 1 and the resource scores': a node without such a taint wins when one
+/// takes the pod).
+fn avoided_taints(pod: &Value, node: &Value) -> usize {
+    scheduling_taints(node)
+        .iter()
+        .filter(|taint| taint.2 == "PreferNoSchedule" && !tolerates(pod, taint))
+        .count()
+}
+
 /// The pod's first container image.
 fn first_image(pod: &Value) -> String {
     pod["spec"]["containers"][0]["image"]
@@ -91,8 +102,9 @@ fn first_image(pod: &Value) -> String {
 }
 
 impl Simulation {
-    /// Binds unscheduled pods to the node with the fewest pods among those that take them
-    /// (with [`super::SimulationTimings::prefer_cached_images`], first among those that hold
+    /// Binds unscheduled pods to the node with the fewest pods among those that take them,
+    /// first among those without a `PreferNoSchedule` taint the pod does not tolerate (then,
+    /// with [`super::SimulationTimings::prefer_cached_images`], first among those that hold
     /// the pod's image):
     /// Ready, and every `NoSchedule`/`NoExecute` taint tolerated, the cordon's included (a
     /// pod tolerating `node.kubernetes.io/unschedulable` may land on a cordoned node, and an
@@ -136,12 +148,13 @@ impl Simulation {
             let Some(node) = candidates
                 .iter()
                 .filter(|n| fits(&pod, n))
-                .map(|n| meta_str(n, "name"))
-                .min_by_key(|name| {
-                    let cached = images.contains(&((*name).to_owned(), image.clone()));
-                    (!cached, load.get(*name).copied().unwrap_or(usize::MAX))
+                .min_by_key(|n| {
+                    let name = meta_str(n, "name");
+                    let cached = images.contains(&(name.to_owned(), image.clone()));
+                    let load = load.get(name).copied().unwrap_or(usize::MAX);
+                    (avoided_taints(&pod, n), !cached, load)
                 })
-                .map(str::to_owned)
+                .map(|n| meta_str(n, "name").to_owned())
             else {
                 continue;
             };

@@ -373,7 +373,7 @@ impl Player<'_> {
                         REFRESH_ID,
                         GROUP,
                         &member.instance_id,
-                        None,
+                        node_manager::node_marks::refresh::MarkAs::OutOfService { taint: None },
                     )
                     .await
                     .map(|_| ()),
