@@ -109,15 +109,14 @@ pub(super) async fn mark_outdated(
     Ok(failures)
 }
 
-/// The pods that hold a place on a node: bound to one and not finished, as
-/// kube-scheduler's and cluster-autoscaler's listers of scheduled pods select them. The room
-/// rule counts no other pod, and a cluster's finished Jobs and pending pods are then not
-/// transferred.
+/// The pods that hold a place on a node: bound to one and not finished (the selector
+/// cluster-autoscaler's lister of scheduled pods uses). The room rule counts no other pod,
+/// so a cluster's finished Jobs and its pods waiting for a node are not transferred.
 const PLACED_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
 
 /// The room rule's decision on `outdated` among the `listed` nodes. The pods are listed
 /// only when the decision needs them ([`decision_needs_pods`]): once every outdated node is
-/// out of service, a plan costs the node list alone.
+/// out of service, a plan lists no pods.
 async fn decide(
     pods: &Api<Pod>,
     listed: &[Node],
