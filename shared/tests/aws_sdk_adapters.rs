@@ -311,3 +311,296 @@ async fn list_nodegroups_follows_every_page() {
         .unwrap();
     assert_eq!(names, ["a", "b", "c"]);
 }
+
+/// A paged answer: the first page (no token in the request) names `page-2`; the second is
+/// asked with that token. Each rule is checked to have served exactly one request.
+fn first_page<I>(input: &I, next_token: impl Fn(&I) -> Option<&str>) -> bool {
+    next_token(input).is_none()
+}
+
+fn second_page<I>(input: &I, next_token: impl Fn(&I) -> Option<&str>) -> bool {
+    next_token(input) == Some("page-2")
+}
+
+fn filter_values<'a>(filters: &'a [aws_sdk_ec2::types::Filter], name: &str) -> &'a [String] {
+    filters
+        .iter()
+        .find(|f| f.name() == Some(name))
+        .map(|f| f.values())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn interrupted_spot_instances_follow_every_page_with_the_same_filter() {
+    use aws_sdk_ec2::operation::describe_spot_instance_requests::{
+        DescribeSpotInstanceRequestsInput as In, DescribeSpotInstanceRequestsOutput as Out,
+    };
+    use aws_sdk_ec2::types::SpotInstanceRequest;
+    let filtered = |r: &In| filter_values(r.filters(), "status-code") == SPOT_INTERRUPTION_CODES;
+    let request = |id: &str| SpotInstanceRequest::builder().instance_id(id).build();
+    let one = mock!(aws_sdk_ec2::Client::describe_spot_instance_requests)
+        .match_requests(move |r| filtered(r) && first_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .spot_instance_requests(request("i-1"))
+                .spot_instance_requests(request("i-2"))
+                .next_token("page-2")
+                .build()
+        });
+    let two = mock!(aws_sdk_ec2::Client::describe_spot_instance_requests)
+        .match_requests(move |r| filtered(r) && second_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .spot_instance_requests(request("i-3"))
+                .build()
+        });
+    let client = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&one, &two]);
+    let found = SdkInstances::from_client(client)
+        .interrupted_spot_instances()
+        .await
+        .unwrap();
+    assert_eq!(found, ["i-1", "i-2", "i-3"]);
+    assert_eq!((one.num_calls(), two.num_calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn spot_request_statuses_follow_every_page_with_the_same_filter() {
+    use aws_sdk_ec2::operation::describe_spot_instance_requests::{
+        DescribeSpotInstanceRequestsInput as In, DescribeSpotInstanceRequestsOutput as Out,
+    };
+    use aws_sdk_ec2::types::{SpotInstanceRequest, SpotInstanceStatus};
+    let ids = ["sir-1".to_owned(), "sir-2".to_owned()];
+    let filtered =
+        |r: &In| filter_values(r.filters(), "spot-instance-request-id") == ["sir-1", "sir-2"];
+    let request = |id: &str, code: &str| {
+        SpotInstanceRequest::builder()
+            .spot_instance_request_id(id)
+            .status(SpotInstanceStatus::builder().code(code).build())
+            .build()
+    };
+    let one = mock!(aws_sdk_ec2::Client::describe_spot_instance_requests)
+        .match_requests(move |r| filtered(r) && first_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .spot_instance_requests(request("sir-1", "fulfilled"))
+                .next_token("page-2")
+                .build()
+        });
+    let two = mock!(aws_sdk_ec2::Client::describe_spot_instance_requests)
+        .match_requests(move |r| filtered(r) && second_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .spot_instance_requests(request("sir-2", "marked-for-stop"))
+                .build()
+        });
+    let client = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&one, &two]);
+    let statuses = SdkInstances::from_client(client)
+        .spot_request_statuses(&ids)
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            ("sir-1".to_owned(), "fulfilled".to_owned()),
+            ("sir-2".to_owned(), "marked-for-stop".to_owned())
+        ]
+        .into()
+    );
+    assert_eq!((one.num_calls(), two.num_calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn instances_with_scheduled_events_follow_every_page_with_the_same_filter() {
+    use aws_sdk_ec2::operation::describe_instance_status::{
+        DescribeInstanceStatusInput as In, DescribeInstanceStatusOutput as Out,
+    };
+    use aws_sdk_ec2::types::{EventCode, InstanceStatus, InstanceStatusEvent};
+    let filtered = |r: &In| filter_values(r.filters(), "event.code") == SCHEDULED_EVENT_CODES;
+    let status = |id: &str, code: EventCode| {
+        InstanceStatus::builder()
+            .instance_id(id)
+            .events(
+                InstanceStatusEvent::builder()
+                    .code(code)
+                    .description("scheduled")
+                    .build(),
+            )
+            .build()
+    };
+    let one = mock!(aws_sdk_ec2::Client::describe_instance_status)
+        .match_requests(move |r| filtered(r) && first_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .instance_statuses(status("i-1", EventCode::SystemReboot))
+                .next_token("page-2")
+                .build()
+        });
+    let two = mock!(aws_sdk_ec2::Client::describe_instance_status)
+        .match_requests(move |r| filtered(r) && second_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .instance_statuses(status("i-2", EventCode::InstanceRetirement))
+                .build()
+        });
+    let client = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&one, &two]);
+    let found = SdkInstances::from_client(client)
+        .instances_with_scheduled_events()
+        .await
+        .unwrap();
+    let codes: Vec<(&str, &str)> = found
+        .iter()
+        .flat_map(|(id, events)| events.iter().map(move |e| (id.as_str(), e.code.as_str())))
+        .collect();
+    assert_eq!(
+        codes,
+        [("i-1", "system-reboot"), ("i-2", "instance-retirement")]
+    );
+    assert_eq!((one.num_calls(), two.num_calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn instances_facts_follow_every_page_of_the_same_filter_and_page_size() {
+    use aws_sdk_ec2::operation::describe_instances::{
+        DescribeInstancesInput as In, DescribeInstancesOutput as Out,
+    };
+    use aws_sdk_ec2::types::{Instance, Reservation};
+    let ids = ["i-1".to_owned(), "i-2".to_owned()];
+    let filtered = |r: &In| {
+        filter_values(r.filters(), "instance-id") == ["i-1", "i-2"] && r.max_results() == Some(1000)
+    };
+    let reservation = |id: &str| {
+        Reservation::builder()
+            .instances(Instance::builder().instance_id(id).build())
+            .build()
+    };
+    let one = mock!(aws_sdk_ec2::Client::describe_instances)
+        .match_requests(move |r| filtered(r) && first_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .reservations(reservation("i-1"))
+                .next_token("page-2")
+                .build()
+        });
+    let two = mock!(aws_sdk_ec2::Client::describe_instances)
+        .match_requests(move |r| filtered(r) && second_page(r, In::next_token))
+        .then_output(move || Out::builder().reservations(reservation("i-2")).build());
+    let client = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&one, &two]);
+    let facts = SdkInstances::from_client(client)
+        .instances_facts(&ids)
+        .await
+        .unwrap();
+    assert_eq!(facts.keys().collect::<Vec<_>>(), ["i-1", "i-2"]);
+    assert_eq!((one.num_calls(), two.num_calls()), (1, 1));
+}
+
+#[tokio::test]
+async fn live_cluster_instances_page_until_the_limit_and_no_further() {
+    use aws_sdk_ec2::operation::describe_instances::{
+        DescribeInstancesInput as In, DescribeInstancesOutput as Out,
+    };
+    use aws_sdk_ec2::types::{Instance, Reservation};
+    let by_cluster_tag = |r: &In| filter_values(r.filters(), "tag:eks:cluster-name") == ["demo"];
+    fn reservation(ids: &[&str]) -> Reservation {
+        let mut reservation = Reservation::builder();
+        for id in ids {
+            reservation = reservation.instances(Instance::builder().instance_id(*id).build());
+        }
+        reservation.build()
+    }
+    let one = mock!(aws_sdk_ec2::Client::describe_instances)
+        .match_requests(move |r| by_cluster_tag(r) && first_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .reservations(reservation(&["i-1"]))
+                .next_token("page-2")
+                .build()
+        });
+    let two = mock!(aws_sdk_ec2::Client::describe_instances)
+        .match_requests(move |r| by_cluster_tag(r) && second_page(r, In::next_token))
+        .then_output(move || {
+            Out::builder()
+                .reservations(reservation(&["i-2", "i-3"]))
+                .next_token("page-3")
+                .build()
+        });
+    let beyond = mock!(aws_sdk_ec2::Client::describe_instances)
+        .then_output(|| Out::builder().reservations(reservation(&["i-9"])).build());
+    let client = mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&one, &two, &beyond]);
+    let profiles = ["arn:aws:iam::111122223333:instance-profile/nodes".to_owned()];
+    let found = SdkInstances::from_client(client)
+        .live_cluster_instances_with_profiles("demo", &profiles, 2)
+        .await
+        .unwrap();
+    assert_eq!(found, ["i-1", "i-2"]);
+    assert_eq!(
+        (one.num_calls(), two.num_calls(), beyond.num_calls()),
+        (1, 1, 0),
+        "no page is asked for once the limit is reached"
+    );
+}
+
+#[tokio::test]
+async fn group_instances_and_health_settings_follow_every_page() {
+    use aws_sdk_autoscaling::operation::describe_auto_scaling_groups::{
+        DescribeAutoScalingGroupsInput as GroupsIn, DescribeAutoScalingGroupsOutput as GroupsOut,
+    };
+    use aws_sdk_autoscaling::operation::describe_auto_scaling_instances::{
+        DescribeAutoScalingInstancesInput as InstancesIn,
+        DescribeAutoScalingInstancesOutput as InstancesOut,
+    };
+    use aws_sdk_autoscaling::types::{AutoScalingGroup, AutoScalingInstanceDetails};
+    let instance = |id: &str| {
+        AutoScalingInstanceDetails::builder()
+            .instance_id(id)
+            .auto_scaling_group_name("g")
+            .lifecycle_state("InService")
+            .health_status("HEALTHY")
+            .build()
+    };
+    let asked = |r: &InstancesIn| r.instance_ids().len() == 2 && r.max_records() == Some(50);
+    let instances_one = mock!(aws_sdk_autoscaling::Client::describe_auto_scaling_instances)
+        .match_requests(move |r| asked(r) && first_page(r, InstancesIn::next_token))
+        .then_output(move || {
+            InstancesOut::builder()
+                .auto_scaling_instances(instance("i-1"))
+                .next_token("page-2")
+                .build()
+        });
+    let instances_two = mock!(aws_sdk_autoscaling::Client::describe_auto_scaling_instances)
+        .match_requests(move |r| asked(r) && second_page(r, InstancesIn::next_token))
+        .then_output(move || {
+            InstancesOut::builder()
+                .auto_scaling_instances(instance("i-2"))
+                .build()
+        });
+    let group = |name: &str| {
+        AutoScalingGroup::builder()
+            .auto_scaling_group_name(name)
+            .build()
+    };
+    let groups_one = mock!(aws_sdk_autoscaling::Client::describe_auto_scaling_groups)
+        .match_requests(|r| first_page(r, GroupsIn::next_token))
+        .then_output(move || {
+            GroupsOut::builder()
+                .auto_scaling_groups(group("a"))
+                .next_token("page-2")
+                .build()
+        });
+    let groups_two = mock!(aws_sdk_autoscaling::Client::describe_auto_scaling_groups)
+        .match_requests(|r| second_page(r, GroupsIn::next_token))
+        .then_output(move || GroupsOut::builder().auto_scaling_groups(group("b")).build());
+    let rules = [&instances_one, &instances_two, &groups_one, &groups_two];
+    let client = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, rules);
+    let asg = SdkAutoScaling::from_client(client);
+    let ids = ["i-1".to_owned(), "i-2".to_owned()];
+    let instances = asg.describe_group_instances(&ids).await.unwrap();
+    let found: Vec<&str> = instances.iter().map(|i| i.instance_id.as_str()).collect();
+    assert_eq!(found, ["i-1", "i-2"]);
+    let names = ["a".to_owned(), "b".to_owned()];
+    let settings = asg.describe_group_health_settings(&names).await.unwrap();
+    let found: Vec<&str> = settings.iter().map(|g| g.name.as_str()).collect();
+    assert_eq!(found, ["a", "b"]);
+    for rule in rules {
+        assert_eq!(rule.num_calls(), 1);
+    }
+}

@@ -204,6 +204,16 @@ impl World {
         );
     }
 
+    /// The instance-refresh function's requests so far, as `verb resource` (`list pods`).
+    fn requests(&self) -> Vec<String> {
+        self.server
+            .audit()
+            .filter(|e| e.user.username == "instance-refresh")
+            .iter()
+            .map(|e| format!("{} {}", e.verb, e.resource()))
+            .collect()
+    }
+
     fn patches(&self) -> usize {
         self.server
             .audit()
@@ -840,4 +850,73 @@ async fn a_node_that_registers_after_the_start_is_marked_at_the_next_checkpoint(
     assert_eq!(checkpoint.marked.len(), 3, "{checkpoint:?}");
     assert!(cordoned(&world.node(late)));
     assert_eq!(world.patches(), writes + 1, "only the late node is written");
+}
+
+/// What one plan costs the API server (the room rule's cost, docs/instance-refresh.md): once
+/// every outdated node is marked, an instance event of the refresh (each replacement that
+/// comes in service, each old instance that leaves) lists the nodes and nothing else, at any
+/// number of pods: no pod list, no write.
+#[tokio::test]
+async fn a_plan_with_every_outdated_node_marked_lists_no_pods_and_writes_nothing() {
+    let world = World::start(3).await;
+    world.pods_on_each_node(3, 2);
+    world.register_room_node(10, "i-0other0000000000a", 110);
+    world.refresh("InProgress", 100, 200);
+    let started = world.send("Started").await.unwrap();
+    assert_eq!(started.marked.len(), 3, "{started:?}");
+    let start_requests = world.requests();
+    assert_eq!(
+        start_requests.iter().filter(|r| *r == "list pods").count(),
+        1,
+        "marking needs the pods once: {start_requests:?}"
+    );
+
+    world.add_replacement(3, 110);
+    let before = world.requests().len();
+    let report = handler::handle(
+        &world.context(),
+        &instance_event("EC2 Instance Launch Successful", &instance(3)),
+        Some(ACCOUNT),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.outcome, "Marked", "{report:?}");
+    assert_eq!(report.marked.len(), 3, "{report:?}");
+    let plan_requests = world.requests().split_off(before);
+    assert_eq!(
+        plan_requests,
+        ["list nodes"],
+        "a plan with nothing left to mark lists the nodes only"
+    );
+}
+
+/// When a plan needs the pods, it lists only those that hold a place on a node: not the
+/// finished ones (`Succeeded`, `Failed`: a big cluster's Jobs leave many) nor those not
+/// bound yet, which the room rule does not count. 600 of those, a page and more of the list
+/// before, cost nothing now.
+#[tokio::test]
+async fn a_plan_lists_only_the_pods_bound_to_a_node_and_not_finished() {
+    let world = World::start(2).await;
+    world.pods_on_each_node(2, 2);
+    for p in 0..300 {
+        let mut done = running_pod("default", &format!("done-{p}"), &node_name(0), &[]);
+        let status = done.status.get_or_insert_default();
+        status.phase = Some(if p % 2 == 0 { "Succeeded" } else { "Failed" }.into());
+        world.server.store().create(&done).unwrap();
+        let mut waiting = running_pod("default", &format!("waiting-{p}"), &node_name(0), &[]);
+        waiting.spec.get_or_insert_default().node_name = None;
+        waiting.status.get_or_insert_default().phase = Some("Pending".into());
+        world.server.store().create(&waiting).unwrap();
+    }
+    // Room for node 0's two running pods only: they decide, the 600 others do not count.
+    world.register_room_node(10, "i-0other0000000000a", 2);
+    world.refresh("InProgress", 100, 200);
+    let started = world.send("Started").await.unwrap();
+    assert_eq!(started.marked, vec![node_name(0)], "{started:?}");
+    let pod_lists = world
+        .requests()
+        .iter()
+        .filter(|r| *r == "list pods")
+        .count();
+    assert_eq!(pod_lists, 1, "one page: the 4 running pods");
 }

@@ -539,28 +539,20 @@ impl InstanceNoticesBatch for SdkInstances {
                     .collect(),
             ))
             .build();
-        let mut out = Vec::new();
-        let mut next_token = None;
-        loop {
-            let output = self
-                .client()
-                .describe_spot_instance_requests()
-                .filters(filter.clone())
-                .set_next_token(next_token.take())
-                .send()
-                .await
-                .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
-            out.extend(
-                output
-                    .spot_instance_requests()
-                    .iter()
-                    .filter_map(|r| r.instance_id().map(str::to_owned)),
-            );
-            match output.next_token().filter(|t| !t.is_empty()) {
-                Some(token) => next_token = Some(token.to_owned()),
-                None => return Ok(out),
-            }
-        }
+        let requests = self
+            .client()
+            .describe_spot_instance_requests()
+            .filters(filter)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+        Ok(requests
+            .iter()
+            .filter_map(|r| r.instance_id().map(str::to_owned))
+            .collect())
     }
 
     /// By an `event.code` filter, every page (running instances only: a stopped one has
@@ -578,29 +570,25 @@ impl InstanceNoticesBatch for SdkInstances {
                     .collect(),
             ))
             .build();
+        let statuses = self
+            .client()
+            .describe_instance_status()
+            .filters(filter)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| classify("DescribeInstanceStatus", e))?;
         let mut out: BTreeMap<String, Vec<ScheduledInstanceEvent>> = BTreeMap::new();
-        let mut next_token = None;
-        loop {
-            let output = self
-                .client()
-                .describe_instance_status()
-                .filters(filter.clone())
-                .set_next_token(next_token.take())
-                .send()
-                .await
-                .map_err(|e| classify("DescribeInstanceStatus", e))?;
-            for status in output.instance_statuses() {
-                if let Some(id) = status.instance_id() {
-                    out.entry(id.to_owned())
-                        .or_default()
-                        .extend(status.events().iter().map(scheduled_event_of));
-                }
-            }
-            match output.next_token().filter(|t| !t.is_empty()) {
-                Some(token) => next_token = Some(token.to_owned()),
-                None => return Ok(out),
+        for status in &statuses {
+            if let Some(id) = status.instance_id() {
+                out.entry(id.to_owned())
+                    .or_default()
+                    .extend(status.events().iter().map(scheduled_event_of));
             }
         }
+        Ok(out)
     }
 
     /// By a `spot-instance-request-id` filter: an unknown request is absent.
@@ -615,26 +603,21 @@ impl InstanceNoticesBatch for SdkInstances {
                 .name("spot-instance-request-id")
                 .set_values(Some(batch.to_vec()))
                 .build();
-            let mut next_token = None;
-            loop {
-                let output = self
-                    .client()
-                    .describe_spot_instance_requests()
-                    .filters(filter.clone())
-                    .set_next_token(next_token.take())
-                    .send()
-                    .await
-                    .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
-                for request in output.spot_instance_requests() {
-                    let id = request.spot_instance_request_id();
-                    let code = request.status().and_then(|s| s.code());
-                    if let (Some(id), Some(code)) = (id, code) {
-                        out.insert(id.to_owned(), code.to_owned());
-                    }
-                }
-                match output.next_token().filter(|t| !t.is_empty()) {
-                    Some(token) => next_token = Some(token.to_owned()),
-                    None => break,
+            let requests = self
+                .client()
+                .describe_spot_instance_requests()
+                .filters(filter)
+                .into_paginator()
+                .items()
+                .send()
+                .try_collect()
+                .await
+                .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+            for request in &requests {
+                let id = request.spot_instance_request_id();
+                let code = request.status().and_then(|s| s.code());
+                if let (Some(id), Some(code)) = (id, code) {
+                    out.insert(id.to_owned(), code.to_owned());
                 }
             }
         }
@@ -712,33 +695,35 @@ impl InstancesByProfile for SdkInstances {
                 .build(),
         ];
         for cluster_filter in cluster_filters {
-            let mut next_token: Option<String> = None;
-            loop {
-                let output = self
-                    .client()
-                    .describe_instances()
-                    .filters(
-                        Filter::builder()
-                            .name("iam-instance-profile.arn")
-                            .set_values(Some(instance_profile_arns.to_vec()))
-                            .build(),
-                    )
-                    .filters(
-                        Filter::builder()
-                            .name("instance-state-name")
-                            .set_values(Some(
-                                LIVE_INSTANCE_STATES
-                                    .iter()
-                                    .map(|s| (*s).to_owned())
-                                    .collect(),
-                            ))
-                            .build(),
-                    )
-                    .filters(cluster_filter.clone())
-                    .set_next_token(next_token.take())
-                    .send()
-                    .await
-                    .map_err(|e| classify("DescribeInstances", e))?;
+            let mut pages = self
+                .client()
+                .describe_instances()
+                .filters(
+                    Filter::builder()
+                        .name("iam-instance-profile.arn")
+                        .set_values(Some(instance_profile_arns.to_vec()))
+                        .build(),
+                )
+                .filters(
+                    Filter::builder()
+                        .name("instance-state-name")
+                        .set_values(Some(
+                            LIVE_INSTANCE_STATES
+                                .iter()
+                                .map(|s| (*s).to_owned())
+                                .collect(),
+                        ))
+                        .build(),
+                )
+                .filters(cluster_filter)
+                .into_paginator()
+                .send();
+            // Page by page, not item by item: no page is asked for once `limit` are found.
+            while let Some(output) = pages
+                .try_next()
+                .await
+                .map_err(|e| classify("DescribeInstances", e))?
+            {
                 for id in output
                     .reservations()
                     .iter()
@@ -752,10 +737,6 @@ impl InstancesByProfile for SdkInstances {
                 if found.len() >= limit {
                     found.truncate(limit);
                     return Ok(found);
-                }
-                match output.next_token() {
-                    Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
-                    _ => break,
                 }
             }
         }
@@ -1009,30 +990,25 @@ impl InstanceHealth for SdkAutoScaling {
     ) -> Result<Vec<GroupInstance>, AwsError> {
         let mut out = Vec::new();
         for batch in instance_ids.chunks(DESCRIBE_BATCH) {
-            let mut next_token = None;
-            loop {
-                let output = self
-                    .client()
-                    .describe_auto_scaling_instances()
-                    .set_instance_ids(Some(batch.to_vec()))
-                    .max_records(DESCRIBE_BATCH as i32)
-                    .set_next_token(next_token.take())
-                    .send()
-                    .await
-                    .map_err(|e| classify("DescribeAutoScalingInstances", e))?;
-                out.extend(output.auto_scaling_instances().iter().filter_map(|i| {
-                    Some(GroupInstance {
-                        instance_id: i.instance_id()?.to_owned(),
-                        auto_scaling_group_name: i.auto_scaling_group_name()?.to_owned(),
-                        lifecycle_state: i.lifecycle_state().unwrap_or_default().to_owned(),
-                        health_status: i.health_status().unwrap_or_default().to_owned(),
-                    })
-                }));
-                match output.next_token() {
-                    Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
-                    _ => break,
-                }
-            }
+            let instances = self
+                .client()
+                .describe_auto_scaling_instances()
+                .set_instance_ids(Some(batch.to_vec()))
+                .max_records(DESCRIBE_BATCH as i32)
+                .into_paginator()
+                .items()
+                .send()
+                .try_collect()
+                .await
+                .map_err(|e| classify("DescribeAutoScalingInstances", e))?;
+            out.extend(instances.iter().filter_map(|i| {
+                Some(GroupInstance {
+                    instance_id: i.instance_id()?.to_owned(),
+                    auto_scaling_group_name: i.auto_scaling_group_name()?.to_owned(),
+                    lifecycle_state: i.lifecycle_state().unwrap_or_default().to_owned(),
+                    health_status: i.health_status().unwrap_or_default().to_owned(),
+                })
+            }));
         }
         Ok(out)
     }
@@ -1043,30 +1019,25 @@ impl InstanceHealth for SdkAutoScaling {
     ) -> Result<Vec<GroupHealthSettings>, AwsError> {
         let mut out = Vec::new();
         for batch in group_names.chunks(DESCRIBE_BATCH) {
-            let mut next_token = None;
-            loop {
-                let output = self
-                    .client()
-                    .describe_auto_scaling_groups()
-                    .set_auto_scaling_group_names(Some(batch.to_vec()))
-                    .set_next_token(next_token.take())
-                    .send()
-                    .await
-                    .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
-                out.extend(output.auto_scaling_groups().iter().filter_map(|group| {
-                    Some(GroupHealthSettings {
-                        name: group.auto_scaling_group_name()?.to_owned(),
-                        tags: tags_of(group),
-                        health_check_grace_period: Duration::from_secs(
-                            group.health_check_grace_period().unwrap_or(0).max(0) as u64,
-                        ),
-                    })
-                }));
-                match output.next_token() {
-                    Some(token) if !token.is_empty() => next_token = Some(token.to_owned()),
-                    _ => break,
-                }
-            }
+            let groups = self
+                .client()
+                .describe_auto_scaling_groups()
+                .set_auto_scaling_group_names(Some(batch.to_vec()))
+                .into_paginator()
+                .items()
+                .send()
+                .try_collect()
+                .await
+                .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+            out.extend(groups.iter().filter_map(|group| {
+                Some(GroupHealthSettings {
+                    name: group.auto_scaling_group_name()?.to_owned(),
+                    tags: tags_of(group),
+                    health_check_grace_period: Duration::from_secs(
+                        group.health_check_grace_period().unwrap_or(0).max(0) as u64,
+                    ),
+                })
+            }));
         }
         Ok(out)
     }
@@ -1102,25 +1073,23 @@ impl SdkInstances {
                 .name("instance-id")
                 .set_values(Some(batch.to_vec()))
                 .build();
-            let mut next_token = None;
-            loop {
-                let output = self
-                    .client()
-                    .describe_instances()
-                    .filters(filter.clone())
-                    .max_results(1000)
-                    .set_next_token(next_token.take())
-                    .send()
-                    .await
-                    .map_err(|e| classify("DescribeInstances", e))?;
-                for instance in output.reservations().iter().flat_map(|r| r.instances()) {
+            let mut reservations = self
+                .client()
+                .describe_instances()
+                .filters(filter)
+                .max_results(1000)
+                .into_paginator()
+                .items()
+                .send();
+            while let Some(reservation) = reservations
+                .try_next()
+                .await
+                .map_err(|e| classify("DescribeInstances", e))?
+            {
+                for instance in reservation.instances() {
                     if let Some(id) = instance.instance_id() {
                         visit(id, instance);
                     }
-                }
-                match output.next_token().filter(|t| !t.is_empty()) {
-                    Some(token) => next_token = Some(token.to_owned()),
-                    None => break,
                 }
             }
         }

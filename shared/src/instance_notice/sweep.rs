@@ -140,18 +140,8 @@ where
     else {
         return Vec::new();
     };
-    let mut outcomes = Vec::new();
-    for instance_id in interrupted.iter().filter(|id| !drained.contains(*id)) {
-        if !invocation.budget.has_working_slice() {
-            break;
-        }
-        let announcement = Announcement::SpotInterruption {
-            action: "terminate".to_owned(),
-        };
-        let event = found_event(handler, "spot", instance_id, announcement, invocation);
-        outcomes.push(handle_found(handler, &event, instance_id, invocation).await);
-    }
-    outcomes
+    let found = spot_announcements(&interrupted, drained);
+    handle_lost(handler, "spot", found, invocation).await
 }
 
 /// The instances with a scheduled event EC2 lists as pending and not yet started, of the
@@ -179,27 +169,67 @@ where
     else {
         return Vec::new();
     };
-    let now = Timestamp::now();
+    let found = health_announcements(&scheduled, covered, Timestamp::now());
+    handle_lost(handler, "maintenance", found, invocation).await
+}
+
+/// What a lost Spot interruption warning announced (a `terminate`: the sweep handles every
+/// interruption so), for each interrupted instance not `covered` already.
+fn spot_announcements<'a>(
+    interrupted: &'a [String],
+    covered: &'a BTreeSet<String>,
+) -> impl Iterator<Item = (&'a str, Announcement)> + 'a {
+    interrupted
+        .iter()
+        .filter(|id| !covered.contains(*id))
+        .map(|id| {
+            let announcement = Announcement::SpotInterruption {
+                action: "terminate".to_owned(),
+            };
+            (id.as_str(), announcement)
+        })
+}
+
+/// What a lost AWS Health event announced, for each instance not `covered` already that has
+/// an upcoming scheduled event of a code Health announces (see [`first_upcoming`]).
+fn health_announcements<'a>(
+    scheduled: &'a std::collections::BTreeMap<String, Vec<ScheduledInstanceEvent>>,
+    covered: &'a BTreeSet<String>,
+    now: Timestamp,
+) -> impl Iterator<Item = (&'a str, Announcement)> + 'a {
+    scheduled
+        .iter()
+        .filter(|(id, _)| !covered.contains(*id))
+        .filter_map(move |(id, events)| {
+            let (type_code, starts_at) = first_upcoming(events, now)?;
+            let announcement = Announcement::ScheduledChange {
+                type_code: type_code.to_owned(),
+                starts_at: Some(starts_at),
+                closed: false,
+            };
+            Some((id.as_str(), announcement))
+        })
+}
+
+/// Handles each found instance as if the event announcing it (`kind`: `spot`,
+/// `maintenance`) had just arrived, one after another while the invocation has a working
+/// slice left (the next run finds the others again).
+async fn handle_lost<'a, C: HookClients>(
+    handler: &NoticeHandler<'_, C>,
+    kind: &str,
+    found: impl Iterator<Item = (&'a str, Announcement)>,
+    invocation: &Invocation,
+) -> Vec<InstanceOutcome>
+where
+    C::Instances: InstanceNoticesBatch,
+    C::AutoScaling: GroupActivity,
+{
     let mut outcomes = Vec::new();
-    for (instance_id, events) in scheduled.iter().filter(|(id, _)| !covered.contains(*id)) {
-        let Some((type_code, starts_at)) = first_upcoming(events, now) else {
-            continue;
-        };
+    for (instance_id, announcement) in found {
         if !invocation.budget.has_working_slice() {
             break;
         }
-        let announcement = Announcement::ScheduledChange {
-            type_code: type_code.to_owned(),
-            starts_at: Some(starts_at),
-            closed: false,
-        };
-        let event = found_event(
-            handler,
-            "maintenance",
-            instance_id,
-            announcement,
-            invocation,
-        );
+        let event = found_event(handler, kind, instance_id, announcement, invocation);
         outcomes.push(handle_found(handler, &event, instance_id, invocation).await);
     }
     outcomes
@@ -380,4 +410,83 @@ fn failed(
 ) -> InstanceOutcome {
     tracing::error!(step = "sweep_drain_failed", node, %error, "the drain failed: the others go on, the next run tries it again");
     report("Failed", error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use jiff::{SignedDuration, Timestamp};
+
+    use super::{Announcement, health_announcements, spot_announcements};
+    use crate::aws::ScheduledInstanceEvent;
+
+    fn covered(ids: &[&str]) -> BTreeSet<String> {
+        ids.iter().map(|id| (*id).to_owned()).collect()
+    }
+
+    fn event(code: &str, starts_at: Timestamp, description: &str) -> ScheduledInstanceEvent {
+        ScheduledInstanceEvent {
+            code: code.to_owned(),
+            not_before: Some(starts_at),
+            description: description.to_owned(),
+        }
+    }
+
+    #[test]
+    fn every_interrupted_instance_not_covered_is_announced_as_a_termination() {
+        let interrupted = vec!["i-a".to_owned(), "i-b".to_owned(), "i-c".to_owned()];
+        let drained = covered(&["i-b"]);
+        let found: Vec<_> = spot_announcements(&interrupted, &drained).collect();
+        let terminate = Announcement::SpotInterruption {
+            action: "terminate".to_owned(),
+        };
+        assert_eq!(
+            found,
+            [("i-a", terminate.clone()), ("i-c", terminate)],
+            "the drained instance is skipped, the others kept in order"
+        );
+    }
+
+    #[test]
+    fn an_instance_with_an_upcoming_health_event_not_covered_is_announced_by_its_first() {
+        let now = Timestamp::now();
+        let hours = |h: i64| now + SignedDuration::from_hours(h);
+        let scheduled = BTreeMap::from([
+            (
+                "i-planned".to_owned(),
+                vec![event("system-reboot", hours(5), "reboot")],
+            ),
+            (
+                "i-two".to_owned(),
+                vec![
+                    event("system-reboot", hours(9), "reboot"),
+                    event("instance-retirement", hours(3), "retirement"),
+                    event("instance-stop", hours(1), "[Canceled] stop"),
+                ],
+            ),
+            (
+                "i-started".to_owned(),
+                vec![event("system-maintenance", hours(-1), "maintenance")],
+            ),
+            (
+                "i-unknown-code".to_owned(),
+                vec![event("no-such-code", hours(2), "what")],
+            ),
+        ]);
+        let planned = covered(&["i-planned"]);
+        let found: Vec<_> = health_announcements(&scheduled, &planned, now).collect();
+        assert_eq!(
+            found,
+            [(
+                "i-two",
+                Announcement::ScheduledChange {
+                    type_code: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".to_owned(),
+                    starts_at: Some(hours(3)),
+                    closed: false,
+                }
+            )],
+            "covered, started and unknown events are skipped; the first pending one wins"
+        );
+    }
 }

@@ -183,6 +183,25 @@ pub fn accepts_new_pods(node: &Node) -> bool {
     crate::lifecycle::node::is_ready(node) && !cordoned && !repelling
 }
 
+/// Whether `node` is out of service already (cordoned by this refresh, a drain, or anyone):
+/// the room rule keeps it marked whatever its pods.
+fn out_of_service(node: &Node) -> bool {
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+}
+
+/// Whether the room rule needs the pods to decide: some `outdated` node is still in
+/// service. When every outdated node is out of service already (or has no Node), the rule
+/// marks them all, whatever their pods and the room: the pods need not be listed.
+pub fn decision_needs_pods(
+    nodes: &[Node],
+    outdated: &BTreeMap<&str, Option<jiff::Timestamp>>,
+) -> bool {
+    nodes.iter().any(|node| {
+        crate::lifecycle::node::node_instance_id(node)
+            .is_some_and(|id| outdated.contains_key(id) && !out_of_service(node))
+    })
+}
+
 /// The room rule's inputs from the cluster: the free capacity of every node that accepts
 /// new pods and is not `outdated` (instance id → launch time), and each outdated node with
 /// a Node, whether it is out of service and the requests of the pods its drain would move.
@@ -207,7 +226,7 @@ pub fn survey(
             Some((instance_id, launched)) => outdated_nodes.push(super::room::OutdatedNode {
                 instance_id: instance_id.to_owned(),
                 launched: *launched,
-                out_of_service: node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true),
+                out_of_service: out_of_service(node),
                 pods_to_move: bound
                     .iter()
                     .filter(|p| moves_on_drain(p))
@@ -310,6 +329,37 @@ mod tests {
             json!({"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}),
             "True"
         )));
+    }
+
+    #[test]
+    fn the_pods_are_needed_only_while_an_outdated_node_is_in_service() {
+        let node = |instance: &str, cordoned: bool| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": instance},
+                "spec": {
+                    "providerID": format!("aws:///eu-west-1a/{instance}"),
+                    "unschedulable": cordoned,
+                },
+            }))
+            .unwrap()
+        };
+        let outdated =
+            BTreeMap::from([("i-0000000000000000a", None), ("i-0000000000000000b", None)]);
+        let marked = node("i-0000000000000000a", true);
+        let in_service = node("i-0000000000000000b", false);
+        let other = node("i-0000000000000000c", false);
+        assert!(decision_needs_pods(
+            &[marked.clone(), in_service, other.clone()],
+            &outdated
+        ));
+        assert!(
+            !decision_needs_pods(&[marked, other.clone()], &outdated),
+            "every outdated node with a Node is out of service; another group's node is room"
+        );
+        assert!(
+            !decision_needs_pods(&[other], &BTreeMap::new()),
+            "nothing outdated"
+        );
     }
 
     #[test]

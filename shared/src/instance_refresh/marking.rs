@@ -1,19 +1,19 @@
 //! The Node writes of a refresh: mark the outdated nodes the room rule chooses
-//! ([`super::room`], from one list of the Nodes and one of the Pods) whenever the refresh
-//! plans, undo the refresh's marks at its end. Each write is one conditional patch
-//! ([`crate::node_marks::refresh`]); a failed write is collected, not fatal, so the other
-//! nodes are still written.
+//! ([`super::room`], from one list of the Nodes and, when an outdated node is still in
+//! service, one of the pods placed on nodes) whenever the refresh plans, undo the refresh's
+//! marks at its end. Each write is one conditional patch ([`crate::node_marks::refresh`]);
+//! a failed write is collected, not fatal, so the other nodes are still written.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
 
-use super::capacity::survey;
+use super::capacity::{decision_needs_pods, survey};
 use super::event::RefreshEvent;
 use super::handler::{RefreshError, RefreshReport, UnmarkedNode};
 use super::plan::MarkPlan;
-use super::room::choose;
+use super::room::{RoomDecision, choose};
 use crate::lifecycle::node::node_instance_id;
 use crate::node_marks::refresh::{
     MarkAs, Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node,
@@ -62,16 +62,12 @@ pub(super) async fn mark_outdated(
     report: &mut RefreshReport,
 ) -> Result<Vec<String>, RefreshError> {
     let listed = list_nodes(nodes, ListParams::default()).await?;
-    let all_pods = list_all(pods, ListParams::default())
-        .await
-        .map_err(RefreshError::ListPods)?;
     let outdated: BTreeMap<&str, Option<jiff::Timestamp>> = mark_plan
         .outdated
         .iter()
         .map(|id| (id.as_str(), launch_times.get(id).copied()))
         .collect();
-    let (room, outdated_nodes) = survey(&listed, &all_pods, &outdated);
-    let decision = choose(room, &outdated_nodes);
+    let decision = decide(pods, &listed, &outdated).await?;
     mark_plan.mark = decision.mark;
     mark_plan.kept = decision.kept;
     let by_instance: BTreeMap<&str, &Node> = listed
@@ -120,6 +116,30 @@ struct MarkTarget<'a> {
     node: &'a Node,
     instance_id: &'a str,
     mark_as: MarkAs<'a>,
+}
+
+/// The pods that hold a place on a node: bound to one and not finished (the selector
+/// cluster-autoscaler's lister of scheduled pods uses). The room rule counts no other pod,
+/// so a cluster's finished Jobs and its pods waiting for a node are not transferred.
+const PLACED_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+
+/// The room rule's decision on `outdated` among the `listed` nodes. The pods are listed
+/// only when the decision needs them ([`decision_needs_pods`]): once every outdated node is
+/// out of service, a plan lists no pods.
+async fn decide(
+    pods: &Api<Pod>,
+    listed: &[Node],
+    outdated: &BTreeMap<&str, Option<jiff::Timestamp>>,
+) -> Result<RoomDecision, RefreshError> {
+    let placed = if decision_needs_pods(listed, outdated) {
+        list_all(pods, ListParams::default().fields(PLACED_PODS))
+            .await
+            .map_err(RefreshError::ListPods)?
+    } else {
+        Vec::new()
+    };
+    let (room, outdated_nodes) = survey(listed, &placed, outdated);
+    Ok(choose(room, &outdated_nodes))
 }
 
 async fn mark_one(
