@@ -23,23 +23,45 @@ const MANAGER: &str = "test-kit-kubelet";
 
 /// The emulation's task and the nodes it serves. Dropping it stops the task.
 pub struct FakeKubelets {
-    client: kube::Client,
-    nodes: Arc<Mutex<BTreeSet<String>>>,
+    handle: KubeletHandle,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// What registers and removes nodes of a running emulation, cheap to clone into the fake
+/// Auto Scaling's launch and termination callbacks (the emulation keeps serving only while
+/// its [`FakeKubelets`] lives).
+#[derive(Clone)]
+pub struct KubeletHandle {
+    client: kube::Client,
+    nodes: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl std::ops::Deref for FakeKubelets {
+    type Target = KubeletHandle;
+
+    fn deref(&self) -> &KubeletHandle {
+        &self.handle
+    }
+}
+
 impl FakeKubelets {
-    /// Starts serving (the nodes registered through [`FakeKubelets::register_node`]).
+    /// Starts serving (the nodes registered through [`KubeletHandle::register_node`]).
     pub fn start(client: kube::Client) -> Self {
         let nodes: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let task = tokio::spawn(run(client.clone(), nodes.clone()));
         Self {
-            client,
-            nodes,
+            handle: KubeletHandle { client, nodes },
             task,
         }
     }
 
+    /// A handle on the emulation, for callbacks.
+    pub fn handle(&self) -> KubeletHandle {
+        self.handle.clone()
+    }
+}
+
+impl KubeletHandle {
     /// Creates node `name` (Ready; 4 CPUs, 16 GiB and 110 pods allocatable; zone `zone`) and
     /// serves its pods from now on. `unschedulable` creates it cordoned.
     pub async fn register_node(
@@ -113,7 +135,25 @@ impl FakeKubelets {
     }
 }
 
-impl FakeKubelets {
+impl KubeletHandle {
+    /// The instance of `node` is gone: its kubelet stops and the Node is deleted, as the
+    /// cloud node lifecycle controller deletes the Node of a terminated instance. (A pod
+    /// still bound to it is then removed by the pod garbage collector, without an eviction.)
+    pub async fn remove_node(&self, node: &str) -> Result<(), ControlPlaneError> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(node);
+        match Api::<Node>::all(self.client.clone())
+            .delete(node, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(setup(node, error)),
+        }
+    }
+
     /// The kubelet of `node` dies: its pods are no longer served (an evicted pod stays
     /// `Terminating`), its Lease is no longer renewed, and the node turns `Ready=Unknown` as
     /// the node lifecycle controller (not run here) would show it.

@@ -1,0 +1,646 @@
+//! An instance refresh on the real control plane (kube-apiserver, etcd,
+//! kube-controller-manager, kube-scheduler; built by `scripts/control-plane.sh build`): a node
+//! group of four nodes runs Deployments behind PodDisruptionBudgets; the fake Auto Scaling
+//! replaces every instance, batch by batch, through the group's lifecycle hooks; replacements
+//! register as Ready nodes through the test kit's kubelets; the built `launching-hook`
+//! completes each new node, the built `terminating-hook` drains each replaced one, and the
+//! built `instance-refresh` gets the refresh's and the instances' EventBridge events as the
+//! stack's rule routes them. kube-scheduler places every evicted pod's replacement.
+//!
+//! What a user sees is asserted: the refresh ends `Successful`, every pod of an outdated node
+//! was evicted (none deleted without an eviction), no budget was broken, no mark is left, and
+//! the evictions per pod (from the plane's audit log) are no more than the same refresh gives
+//! without `instance-refresh`, which runs beside it for the comparison.
+//!
+//! `ONM_REAL_PLANE_MEASURE=1` also runs launch before terminate and prints the figures of both
+//! strategies with and without the function (BENCHMARKS.md §12).
+//!
+//! Skipped with a printed line when `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not
+//! built.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams, PostParams};
+use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::node_marks::refresh::REFRESH_LABEL;
+use node_manager_testkit::aws::{
+    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeRefreshPreferences,
+    SubscriptionFilter,
+};
+use node_manager_testkit::control_plane::binaries_or_skip;
+use node_manager_testkit::control_plane::world::RealFunctionWorld;
+use node_manager_testkit::e2e::{CLUSTER, GROUP, Target};
+use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::lambda_api::{InvocationOutcome, LambdaRuntimeApi};
+use serde_json::{Value, json};
+
+const NODES: usize = 4;
+const DEPLOYMENTS: usize = 4;
+const REPLICAS: usize = 4;
+const ZONE: &str = "eu-west-1a";
+const REFRESH_FUNCTION: &str = "instance-refresh";
+const HOOK_USERS: [&str; 3] = ["terminating-hook", "launching-hook", REFRESH_FUNCTION];
+const INVOKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Strategy {
+    /// `MinHealthyPercentage` 100, `MaxHealthyPercentage` 110.
+    LaunchFirst,
+    /// Auto Scaling's default, 90 / 100.
+    TerminateFirst,
+}
+
+impl Strategy {
+    fn percentages(self) -> (u32, u32) {
+        match self {
+            Self::LaunchFirst => (100, 110),
+            Self::TerminateFirst => (90, 100),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::LaunchFirst => "launch before terminate",
+            Self::TerminateFirst => "terminate first",
+        }
+    }
+}
+
+/// What one refresh came to, as a user of the cluster sees it.
+#[derive(Debug, Default)]
+struct Figures {
+    status: Option<String>,
+    /// Pods on the outdated nodes when the refresh started.
+    pods_at_start: usize,
+    /// Evictions the API server accepted (the audit log), from the terminating hook.
+    evictions: usize,
+    /// Evicted pods that had been created after the start: moved once already.
+    moved_twice: usize,
+    /// Pods of the start that were never evicted.
+    not_evicted: Vec<String>,
+    /// Pod deletions by any function (there must be none: evictions only).
+    pod_deletions: usize,
+    /// The fewest pods of one Deployment Ready and not terminating at once.
+    fewest_available: usize,
+    /// Summed over the pods created after the start, the time each had no node.
+    pending_pod_seconds: f64,
+    /// Start until the refresh ended and the function undid its marks.
+    wall: Duration,
+    /// Nodes left cordoned, excluded from load balancers or labelled by the refresh.
+    marked_left: Vec<String>,
+    /// Invocations that did not end with a response.
+    failed_invocations: Vec<String>,
+}
+
+impl Figures {
+    fn evictions_per_pod(&self) -> f64 {
+        self.evictions as f64 / self.pods_at_start.max(1) as f64
+    }
+
+    fn row(&self, strategy: Strategy, with_function: bool) -> String {
+        format!(
+            "| {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {} | {} | {:.1} |",
+            strategy.name(),
+            if with_function { "on" } else { "off" },
+            self.status.as_deref().unwrap_or("did not end"),
+            self.pods_at_start,
+            self.evictions,
+            self.evictions_per_pod(),
+            self.moved_twice,
+            self.pending_pod_seconds,
+            REPLICAS - self.fewest_available.min(REPLICAS),
+            self.marked_left.len(),
+            self.wall.as_secs_f64(),
+        )
+    }
+
+    /// What must hold with or without the function.
+    fn assert_seen_by_a_user(&self, what: &str) {
+        assert_eq!(
+            self.status.as_deref(),
+            Some("Successful"),
+            "{what}: {self:?}"
+        );
+        assert!(
+            self.failed_invocations.is_empty(),
+            "{what}: {:?}",
+            self.failed_invocations
+        );
+        assert!(
+            self.not_evicted.is_empty(),
+            "{what}: pods of the outdated nodes left without an eviction: {self:?}"
+        );
+        assert_eq!(self.pod_deletions, 0, "{what}: a function deleted a pod");
+        assert!(
+            self.fewest_available >= REPLICAS - 1,
+            "{what}: a budget was broken: only {} of {REPLICAS} pods available at one point",
+            self.fewest_available
+        );
+        assert!(
+            self.marked_left.is_empty(),
+            "{what}: nodes left marked: {:?}",
+            self.marked_left
+        );
+    }
+}
+
+/// Four Deployments of four replicas, each behind a PDB `maxUnavailable: 1`, spread by
+/// kube-scheduler over the group's nodes; waits until every pod is Ready and each budget
+/// allows one disruption.
+async fn seed_workload(admin: &kube::Client) {
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
+    for d in 0..DEPLOYMENTS {
+        let app = format!("web-{d}");
+        let deployment = Workload::new("default", &app)
+            .labels(&[("app", &app), ("refresh", "yes")])
+            .replicas(REPLICAS as i32)
+            .grace_period_seconds(Some(1))
+            .deployment();
+        deployments
+            .create(&PostParams::default(), &deployment)
+            .await
+            .unwrap();
+        let budget = fixtures::pdb_max_unavailable("default", &app, json!(1), &[("app", &app)]);
+        budgets
+            .create(&PostParams::default(), &budget)
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let by_app = available_by_app(&pods).await;
+        let allowing = budgets
+            .list(&ListParams::default())
+            .await
+            .map(|l| {
+                l.items
+                    .iter()
+                    .filter(|b| {
+                        b.status
+                            .as_ref()
+                            .is_some_and(|s| s.disruptions_allowed == 1)
+                    })
+                    .count()
+            })
+            .unwrap_or(0);
+        if by_app.len() == DEPLOYMENTS
+            && by_app.values().all(|n| *n == REPLICAS)
+            && allowing == DEPLOYMENTS
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the workload was not Ready in 30 s: {by_app:?}, {allowing} budgets allowing one"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Pods of each `app` Ready and not terminating.
+async fn available_by_app(pods: &Api<Pod>) -> BTreeMap<String, usize> {
+    let mut available = BTreeMap::new();
+    let Ok(list) = pods
+        .list(&ListParams::default().labels("refresh=yes"))
+        .await
+    else {
+        return available;
+    };
+    for pod in &list.items {
+        let app = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("app").cloned())
+            .unwrap_or_default();
+        let counted = available.entry(app).or_insert(0);
+        if fixtures::pod_is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+            *counted += 1;
+        }
+    }
+    available
+}
+
+/// What the sampler saw while the refresh ran.
+#[derive(Default)]
+struct Sampled {
+    fewest_available: usize,
+    /// Per pod created after the start, the time it was seen without a node.
+    pending: BTreeMap<String, Duration>,
+}
+
+/// Every 50 ms until `running` is cleared: the fewest pods of one Deployment available, and
+/// the time the pods not in `known_uids` spent without a node.
+fn sample(
+    pods: Api<Pod>,
+    known_uids: BTreeSet<String>,
+    running: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Sampled> {
+    tokio::spawn(async move {
+        let mut sampled = Sampled {
+            fewest_available: usize::MAX,
+            ..Sampled::default()
+        };
+        let mut last = Instant::now();
+        while running.load(Ordering::Relaxed) {
+            let elapsed = last.elapsed();
+            last = Instant::now();
+            if let Ok(list) = pods
+                .list(&ListParams::default().labels("refresh=yes"))
+                .await
+            {
+                let mut by_app: BTreeMap<String, usize> = BTreeMap::new();
+                for pod in &list.items {
+                    let app = pod.metadata.labels.as_ref().and_then(|l| l.get("app"));
+                    let counted = by_app.entry(app.cloned().unwrap_or_default()).or_default();
+                    if fixtures::pod_is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+                        *counted += 1;
+                    }
+                    let uid = pod.metadata.uid.clone().unwrap_or_default();
+                    let unbound = pod.spec.as_ref().is_none_or(|s| s.node_name.is_none());
+                    if unbound && !known_uids.contains(&uid) {
+                        *sampled.pending.entry(uid).or_default() += elapsed;
+                    }
+                }
+                if let Some(least) = by_app.values().min() {
+                    sampled.fewest_available = sampled.fewest_available.min(*least);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        sampled
+    })
+}
+
+/// One invocation; a failure is recorded with the function's output.
+async fn invoke(runtime: &LambdaRuntimeApi, event: &Value, failures: &Mutex<Vec<String>>) {
+    match runtime.invoke(event, INVOKE_TIMEOUT).await {
+        Ok(InvocationOutcome::Response(_)) => {}
+        other => failures.lock().unwrap().push(format!(
+            "{} -> {other:?}\n--- function output ---\n{}",
+            event.to_string().chars().take(300).collect::<String>(),
+            runtime.output()
+        )),
+    }
+}
+
+/// Delivers SNS notifications one after the other until `stop` is set and none came for
+/// 300 ms.
+async fn deliver_notifications(
+    mut subscription: node_manager_testkit::aws::SnsSubscription,
+    runtime: &LambdaRuntimeApi,
+    stop: &AtomicBool,
+    failures: &Mutex<Vec<String>>,
+) {
+    loop {
+        match subscription.next_event(Duration::from_millis(300)).await {
+            Some(event) => invoke(runtime, &event, failures).await,
+            None if stop.load(Ordering::Relaxed) => return,
+            None => {}
+        }
+    }
+}
+
+/// Delivers the bus's refresh and instance events to `instance-refresh`, as the stack's
+/// `InstanceRefreshEventsRule` does, one after the other, until `stop` and quiet.
+async fn deliver_bus_events(
+    mut subscription: EventSubscription,
+    runtime: &LambdaRuntimeApi,
+    stop: &AtomicBool,
+    failures: &Mutex<Vec<String>>,
+) {
+    loop {
+        match subscription.next_event(Duration::from_millis(300)).await {
+            Some(event) => invoke(runtime, &event, failures).await,
+            None if stop.load(Ordering::Relaxed) => return,
+            None => {}
+        }
+    }
+}
+
+fn refresh_rule() -> EventPattern {
+    let refresh = [
+        "Started",
+        "Checkpoint Reached",
+        "Succeeded",
+        "Failed",
+        "Cancelled",
+        "Rollback Started",
+        "Rollback Succeeded",
+        "Rollback Failed",
+    ]
+    .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"));
+    let instances = [
+        "EC2 Instance Launch Successful",
+        "EC2 Instance Terminate Successful",
+    ]
+    .map(str::to_owned);
+    EventPattern {
+        sources: vec!["aws.autoscaling".to_owned()],
+        detail_types: refresh.into_iter().chain(instances).collect(),
+    }
+}
+
+/// Starts the world: the group of [`NODES`] instances launched an hour apart (oldest first
+/// in the order Auto Scaling replaces them), the kubelets following Auto Scaling's launches
+/// and terminations, the workload seeded.
+async fn start_world(bin: &std::path::Path, with_function: bool) -> RealFunctionWorld {
+    let mut builder = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook, Target::LaunchingHook])
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_MAX_SECONDS", "0.5")
+        .env("LAUNCH_TIMEOUT_SECONDS", "20");
+    if with_function {
+        builder = builder.function_named(REFRESH_FUNCTION);
+    }
+    let w = builder.start(bin).await.unwrap();
+    let autoscaling = w.aws.autoscaling();
+    autoscaling.add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .availability_zones(&[ZONE])
+            .launch_template("lt-0a1b2c3d4e5f60718", "nodes", "1")
+            .size(0, NODES as u32, 2 * NODES as u32),
+    );
+    let mut nodes = BTreeMap::from([(w.instance.clone(), w.node.clone())]);
+    for i in 1..NODES {
+        let id = format!("i-0a1b2c3d4e5f6070{i}");
+        nodes.insert(id.clone(), w.add_instance(&id, ZONE, false).await.unwrap());
+    }
+    let now = jiff::Timestamp::now();
+    for (turn, id) in std::iter::once(&w.instance)
+        .chain(nodes.keys().filter(|id| **id != w.instance))
+        .enumerate()
+    {
+        let hours = i64::try_from(NODES - turn).unwrap();
+        w.aws
+            .ec2()
+            .set_launch_time(id, now - jiff::SignedDuration::from_hours(hours));
+    }
+    follow_instances(&w, nodes);
+    seed_workload(&w.plane.admin_client().await.unwrap()).await;
+    w
+}
+
+/// Registers a Ready node for every instance Auto Scaling launches, and deletes the Node of
+/// every instance that leaves the group, as the cloud node lifecycle controller does.
+fn follow_instances(w: &RealFunctionWorld, nodes: BTreeMap<String, String>) {
+    let nodes = Arc::new(Mutex::new(nodes));
+    let kubelets = w.kubelets.handle();
+    let known = nodes.clone();
+    w.aws
+        .autoscaling()
+        .on_instance_launched(Arc::new(move |launched| {
+            let (kubelets, launched) = (kubelets.clone(), launched.clone());
+            known.lock().unwrap().insert(
+                launched.instance_id.clone(),
+                launched.private_dns_name.clone(),
+            );
+            tokio::spawn(async move {
+                let provider = format!(
+                    "aws:///{}/{}",
+                    launched.availability_zone, launched.instance_id
+                );
+                let zone = &launched.availability_zone;
+                let name = &launched.private_dns_name;
+                if let Err(error) = kubelets.register_node(name, &provider, zone, false).await {
+                    eprintln!("registering {name}: {error}");
+                }
+            });
+        }));
+    let kubelets = w.kubelets.handle();
+    w.aws
+        .autoscaling()
+        .on_instance_terminated(Arc::new(move |instance_id| {
+            let Some(node) = nodes.lock().unwrap().get(instance_id).cloned() else {
+                return;
+            };
+            let kubelets = kubelets.clone();
+            tokio::spawn(async move {
+                if let Err(error) = kubelets.remove_node(&node).await {
+                    eprintln!("removing {node}: {error}");
+                }
+            });
+        }));
+}
+
+/// Runs one refresh of the whole group on a fresh real plane and measures it.
+async fn refresh_on_the_real_plane(
+    bin: &std::path::Path,
+    strategy: Strategy,
+    with_function: bool,
+) -> Figures {
+    let w = start_world(bin, with_function).await;
+    let admin = w.plane.admin_client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let at_start: BTreeMap<String, String> = pods
+        .list(&ListParams::default().labels("refresh=yes"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                p.metadata.uid.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let running = Arc::new(AtomicBool::new(true));
+    let sampler = sample(
+        pods.clone(),
+        at_start.values().cloned().collect(),
+        running.clone(),
+    );
+    let sns = w.aws.sns();
+    let transition = |t: &str| {
+        Some(SubscriptionFilter::lifecycle_transition(&[&format!(
+            "autoscaling:{t}"
+        )]))
+    };
+    let terminating = sns
+        .subscribe_filtered(&w.topic, transition("EC2_INSTANCE_TERMINATING"))
+        .unwrap();
+    let launching = sns
+        .subscribe_filtered(&w.topic, transition("EC2_INSTANCE_LAUNCHING"))
+        .unwrap();
+    let bus = w.aws.eventbridge().subscribe(refresh_rule());
+
+    let autoscaling = w.aws.autoscaling();
+    autoscaling.set_launch_template_version(GROUP, "2").unwrap();
+    let (min, max) = strategy.percentages();
+    let started = Instant::now();
+    let id = autoscaling
+        .start_instance_refresh(
+            GROUP,
+            FakeRefreshPreferences::default().healthy_percentage(min, max),
+        )
+        .unwrap();
+    let (stop, failures) = (AtomicBool::new(false), Mutex::new(Vec::new()));
+    let deliveries = async {
+        let refresh = async {
+            if with_function {
+                deliver_bus_events(bus, w.named(REFRESH_FUNCTION), &stop, &failures).await;
+            }
+        };
+        futures::join!(
+            deliver_notifications(
+                terminating,
+                &w.function(Target::TerminatingHook).runtime,
+                &stop,
+                &failures
+            ),
+            deliver_notifications(
+                launching,
+                &w.function(Target::LaunchingHook).runtime,
+                &stop,
+                &failures
+            ),
+            refresh,
+        );
+    };
+    let ending = async {
+        let status = autoscaling
+            .wait_for_refresh_end(&id, Duration::from_secs(150))
+            .await;
+        wait_for_marks_undone(&admin, Duration::from_secs(15)).await;
+        let wall = started.elapsed();
+        stop.store(true, Ordering::Relaxed);
+        (status, wall)
+    };
+    let ((), (status, wall)) = futures::join!(deliveries, ending);
+    running.store(false, Ordering::Relaxed);
+    let sampled = sampler.await.unwrap();
+    measure(
+        &w,
+        &admin,
+        &at_start,
+        sampled,
+        status.map(|s| s.as_str().to_owned()),
+        wall,
+        failures.into_inner().unwrap(),
+    )
+    .await
+}
+
+/// The end event is handled after Auto Scaling ends the refresh: waits until no node carries
+/// the refresh's label.
+async fn wait_for_marks_undone(admin: &kube::Client, timeout: Duration) {
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let labelled = nodes
+            .list(&ListParams::default().labels(REFRESH_LABEL))
+            .await
+            .map(|l| l.items.len())
+            .unwrap_or(1);
+        if labelled == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn measure(
+    w: &RealFunctionWorld,
+    admin: &kube::Client,
+    at_start: &BTreeMap<String, String>,
+    sampled: Sampled,
+    status: Option<String>,
+    wall: Duration,
+    failed_invocations: Vec<String>,
+) -> Figures {
+    let audit = w.plane.audit();
+    let evicted: Vec<&str> = audit
+        .iter()
+        .filter(|e| e.user.username == "terminating-hook")
+        .filter(|e| e.subresource() == "eviction" && (200..300).contains(&e.code()))
+        .map(|e| e.name())
+        .collect();
+    let evicted_names: BTreeSet<&str> = evicted.iter().copied().collect();
+    let pod_deletions = audit
+        .iter()
+        .filter(|e| HOOK_USERS.contains(&e.user.username.as_str()))
+        .filter(|e| e.verb == "delete" && e.resource() == "pods")
+        .count();
+    let marked_left = Api::<Node>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|n| is_marked(n))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    Figures {
+        status,
+        pods_at_start: at_start.len(),
+        evictions: evicted.len(),
+        moved_twice: evicted
+            .iter()
+            .filter(|p| !at_start.contains_key(**p))
+            .count(),
+        not_evicted: at_start
+            .keys()
+            .filter(|p| !evicted_names.contains(p.as_str()))
+            .cloned()
+            .collect(),
+        pod_deletions,
+        fewest_available: sampled.fewest_available,
+        pending_pod_seconds: sampled.pending.values().map(Duration::as_secs_f64).sum(),
+        wall,
+        marked_left,
+        failed_invocations,
+    }
+}
+
+fn is_marked(node: &Node) -> bool {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
+        || labels.contains_key(REFRESH_LABEL)
+        || labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL)
+}
+
+const TABLE_HEADER: &str = "| strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods moved twice | Pending pod-seconds | most pods of a Deployment unavailable | nodes left marked | time to the end (s) |\n|---|---|---|---|---|---|---|---|---|---|---|";
+
+/// Terminate first: the same refresh with and without `instance-refresh`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_refresh_moves_pods_no_more_often_with_the_function_on_a_real_cluster() {
+    let Some(bin) = binaries_or_skip(
+        "an_instance_refresh_moves_pods_no_more_often_with_the_function_on_a_real_cluster",
+    ) else {
+        return;
+    };
+    let strategies: &[Strategy] = if std::env::var("ONM_REAL_PLANE_MEASURE").as_deref() == Ok("1") {
+        &[Strategy::TerminateFirst, Strategy::LaunchFirst]
+    } else {
+        &[Strategy::TerminateFirst]
+    };
+    let mut table = vec![TABLE_HEADER.to_owned()];
+    for &strategy in strategies {
+        let without = refresh_on_the_real_plane(&bin, strategy, false).await;
+        table.push(without.row(strategy, false));
+        let with = refresh_on_the_real_plane(&bin, strategy, true).await;
+        table.push(with.row(strategy, true));
+        println!("{}", table.join("\n"));
+        without.assert_seen_by_a_user(&format!("{} without the function", strategy.name()));
+        with.assert_seen_by_a_user(&format!("{} with the function", strategy.name()));
+        assert!(
+            with.evictions_per_pod() <= without.evictions_per_pod(),
+            "{}: {:.2} evictions per pod with the function, {:.2} without",
+            strategy.name(),
+            with.evictions_per_pod(),
+            without.evictions_per_pod()
+        );
+    }
+}
