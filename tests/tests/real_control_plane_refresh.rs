@@ -41,9 +41,27 @@ use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::lambda_api::{InvocationOutcome, LambdaRuntimeApi};
 use serde_json::{Value, json};
 
-const NODES: usize = 4;
-const DEPLOYMENTS: usize = 4;
-const REPLICAS: usize = 4;
+/// The group and its workload: `nodes` nodes, `deployments` Deployments of `replicas`.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    nodes: usize,
+    deployments: usize,
+    replicas: usize,
+}
+
+/// What CI runs: four nodes, four Deployments of four replicas.
+const SMALL: Shape = Shape {
+    nodes: 4,
+    deployments: 4,
+    replicas: 4,
+};
+
+/// The measured variant's larger group.
+const LARGE: Shape = Shape {
+    nodes: 10,
+    deployments: 10,
+    replicas: 10,
+};
 const ZONE: &str = "eu-west-1a";
 const REFRESH_FUNCTION: &str = "instance-refresh";
 const HOOK_USERS: [&str; 3] = ["terminating-hook", "launching-hook", REFRESH_FUNCTION];
@@ -76,9 +94,12 @@ impl Strategy {
 /// What one refresh came to, as a user of the cluster sees it.
 #[derive(Debug, Default)]
 struct Figures {
+    shape: Option<Shape>,
     status: Option<String>,
     /// Pods on the outdated nodes when the refresh started.
     pods_at_start: usize,
+    /// Of those, the pods on the node Auto Scaling replaces first.
+    on_the_first_node: usize,
     /// Evictions the API server accepted (the audit log), from the terminating hook.
     evictions: usize,
     /// Evicted pods that had been created after the start: moved once already.
@@ -104,9 +125,14 @@ impl Figures {
         self.evictions as f64 / self.pods_at_start.max(1) as f64
     }
 
+    fn replicas(&self) -> usize {
+        self.shape.map_or(0, |s| s.replicas)
+    }
+
     fn row(&self, strategy: Strategy, with_function: bool) -> String {
         format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {} | {} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {:.1} | {} | {} | {:.1} |",
+            self.shape.map_or(0, |s| s.nodes),
             strategy.name(),
             if with_function { "on" } else { "off" },
             self.status.as_deref().unwrap_or("did not end"),
@@ -115,53 +141,61 @@ impl Figures {
             self.evictions_per_pod(),
             self.moved_twice,
             self.pending_pod_seconds,
-            REPLICAS - self.fewest_available.min(REPLICAS),
+            self.replicas() - self.fewest_available.min(self.replicas()),
             self.marked_left.len(),
             self.wall.as_secs_f64(),
         )
     }
 
-    /// What must hold with or without the function.
+    /// What a user would call wrong, with or without the function: each line one fault.
+    fn violations(&self) -> Vec<String> {
+        let mut faults = Vec::new();
+        if self.status.as_deref() != Some("Successful") {
+            faults.push(format!("the refresh ended {:?}", self.status));
+        }
+        faults.extend(self.failed_invocations.iter().cloned());
+        if !self.not_evicted.is_empty() {
+            faults.push(format!(
+                "pods of the outdated nodes gone without an eviction: {:?}",
+                self.not_evicted
+            ));
+        }
+        if self.pod_deletions > 0 {
+            faults.push(format!(
+                "{} pod deletions by a function",
+                self.pod_deletions
+            ));
+        }
+        if self.fewest_available + 1 < self.replicas() {
+            faults.push(format!(
+                "a budget was broken: only {} of {} pods of a Deployment available at one point",
+                self.fewest_available,
+                self.replicas()
+            ));
+        }
+        if !self.marked_left.is_empty() {
+            faults.push(format!("nodes left marked: {:?}", self.marked_left));
+        }
+        faults
+    }
+
     fn assert_seen_by_a_user(&self, what: &str) {
-        assert_eq!(
-            self.status.as_deref(),
-            Some("Successful"),
-            "{what}: {self:?}"
-        );
-        assert!(
-            self.failed_invocations.is_empty(),
-            "{what}: {:?}",
-            self.failed_invocations
-        );
-        assert!(
-            self.not_evicted.is_empty(),
-            "{what}: pods of the outdated nodes left without an eviction: {self:?}"
-        );
-        assert_eq!(self.pod_deletions, 0, "{what}: a function deleted a pod");
-        assert!(
-            self.fewest_available >= REPLICAS - 1,
-            "{what}: a budget was broken: only {} of {REPLICAS} pods available at one point",
-            self.fewest_available
-        );
-        assert!(
-            self.marked_left.is_empty(),
-            "{what}: nodes left marked: {:?}",
-            self.marked_left
-        );
+        let faults = self.violations();
+        assert!(faults.is_empty(), "{what}: {faults:#?}\n{self:?}");
     }
 }
 
 /// Four Deployments of four replicas, each behind a PDB `maxUnavailable: 1`, spread by
 /// kube-scheduler over the group's nodes; waits until every pod is Ready and each budget
 /// allows one disruption.
-async fn seed_workload(admin: &kube::Client) {
+async fn seed_workload(admin: &kube::Client, shape: Shape) {
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
-    for d in 0..DEPLOYMENTS {
+    for d in 0..shape.deployments {
         let app = format!("web-{d}");
         let deployment = Workload::new("default", &app)
             .labels(&[("app", &app), ("refresh", "yes")])
-            .replicas(REPLICAS as i32)
+            .replicas(i32::try_from(shape.replicas).unwrap())
             .grace_period_seconds(Some(1))
             .deployment();
         deployments
@@ -175,7 +209,7 @@ async fn seed_workload(admin: &kube::Client) {
             .unwrap();
     }
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let by_app = available_by_app(&pods).await;
         let allowing = budgets
@@ -192,15 +226,15 @@ async fn seed_workload(admin: &kube::Client) {
                     .count()
             })
             .unwrap_or(0);
-        if by_app.len() == DEPLOYMENTS
-            && by_app.values().all(|n| *n == REPLICAS)
-            && allowing == DEPLOYMENTS
+        if by_app.len() == shape.deployments
+            && by_app.values().all(|n| *n == shape.replicas)
+            && allowing == shape.deployments
         {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "the workload was not Ready in 30 s: {by_app:?}, {allowing} budgets allowing one"
+            "the workload was not Ready in 60 s: {by_app:?}, {allowing} budgets allowing one"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -353,16 +387,17 @@ fn refresh_rule() -> EventPattern {
 /// Starts the world: the group of [`NODES`] instances launched an hour apart (oldest first
 /// in the order Auto Scaling replaces them), the kubelets following Auto Scaling's launches
 /// and terminations, the workload seeded.
-async fn start_world(bin: &std::path::Path, with_function: bool) -> RealFunctionWorld {
+async fn start_world(bin: &std::path::Path, run: Run) -> RealFunctionWorld {
     let mut builder = RealFunctionWorld::builder()
         .functions(&[Target::TerminatingHook, Target::LaunchingHook])
         .env("SETTLE_SECONDS", "0.1")
         .env("EVICTION_BACKOFF_SECONDS", "0.1")
         .env("EVICTION_BACKOFF_MAX_SECONDS", "0.5")
         .env("LAUNCH_TIMEOUT_SECONDS", "20");
-    if with_function {
+    if run.with_function {
         builder = builder.function_named(REFRESH_FUNCTION);
     }
+    let count = run.shape.nodes;
     let w = builder.start(bin).await.unwrap();
     let autoscaling = w.aws.autoscaling();
     autoscaling.add_group(
@@ -370,11 +405,11 @@ async fn start_world(bin: &std::path::Path, with_function: bool) -> RealFunction
             .tag("eks:cluster-name", CLUSTER)
             .availability_zones(&[ZONE])
             .launch_template("lt-0a1b2c3d4e5f60718", "nodes", "1")
-            .size(0, NODES as u32, 2 * NODES as u32),
+            .size(0, count as u32, 2 * count as u32),
     );
     let mut nodes = BTreeMap::from([(w.instance.clone(), w.node.clone())]);
-    for i in 1..NODES {
-        let id = format!("i-0a1b2c3d4e5f6070{i}");
+    for i in 1..count {
+        let id = format!("i-0a1b2c3d4e5f607{i:02}");
         nodes.insert(id.clone(), w.add_instance(&id, ZONE, false).await.unwrap());
     }
     let now = jiff::Timestamp::now();
@@ -382,13 +417,13 @@ async fn start_world(bin: &std::path::Path, with_function: bool) -> RealFunction
         .chain(nodes.keys().filter(|id| **id != w.instance))
         .enumerate()
     {
-        let hours = i64::try_from(NODES - turn).unwrap();
+        let hours = i64::try_from(count - turn).unwrap();
         w.aws
             .ec2()
             .set_launch_time(id, now - jiff::SignedDuration::from_hours(hours));
     }
     follow_instances(&w, nodes);
-    seed_workload(&w.plane.admin_client().await.unwrap()).await;
+    seed_workload(&w.plane.admin_client().await.unwrap(), run.shape).await;
     w
 }
 
@@ -434,20 +469,29 @@ fn follow_instances(w: &RealFunctionWorld, nodes: BTreeMap<String, String>) {
         }));
 }
 
-/// Runs one refresh of the whole group on a fresh real plane and measures it.
-async fn refresh_on_the_real_plane(
-    bin: &std::path::Path,
+/// One refresh to run.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    shape: Shape,
     strategy: Strategy,
     with_function: bool,
-) -> Figures {
-    let w = start_world(bin, with_function).await;
+    /// A planted fault: the admin deletes a pod of the last outdated node as the refresh
+    /// starts, without an eviction, so the checks must see a pod that was never evicted.
+    plant_deletion: bool,
+}
+
+/// Runs one refresh of the whole group on a fresh real plane and measures it.
+async fn refresh_on_the_real_plane(bin: &std::path::Path, run: Run) -> Figures {
+    let w = start_world(bin, run).await;
     let admin = w.plane.admin_client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let at_start: BTreeMap<String, String> = pods
+    let seeded = pods
         .list(&ListParams::default().labels("refresh=yes"))
         .await
         .unwrap()
-        .items
+        .items;
+    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+    let at_start: BTreeMap<String, String> = seeded
         .iter()
         .map(|p| {
             (
@@ -456,6 +500,10 @@ async fn refresh_on_the_real_plane(
             )
         })
         .collect();
+    let on_the_first_node = seeded
+        .iter()
+        .filter(|p| node_of(p).as_deref() == Some(w.node.as_str()))
+        .count();
     let running = Arc::new(AtomicBool::new(true));
     let sampler = sample(
         pods.clone(),
@@ -478,7 +526,7 @@ async fn refresh_on_the_real_plane(
 
     let autoscaling = w.aws.autoscaling();
     autoscaling.set_launch_template_version(GROUP, "2").unwrap();
-    let (min, max) = strategy.percentages();
+    let (min, max) = run.strategy.percentages();
     let started = Instant::now();
     let id = autoscaling
         .start_instance_refresh(
@@ -486,10 +534,18 @@ async fn refresh_on_the_real_plane(
             FakeRefreshPreferences::default().healthy_percentage(min, max),
         )
         .unwrap();
+    if run.plant_deletion {
+        let last = seeded
+            .iter()
+            .rev()
+            .find(|p| node_of(p) != Some(w.node.clone()));
+        let name = last.and_then(|p| p.metadata.name.clone()).unwrap();
+        pods.delete(&name, &Default::default()).await.unwrap();
+    }
     let (stop, failures) = (AtomicBool::new(false), Mutex::new(Vec::new()));
     let deliveries = async {
         let refresh = async {
-            if with_function {
+            if run.with_function {
                 deliver_bus_events(bus, w.named(REFRESH_FUNCTION), &stop, &failures).await;
             }
         };
@@ -521,16 +577,13 @@ async fn refresh_on_the_real_plane(
     let ((), (status, wall)) = futures::join!(deliveries, ending);
     running.store(false, Ordering::Relaxed);
     let sampled = sampler.await.unwrap();
-    measure(
-        &w,
-        &admin,
-        &at_start,
-        sampled,
-        status.map(|s| s.as_str().to_owned()),
-        wall,
-        failures.into_inner().unwrap(),
-    )
-    .await
+    let mut figures = measure(&w, &admin, &at_start, sampled).await;
+    figures.shape = Some(run.shape);
+    figures.on_the_first_node = on_the_first_node;
+    figures.status = status.map(|s| s.as_str().to_owned());
+    figures.wall = wall;
+    figures.failed_invocations = failures.into_inner().unwrap();
+    figures
 }
 
 /// The end event is handled after Auto Scaling ends the refresh: waits until no node carries
@@ -556,9 +609,6 @@ async fn measure(
     admin: &kube::Client,
     at_start: &BTreeMap<String, String>,
     sampled: Sampled,
-    status: Option<String>,
-    wall: Duration,
-    failed_invocations: Vec<String>,
 ) -> Figures {
     let audit = w.plane.audit();
     let evicted: Vec<&str> = audit
@@ -583,7 +633,6 @@ async fn measure(
         .filter_map(|n| n.metadata.name.clone())
         .collect();
     Figures {
-        status,
         pods_at_start: at_start.len(),
         evictions: evicted.len(),
         moved_twice: evicted
@@ -598,9 +647,8 @@ async fn measure(
         pod_deletions,
         fewest_available: sampled.fewest_available,
         pending_pod_seconds: sampled.pending.values().map(Duration::as_secs_f64).sum(),
-        wall,
         marked_left,
-        failed_invocations,
+        ..Figures::default()
     }
 }
 
@@ -611,9 +659,14 @@ fn is_marked(node: &Node) -> bool {
         || labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL)
 }
 
-const TABLE_HEADER: &str = "| strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods moved twice | Pending pod-seconds | most pods of a Deployment unavailable | nodes left marked | time to the end (s) |\n|---|---|---|---|---|---|---|---|---|---|---|";
+const TABLE_HEADER: &str = "| nodes | strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods moved twice | Pending pod-seconds | most pods of a Deployment unavailable | nodes left marked | time to the end (s) |\n|---|---|---|---|---|---|---|---|---|---|---|---|";
 
-/// Terminate first: the same refresh with and without `instance-refresh`.
+fn measuring() -> bool {
+    std::env::var("ONM_REAL_PLANE_MEASURE").as_deref() == Ok("1")
+}
+
+/// The same refresh with and without `instance-refresh`: terminate first in CI; with
+/// `ONM_REAL_PLANE_MEASURE=1` both strategies, on the small group and a larger one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_refresh_moves_pods_no_more_often_with_the_function_on_a_real_cluster() {
     let Some(bin) = binaries_or_skip(
@@ -621,26 +674,81 @@ async fn an_instance_refresh_moves_pods_no_more_often_with_the_function_on_a_rea
     ) else {
         return;
     };
-    let strategies: &[Strategy] = if std::env::var("ONM_REAL_PLANE_MEASURE").as_deref() == Ok("1") {
-        &[Strategy::TerminateFirst, Strategy::LaunchFirst]
+    let runs: Vec<(Shape, Strategy)> = if measuring() {
+        [SMALL, LARGE]
+            .into_iter()
+            .flat_map(|shape| {
+                [Strategy::LaunchFirst, Strategy::TerminateFirst].map(|strategy| (shape, strategy))
+            })
+            .collect()
     } else {
-        &[Strategy::TerminateFirst]
+        vec![(SMALL, Strategy::TerminateFirst)]
     };
     let mut table = vec![TABLE_HEADER.to_owned()];
-    for &strategy in strategies {
-        let without = refresh_on_the_real_plane(&bin, strategy, false).await;
+    for (shape, strategy) in runs {
+        let run = Run {
+            shape,
+            strategy,
+            with_function: false,
+            plant_deletion: false,
+        };
+        let without = refresh_on_the_real_plane(&bin, run).await;
         table.push(without.row(strategy, false));
-        let with = refresh_on_the_real_plane(&bin, strategy, true).await;
+        let with_function = Run {
+            with_function: true,
+            ..run
+        };
+        let with = refresh_on_the_real_plane(&bin, with_function).await;
         table.push(with.row(strategy, true));
         println!("{}", table.join("\n"));
-        without.assert_seen_by_a_user(&format!("{} without the function", strategy.name()));
-        with.assert_seen_by_a_user(&format!("{} with the function", strategy.name()));
+        let what = format!("{} nodes, {}", shape.nodes, strategy.name());
+        without.assert_seen_by_a_user(&format!("{what} without the function"));
+        with.assert_seen_by_a_user(&format!("{what} with the function"));
         assert!(
             with.evictions_per_pod() <= without.evictions_per_pod(),
-            "{}: {:.2} evictions per pod with the function, {:.2} without",
-            strategy.name(),
+            "{what}: {:.2} evictions per pod with the function, {:.2} without",
             with.evictions_per_pod(),
             without.evictions_per_pod()
         );
+        assert_moved_twice_only_before_room(&with, strategy, &what);
     }
+}
+
+/// With the function, a pod moves twice only when it was evicted before the refresh brought
+/// any room: in terminate first, the pods of the first node replaced (nothing can be marked
+/// while every node is outdated); in launch before terminate, none. Without the function,
+/// the scheduler may put any evicted pod on a node replaced later.
+fn assert_moved_twice_only_before_room(with: &Figures, strategy: Strategy, what: &str) {
+    let allowed = match strategy {
+        Strategy::LaunchFirst => 0,
+        Strategy::TerminateFirst => with.on_the_first_node,
+    };
+    assert!(
+        with.moved_twice <= allowed,
+        "{what}: {} pods moved twice with the function, at most {allowed} may: {with:?}",
+        with.moved_twice
+    );
+}
+
+/// The checks can fail: a pod deleted (not evicted) as the refresh starts is reported as a pod
+/// of an outdated node that was never evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_deleted_without_an_eviction_during_a_refresh_is_caught_on_a_real_cluster() {
+    let Some(bin) = binaries_or_skip(
+        "a_pod_deleted_without_an_eviction_during_a_refresh_is_caught_on_a_real_cluster",
+    ) else {
+        return;
+    };
+    let run = Run {
+        shape: SMALL,
+        strategy: Strategy::LaunchFirst,
+        with_function: true,
+        plant_deletion: true,
+    };
+    let figures = refresh_on_the_real_plane(&bin, run).await;
+    assert_eq!(figures.status.as_deref(), Some("Successful"), "{figures:?}");
+    assert_eq!(figures.not_evicted.len(), 1, "{figures:?}");
+    let faults = figures.violations();
+    assert_eq!(faults.len(), 1, "{faults:#?}");
+    assert!(faults[0].contains("without an eviction"), "{faults:#?}");
 }
