@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::node_marks::refresh::REFRESH_LABEL;
 use node_manager_testkit::aws::{
@@ -66,6 +66,10 @@ const ZONE: &str = "eu-west-1a";
 const REFRESH_FUNCTION: &str = "instance-refresh";
 const HOOK_USERS: [&str; 3] = ["terminating-hook", "launching-hook", REFRESH_FUNCTION];
 const INVOKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// The refresh's instance warmup: the pause after a replacement is in service before the
+/// next batch (on AWS the group's default instance warmup, often minutes), in which the
+/// replacement's `Launch Successful` reaches `instance-refresh`.
+const INSTANCE_WARMUP: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Strategy {
@@ -185,17 +189,23 @@ impl Figures {
     }
 }
 
-/// Four Deployments of four replicas, each behind a PDB `maxUnavailable: 1`, spread by
-/// kube-scheduler over the group's nodes; waits until every pod is Ready and each budget
-/// allows one disruption.
-async fn seed_workload(admin: &kube::Client, shape: Shape) {
+/// The Deployments (one replica per node), each behind a PDB `maxUnavailable: 1`, with
+/// exactly one pod of each on every node of `nodes`: the scheduler's spread would vary from run
+/// to run, and the figures compared must not. Each node in turn is the only schedulable one
+/// while every Deployment gains a replica. Ends with every node schedulable, every pod Ready
+/// and each budget allowing one disruption.
+async fn seed_workload(admin: &kube::Client, shape: Shape, nodes: &[String]) {
+    assert_eq!(shape.replicas, shape.nodes, "one replica per node");
+    for node in nodes {
+        set_cordoned(admin, node, true).await;
+    }
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
     for d in 0..shape.deployments {
         let app = format!("web-{d}");
         let deployment = Workload::new("default", &app)
             .labels(&[("app", &app), ("refresh", "yes")])
-            .replicas(i32::try_from(shape.replicas).unwrap())
+            .replicas(0)
             .grace_period_seconds(Some(1))
             .deployment();
         deployments
@@ -208,11 +218,50 @@ async fn seed_workload(admin: &kube::Client, shape: Shape) {
             .await
             .unwrap();
     }
+    for (placed, node) in nodes.iter().enumerate() {
+        set_cordoned(admin, node, false).await;
+        let replicas = json!({"spec": {"replicas": placed + 1}});
+        for d in 0..shape.deployments {
+            deployments
+                .patch(
+                    &format!("web-{d}"),
+                    &PatchParams::default(),
+                    &Patch::Merge(&replicas),
+                )
+                .await
+                .unwrap();
+        }
+        wait_for_workload(admin, shape, placed + 1, false).await;
+        if placed + 1 < nodes.len() {
+            set_cordoned(admin, node, true).await;
+        }
+    }
+    for node in nodes {
+        set_cordoned(admin, node, false).await;
+    }
+    wait_for_workload(admin, shape, shape.replicas, true).await;
+}
+
+async fn set_cordoned(admin: &kube::Client, node: &str, cordoned: bool) {
+    Api::<Node>::all(admin.clone())
+        .patch(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"unschedulable": cordoned}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Waits until each Deployment has `replicas` pods available (and, with `budgets`, each
+/// budget allows one disruption).
+async fn wait_for_workload(admin: &kube::Client, shape: Shape, replicas: usize, budgets: bool) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let budget_api: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let by_app = available_by_app(&pods).await;
-        let allowing = budgets
+        let allowing = budget_api
             .list(&ListParams::default())
             .await
             .map(|l| {
@@ -227,8 +276,8 @@ async fn seed_workload(admin: &kube::Client, shape: Shape) {
             })
             .unwrap_or(0);
         if by_app.len() == shape.deployments
-            && by_app.values().all(|n| *n == shape.replicas)
-            && allowing == shape.deployments
+            && by_app.values().all(|n| *n == replicas)
+            && (!budgets || allowing == shape.deployments)
         {
             return;
         }
@@ -422,8 +471,14 @@ async fn start_world(bin: &std::path::Path, run: Run) -> RealFunctionWorld {
             .ec2()
             .set_launch_time(id, now - jiff::SignedDuration::from_hours(hours));
     }
+    let node_names: Vec<String> = nodes.values().cloned().collect();
     follow_instances(&w, nodes);
-    seed_workload(&w.plane.admin_client().await.unwrap(), run.shape).await;
+    seed_workload(
+        &w.plane.admin_client().await.unwrap(),
+        run.shape,
+        &node_names,
+    )
+    .await;
     w
 }
 
@@ -531,7 +586,9 @@ async fn refresh_on_the_real_plane(bin: &std::path::Path, run: Run) -> Figures {
     let id = autoscaling
         .start_instance_refresh(
             GROUP,
-            FakeRefreshPreferences::default().healthy_percentage(min, max),
+            FakeRefreshPreferences::default()
+                .healthy_percentage(min, max)
+                .instance_warmup(INSTANCE_WARMUP),
         )
         .unwrap();
     if run.plant_deletion {
