@@ -9,22 +9,21 @@
 //! built.
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use node_manager::aws::LifecycleActionResult;
 use node_manager_testkit::control_plane::binaries_or_skip;
+use node_manager_testkit::control_plane::workload::{
+    GuardedDeployment, available_by_app, evictions_per_pod, set_cordoned, wait_for_available,
+};
 use node_manager_testkit::control_plane::world::{RealFunctionWorld, apply_manifest};
 use node_manager_testkit::e2e::{GROUP, Target};
-use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::AuditEvent;
 use node_manager_testkit::lambda_api::InvocationOutcome;
-use serde_json::json;
 
 const DRAINED: usize = 20;
 const SURVIVORS: usize = 2;
@@ -102,30 +101,6 @@ spec:
     )
 }
 
-/// Ready, not terminating pods of each `app`.
-async fn available_by_app(pods: &Api<Pod>) -> BTreeMap<String, usize> {
-    let mut available = BTreeMap::new();
-    let Ok(list) = pods
-        .list(&ListParams::default().labels("brownout=yes"))
-        .await
-    else {
-        return available;
-    };
-    for pod in &list.items {
-        let app = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("app").cloned())
-            .unwrap_or_default();
-        let counted = available.entry(app).or_insert(0);
-        if fixtures::pod_is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
-            *counted += 1;
-        }
-    }
-    available
-}
-
 /// The fewest pods of any Deployment available at once, sampled until stopped.
 fn sample_fewest(pods: Api<Pod>) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<()>) {
     let fewest = Arc::new(Mutex::new(usize::MAX));
@@ -133,7 +108,7 @@ fn sample_fewest(pods: Api<Pod>) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<
         let fewest = fewest.clone();
         async move {
             loop {
-                let by_app = available_by_app(&pods).await;
+                let by_app = available_by_app(&pods, "brownout=yes").await;
                 if let Some(least) = by_app.values().min() {
                     let mut fewest = fewest.lock().unwrap();
                     *fewest = (*fewest).min(*least);
@@ -148,60 +123,28 @@ fn sample_fewest(pods: Api<Pod>) -> (Arc<Mutex<usize>>, tokio::task::JoinHandle<
 /// Four Deployments of five replicas (a PDB `maxUnavailable: 1` each) spread by the
 /// scheduler over the nodes to drain, the survivors cordoned until every pod is Ready.
 async fn seed_workload(admin: &kube::Client) {
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
-    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");
     for d in 0..DEPLOYMENTS {
-        let app = format!("web-{d}");
-        let mut deployment = Workload::new("default", &app)
-            .replicas(REPLICAS as i32)
-            .grace_period_seconds(Some(1))
-            .deployment();
-        if let Some(labels) = deployment
-            .spec
-            .as_mut()
-            .and_then(|s| s.template.metadata.as_mut())
-            .and_then(|m| m.labels.as_mut())
-        {
-            labels.insert("brownout".into(), "yes".into());
+        GuardedDeployment {
+            namespace: "default",
+            app: &format!("web-{d}"),
+            replicas: REPLICAS,
+            grace_seconds: 1,
+            labels: &[("brownout", "yes")],
+            budget: true,
         }
-        deployments
-            .create(&PostParams::default(), &deployment)
-            .await
-            .unwrap();
-        let budget = fixtures::pdb_max_unavailable("default", &app, json!(1), &[("app", &app)]);
-        budgets
-            .create(&PostParams::default(), &budget)
-            .await
-            .unwrap();
+        .create(admin)
+        .await
+        .unwrap();
     }
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let by_app = available_by_app(&pods).await;
-        let budgets_ready = budgets
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter(|b| {
-                b.status
-                    .as_ref()
-                    .is_some_and(|s| s.disruptions_allowed == 1)
-            })
-            .count();
-        if by_app.len() == DEPLOYMENTS
-            && by_app.values().all(|n| *n == REPLICAS)
-            && budgets_ready == DEPLOYMENTS
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the workload was not Ready in 30 s: {by_app:?}, {budgets_ready} budgets"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_available(
+        admin,
+        ("default", "brownout=yes"),
+        (DEPLOYMENTS, REPLICAS),
+        true,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
 }
 
 /// The 429s the hook's user met: (rejected by the brownout, refused by a budget).
@@ -261,14 +204,7 @@ async fn twenty_drains_at_once(bin: &std::path::Path, limit: LimitResponse) {
     let (instances, survivors) = seed_nodes(&w).await;
     seed_workload(&admin).await;
     for node in &survivors {
-        Api::<Node>::all(admin.clone())
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
-            )
-            .await
-            .unwrap();
+        set_cordoned(&admin, node, false).await.unwrap();
     }
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let (fewest, sampler) = sample_fewest(pods.clone());
@@ -419,14 +355,7 @@ fn report(w: &RealFunctionWorld, took: Duration, failed: &[(String, String)]) {
         .iter()
         .filter(|e| e.user.username == HOOK_USER)
         .count();
-    let mut evictions: BTreeMap<&str, usize> = BTreeMap::new();
-    for e in audit.iter().filter(|e| {
-        e.user.username == HOOK_USER
-            && e.subresource() == "eviction"
-            && (200..300).contains(&e.code())
-    }) {
-        *evictions.entry(e.name()).or_default() += 1;
-    }
+    let evictions = evictions_per_pod(&audit, HOOK_USER);
     println!(
         "{DRAINED} drains at once under the APF brownout: {took:?}, {requests} requests, {brownout} rejected by APF (429), {budget} evictions refused by a budget, {} pods evicted ({} evictions), {} invocations failed and were retried: {failed:?}",
         evictions.len(),
