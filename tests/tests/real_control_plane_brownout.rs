@@ -332,9 +332,11 @@ async fn invoke_as_lambda_retries(
 
 /// A failed invocation is acceptable only as what the brownout explains: a request that got
 /// no answer but 429s within its time bound, the server's `Retry-After` having grown past it
-/// (kube-apiserver doubles the `Retry-After` of a priority level that keeps dropping
-/// requests: 1, 2, 4, 8 s ... up to 32), before the drain wrote anything; Lambda's retry then
-/// completed it (checked by the caller).
+/// (kube-apiserver doubles the `Retry-After` of a priority level that keeps dropping requests:
+/// 1, 2, 4, 8 s ... up to 32). It fails before the drain began (the node lookup) or in the
+/// middle of it (its marks and evictions so far stay); either way the lifecycle action stays
+/// live and Lambda's retry completes the drain (checked by the caller: one `CONTINUE` per
+/// instance, no budget broken).
 fn assert_explained_by_the_brownout(failed: &[(String, String)]) {
     for (error_type, message) in failed {
         assert!(
