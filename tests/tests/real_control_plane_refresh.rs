@@ -31,7 +31,7 @@ use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::node_marks::refresh::REFRESH_LABEL;
 use node_manager_testkit::aws::{
     EventPattern, EventSubscription, FakeAutoScalingGroup, FakeRefreshPreferences,
-    SubscriptionFilter,
+    InstanceRefreshStatus, SnsSubscription, SubscriptionFilter,
 };
 use node_manager_testkit::control_plane::binaries_or_skip;
 use node_manager_testkit::control_plane::workload::{
@@ -321,33 +321,19 @@ async fn invoke(runtime: &LambdaRuntimeApi, event: &Value, failures: &Mutex<Vec<
     }
 }
 
-/// Delivers SNS notifications one after the other until `stop` is set and none came for
-/// 300 ms.
-async fn deliver_notifications(
-    mut subscription: node_manager_testkit::aws::SnsSubscription,
-    runtime: &LambdaRuntimeApi,
-    stop: &AtomicBool,
-    failures: &Mutex<Vec<String>>,
-) {
-    loop {
-        match subscription.next_event(Duration::from_millis(300)).await {
-            Some(event) => invoke(runtime, &event, failures).await,
-            None if stop.load(Ordering::Relaxed) => return,
-            None => {}
-        }
-    }
-}
+/// How long a delivery waits for the next event before looking whether to stop.
+const QUIET: Duration = Duration::from_millis(300);
 
-/// Delivers the bus's refresh and instance events to `instance-refresh`, as the stack's
-/// `InstanceRefreshEventsRule` does, one after the other, until `stop` and quiet.
-async fn deliver_bus_events(
-    mut subscription: EventSubscription,
+/// Delivers the events `next` gives one after the other, as an SNS subscription or an
+/// EventBridge rule invokes its function, until `stop` is set and none came for [`QUIET`].
+async fn deliver(
+    mut next: impl AsyncFnMut() -> Option<Value>,
     runtime: &LambdaRuntimeApi,
     stop: &AtomicBool,
     failures: &Mutex<Vec<String>>,
 ) {
     loop {
-        match subscription.next_event(Duration::from_millis(300)).await {
+        match next().await {
             Some(event) => invoke(runtime, &event, failures).await,
             None if stop.load(Ordering::Relaxed) => return,
             None => {}
@@ -490,77 +476,117 @@ async fn refresh_on_the_real_plane(bin: &std::path::Path, run: Run) -> Figures {
         .await
         .unwrap()
         .items;
-    let node_of = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
     let at_start: BTreeMap<String, String> = seeded
         .iter()
-        .map(|p| {
-            (
-                p.metadata.name.clone().unwrap_or_default(),
-                p.metadata.uid.clone().unwrap_or_default(),
-            )
-        })
+        .map(|p| (name_of(p), p.metadata.uid.clone().unwrap_or_default()))
         .collect();
-    let on_the_first_node = seeded
+    let on_the_first_node: Vec<String> = seeded
         .iter()
         .filter(|p| node_of(p).as_deref() == Some(w.node.as_str()))
-        .count();
+        .map(name_of)
+        .collect();
     let running = Arc::new(AtomicBool::new(true));
-    let sampler = sample(
-        pods.clone(),
-        at_start.values().cloned().collect(),
-        running.clone(),
-    );
-    let sns = w.aws.sns();
-    let transition = |t: &str| {
-        Some(SubscriptionFilter::lifecycle_transition(&[&format!(
-            "autoscaling:{t}"
-        )]))
-    };
-    let terminating = sns
-        .subscribe_filtered(&w.topic, transition("EC2_INSTANCE_TERMINATING"))
-        .unwrap();
-    let launching = sns
-        .subscribe_filtered(&w.topic, transition("EC2_INSTANCE_LAUNCHING"))
-        .unwrap();
-    let bus = w.aws.eventbridge().subscribe(refresh_rule());
+    let known = at_start.values().cloned().collect();
+    let sampler = sample(pods.clone(), known, running.clone());
+    let subscriptions = Subscriptions::new(&w);
 
     let autoscaling = w.aws.autoscaling();
     autoscaling.set_launch_template_version(GROUP, "2").unwrap();
     let (min, max) = run.strategy.percentages();
     let started = Instant::now();
+    let preferences = FakeRefreshPreferences::default()
+        .healthy_percentage(min, max)
+        .instance_warmup(INSTANCE_WARMUP);
     let id = autoscaling
-        .start_instance_refresh(
-            GROUP,
-            FakeRefreshPreferences::default()
-                .healthy_percentage(min, max)
-                .instance_warmup(INSTANCE_WARMUP),
-        )
+        .start_instance_refresh(GROUP, preferences)
         .unwrap();
     if run.plant_deletion {
-        let last = seeded
-            .iter()
-            .rev()
-            .find(|p| node_of(p) != Some(w.node.clone()));
-        let name = last.and_then(|p| p.metadata.name.clone()).unwrap();
-        pods.delete(&name, &Default::default()).await.unwrap();
+        let last = seeded.iter().rev().map(name_of);
+        let planted = last.into_iter().find(|p| !on_the_first_node.contains(p));
+        pods.delete(&planted.unwrap(), &Default::default())
+            .await
+            .unwrap();
     }
+    let (status, failures) = deliver_until_the_end(&w, run, subscriptions, &id).await;
+    let wall = started.elapsed();
+    running.store(false, Ordering::Relaxed);
+    let sampled = sampler.await.unwrap();
+    let mut figures = measure(&w, &admin, &at_start, sampled).await;
+    figures.shape = Some(run.shape);
+    figures.on_the_first_node = on_the_first_node.len();
+    figures.status = status.map(|s| s.as_str().to_owned());
+    figures.wall = wall;
+    figures.failed_invocations = failures;
+    figures
+}
+
+fn name_of(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+fn node_of(pod: &Pod) -> Option<String> {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone())
+}
+
+/// What the stack routes to the functions: each hook's lifecycle notifications (the SNS
+/// subscriptions' filter policies) and the refresh rule's events.
+struct Subscriptions {
+    terminating: SnsSubscription,
+    launching: SnsSubscription,
+    bus: EventSubscription,
+}
+
+impl Subscriptions {
+    fn new(w: &RealFunctionWorld) -> Self {
+        let sns = w.aws.sns();
+        let transition = |t: &str| {
+            let transition = format!("autoscaling:{t}");
+            Some(SubscriptionFilter::lifecycle_transition(&[&transition]))
+        };
+        Self {
+            terminating: sns
+                .subscribe_filtered(&w.topic, transition("EC2_INSTANCE_TERMINATING"))
+                .unwrap(),
+            launching: sns
+                .subscribe_filtered(&w.topic, transition("EC2_INSTANCE_LAUNCHING"))
+                .unwrap(),
+            bus: w.aws.eventbridge().subscribe(refresh_rule()),
+        }
+    }
+}
+
+/// Delivers every notification and (with the function) every refresh event until the
+/// refresh ended and the function undid its marks; returns how the refresh ended and the
+/// invocations that failed.
+async fn deliver_until_the_end(
+    w: &RealFunctionWorld,
+    run: Run,
+    mut subscriptions: Subscriptions,
+    id: &str,
+) -> (Option<InstanceRefreshStatus>, Vec<String>) {
     let (stop, failures) = (AtomicBool::new(false), Mutex::new(Vec::new()));
+    let terminating = &w.function(Target::TerminatingHook).runtime;
+    let launching = &w.function(Target::LaunchingHook).runtime;
     let deliveries = async {
         let refresh = async {
             if run.with_function {
-                deliver_bus_events(bus, w.named(REFRESH_FUNCTION), &stop, &failures).await;
+                let bus = &mut subscriptions.bus;
+                let next = async || bus.next_event(QUIET).await;
+                deliver(next, w.named(REFRESH_FUNCTION), &stop, &failures).await;
             }
         };
+        let (to_terminating, to_launching) =
+            (&mut subscriptions.terminating, &mut subscriptions.launching);
         futures::join!(
-            deliver_notifications(
+            deliver(
+                async || to_terminating.next_event(QUIET).await,
                 terminating,
-                &w.function(Target::TerminatingHook).runtime,
                 &stop,
                 &failures
             ),
-            deliver_notifications(
+            deliver(
+                async || to_launching.next_event(QUIET).await,
                 launching,
-                &w.function(Target::LaunchingHook).runtime,
                 &stop,
                 &failures
             ),
@@ -568,24 +594,18 @@ async fn refresh_on_the_real_plane(bin: &std::path::Path, run: Run) -> Figures {
         );
     };
     let ending = async {
-        let status = autoscaling
-            .wait_for_refresh_end(&id, Duration::from_secs(150))
+        let status = w
+            .aws
+            .autoscaling()
+            .wait_for_refresh_end(id, Duration::from_secs(150))
             .await;
+        let admin = w.plane.admin_client().await.unwrap();
         wait_for_marks_undone(&admin, Duration::from_secs(15)).await;
-        let wall = started.elapsed();
         stop.store(true, Ordering::Relaxed);
-        (status, wall)
+        status
     };
-    let ((), (status, wall)) = futures::join!(deliveries, ending);
-    running.store(false, Ordering::Relaxed);
-    let sampled = sampler.await.unwrap();
-    let mut figures = measure(&w, &admin, &at_start, sampled).await;
-    figures.shape = Some(run.shape);
-    figures.on_the_first_node = on_the_first_node;
-    figures.status = status.map(|s| s.as_str().to_owned());
-    figures.wall = wall;
-    figures.failed_invocations = failures.into_inner().unwrap();
-    figures
+    let ((), status) = futures::join!(deliveries, ending);
+    (status, failures.into_inner().unwrap())
 }
 
 /// The end event is handled after Auto Scaling ends the refresh: waits until no node carries
