@@ -7,15 +7,15 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use node_manager_testkit::aws::FakeAws;
 use node_manager_testkit::control_plane::binaries_or_skip;
+use node_manager_testkit::control_plane::workload::GuardedDeployment;
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
 use node_manager_testkit::e2e::{CLUSTER, FunctionWorld};
-use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::fixtures;
 use node_manager_testkit::kube::{AuditEvent, SimulationTimings};
 use serde_json::json;
 
@@ -273,11 +273,18 @@ async fn fake_audit_log_counts_a_watch_once() {
 /// whether the first eviction met the lag (the real lag varies; only the fake's is set).
 async fn check_budget_status_lags(cluster: &Cluster<'_>) -> bool {
     let admin = &cluster.admin;
-    let web = Workload::new("default", "lagging").replicas(2);
-    Api::<Deployment>::namespaced(admin.clone(), "default")
-        .create(&PostParams::default(), &web.deployment())
-        .await
-        .unwrap();
+    // The budget comes after the pods, so the first eviction meets a status not yet observed.
+    GuardedDeployment {
+        namespace: "default",
+        app: "lagging",
+        replicas: 2,
+        grace_seconds: 30,
+        labels: &[],
+        budget: false,
+    }
+    .create(admin)
+    .await
+    .unwrap();
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let ready = wait_ready_pods(&pods, "app=lagging", 2).await;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "default");

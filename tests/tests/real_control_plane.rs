@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use node_manager::aws::LifecycleActionResult;
+use node_manager_testkit::control_plane::workload::writes_of;
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
 use node_manager_testkit::control_plane::{KUBERNETES_VERSION, binaries_or_skip};
 use node_manager_testkit::e2e::{GROUP, Target};
@@ -105,16 +106,6 @@ fn watch_available(client: kube::Client) -> (Arc<Mutex<usize>>, tokio::task::Joi
         }
     });
     (fewest, task)
-}
-
-/// The writes of `user`, in the order the API server logged them.
-fn writes_of(audit: &[AuditEvent], user: &str) -> Vec<AuditEvent> {
-    audit
-        .iter()
-        .filter(|e| e.user.username == user)
-        .filter(|e| !matches!(e.verb.as_str(), "get" | "list" | "watch"))
-        .cloned()
-        .collect()
 }
 
 fn node_patch(writes: &[AuditEvent], sets: impl Fn(&Value) -> bool) -> Option<usize> {

@@ -15,10 +15,11 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use node_manager_testkit::control_plane::binaries_or_skip;
+use node_manager_testkit::control_plane::workload::set_cordoned;
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
 use node_manager_testkit::e2e::{GROUP, Target};
 use node_manager_testkit::fixtures::{self, Workload};
@@ -49,17 +50,8 @@ async fn seed(
     (nodes, spares): (&[String], &[String]),
     budgets: bool,
 ) {
-    let node_api: Api<Node> = Api::all(admin.clone());
     for node in nodes {
-        let cordon = node != target;
-        node_api
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"unschedulable": cordon}})),
-            )
-            .await
-            .unwrap();
+        set_cordoned(admin, node, node != target).await.unwrap();
     }
     for n in 0..NAMESPACES {
         let namespace = format!("{run}-{n}");
@@ -88,14 +80,7 @@ async fn seed(
     }
     wait_seeded(admin, run, target, budgets).await;
     for node in spares {
-        node_api
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"spec": {"unschedulable": false}})),
-            )
-            .await
-            .unwrap();
+        set_cordoned(admin, node, false).await.unwrap();
     }
 }
 

@@ -1,8 +1,9 @@
 //! The kubelets of a real control plane, played by the test kit: nodes registered Ready with
 //! room for pods, their Leases heartbeated, pods bound to them (by kube-scheduler) made
-//! Running and Ready through `pods/status`, and graceful deletions finished with grace 0 (on
+//! Running and Ready through `pods/status`, graceful deletions finished with grace 0 (on
 //! a real cluster nothing else removes an evicted pod: it stays `Terminating` until its
-//! kubelet deletes it).
+//! kubelet deletes it), and the images a node pulled listed in its `status.images` (which
+//! kube-scheduler's ImageLocality score reads).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -23,23 +24,45 @@ const MANAGER: &str = "test-kit-kubelet";
 
 /// The emulation's task and the nodes it serves. Dropping it stops the task.
 pub struct FakeKubelets {
-    client: kube::Client,
-    nodes: Arc<Mutex<BTreeSet<String>>>,
+    handle: KubeletHandle,
     task: tokio::task::JoinHandle<()>,
 }
 
+/// What registers and removes nodes of a running emulation, cheap to clone into the fake
+/// Auto Scaling's launch and termination callbacks (the emulation keeps serving only while
+/// its [`FakeKubelets`] lives).
+#[derive(Clone)]
+pub struct KubeletHandle {
+    client: kube::Client,
+    nodes: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl std::ops::Deref for FakeKubelets {
+    type Target = KubeletHandle;
+
+    fn deref(&self) -> &KubeletHandle {
+        &self.handle
+    }
+}
+
 impl FakeKubelets {
-    /// Starts serving (the nodes registered through [`FakeKubelets::register_node`]).
+    /// Starts serving (the nodes registered through [`KubeletHandle::register_node`]).
     pub fn start(client: kube::Client) -> Self {
         let nodes: Arc<Mutex<BTreeSet<String>>> = Arc::default();
         let task = tokio::spawn(run(client.clone(), nodes.clone()));
         Self {
-            client,
-            nodes,
+            handle: KubeletHandle { client, nodes },
             task,
         }
     }
 
+    /// A handle on the emulation, for callbacks.
+    pub fn handle(&self) -> KubeletHandle {
+        self.handle.clone()
+    }
+}
+
+impl KubeletHandle {
     /// Creates node `name` (Ready; 4 CPUs, 16 GiB and 110 pods allocatable; zone `zone`) and
     /// serves its pods from now on. `unschedulable` creates it cordoned.
     pub async fn register_node(
@@ -113,7 +136,25 @@ impl FakeKubelets {
     }
 }
 
-impl FakeKubelets {
+impl KubeletHandle {
+    /// The instance of `node` is gone: its kubelet stops and the Node is deleted, as the
+    /// cloud node lifecycle controller deletes the Node of a terminated instance. (A pod
+    /// still bound to it is then removed by the pod garbage collector, without an eviction.)
+    pub async fn remove_node(&self, node: &str) -> Result<(), ControlPlaneError> {
+        self.nodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(node);
+        match Api::<Node>::all(self.client.clone())
+            .delete(node, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(error) => Err(setup(node, error)),
+        }
+    }
+
     /// The kubelet of `node` dies: its pods are no longer served (an evicted pod stays
     /// `Terminating`), its Lease is no longer renewed, and the node turns `Ready=Unknown` as
     /// the node lifecycle controller (not run here) would show it.
@@ -152,6 +193,7 @@ fn setup(node: &str, error: impl std::fmt::Display) -> ControlPlaneError {
 async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let mut last_renewal = Instant::now();
+    let mut images = NodeImages::default();
     loop {
         tokio::time::sleep(POLL).await;
         let served = nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -171,8 +213,63 @@ async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
             if !served.contains(&node) {
                 continue;
             }
+            images.pulled(&node, &pod);
             // Errors (a conflict, a pod already gone) are retried on the next round.
             let _ = serve_pod(&client, &pod).await;
+        }
+        images.report(&client).await;
+    }
+}
+
+/// The size every image is reported with: an application image's order of magnitude, so
+/// kube-scheduler's ImageLocality score (which ignores images under 23 MB) weighs it.
+const IMAGE_BYTES: u64 = 500 * 1024 * 1024;
+
+/// The images each node has pulled, reported in its `status.images` as a kubelet reports the
+/// images on its node: kube-scheduler's ImageLocality score prefers nodes that already hold
+/// a pod's images (the nodes that ran it before), as on a real cluster.
+#[derive(Default)]
+struct NodeImages {
+    pulled: std::collections::BTreeMap<String, BTreeSet<String>>,
+    unreported: BTreeSet<String>,
+}
+
+impl NodeImages {
+    fn pulled(&mut self, node: &str, pod: &Pod) {
+        let containers = pod.spec.as_ref().map(|s| s.containers.as_slice());
+        for image in containers
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| c.image.clone())
+        {
+            if self
+                .pulled
+                .entry(node.to_owned())
+                .or_default()
+                .insert(image)
+            {
+                self.unreported.insert(node.to_owned());
+            }
+        }
+    }
+
+    /// Posts the image list of every node that pulled a new one (retried next round on an
+    /// error).
+    async fn report(&mut self, client: &kube::Client) {
+        let nodes: Api<Node> = Api::all(client.clone());
+        for node in std::mem::take(&mut self.unreported) {
+            let images: Vec<_> = self.pulled[&node]
+                .iter()
+                .map(|image| json!({"names": [image], "sizeBytes": IMAGE_BYTES}))
+                .collect();
+            let status = json!({"status": {"images": images}});
+            let patched = nodes
+                .patch_status(&node, &PatchParams::default(), &Patch::Merge(&status))
+                .await;
+            let gone = matches!(&patched, Err(kube::Error::Api(s)) if s.code == 404);
+            if patched.is_err() && !gone {
+                self.unreported.insert(node);
+            }
         }
     }
 }

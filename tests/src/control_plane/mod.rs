@@ -16,6 +16,7 @@ pub mod certs;
 pub mod kubelet;
 pub mod sandbox_job;
 pub mod webhook;
+pub mod workload;
 pub mod world;
 
 use std::io::Read as _;

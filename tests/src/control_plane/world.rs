@@ -6,6 +6,7 @@
 //! Deployed as [`crate::e2e`] deploys on the fake API server (same cluster, node group, Auto
 //! Scaling group, hooks and per-function roles), so a scenario can run on either.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 use super::kubelet::FakeKubelets;
 use super::webhook::WebhookSettings;
 use super::{ControlPlaneError, RealControlPlane};
-use crate::account::FakeAccount;
+use crate::account::{FakeAccount, FakeCredentials};
 use crate::aws::{
     FakeAutoScalingGroup, FakeAws, FakeCluster, FakeInstance, FakeLifecycleHook, FakeNodegroup,
 };
@@ -40,12 +41,15 @@ pub struct RealFunctionWorld {
     /// Its node.
     pub node: String,
     pub functions: Vec<RunningFunction>,
+    /// Functions the test kit has no [`Target`] for (e.g. `instance-refresh`), by name.
+    pub named: Vec<(String, LambdaRuntimeApi)>,
 }
 
 impl RealFunctionWorld {
     pub fn builder() -> RealWorldBuilder {
         RealWorldBuilder {
             functions: vec![Target::TerminatingHook],
+            named: Vec::new(),
             env: Vec::new(),
             log_level: "info",
             instance_id: "i-0b1c2d3e4f5061728".to_owned(),
@@ -84,6 +88,16 @@ impl RealFunctionWorld {
             .unwrap_or_else(|| panic!("{} was not started", target.function_name()))
     }
 
+    /// The process of the function `name` started with [`RealWorldBuilder::function_named`].
+    /// Panics when the world was built without it (a test bug).
+    pub fn named(&self, name: &str) -> &LambdaRuntimeApi {
+        self.named
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, runtime)| runtime)
+            .unwrap_or_else(|| panic!("{name} was not started"))
+    }
+
     /// The Kubernetes user a function runs as (its `aws-auth` username).
     pub fn username(target: Target) -> &'static str {
         target.function_name()
@@ -93,6 +107,7 @@ impl RealFunctionWorld {
 /// What the world holds.
 pub struct RealWorldBuilder {
     functions: Vec<Target>,
+    named: Vec<&'static str>,
     env: Vec<(String, String)>,
     log_level: &'static str,
     instance_id: String,
@@ -106,6 +121,13 @@ impl RealWorldBuilder {
     /// Starts only these functions (default: the terminating hook).
     pub fn functions(mut self, targets: &[Target]) -> Self {
         self.functions = targets.to_vec();
+        self
+    }
+
+    /// Also starts the function `name` (one process), one the test kit has no [`Target`]
+    /// for, e.g. `instance-refresh`.
+    pub fn function_named(mut self, name: &'static str) -> Self {
+        self.named.push(name);
         self
     }
 
@@ -184,7 +206,7 @@ impl RealWorldBuilder {
             instance = instance.spot();
         }
         let node = add_instance(&aws, &kubelets, instance, false).await?;
-        let functions = self.start_functions(&account, &aws, &admin, &topic).await?;
+        let (functions, named) = self.start_functions(&account, &aws, &admin, &topic).await?;
         Ok(RealFunctionWorld {
             aws,
             plane,
@@ -193,6 +215,7 @@ impl RealWorldBuilder {
             instance: self.instance_id,
             node,
             functions,
+            named,
         })
     }
 
@@ -202,19 +225,23 @@ impl RealWorldBuilder {
         aws: &FakeAws,
         admin: &kube::Client,
         topic: &str,
-    ) -> Result<Vec<RunningFunction>, ControlPlaneError> {
+    ) -> Result<(Vec<RunningFunction>, Vec<(String, LambdaRuntimeApi)>), ControlPlaneError> {
         // Grants first, so no process ever runs without its identity.
+        let names = self
+            .functions
+            .iter()
+            .map(|t| t.function_name())
+            .chain(self.named.iter().copied());
         let mut map_roles = String::new();
-        let mut granted = Vec::new();
-        for &target in &self.functions {
-            let name = target.function_name();
+        let mut granted = BTreeMap::new();
+        for name in names {
             let credentials = account.add_role_credentials(&format!("open-node-manager-{name}"));
             map_roles.push_str(&format!(
                 "- rolearn: {}\n  username: {name}\n  groups: [{}]\n",
                 credentials.principal_arn,
                 function_group(name)
             ));
-            granted.push((target, credentials));
+            granted.insert(name, credentials);
         }
         let config_map: ConfigMap = serde_json::from_value(json!({
             "metadata": {"name": "aws-auth", "namespace": "kube-system"},
@@ -227,31 +254,47 @@ impl RealWorldBuilder {
             .map_err(|e| setup("creating aws-auth", e))?;
 
         let mut functions = Vec::new();
-        let granted = granted
-            .into_iter()
-            .flat_map(|grant| std::iter::repeat_n(grant, self.processes));
-        for (target, credentials) in granted {
-            let name = target.function_name();
-            let spec = FunctionSpec::new(name, function_binary(name))
-                .envs(aws.environment(&credentials))
-                .env("CLUSTER_NAME", CLUSTER)
-                .env("CONTINUATION_TOPIC_ARN", topic)
-                .env("SETTLE_SECONDS", "0")
-                .env("DRAIN_TIMEOUT_SECONDS", "20")
-                .env("HAND_OVER_MARGIN_SECONDS", "5")
-                .env("RUST_LOG", self.log_level)
-                .env("AWS_LAMBDA_LOG_LEVEL", &self.log_level.to_uppercase())
-                .envs(self.env.clone());
-            let runtime = LambdaRuntimeApi::start_function(spec)
-                .await
-                .map_err(|e| setup(name, e))?;
-            functions.push(RunningFunction {
-                target,
-                runtime,
-                credentials,
-            });
+        for &target in &self.functions {
+            let credentials = granted[target.function_name()].clone();
+            for _ in 0..self.processes {
+                let runtime = self
+                    .start_process(aws, topic, target.function_name(), &credentials)
+                    .await?;
+                functions.push(RunningFunction {
+                    target,
+                    runtime,
+                    credentials: credentials.clone(),
+                });
+            }
         }
-        Ok(functions)
+        let mut named = Vec::new();
+        for &name in &self.named {
+            let runtime = self.start_process(aws, topic, name, &granted[name]).await?;
+            named.push((name.to_owned(), runtime));
+        }
+        Ok((functions, named))
+    }
+
+    async fn start_process(
+        &self,
+        aws: &FakeAws,
+        topic: &str,
+        name: &str,
+        credentials: &FakeCredentials,
+    ) -> Result<LambdaRuntimeApi, ControlPlaneError> {
+        let spec = FunctionSpec::new(name, function_binary(name))
+            .envs(aws.environment(credentials))
+            .env("CLUSTER_NAME", CLUSTER)
+            .env("CONTINUATION_TOPIC_ARN", topic)
+            .env("SETTLE_SECONDS", "0")
+            .env("DRAIN_TIMEOUT_SECONDS", "20")
+            .env("HAND_OVER_MARGIN_SECONDS", "5")
+            .env("RUST_LOG", self.log_level)
+            .env("AWS_LAMBDA_LOG_LEVEL", &self.log_level.to_uppercase())
+            .envs(self.env.clone());
+        LambdaRuntimeApi::start_function(spec)
+            .await
+            .map_err(|e| setup(name, e))
     }
 }
 
