@@ -19,10 +19,10 @@ use node_manager::aws::InstanceFacts;
 use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager_testkit::soak::events::check::{
     self, CORDON_WITHOUT_LEAVING, DRAIN_NOT_RUNNING, EVICTION_FROM_KEPT_NODE,
-    LIFECYCLE_NOT_DRAINED, MARK_WITHOUT_REASON,
+    LIFECYCLE_NOT_DRAINED, MARK_WITHOUT_REASON, REFRESH_MARK_ON_KEPT_NODE,
 };
 use node_manager_testkit::soak::events::plan::{Fate, Member};
-use node_manager_testkit::soak::events::world::{EventWorld, GROUP};
+use node_manager_testkit::soak::events::world::{EventWorld, GROUP, REFRESH_ID};
 use node_manager_testkit::soak::events::{SeedReport, run_seed};
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -34,7 +34,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 fn print(report: &SeedReport) {
     println!(
-        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions; {} violations; {:.1}s",
+        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes; {} violations; {:.1}s",
         report.seed,
         report.fates,
         report.steps,
@@ -46,6 +46,7 @@ fn print(report: &SeedReport) {
         report.continuations,
         report.brownouts,
         report.evictions,
+        report.refresh_writes,
         report.violations.len(),
         report.elapsed.as_secs_f64()
     );
@@ -67,6 +68,7 @@ async fn event_soak_keeps_every_invariant() {
         .buffer_unordered(4);
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
+    let mut refresh_writes = 0;
     while let Some(report) = reports.next().await {
         let report = &report;
         print(report);
@@ -75,6 +77,7 @@ async fn event_soak_keeps_every_invariant() {
         late += report.delayed;
         brownouts += report.brownouts;
         evictions += report.evictions;
+        refresh_writes += report.refresh_writes;
         if !report.violations.is_empty() {
             failing.push(format!(
                 "seed {}: {:?}\n  rerun alone: {}",
@@ -85,12 +88,17 @@ async fn event_soak_keeps_every_invariant() {
         }
     }
     println!(
-        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {} failing seeds",
+        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {} failing seeds",
         failing.len()
     );
     if count >= 20 {
         assert!(
-            lost > 0 && duplicated > 0 && late > 0 && brownouts > 0 && evictions > 0,
+            lost > 0
+                && duplicated > 0
+                && late > 0
+                && brownouts > 0
+                && evictions > 0
+                && refresh_writes > 0,
             "the soak exercised too little"
         );
     }
@@ -175,6 +183,19 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         .set_spot_status(&spot.spot_request().unwrap(), "marked-for-termination");
     // 4: a lifecycle action nobody completes.
     world.autoscaling.start_action(&scaled.action());
+    // 6: the refresh's mark on a node it does not replace.
+    let nodes: kube::Api<Node> = kube::Api::all(world.client.clone());
+    let node = store.get::<Node>("", &scaled.node).unwrap();
+    node_manager::node_marks::refresh::mark_node(
+        &nodes,
+        node,
+        REFRESH_ID,
+        GROUP,
+        &scaled.instance_id,
+        None,
+    )
+    .await
+    .unwrap();
     // 5: a pod evicted, as the terminating hook, from the node that stays.
     let pod = store
         .list::<Pod>()
@@ -210,6 +231,7 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         DRAIN_NOT_RUNNING,
         LIFECYCLE_NOT_DRAINED,
         EVICTION_FROM_KEPT_NODE,
+        REFRESH_MARK_ON_KEPT_NODE,
     ] {
         assert!(
             invariants.contains(expected),

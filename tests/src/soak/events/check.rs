@@ -8,7 +8,11 @@
 //!    running Spot instance whose request is marked, a maintenance due) is running or done;
 //! 4. `lifecycle-not-drained`: every lifecycle action gets a full drain, completed once, with
 //!    PDBs honoured (evictions only, never a delete);
-//! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing.
+//! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing;
+//! 6. `refresh-mark-on-kept-node`: an instance refresh marks only the nodes it replaces:
+//!    never its own replacements, nor nodes already on the configuration it applies (also
+//!    checked after every step of the seed, as a late or retried start could mark them while
+//!    the refresh runs).
 
 use std::collections::BTreeMap;
 
@@ -29,6 +33,7 @@ pub const CORDON_WITHOUT_LEAVING: &str = "cordon-without-leaving";
 pub const DRAIN_NOT_RUNNING: &str = "drain-not-running";
 pub const LIFECYCLE_NOT_DRAINED: &str = "lifecycle-not-drained";
 pub const EVICTION_FROM_KEPT_NODE: &str = "eviction-from-kept-node";
+pub const REFRESH_MARK_ON_KEPT_NODE: &str = "refresh-mark-on-kept-node";
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,6 +156,15 @@ pub async fn check(
             found.extend(marks_have_reasons(&marks, &aws, refresh, now));
             found.extend(cordon_is_ours_and_leaving(node, &marks, &aws, refresh, now));
             found.extend(drain_runs_or_done(world, member, &marks, &aws, now));
+            if marks.refresh.is_some() && !member.fate.is_refreshed() {
+                found.push(violation(
+                    REFRESH_MARK_ON_KEPT_NODE,
+                    format!(
+                        "{}: ({:?}) carries the mark of a refresh that does not replace it",
+                        member.node, member.fate
+                    ),
+                ));
+            }
         }
         found.extend(lifecycle_drained(world, member));
     }
@@ -327,7 +341,7 @@ fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
         .into_iter()
         .filter(|c| c.action.instance_id == action.instance_id)
         .collect();
-    let expected = usize::from(member.fate == Fate::ScaleIn);
+    let expected = usize::from(member.fate.has_lifecycle_action());
     if completions.len() != expected || world.autoscaling.is_pending(&action) {
         out.push(violation(
             LIFECYCLE_NOT_DRAINED,

@@ -8,23 +8,23 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
 use node_manager::aws::AwsErrorKind;
 use node_manager::aws::ScheduledInstanceEvent;
 use node_manager::drain::Invocation;
 use node_manager::instance_notice::handle_terminating_hook_event;
+use node_manager::instance_refresh::handler as refresh_handler;
 use node_manager::lifecycle::budget::InvocationBudget;
-use node_manager::node_marks::refresh::{mark_node, refresh_marks_of, unmark_node};
+use node_manager::node_marks::refresh::refresh_marks_of;
 use serde_json::{Value, json};
 
-use super::check::{LIFECYCLE_NOT_DRAINED, Violation};
+use super::check::{LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, Violation};
 use super::plan::{Delivery, Member, Step, Truth};
-use super::world::{EventWorld, GROUP};
+use super::world::{EventWorld, GROUP, REFRESH_ID};
 use crate::fixtures::lifecycle_notification;
 use crate::kube::{FaultAction, FaultId, FaultRule};
 use crate::soak::corpus::{self, Target};
 
-pub const REFRESH_ID: &str = "0d4a5c7e-1111-4222-8333-9444455556aa";
+const ACCOUNT: &str = "111111111111";
 /// Lambda retries a failed asynchronous invocation twice.
 const LAMBDA_RETRIES: u32 = 2;
 
@@ -41,8 +41,16 @@ pub struct Played {
     pub violations: Vec<Violation>,
 }
 
-/// An invocation to make: the event and how many times Lambda has tried it.
+/// The function an event is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Function {
+    TerminatingHook,
+    InstanceRefresh,
+}
+
+/// An invocation to make: the function, the event and how many times Lambda has tried it.
 struct Pending {
+    function: Function,
     event: Value,
     attempt: u32,
 }
@@ -51,6 +59,10 @@ struct Pending {
 pub struct Player<'w> {
     world: &'w EventWorld,
     starts: BTreeMap<String, Timestamp>,
+    /// When the group's refresh started (its `StartTime`).
+    refresh_started: Option<Timestamp>,
+    /// Nodes already reported carrying a refresh's mark they should not.
+    wrongly_marked: std::collections::BTreeSet<String>,
     brownout: Option<(usize, Vec<FaultId>)>,
     retries: Vec<Pending>,
     completed: usize,
@@ -62,6 +74,8 @@ impl<'w> Player<'w> {
         Self {
             world,
             starts: BTreeMap::new(),
+            refresh_started: None,
+            wrongly_marked: Default::default(),
             brownout: None,
             retries: Vec::new(),
             completed: 0,
@@ -103,27 +117,21 @@ impl<'w> Player<'w> {
             Step::Truth(truth) => self.apply(truth).await,
             Step::Brownout(steps) => self.start_brownout(*steps),
             Step::Deliver(delivery) => {
+                let function = function_of(delivery);
                 let events: Vec<Value> = (0..copies)
                     .filter_map(|_| self.event_of(delivery))
                     .collect();
-                match delivery {
-                    Delivery::RefreshStart | Delivery::RefreshEnd => {
-                        for _ in 0..copies {
-                            self.refresh_function(delivery).await;
-                        }
-                    }
-                    _ => {
-                        self.played.invocations += events.len();
-                        let pending = events
-                            .into_iter()
-                            .map(|event| Pending { event, attempt: 0 });
-                        let runs = pending.map(|p| self.invoke_once(p));
-                        let failed: Vec<Option<Pending>> = futures::future::join_all(runs).await;
-                        let failed: Vec<Pending> = failed.into_iter().flatten().collect();
-                        self.played.failed_invocations += failed.len();
-                        self.retries.extend(failed);
-                    }
-                }
+                self.played.invocations += events.len();
+                let pending = events.into_iter().map(|event| Pending {
+                    function,
+                    event,
+                    attempt: 0,
+                });
+                let runs = pending.map(|p| self.invoke_once(p));
+                let failed: Vec<Option<Pending>> = futures::future::join_all(runs).await;
+                let failed: Vec<Pending> = failed.into_iter().flatten().collect();
+                self.played.failed_invocations += failed.len();
+                self.retries.extend(failed);
             }
         }
     }
@@ -138,21 +146,38 @@ impl<'w> Player<'w> {
     }
 
     async fn invoke_once(&self, pending: Pending) -> Option<Pending> {
-        let invocation = Invocation {
-            request_id: format!("soak-{}", uuid_like()),
-            function_account: Some("111111111111".into()),
-            budget: InvocationBudget::new(Duration::from_secs(30), Duration::ZERO),
+        let result = match pending.function {
+            Function::TerminatingHook => {
+                let invocation = Invocation {
+                    request_id: format!("soak-{}", uuid_like()),
+                    function_account: Some(ACCOUNT.into()),
+                    budget: InvocationBudget::new(Duration::from_secs(30), Duration::ZERO),
+                };
+                handle_terminating_hook_event(
+                    &self.world.drainer,
+                    pending.event.clone(),
+                    &invocation,
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            }
+            Function::InstanceRefresh => {
+                let handled =
+                    refresh_handler::handle(&self.world.refresh, &pending.event, Some(ACCOUNT));
+                Box::pin(handled)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
         };
-        let result =
-            handle_terminating_hook_event(&self.world.drainer, pending.event.clone(), &invocation)
-                .await;
         match result {
-            Ok(_) => None,
+            Ok(()) => None,
             Err(error) if pending.attempt < LAMBDA_RETRIES => {
                 tracing::info!(%error, attempt = pending.attempt, "soak: invocation failed, Lambda retries it");
                 Some(Pending {
-                    event: pending.event,
                     attempt: pending.attempt + 1,
+                    ..pending
                 })
             }
             Err(error) => {
@@ -172,7 +197,16 @@ impl<'w> Player<'w> {
                 self.played.pods.insert(name, node);
             }
         }
-        self.check_new_completions();
+        for member in self.check_new_completions() {
+            self.terminate(&member).await;
+            // Auto Scaling's `EC2 Instance Terminate Successful`, for the refresh function.
+            self.retries.push(Pending {
+                function: Function::InstanceRefresh,
+                event: instance_event(TERMINATED, &member.instance_id),
+                attempt: 0,
+            });
+        }
+        self.check_refresh_marks();
         if let Some((left, _)) = &mut self.brownout {
             *left = left.saturating_sub(1);
             if *left == 0 {
@@ -181,9 +215,35 @@ impl<'w> Player<'w> {
         }
     }
 
-    /// A lifecycle action completes only once its node is drained.
-    fn check_new_completions(&mut self) {
+    /// A refresh marks only the nodes it replaces (never a replacement, nor a node that
+    /// stays), whatever order its events come in: checked after every step.
+    fn check_refresh_marks(&mut self) {
+        for node in self.world.server.store().list::<Node>() {
+            let Some(name) = node.metadata.name.clone() else {
+                continue;
+            };
+            let member = self.world.fleet.iter().find(|m| m.node == name);
+            let replaced = member.is_some_and(|m| m.fate.is_refreshed());
+            if replaced || refresh_marks_of(&node).is_none() || self.wrongly_marked.contains(&name)
+            {
+                continue;
+            }
+            self.played.violations.push(Violation {
+                invariant: REFRESH_MARK_ON_KEPT_NODE,
+                detail: format!(
+                    "{name} ({:?}): marked by the instance refresh, which does not replace it",
+                    member.map(|m| &m.fate)
+                ),
+            });
+            self.wrongly_marked.insert(name);
+        }
+    }
+
+    /// A lifecycle action completes only once its node is drained; the members whose action
+    /// completed since the last look (Auto Scaling terminates them).
+    fn check_new_completions(&mut self) -> Vec<Member> {
         let completions = self.world.autoscaling.completions();
+        let mut done = Vec::new();
         for completion in &completions[self.completed..] {
             let Some(member) = self.world.member(&completion.action.instance_id) else {
                 continue;
@@ -210,8 +270,10 @@ impl<'w> Player<'w> {
                     ),
                 });
             }
+            done.push(member.clone());
         }
         self.completed = completions.len();
+        done
     }
 
     fn continuations(&self) -> Vec<Pending> {
@@ -220,6 +282,7 @@ impl<'w> Player<'w> {
         published
             .into_iter()
             .map(|m| Pending {
+                function: Function::TerminatingHook,
                 event: corpus::with_message(&base, &m.message),
                 attempt: 0,
             })
@@ -248,6 +311,10 @@ impl<'w> Player<'w> {
         autoscaling.fail("RecordLifecycleActionHeartbeat", AwsErrorKind::Transient, 1);
         autoscaling.fail("DescribeAutoScalingInstances", AwsErrorKind::Transient, 1);
         autoscaling.fail("CompleteLifecycleAction", AwsErrorKind::Transient, 1);
+        let refreshes = &self.world.refreshes.faults;
+        refreshes.fail("DescribeInstanceRefreshes", AwsErrorKind::Transient, 1);
+        refreshes.fail("DescribeAutoScalingGroups", AwsErrorKind::Transient, 1);
+        refreshes.fail("DescribeInstances", AwsErrorKind::Transient, 1);
         self.brownout = Some((steps, ids));
     }
 
@@ -261,6 +328,17 @@ impl<'w> Player<'w> {
         self.world.instances.faults.clear();
         self.world.autoscaling.faults.clear();
         self.world.notifications.faults.clear();
+        self.world.refreshes.faults.clear();
+    }
+}
+
+fn function_of(delivery: &Delivery) -> Function {
+    match delivery {
+        Delivery::RefreshStart
+        | Delivery::RefreshCheckpoint
+        | Delivery::RefreshEnd(_)
+        | Delivery::InstanceLaunched(_) => Function::InstanceRefresh,
+        _ => Function::TerminatingHook,
     }
 }
 
@@ -279,7 +357,12 @@ impl Player<'_> {
             Truth::Terminating(id) => {
                 if let Some(m) = member(id) {
                     w.autoscaling.start_action(&m.action());
-                    w.autoscaling.set_lifecycle_state(id, "Terminating:Wait");
+                    w.set_group_state(id, Some("Terminating:Wait"));
+                }
+            }
+            Truth::Launched(id) => {
+                if let Some(m) = member(id) {
+                    w.launch(&m);
                 }
             }
             Truth::SpotMarked(id) => {
@@ -312,12 +395,16 @@ impl Player<'_> {
                         .set_schedule(id, vec![retirement(*starts, "[Canceled] ")]);
                 }
             }
-            Truth::RefreshRuns => w
-                .autoscaling
-                .set_refresh_status(GROUP, REFRESH_ID, "InProgress"),
-            Truth::RefreshOver => w
-                .autoscaling
-                .set_refresh_status(GROUP, REFRESH_ID, "Successful"),
+            Truth::RefreshRuns => {
+                // EC2 reports launch times to the second: the start is a second after the
+                // fleet's launch, and replacements launch after it.
+                let started = now_second();
+                self.refresh_started = Some(started);
+                w.set_refresh("InProgress", started);
+            }
+            Truth::RefreshOver(status) => {
+                w.set_refresh(status, self.refresh_started.unwrap_or_else(now_second));
+            }
         }
     }
 
@@ -333,6 +420,7 @@ impl Player<'_> {
         w.set_state(member, "terminated");
         w.autoscaling
             .set_lifecycle_state(&member.instance_id, "Terminated");
+        w.set_group_state(&member.instance_id, None);
         let store = w.server.store();
         for pod in store.list::<Pod>() {
             if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&member.node) {
@@ -345,55 +433,7 @@ impl Player<'_> {
         let _ = store.remove::<Node>("", &member.node);
     }
 
-    /// The instance refresh function's start and end, on the refresh's proof: the start marks
-    /// the refreshed members' nodes while Auto Scaling reports the refresh running, the end
-    /// removes its marks once it does not.
-    async fn refresh_function(&mut self, delivery: &Delivery) {
-        let w = self.world;
-        let status = w.autoscaling_refresh_status().await;
-        let runs = status
-            .as_deref()
-            .is_some_and(node_manager::reconcile::desired::refresh_in_progress);
-        let nodes: Api<Node> = Api::all(w.client.clone());
-        for member in w
-            .fleet
-            .iter()
-            .filter(|m| matches!(m.fate, super::plan::Fate::Refreshed { .. }))
-        {
-            let Ok(Some(node)) = nodes.get_opt(&member.node).await else {
-                continue;
-            };
-            // The refresh function's invocation, and Lambda's retries of it.
-            for _ in 0..=LAMBDA_RETRIES {
-                self.played.invocations += 1;
-                let written = match delivery {
-                    Delivery::RefreshStart if runs => mark_node(
-                        &nodes,
-                        node.clone(),
-                        REFRESH_ID,
-                        GROUP,
-                        &member.instance_id,
-                        None,
-                    )
-                    .await
-                    .map(|_| ()),
-                    Delivery::RefreshEnd if !runs && refresh_marks_of(&node).is_some() => {
-                        unmark_node(&nodes, node.clone(), REFRESH_ID)
-                            .await
-                            .map(|_| ())
-                    }
-                    _ => Ok(()),
-                };
-                if written.is_ok() {
-                    break;
-                }
-                self.played.failed_invocations += 1;
-            }
-        }
-    }
-
-    /// The event EventBridge or SNS delivers for `delivery` (`None` for the refresh
-    /// function's own events).
+    /// The event EventBridge or SNS delivers for `delivery`.
     fn event_of(&self, delivery: &Delivery) -> Option<Value> {
         let w = self.world;
         Some(match delivery {
@@ -419,20 +459,48 @@ impl Player<'_> {
                 health_event(instance, *self.starts.get(instance)?)
             }
             Delivery::Tick => tick(),
-            Delivery::RefreshStart | Delivery::RefreshEnd => return None,
+            Delivery::RefreshStart => refresh_event("Started"),
+            Delivery::RefreshCheckpoint => refresh_event("Checkpoint Reached"),
+            Delivery::RefreshEnd(outcome) => refresh_event(outcome),
+            Delivery::InstanceLaunched(id) => instance_event(LAUNCHED, id),
         })
     }
 }
 
-impl EventWorld {
-    async fn autoscaling_refresh_status(&self) -> Option<String> {
-        use node_manager::aws::GroupActivity;
-        self.autoscaling
-            .instance_refresh_status(GROUP, REFRESH_ID)
-            .await
-            .ok()
-            .flatten()
-    }
+const LAUNCHED: &str = "EC2 Instance Launch Successful";
+const TERMINATED: &str = "EC2 Instance Terminate Successful";
+
+fn group_arn() -> String {
+    format!(
+        "arn:aws:autoscaling:eu-west-1:{ACCOUNT}:autoScalingGroup:5f0e7e7e-0000-4000-8000-000000000035:autoScalingGroupName/{GROUP}"
+    )
+}
+
+/// `EC2 Auto Scaling Instance Refresh {what}`, as Auto Scaling sends it to EventBridge.
+fn refresh_event(what: &str) -> Value {
+    json!({
+        "version": "0", "id": format!("soak-{}", uuid_like()),
+        "detail-type": format!("EC2 Auto Scaling Instance Refresh {what}"),
+        "source": "aws.autoscaling", "account": ACCOUNT, "time": now_second().to_string(),
+        "region": "eu-west-1", "resources": [group_arn()],
+        "detail": {"InstanceRefreshId": REFRESH_ID, "AutoScalingGroupName": GROUP},
+    })
+}
+
+/// `EC2 Instance Launch Successful` or `EC2 Instance Terminate Successful`.
+fn instance_event(detail_type: &str, instance: &str) -> Value {
+    let now = now_second().to_string();
+    json!({
+        "version": "0", "id": format!("soak-{}", uuid_like()), "detail-type": detail_type,
+        "source": "aws.autoscaling", "account": ACCOUNT, "time": now, "region": "eu-west-1",
+        "resources": [group_arn(), format!("arn:aws:ec2:eu-west-1:{ACCOUNT}:instance/{instance}")],
+        "detail": {
+            "StatusCode": "InProgress", "AutoScalingGroupName": GROUP,
+            "ActivityId": format!("soak-activity-{}", uuid_like()), "RequestId": "soak",
+            "EC2InstanceId": instance, "StartTime": now, "EndTime": now,
+            "Cause": "an instance refresh, in the soak", "Details": {"Subnet ID": "subnet-0soak"},
+        }
+    })
 }
 
 fn retirement(starts: Timestamp, prefix: &str) -> ScheduledInstanceEvent {

@@ -1,10 +1,13 @@
 //! The seeded event soak (issue 35): every kind of event the terminating hook gets (lifecycle
 //! notifications and the drain's own continuations, Spot warnings, rebalance
 //! recommendations, stopping notifications, AWS Health scheduled changes, schedule ticks) and
-//! an instance refresh's start and end, each lost, repeated (at once: concurrently) or late,
-//! failed invocations retried as Lambda does, and API brownouts (429 and 5xx on the fake API
-//! server, failures of the AWS fakes). The shared crate's handlers run in process over the
-//! test kit's fake API server and the in-memory AWS, so fifty seeds fit in the test suite.
+//! every event the instance refresh function gets (the refresh's start, checkpoint and end,
+//! its replacements' `EC2 Instance Launch Successful` and its terminations' `Terminate
+//! Successful`, through the function's own handler), each lost, repeated (at once:
+//! concurrently) or late, failed invocations retried as Lambda does, and API brownouts (429
+//! and 5xx on the fake API server, failures of the AWS fakes). The shared crate's handlers
+//! run in process over the test kit's fake API server and the in-memory AWS, so fifty seeds
+//! fit in the test suite.
 //!
 //! After the events, one schedule tick with nothing else going on (one reconcile period),
 //! then the invariants of [`check`]. A seed is reproducible: `EVENT_SOAK_SEED=N
@@ -36,6 +39,8 @@ pub struct SeedReport {
     pub continuations: usize,
     pub brownouts: usize,
     pub evictions: usize,
+    /// Node patches the instance refresh function made (marks and their undo).
+    pub refresh_writes: usize,
     pub violations: Vec<Violation>,
     pub elapsed: Duration,
 }
@@ -88,6 +93,13 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         .iter()
         .filter(|e| e.user.username == "terminating-hook" && (200..300).contains(&e.code()))
         .count();
+    let refresh_writes = world
+        .server
+        .audit()
+        .requests("patch", "nodes")
+        .iter()
+        .filter(|e| e.user.username == "instance-refresh" && (200..300).contains(&e.code()))
+        .count();
     world.server.shutdown();
     SeedReport {
         seed,
@@ -101,6 +113,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         continuations: played.continuations,
         brownouts: played.brownouts,
         evictions,
+        refresh_writes,
         violations,
         elapsed: started.elapsed(),
     }

@@ -26,8 +26,13 @@ pub enum Fate {
     Stopped { started_again: bool },
     /// A scheduled maintenance (`soon`: within the drain margin), cancelled later or not.
     Maintenance { soon: bool, cancelled: bool },
-    /// Marked by an instance refresh of its group; the refresh ends or still runs at the end.
-    Refreshed { ended: bool },
+    /// Outdated when an instance refresh of its group runs (marked by the instance refresh
+    /// function); the refresh ends or still runs at the end; `replaced`: the refresh launches
+    /// its replacement and then terminates it (a terminating lifecycle action).
+    Refreshed { ended: bool, replaced: bool },
+    /// The refresh's replacement of a refreshed instance: joins the group while the refresh
+    /// runs and stays (nothing may mark, cordon or evict it).
+    Replacement,
 }
 
 impl Fate {
@@ -35,8 +40,24 @@ impl Fate {
     pub fn may_be_drained(&self) -> bool {
         !matches!(
             self,
-            Self::Stays | Self::Rebalanced | Self::Refreshed { .. }
+            Self::Stays
+                | Self::Rebalanced
+                | Self::Refreshed {
+                    replaced: false,
+                    ..
+                }
+                | Self::Replacement
         )
+    }
+
+    /// Whether Auto Scaling starts a terminating lifecycle action for it.
+    pub fn has_lifecycle_action(&self) -> bool {
+        matches!(self, Self::ScaleIn | Self::Refreshed { replaced: true, .. })
+    }
+
+    /// Whether the instance refresh replaces it (its node may carry the refresh's marks).
+    pub fn is_refreshed(&self) -> bool {
+        matches!(self, Self::Refreshed { .. })
     }
 
     pub fn is_spot(&self) -> bool {
@@ -97,9 +118,11 @@ pub enum Truth {
     },
     /// EC2 cancels it.
     Cancelled(String),
-    /// The group's instance refresh runs / is over.
+    /// The group's instance refresh runs / is over with this status.
     RefreshRuns,
-    RefreshOver,
+    RefreshOver(&'static str),
+    /// A replacement is in service: its node registers and turns Ready.
+    Launched(String),
 }
 
 /// An event AWS (or the schedule) sends the terminating hook.
@@ -113,9 +136,13 @@ pub enum Delivery {
         instance: String,
         soon: bool,
     },
-    /// The refresh function's start (marks the instances it replaces) and end.
+    /// The instance refresh function's events, as EventBridge delivers them: the refresh's
+    /// start, a checkpoint, its end (`Succeeded`, `Cancelled`, `Failed`), and a replacement
+    /// in service.
     RefreshStart,
-    RefreshEnd,
+    RefreshCheckpoint,
+    RefreshEnd(&'static str),
+    InstanceLaunched(String),
     Tick,
 }
 
@@ -167,25 +194,52 @@ fn fate(rng: &mut StdRng) -> Fate {
         },
         7 => Fate::Refreshed {
             ended: rng.random_bool(0.6),
+            replaced: rng.random_bool(0.6),
         },
         _ => Fate::Stays,
     }
 }
 
-/// The fleet of `seed`: 3 to 5 instances, at least one that stays (room for the pods).
+fn seed_member(seed: u64, i: usize, fate: Fate) -> Member {
+    Member {
+        instance_id: format!("i-0{seed:08x}{i:08x}"),
+        node: format!(
+            "ip-10-{}-{}-{i}.eu-west-1.compute.internal",
+            seed % 250,
+            seed / 250 % 250
+        ),
+        fate,
+    }
+}
+
+/// The fleet of `seed`: 3 to 5 instances, at least one that stays (room for the pods), and
+/// after them a replacement for each refreshed instance the refresh replaces (one refresh of
+/// the group: every refreshed instance shares whether it ends).
 fn fleet(rng: &mut StdRng, seed: u64) -> Vec<Member> {
     let size = rng.random_range(3..=5usize);
-    (0..size)
-        .map(|i| Member {
-            instance_id: format!("i-0{seed:08x}{i:08x}"),
-            node: format!(
-                "ip-10-{}-{}-{i}.eu-west-1.compute.internal",
-                seed % 250,
-                seed / 250 % 250
-            ),
-            fate: if i == 0 { Fate::Stays } else { fate(rng) },
-        })
-        .collect()
+    let mut fleet: Vec<Member> = (0..size)
+        .map(|i| seed_member(seed, i, if i == 0 { Fate::Stays } else { fate(rng) }))
+        .collect();
+    let refresh_ends = fleet.iter().find_map(|m| match m.fate {
+        Fate::Refreshed { ended, .. } => Some(ended),
+        _ => None,
+    });
+    for member in &mut fleet {
+        if let (Fate::Refreshed { ended, .. }, Some(ends)) = (&mut member.fate, refresh_ends) {
+            *ended = ends;
+        }
+    }
+    let replaced = fleet
+        .iter()
+        .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
+        .count();
+    fleet.extend((0..replaced).map(|k| seed_member(seed, size + k, Fate::Replacement)));
+    fleet
+}
+
+/// Whether `member` is in the group from the start (a replacement joins later).
+pub fn initial(member: &Member) -> bool {
+    member.fate != Fate::Replacement
 }
 
 /// The story of one member: timed truth changes and deliveries (time in abstract ticks).
@@ -250,16 +304,19 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
             }
             s
         }
-        Fate::Refreshed { .. } => vec![],
+        Fate::Refreshed { .. } | Fate::Replacement => vec![],
     };
     steps.sort_by_key(|(t, _)| *t);
     steps
 }
 
-/// The group's refresh, if any member is refreshed: runs at one time, ends later (or not).
+/// The group's refresh, if any member is refreshed: it runs from one time; each replaced
+/// instance's replacement comes into service, then the instance is terminated (its
+/// lifecycle action); maybe a checkpoint; then it ends (or not), `Succeeded` only when it
+/// replaced every outdated instance.
 fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
     let Some(ended) = fleet.iter().find_map(|m| match m.fate {
-        Fate::Refreshed { ended } => Some(ended),
+        Fate::Refreshed { ended, .. } => Some(ended),
         _ => None,
     }) else {
         return vec![];
@@ -269,10 +326,59 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
         (t, Step::Truth(Truth::RefreshRuns)),
         (t, Step::Deliver(Delivery::RefreshStart)),
     ];
+    let replaced: Vec<&Member> = fleet
+        .iter()
+        .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
+        .collect();
+    let replacements = fleet.iter().filter(|m| m.fate == Fate::Replacement);
+    let mut last = t;
+    for (old, new) in replaced.iter().zip(replacements) {
+        let launched = t + rng.random_range(1..6u32);
+        let terminating = launched + rng.random_range(1..4u32);
+        last = last.max(terminating);
+        steps.extend([
+            (
+                launched,
+                Step::Truth(Truth::Launched(new.instance_id.clone())),
+            ),
+            (
+                launched,
+                Step::Deliver(Delivery::InstanceLaunched(new.instance_id.clone())),
+            ),
+            (
+                terminating,
+                Step::Truth(Truth::Terminating(old.instance_id.clone())),
+            ),
+            (
+                terminating,
+                Step::Deliver(Delivery::Lifecycle(old.instance_id.clone())),
+            ),
+        ]);
+    }
+    if rng.random_bool(0.4) {
+        steps.push((
+            rng.random_range(t..=last),
+            Step::Deliver(Delivery::RefreshCheckpoint),
+        ));
+    }
     if ended {
-        let end = t + rng.random_range(1..10u32);
-        steps.push((end, Step::Truth(Truth::RefreshOver)));
-        steps.push((end, Step::Deliver(Delivery::RefreshEnd)));
+        let every_one = fleet.iter().all(|m| {
+            !matches!(
+                m.fate,
+                Fate::Refreshed {
+                    replaced: false,
+                    ..
+                }
+            )
+        });
+        let (status, detail) = match rng.random_range(0..3u32) {
+            0 if every_one => ("Successful", "Succeeded"),
+            0 | 1 => ("Cancelled", "Cancelled"),
+            _ => ("Failed", "Failed"),
+        };
+        let end = last + rng.random_range(1..8u32);
+        steps.push((end, Step::Truth(Truth::RefreshOver(status))));
+        steps.push((end, Step::Deliver(Delivery::RefreshEnd(detail))));
     }
     steps
 }

@@ -5,13 +5,20 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use node_manager::aws::in_memory::{InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications};
-use node_manager::aws::{InstanceFacts, LifecycleActionResult, LifecycleHook};
+use node_manager::aws::in_memory::{
+    InMemoryAutoScaling, InMemoryInstanceRefreshes, InMemoryInstances, InMemoryNotifications,
+};
+use node_manager::aws::{
+    ConfiguredInstance, GroupConfiguration, InstanceFacts, InstanceRefreshDescription,
+    LaunchTemplateRef, LaunchTemplateVersions, LifecycleActionResult, LifecycleHook,
+};
 use node_manager::drain::Drainer;
+use node_manager::instance_refresh::handler::RefreshContext;
+use node_manager::instance_refresh::settings::RefreshSettings;
 use node_manager::lifecycle::handler::Clients;
 use node_manager::lifecycle::settings::DrainSettings;
 
-use super::plan::{Fate, Member};
+use super::plan::{Fate, Member, initial};
 use crate::fixtures::{self, Workload};
 use crate::identity::function_client;
 use crate::kube::FakeApiServer;
@@ -29,6 +36,13 @@ const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 
 pub type SoakDrainer =
     Drainer<Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>>;
+/// The instance refresh function's context: its own identity, Auto Scaling's refreshes and
+/// group configuration, EC2's launch times and templates.
+pub type SoakRefresh =
+    RefreshContext<kube::Client, InMemoryInstanceRefreshes, InMemoryInstanceRefreshes>;
+/// The instance refresh that runs in a seed with refreshed instances.
+pub const REFRESH_ID: &str = "0d4a5c7e-1111-4222-8333-9444455556aa";
+const TEMPLATE_ID: &str = "lt-0500a0e7e7";
 
 /// The world one seed plays in.
 pub struct EventWorld {
@@ -39,7 +53,34 @@ pub struct EventWorld {
     /// The terminating hook's identity.
     pub client: kube::Client,
     pub drainer: SoakDrainer,
+    /// Auto Scaling and EC2 as the instance refresh function reads them (kept in step with
+    /// `autoscaling` and `instances`, which the terminating hook reads).
+    pub refreshes: InMemoryInstanceRefreshes,
+    pub refresh: SoakRefresh,
+    /// The group's configuration as the soak sets it (read without the fakes' faults).
+    group: std::sync::Mutex<GroupConfiguration>,
     pub fleet: Vec<Member>,
+}
+
+/// The group's launch template at `version`: refreshed instances run version 1, every other
+/// one the version 2 the refresh applies (it skips matching instances).
+fn template(version: &str) -> LaunchTemplateRef {
+    LaunchTemplateRef {
+        id: Some(TEMPLATE_ID.into()),
+        name: Some("soak-nodes".into()),
+        version: Some(version.into()),
+    }
+}
+
+fn configured(member: &Member) -> ConfiguredInstance {
+    let version = if member.fate.is_refreshed() { "1" } else { "2" };
+    ConfiguredInstance {
+        instance_id: member.instance_id.clone(),
+        lifecycle_state: "InService".into(),
+        instance_type: Some("m5.large".into()),
+        launch_template: Some(template(version)),
+        protected_from_scale_in: false,
+    }
 }
 
 /// The terminating hook's settings in the soak: scaled-down timings, no force.
@@ -97,6 +138,16 @@ impl EventWorld {
             notifications.clone(),
             settings(),
         );
+        let refresh = RefreshContext {
+            kube: function_client(&server, "instance-refresh")
+                .await
+                .unwrap_or_else(|e| panic!("client: {e}")),
+            autoscaling: InMemoryInstanceRefreshes::default(),
+            ec2: InMemoryInstanceRefreshes::default(),
+            settings: RefreshSettings::from_source([("CLUSTER_NAME", CLUSTER)].as_slice())
+                .unwrap_or_else(|e| panic!("refresh settings: {e}")),
+        };
+        let refreshes = refresh.autoscaling.clone();
         let world = Self {
             server,
             autoscaling,
@@ -104,23 +155,116 @@ impl EventWorld {
             notifications,
             client,
             drainer,
+            refresh: RefreshContext {
+                ec2: refreshes.clone(),
+                ..refresh
+            },
+            refreshes,
+            group: std::sync::Mutex::default(),
             fleet,
         };
+        world.configure_group();
         world.register_fleet().await;
         world
     }
 
-    async fn register_fleet(&self) {
-        for member in &self.fleet {
-            self.instances.add(&member.instance_id, &member.node);
-            self.set_running(member);
-            self.autoscaling
-                .set_lifecycle_state(&member.instance_id, "InService");
-            self.server
-                .register_node(&member.node, &member.provider_id(), Some(Duration::ZERO))
-                .unwrap_or_else(|e| panic!("register {}: {e}", member.node));
+    /// The group as `DescribeAutoScalingGroups` reports it to the instance refresh function:
+    /// this cluster's, on version 2 of its template, its initial instances launched an hour
+    /// ago.
+    fn configure_group(&self) {
+        let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
+        let instances: Vec<ConfiguredInstance> = self
+            .fleet
+            .iter()
+            .filter(|m| initial(m))
+            .map(configured)
+            .collect();
+        for instance in &instances {
+            self.refreshes
+                .put_launch_time(&instance.instance_id, hour_ago);
         }
-        let replicas = i32::try_from(self.fleet.len() * 2).unwrap_or(4);
+        self.refreshes.put_launch_template(LaunchTemplateVersions {
+            id: TEMPLATE_ID.into(),
+            name: "soak-nodes".into(),
+            default_version: 2,
+            latest_version: 2,
+        });
+        let group = GroupConfiguration {
+            name: GROUP.into(),
+            tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
+            desired_capacity: u32::try_from(instances.len()).unwrap_or(u32::MAX),
+            launch_template: Some(template("2")),
+            instances,
+            ..GroupConfiguration::default()
+        };
+        self.refreshes.put_group(group.clone());
+        *self
+            .group
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = group;
+    }
+
+    /// What both fakes say of the group's refresh: `status`, started at `started`.
+    pub fn set_refresh(&self, status: &str, started: jiff::Timestamp) {
+        self.autoscaling
+            .set_refresh_status(GROUP, REFRESH_ID, status);
+        self.refreshes.put_refresh(InstanceRefreshDescription {
+            instance_refresh_id: REFRESH_ID.into(),
+            auto_scaling_group_name: GROUP.into(),
+            status: status.into(),
+            start_time: Some(started),
+            min_healthy_percentage: Some(90),
+            max_healthy_percentage: Some(100),
+            skip_matching: true,
+            ..InstanceRefreshDescription::default()
+        });
+    }
+
+    /// The group's instance `instance_id` is now in `state` (`None`: it left the group),
+    /// for both fakes.
+    pub fn set_group_state(&self, instance_id: &str, state: Option<&str>) {
+        if let Some(state) = state {
+            self.autoscaling.set_lifecycle_state(instance_id, state);
+        }
+        let mut group = self
+            .group
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        group.instances.retain(|i| i.instance_id != instance_id);
+        if let (Some(state), Some(member)) = (state, self.member(instance_id)) {
+            group.instances.push(ConfiguredInstance {
+                lifecycle_state: state.into(),
+                ..configured(member)
+            });
+        }
+        group.desired_capacity = u32::try_from(group.instances.len()).unwrap_or(u32::MAX);
+        self.refreshes.put_group(group.clone());
+    }
+
+    /// A replacement comes into service: EC2 launched it now, its node registers Ready.
+    pub fn launch(&self, member: &Member) {
+        self.refreshes
+            .put_launch_time(&member.instance_id, jiff::Timestamp::now());
+        self.register(member);
+        self.set_group_state(&member.instance_id, Some("InService"));
+    }
+
+    fn register(&self, member: &Member) {
+        self.instances.add(&member.instance_id, &member.node);
+        self.set_running(member);
+        self.autoscaling
+            .set_lifecycle_state(&member.instance_id, "InService");
+        self.server
+            .register_node(&member.node, &member.provider_id(), Some(Duration::ZERO))
+            .unwrap_or_else(|e| panic!("register {}: {e}", member.node));
+    }
+
+    async fn register_fleet(&self) {
+        let initial: Vec<&Member> = self.fleet.iter().filter(|m| initial(m)).collect();
+        for member in &initial {
+            self.register(member);
+        }
+        let replicas = i32::try_from(initial.len() * 2).unwrap_or(4);
         let web = Workload::new("default", "web")
             .replicas(replicas)
             .container("web", "nginx")
