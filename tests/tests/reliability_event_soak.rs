@@ -19,7 +19,7 @@ use node_manager::aws::InstanceFacts;
 use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager_testkit::soak::events::check::{
     self, CORDON_WITHOUT_LEAVING, DRAIN_NOT_RUNNING, EVICTION_FROM_KEPT_NODE,
-    LIFECYCLE_NOT_DRAINED, MARK_WITHOUT_REASON, REFRESH_MARK_ON_KEPT_NODE,
+    LIFECYCLE_NOT_DRAINED, MARK_AFTER_WARM_POOL, MARK_WITHOUT_REASON, REFRESH_MARK_ON_KEPT_NODE,
 };
 use node_manager_testkit::soak::events::plan::{Fate, Member};
 use node_manager_testkit::soak::events::world::{EventWorld, GROUP, REFRESH_ID};
@@ -34,7 +34,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 fn print(report: &SeedReport) {
     println!(
-        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes; {} violations; {:.1}s",
+        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns; {} violations; {:.1}s",
         report.seed,
         report.fates,
         report.steps,
@@ -47,6 +47,7 @@ fn print(report: &SeedReport) {
         report.brownouts,
         report.evictions,
         report.refresh_writes,
+        report.warm_pool_returns,
         report.violations.len(),
         report.elapsed.as_secs_f64()
     );
@@ -68,7 +69,7 @@ async fn event_soak_keeps_every_invariant() {
         .buffer_unordered(4);
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
-    let mut refresh_writes = 0;
+    let (mut refresh_writes, mut warm_pool_returns) = (0, 0);
     while let Some(report) = reports.next().await {
         let report = &report;
         print(report);
@@ -78,6 +79,7 @@ async fn event_soak_keeps_every_invariant() {
         brownouts += report.brownouts;
         evictions += report.evictions;
         refresh_writes += report.refresh_writes;
+        warm_pool_returns += report.warm_pool_returns;
         if !report.violations.is_empty() {
             failing.push(format!(
                 "seed {}: {:?}\n  rerun alone: {}",
@@ -88,7 +90,7 @@ async fn event_soak_keeps_every_invariant() {
         }
     }
     println!(
-        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {} failing seeds",
+        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {} failing seeds",
         failing.len()
     );
     if count >= 20 {
@@ -98,7 +100,8 @@ async fn event_soak_keeps_every_invariant() {
                 && late > 0
                 && brownouts > 0
                 && evictions > 0
-                && refresh_writes > 0,
+                && refresh_writes > 0
+                && warm_pool_returns > 0,
             "the soak exercised too little"
         );
     }
@@ -147,7 +150,14 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
     let kept = member(1, Fate::Stays);
     let spot = member(2, Fate::SpotInterrupted { terminated: false });
     let scaled = member(3, Fate::ScaleIn);
-    let world = EventWorld::start(vec![kept.clone(), spot.clone(), scaled.clone()]).await;
+    let pooled = member(4, Fate::WarmPoolReturn);
+    let world = EventWorld::start(vec![
+        kept.clone(),
+        spot.clone(),
+        scaled.clone(),
+        pooled.clone(),
+    ])
+    .await;
     let store = world.server.store();
 
     // 1 and 2: a stale rebalance cordon on a node that stays.
@@ -196,6 +206,20 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
     )
     .await
     .unwrap();
+    // 7: back from the warm pool (its launch completed), still cordoned by its drain.
+    world.autoscaling.start_action(&pooled.launch_action());
+    node_manager::aws::AutoScaling::complete_lifecycle_action(
+        &world.autoscaling,
+        &pooled.launch_action(),
+        node_manager::aws::LifecycleActionResult::Continue,
+    )
+    .await
+    .unwrap();
+    store
+        .modify::<Node>("", &pooled.node, |node| {
+            node.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .unwrap();
     // 5: a pod evicted, as the terminating hook, from the node that stays.
     let pod = store
         .list::<Pod>()
@@ -232,6 +256,7 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         LIFECYCLE_NOT_DRAINED,
         EVICTION_FROM_KEPT_NODE,
         REFRESH_MARK_ON_KEPT_NODE,
+        MARK_AFTER_WARM_POOL,
     ] {
         assert!(
             invariants.contains(expected),

@@ -12,7 +12,10 @@
 //! 6. `refresh-mark-on-kept-node`: an instance refresh marks only the nodes it replaces:
 //!    never its own replacements, nor nodes already on the configuration it applies (also
 //!    checked after every step of the seed, as a late or retried start could mark them while
-//!    the refresh runs).
+//!    the refresh runs);
+//! 7. `mark-after-warm-pool`: a node back from the warm pool (its launching action out of
+//!    the pool completed) is Ready and carries none of our marks: no drain record, no
+//!    cordon, label or taint of ours; and its launching action completed once, with CONTINUE.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +37,7 @@ pub const DRAIN_NOT_RUNNING: &str = "drain-not-running";
 pub const LIFECYCLE_NOT_DRAINED: &str = "lifecycle-not-drained";
 pub const EVICTION_FROM_KEPT_NODE: &str = "eviction-from-kept-node";
 pub const REFRESH_MARK_ON_KEPT_NODE: &str = "refresh-mark-on-kept-node";
+pub const MARK_AFTER_WARM_POOL: &str = "mark-after-warm-pool";
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +171,9 @@ pub async fn check(
             }
         }
         found.extend(lifecycle_drained(world, member));
+        if member.fate == Fate::WarmPoolReturn {
+            found.extend(back_from_the_pool(world, member, nodes.get(&member.node)));
+        }
     }
     found.extend(evictions_from_replaced_nodes(world, evicted_from));
     found
@@ -340,6 +347,7 @@ fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
         .completions()
         .into_iter()
         .filter(|c| c.action.instance_id == action.instance_id)
+        .filter(|c| c.action.lifecycle_hook_name == action.lifecycle_hook_name)
         .collect();
     let expected = usize::from(member.fate.has_lifecycle_action());
     if completions.len() != expected || world.autoscaling.is_pending(&action) {
@@ -354,6 +362,65 @@ fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
         ));
     }
     out
+}
+
+/// Invariant 7 for one member back from the warm pool.
+fn back_from_the_pool(world: &EventWorld, member: &Member, node: Option<&Node>) -> Vec<Violation> {
+    let action = member.launch_action();
+    let launches: Vec<_> = world
+        .autoscaling
+        .completions()
+        .into_iter()
+        .filter(|c| c.action == action)
+        .collect();
+    let launched = launches
+        .iter()
+        .all(|c| c.result == node_manager::aws::LifecycleActionResult::Continue);
+    if launches.len() != 1 || !launched || world.autoscaling.is_pending(&action) {
+        return vec![violation(
+            MARK_AFTER_WARM_POOL,
+            format!(
+                "{}: {} completions of its launch out of the warm pool, 1 with CONTINUE expected: {launches:?}",
+                member.instance_id,
+                launches.len()
+            ),
+        )];
+    }
+    let Some(node) = node else {
+        return vec![violation(
+            MARK_AFTER_WARM_POOL,
+            format!("{}: back from the warm pool, no node", member.node),
+        )];
+    };
+    let marks = NodeMarks::of(node);
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let excluded = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
+        .is_some_and(|v| v == "true");
+    let ours_tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints
+                .iter()
+                .any(|t| t.key.starts_with("open-node-manager.io/"))
+        });
+    if is_ready(node) && !marks.any() && !marks.labelled && !cordoned && !excluded && !ours_tainted
+    {
+        return vec![];
+    }
+    vec![violation(
+        MARK_AFTER_WARM_POOL,
+        format!(
+            "{}: back from the warm pool, Ready {}, cordoned {cordoned}, excluded from load balancers {excluded}, our taint {ours_tainted}, marks {marks:?}",
+            member.node,
+            is_ready(node)
+        ),
+    )]
 }
 
 /// Invariant 4's PDB half and invariant 5, from the audit log.

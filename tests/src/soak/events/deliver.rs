@@ -18,8 +18,8 @@ use node_manager::node_marks::refresh::refresh_marks_of;
 use serde_json::{Value, json};
 
 use super::check::{LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, Violation};
-use super::plan::{Delivery, Member, Step, Truth};
-use super::world::{EventWorld, GROUP, REFRESH_ID};
+use super::plan::{Delivery, Fate, Member, Step, Truth};
+use super::world::{EventWorld, GROUP, LAUNCH_HOOK, REFRESH_ID};
 use crate::fixtures::lifecycle_notification;
 use crate::kube::{FaultAction, FaultId, FaultRule};
 use crate::soak::corpus::{self, Target};
@@ -45,6 +45,7 @@ pub struct Played {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Function {
     TerminatingHook,
+    LaunchingHook,
     InstanceRefresh,
 }
 
@@ -61,6 +62,9 @@ pub struct Player<'w> {
     starts: BTreeMap<String, Timestamp>,
     /// When the group's refresh started (its `StartTime`).
     refresh_started: Option<Timestamp>,
+    /// Instances stopped in the warm pool, to be launched out of it after the next step.
+    pooled: Vec<Member>,
+    rng: rand::rngs::StdRng,
     /// Nodes already reported carrying a refresh's mark they should not.
     wrongly_marked: std::collections::BTreeSet<String>,
     brownout: Option<(usize, Vec<FaultId>)>,
@@ -70,8 +74,11 @@ pub struct Player<'w> {
 }
 
 impl<'w> Player<'w> {
-    pub fn new(world: &'w EventWorld) -> Self {
+    pub fn new(world: &'w EventWorld, seed: u64) -> Self {
+        use rand::SeedableRng;
         Self {
+            pooled: Vec::new(),
+            rng: rand::rngs::StdRng::seed_from_u64(seed ^ 0x3a_97),
             world,
             starts: BTreeMap::new(),
             refresh_started: None,
@@ -95,10 +102,12 @@ impl<'w> Player<'w> {
             }
             self.step(&steps[i], j - i).await;
             self.after_step().await;
+            self.return_from_pool().await;
             i = j;
         }
         self.end_brownout();
         for _ in 0..20 {
+            self.return_from_pool().await;
             let retries = std::mem::take(&mut self.retries);
             let continuations = self.continuations();
             self.played.continuations += continuations.len();
@@ -162,6 +171,19 @@ impl<'w> Player<'w> {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
             }
+            Function::LaunchingHook => {
+                use node_manager::lifecycle::handler::HookHandler;
+                let invocation = Invocation {
+                    request_id: format!("soak-{}", uuid_like()),
+                    function_account: Some(ACCOUNT.into()),
+                    budget: InvocationBudget::new(Duration::from_secs(30), Duration::ZERO),
+                };
+                let launcher = &self.world.launcher;
+                Box::pin(launcher.handle_invocation(pending.event.clone(), &invocation))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
             Function::InstanceRefresh => {
                 let handled =
                     refresh_handler::handle(&self.world.refresh, &pending.event, Some(ACCOUNT));
@@ -197,14 +219,21 @@ impl<'w> Player<'w> {
                 self.played.pods.insert(name, node);
             }
         }
-        for member in self.check_new_completions() {
-            self.terminate(&member).await;
-            // Auto Scaling's `EC2 Instance Terminate Successful`, for the refresh function.
-            self.retries.push(Pending {
-                function: Function::InstanceRefresh,
-                event: instance_event(TERMINATED, &member.instance_id),
-                attempt: 0,
-            });
+        for (member, hook) in self.check_new_completions() {
+            if hook == LAUNCH_HOOK {
+                self.world
+                    .set_group_state(&member.instance_id, Some("InService"));
+            } else if member.fate == Fate::WarmPoolReturn {
+                self.to_pool(&member);
+            } else {
+                self.terminate(&member).await;
+                // Auto Scaling's `EC2 Instance Terminate Successful`, for the refresh function.
+                self.retries.push(Pending {
+                    function: Function::InstanceRefresh,
+                    event: instance_event(TERMINATED, &member.instance_id),
+                    attempt: 0,
+                });
+            }
         }
         self.check_refresh_marks();
         if let Some((left, _)) = &mut self.brownout {
@@ -239,15 +268,20 @@ impl<'w> Player<'w> {
         }
     }
 
-    /// A lifecycle action completes only once its node is drained; the members whose action
-    /// completed since the last look (Auto Scaling terminates them).
-    fn check_new_completions(&mut self) -> Vec<Member> {
+    /// A terminating lifecycle action completes only once its node is drained; the members
+    /// whose action completed since the last look, and the action's hook.
+    fn check_new_completions(&mut self) -> Vec<(Member, String)> {
         let completions = self.world.autoscaling.completions();
         let mut done = Vec::new();
         for completion in &completions[self.completed..] {
             let Some(member) = self.world.member(&completion.action.instance_id) else {
                 continue;
             };
+            let hook = completion.action.lifecycle_hook_name.clone();
+            done.push((member.clone(), hook.clone()));
+            if hook == LAUNCH_HOOK {
+                continue;
+            }
             let left: Vec<String> = self
                 .world
                 .server
@@ -270,7 +304,6 @@ impl<'w> Player<'w> {
                     ),
                 });
             }
-            done.push(member.clone());
         }
         self.completed = completions.len();
         done
@@ -332,6 +365,69 @@ impl<'w> Player<'w> {
     }
 }
 
+/// `event` (an SNS lifecycle notification) with the route `origin -> destination`.
+fn with_route(event: &Value, origin: &str, destination: &str) -> Value {
+    let mut message = corpus::message_of(event);
+    message["Origin"] = json!(origin);
+    message["Destination"] = json!(destination);
+    corpus::with_message(event, &message.to_string())
+}
+
+impl Player<'_> {
+    /// The instance's terminating action into the warm pool completed: Auto Scaling stops
+    /// it (`Warmed:Stopped`), its node turns NotReady; it leaves the pool after the next step.
+    fn to_pool(&mut self, member: &Member) {
+        let w = self.world;
+        w.set_state(member, "stopped");
+        w.instances.set_state(&member.instance_id, "stopped");
+        w.set_group_state(&member.instance_id, Some("Warmed:Stopped"));
+        let _ = w.server.stop_node(&member.node);
+        self.pooled.push(member.clone());
+    }
+
+    /// Every pooled instance is launched out of the warm pool: it runs again, its kubelet
+    /// re-registers the node under its old name (Ready a moment later), and Auto Scaling's
+    /// launching notification (`WarmPool -> AutoScalingGroup`) reaches the launching hook,
+    /// once or twice at once.
+    async fn return_from_pool(&mut self) {
+        use rand::Rng;
+        for member in std::mem::take(&mut self.pooled) {
+            let w = self.world;
+            let action = member.launch_action();
+            w.autoscaling.start_action(&action);
+            w.set_running(&member);
+            w.instances.set_state(&member.instance_id, "running");
+            w.set_group_state(&member.instance_id, Some("Pending:Wait"));
+            let ready_after = Duration::from_millis(self.rng.random_range(0..300));
+            let _ = w
+                .server
+                .restart_node(&member.node, &member.provider_id(), Some(ready_after));
+            let event = with_route(
+                &lifecycle_notification(Target::LaunchingHook, &action),
+                "WarmPool",
+                "AutoScalingGroup",
+            );
+            let copies = if self.rng.random_bool(0.25) { 2 } else { 1 };
+            self.played.invocations += copies;
+            let runs = (0..copies).map(|_| {
+                self.invoke_once(Pending {
+                    function: Function::LaunchingHook,
+                    event: event.clone(),
+                    attempt: 0,
+                })
+            });
+            let failed: Vec<Pending> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            self.played.failed_invocations += failed.len();
+            self.retries.extend(failed);
+            self.after_step().await;
+        }
+    }
+}
+
 fn function_of(delivery: &Delivery) -> Function {
     match delivery {
         Delivery::RefreshStart
@@ -357,7 +453,12 @@ impl Player<'_> {
             Truth::Terminating(id) => {
                 if let Some(m) = member(id) {
                     w.autoscaling.start_action(&m.action());
-                    w.set_group_state(id, Some("Terminating:Wait"));
+                    let state = if m.fate == Fate::WarmPoolReturn {
+                        "Warmed:Pending:Wait"
+                    } else {
+                        "Terminating:Wait"
+                    };
+                    w.set_group_state(id, Some(state));
                 }
             }
             Truth::Launched(id) => {
@@ -438,7 +539,13 @@ impl Player<'_> {
         let w = self.world;
         Some(match delivery {
             Delivery::Lifecycle(id) => {
-                lifecycle_notification(Target::TerminatingHook, &w.member(id)?.action())
+                let member = w.member(id)?;
+                let event = lifecycle_notification(Target::TerminatingHook, &member.action());
+                if member.fate == Fate::WarmPoolReturn {
+                    with_route(&event, "AutoScalingGroup", "WarmPool")
+                } else {
+                    event
+                }
             }
             Delivery::SpotWarning(id) => ec2_event(
                 "EC2 Spot Instance Interruption Warning",

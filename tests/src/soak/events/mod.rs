@@ -41,6 +41,8 @@ pub struct SeedReport {
     pub evictions: usize,
     /// Node patches the instance refresh function made (marks and their undo).
     pub refresh_writes: usize,
+    /// Launches out of the warm pool the launching hook completed.
+    pub warm_pool_returns: usize,
     pub violations: Vec<Violation>,
     pub elapsed: Duration,
 }
@@ -61,10 +63,14 @@ pub async fn run_seed(seed: u64) -> SeedReport {
     let plan = plan(seed);
     let world = EventWorld::start(plan.fleet.clone()).await;
     let watcher = PodWatcher::start(world.server.store().clone());
-    let mut player = Player::new(&world);
+    let mut player = Player::new(&world, seed);
     player.play(&plan.steps).await;
     // Auto Scaling terminates what it completed the action of.
-    for member in &world.fleet {
+    for member in world
+        .fleet
+        .iter()
+        .filter(|m| m.fate != Fate::WarmPoolReturn)
+    {
         let done = world
             .autoscaling
             .completions()
@@ -100,6 +106,12 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         .iter()
         .filter(|e| e.user.username == "instance-refresh" && (200..300).contains(&e.code()))
         .count();
+    let warm_pool_returns = world
+        .autoscaling
+        .completions()
+        .iter()
+        .filter(|c| c.action.lifecycle_hook_name == world::LAUNCH_HOOK)
+        .count();
     world.server.shutdown();
     SeedReport {
         seed,
@@ -114,6 +126,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         brownouts: played.brownouts,
         evictions,
         refresh_writes,
+        warm_pool_returns,
         violations,
         elapsed: started.elapsed(),
     }

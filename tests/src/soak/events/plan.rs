@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 
 use node_manager::aws::LifecycleActionRef;
 
-use super::world::{GROUP, HOOK};
+use super::world::{GROUP, HOOK, LAUNCH_HOOK};
 
 /// One instance's story in a seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +33,11 @@ pub enum Fate {
     /// The refresh's replacement of a refreshed instance: joins the group while the refresh
     /// runs and stays (nothing may mark, cordon or evict it).
     Replacement,
+    /// Scaled in with reuse: back to the group's warm pool (a terminating lifecycle action,
+    /// `AutoScalingGroup -> WarmPool`, with a full drain), stopped there, then launched out of
+    /// the pool again (a launching lifecycle action, `WarmPool -> AutoScalingGroup`): its
+    /// node comes back under its name and must carry none of our marks once Ready.
+    WarmPoolReturn,
 }
 
 impl Fate {
@@ -52,7 +57,10 @@ impl Fate {
 
     /// Whether Auto Scaling starts a terminating lifecycle action for it.
     pub fn has_lifecycle_action(&self) -> bool {
-        matches!(self, Self::ScaleIn | Self::Refreshed { replaced: true, .. })
+        matches!(
+            self,
+            Self::ScaleIn | Self::WarmPoolReturn | Self::Refreshed { replaced: true, .. }
+        )
     }
 
     /// Whether the instance refresh replaces it (its node may carry the refresh's marks).
@@ -94,6 +102,16 @@ impl Member {
             lifecycle_hook_name: HOOK.into(),
             instance_id: self.instance_id.clone(),
             token: format!("token-{}", &self.instance_id[2..]),
+        }
+    }
+
+    /// Its launching lifecycle action out of the warm pool.
+    pub fn launch_action(&self) -> LifecycleActionRef {
+        LifecycleActionRef {
+            auto_scaling_group_name: GROUP.into(),
+            lifecycle_hook_name: LAUNCH_HOOK.into(),
+            instance_id: self.instance_id.clone(),
+            token: format!("launch-token-{}", &self.instance_id[2..]),
         }
     }
 }
@@ -174,7 +192,7 @@ pub struct SeedPlan {
     pub delayed: usize,
 }
 
-const FATES: usize = 9;
+const FATES: usize = 10;
 
 fn fate(rng: &mut StdRng) -> Fate {
     match rng.random_range(0..FATES) {
@@ -196,6 +214,7 @@ fn fate(rng: &mut StdRng) -> Fate {
             ended: rng.random_bool(0.6),
             replaced: rng.random_bool(0.6),
         },
+        8 => Fate::WarmPoolReturn,
         _ => Fate::Stays,
     }
 }
@@ -252,7 +271,7 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
     let later = t + rng.random_range(1..10u32);
     let mut steps = match &member.fate {
         Fate::Stays => vec![],
-        Fate::ScaleIn => vec![
+        Fate::ScaleIn | Fate::WarmPoolReturn => vec![
             (t, Step::Truth(T::Terminating(id.clone()))),
             (t, Step::Deliver(D::Lifecycle(id.clone()))),
         ],

@@ -15,8 +15,9 @@ use node_manager::aws::{
 use node_manager::drain::Drainer;
 use node_manager::instance_refresh::handler::RefreshContext;
 use node_manager::instance_refresh::settings::RefreshSettings;
+use node_manager::launch::Launcher;
 use node_manager::lifecycle::handler::Clients;
-use node_manager::lifecycle::settings::DrainSettings;
+use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
 
 use super::plan::{Fate, Member, initial};
 use crate::fixtures::{self, Workload};
@@ -26,6 +27,7 @@ use crate::kube::FakeApiServer;
 pub const CLUSTER: &str = "soak-events";
 pub const GROUP: &str = "eks-soak-events-ng-1";
 pub const HOOK: &str = "Terminate-LC-Hook";
+pub const LAUNCH_HOOK: &str = "Launch-LC-Hook";
 /// How long a rebalance cordon holds before the reconciler may undo it.
 pub const REBALANCE_UNDO: Duration = Duration::from_secs(1);
 /// How long a drain's lease lasts without renewal.
@@ -36,6 +38,8 @@ const RBAC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../infra/rbac.yaml");
 
 pub type SoakDrainer =
     Drainer<Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>>;
+pub type SoakLauncher =
+    Launcher<Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>>;
 /// The instance refresh function's context: its own identity, Auto Scaling's refreshes and
 /// group configuration, EC2's launch times and templates.
 pub type SoakRefresh =
@@ -53,6 +57,8 @@ pub struct EventWorld {
     /// The terminating hook's identity.
     pub client: kube::Client,
     pub drainer: SoakDrainer,
+    /// The launching hook (instances back from the warm pool), its own identity.
+    pub launcher: SoakLauncher,
     /// Auto Scaling and EC2 as the instance refresh function reads them (kept in step with
     /// `autoscaling` and `instances`, which the terminating hook reads).
     pub refreshes: InMemoryInstanceRefreshes,
@@ -138,6 +144,35 @@ impl EventWorld {
             notifications.clone(),
             settings(),
         );
+        autoscaling.add_hook(
+            GROUP,
+            LifecycleHook {
+                name: LAUNCH_HOOK.into(),
+                transition: "autoscaling:EC2_INSTANCE_LAUNCHING".into(),
+                heartbeat_timeout: Duration::from_secs(300),
+                global_timeout: Duration::from_secs(3600),
+                default_result: LifecycleActionResult::Abandon,
+            },
+        );
+        let launch_settings = LaunchSettings::from_source(
+            [
+                ("CLUSTER_NAME", CLUSTER),
+                ("LAUNCH_TIMEOUT_SECONDS", "10"),
+                ("HAND_OVER_MARGIN_SECONDS", "0"),
+            ]
+            .as_slice(),
+        )
+        .unwrap_or_else(|e| panic!("launch settings: {e}"));
+        // Its own topic: a launch's continuation is no drain's.
+        let launcher = Launcher::new(
+            function_client(&server, "launching-hook")
+                .await
+                .unwrap_or_else(|e| panic!("client: {e}")),
+            autoscaling.clone(),
+            instances.clone(),
+            InMemoryNotifications::default(),
+            launch_settings,
+        );
         let refresh = RefreshContext {
             kube: function_client(&server, "instance-refresh")
                 .await
@@ -155,6 +190,7 @@ impl EventWorld {
             notifications,
             client,
             drainer,
+            launcher,
             refresh: RefreshContext {
                 ec2: refreshes.clone(),
                 ..refresh
