@@ -20,6 +20,7 @@ use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager_testkit::soak::events::check::{
     self, CORDON_WITHOUT_LEAVING, DRAIN_NOT_RUNNING, EVICTION_FROM_KEPT_NODE,
     LIFECYCLE_NOT_DRAINED, MARK_AFTER_WARM_POOL, MARK_WITHOUT_REASON, REFRESH_MARK_ON_KEPT_NODE,
+    REPAIR_BEYOND_LIMITS,
 };
 use node_manager_testkit::soak::events::plan::{Fate, Member};
 use node_manager_testkit::soak::events::world::{EventWorld, GROUP, REFRESH_ID};
@@ -34,7 +35,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 fn print(report: &SeedReport) {
     println!(
-        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns; {} violations; {:.1}s",
+        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns, {} repairs; {} violations; {:.1}s",
         report.seed,
         report.fates,
         report.steps,
@@ -48,6 +49,7 @@ fn print(report: &SeedReport) {
         report.evictions,
         report.refresh_writes,
         report.warm_pool_returns,
+        report.repairs,
         report.violations.len(),
         report.elapsed.as_secs_f64()
     );
@@ -66,10 +68,10 @@ async fn event_soak_keeps_every_invariant() {
     // A few seeds at a time (each is its own world), each printed as it ends.
     let mut reports = futures::stream::iter(first..first + count)
         .map(run_seed)
-        .buffer_unordered(4);
+        .buffer_unordered(6);
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
-    let (mut refresh_writes, mut warm_pool_returns) = (0, 0);
+    let (mut refresh_writes, mut warm_pool_returns, mut repairs) = (0, 0, 0);
     while let Some(report) = reports.next().await {
         let report = &report;
         print(report);
@@ -80,6 +82,7 @@ async fn event_soak_keeps_every_invariant() {
         evictions += report.evictions;
         refresh_writes += report.refresh_writes;
         warm_pool_returns += report.warm_pool_returns;
+        repairs += report.repairs;
         if !report.violations.is_empty() {
             failing.push(format!(
                 "seed {}: {:?}\n  rerun alone: {}",
@@ -90,7 +93,7 @@ async fn event_soak_keeps_every_invariant() {
         }
     }
     println!(
-        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {} failing seeds",
+        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {repairs} repairs, {} failing seeds",
         failing.len()
     );
     if count >= 20 {
@@ -101,7 +104,8 @@ async fn event_soak_keeps_every_invariant() {
                 && brownouts > 0
                 && evictions > 0
                 && refresh_writes > 0
-                && warm_pool_returns > 0,
+                && warm_pool_returns > 0
+                && repairs > 0,
             "the soak exercised too little"
         );
     }
@@ -220,6 +224,10 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
             node.spec.get_or_insert_default().unschedulable = Some(true);
         })
         .unwrap();
+    // 8: node repair replaces a node that is not broken.
+    node_manager::aws::InstanceHealth::set_instance_unhealthy(&world.health, &kept.instance_id)
+        .await
+        .unwrap();
     // 5: a pod evicted, as the terminating hook, from the node that stays.
     let pod = store
         .list::<Pod>()
@@ -257,6 +265,7 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         EVICTION_FROM_KEPT_NODE,
         REFRESH_MARK_ON_KEPT_NODE,
         MARK_AFTER_WARM_POOL,
+        REPAIR_BEYOND_LIMITS,
     ] {
         assert!(
             invariants.contains(expected),

@@ -15,7 +15,10 @@
 //!    the refresh runs);
 //! 7. `mark-after-warm-pool`: a node back from the warm pool (its launching action out of
 //!    the pool completed) is Ready and carries none of our marks: no drain record, no
-//!    cordon, label or taint of ours; and its launching action completed once, with CONTINUE.
+//!    cordon, label or taint of ours; and its launching action completed once, with CONTINUE;
+//! 8. `repair-beyond-limits`: node repair marks unhealthy only broken nodes' instances, never
+//!    more than EKS's `maxParallelNodesRepairedCount` (1) being replaced at once (checked as
+//!    each repair is seen); a broken node's pods are evicted only once it is being replaced.
 
 use std::collections::BTreeMap;
 
@@ -38,6 +41,9 @@ pub const LIFECYCLE_NOT_DRAINED: &str = "lifecycle-not-drained";
 pub const EVICTION_FROM_KEPT_NODE: &str = "eviction-from-kept-node";
 pub const REFRESH_MARK_ON_KEPT_NODE: &str = "refresh-mark-on-kept-node";
 pub const MARK_AFTER_WARM_POOL: &str = "mark-after-warm-pool";
+pub const REPAIR_BEYOND_LIMITS: &str = "repair-beyond-limits";
+/// EKS's default `maxParallelNodesRepairedCount`.
+pub const REPAIR_MAX_PARALLEL: usize = 1;
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,7 +182,41 @@ pub async fn check(
         }
     }
     found.extend(evictions_from_replaced_nodes(world, evicted_from));
+    found.extend(repairs_within_limits(world));
     found
+}
+
+/// Invariant 8 at the end: every instance node repair marked unhealthy is a broken node's,
+/// and no more than [`REPAIR_MAX_PARALLEL`] are still being replaced.
+fn repairs_within_limits(world: &EventWorld) -> Vec<Violation> {
+    let marked = world.health.marked_unhealthy();
+    let mut out: Vec<Violation> = marked
+        .iter()
+        .filter(|id| world.member(id).is_none_or(|m| m.fate != Fate::Unhealthy))
+        .map(|id| {
+            violation(
+                REPAIR_BEYOND_LIMITS,
+                format!(
+                    "{id} ({:?}) marked unhealthy, its node not broken",
+                    world.member(id).map(|m| &m.fate)
+                ),
+            )
+        })
+        .collect();
+    let in_flight: Vec<&String> = marked
+        .iter()
+        .filter(|id| world.autoscaling_state(id).as_deref() != Some("Terminated"))
+        .collect();
+    if in_flight.len() > REPAIR_MAX_PARALLEL {
+        out.push(violation(
+            REPAIR_BEYOND_LIMITS,
+            format!(
+                "{} instances being replaced at once: {in_flight:?}",
+                in_flight.len()
+            ),
+        ));
+    }
+    out
 }
 
 /// Invariant 1 for one node.
@@ -349,7 +389,11 @@ fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
         .filter(|c| c.action.instance_id == action.instance_id)
         .filter(|c| c.action.lifecycle_hook_name == action.lifecycle_hook_name)
         .collect();
-    let expected = usize::from(member.fate.has_lifecycle_action());
+    let repaired = world
+        .health
+        .marked_unhealthy()
+        .contains(&member.instance_id);
+    let expected = usize::from(member.fate.has_lifecycle_action() || repaired);
     if completions.len() != expected || world.autoscaling.is_pending(&action) {
         out.push(violation(
             LIFECYCLE_NOT_DRAINED,
@@ -447,7 +491,11 @@ fn evictions_from_replaced_nodes(
         let pod = eviction.name();
         let node = evicted_from.get(pod).map(String::as_str).unwrap_or("?");
         let fate = world.fleet.iter().find(|m| m.node == node).map(|m| &m.fate);
-        if !fate.is_some_and(Fate::may_be_drained) {
+        let member = world.fleet.iter().find(|m| m.node == node);
+        let repaired = member.is_some_and(|m| {
+            m.fate == Fate::Unhealthy && world.health.marked_unhealthy().contains(&m.instance_id)
+        });
+        if !repaired && !fate.is_some_and(Fate::may_be_drained) {
             out.push(violation(
                 EVICTION_FROM_KEPT_NODE,
                 format!("pod {pod} evicted from {node} ({fate:?}), which nobody replaces"),

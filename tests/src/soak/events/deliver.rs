@@ -17,7 +17,10 @@ use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::node_marks::refresh::refresh_marks_of;
 use serde_json::{Value, json};
 
-use super::check::{LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, Violation};
+use super::check::{
+    LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, REPAIR_BEYOND_LIMITS, REPAIR_MAX_PARALLEL,
+    Violation,
+};
 use super::plan::{Delivery, Fate, Member, Step, Truth};
 use super::world::{EventWorld, GROUP, LAUNCH_HOOK, REFRESH_ID};
 use crate::fixtures::lifecycle_notification;
@@ -47,6 +50,7 @@ enum Function {
     TerminatingHook,
     LaunchingHook,
     InstanceRefresh,
+    NodeRepair,
 }
 
 /// An invocation to make: the function, the event and how many times Lambda has tried it.
@@ -62,6 +66,8 @@ pub struct Player<'w> {
     starts: BTreeMap<String, Timestamp>,
     /// When the group's refresh started (its `StartTime`).
     refresh_started: Option<Timestamp>,
+    /// How many of node repair's `SetInstanceHealth` calls were seen.
+    repairs_seen: usize,
     /// Instances stopped in the warm pool, to be launched out of it after the next step.
     pooled: Vec<Member>,
     rng: rand::rngs::StdRng,
@@ -78,6 +84,7 @@ impl<'w> Player<'w> {
         use rand::SeedableRng;
         Self {
             pooled: Vec::new(),
+            repairs_seen: 0,
             rng: rand::rngs::StdRng::seed_from_u64(seed ^ 0x3a_97),
             world,
             starts: BTreeMap::new(),
@@ -184,6 +191,13 @@ impl<'w> Player<'w> {
                     .map(|_| ())
                     .map_err(|e| e.to_string())
             }
+            Function::NodeRepair => {
+                let run = node_manager::node_repair::run::handle(
+                    &self.world.repair,
+                    pending.event.clone(),
+                );
+                Box::pin(run).await.map(|_| ()).map_err(|e| e.to_string())
+            }
             Function::InstanceRefresh => {
                 let handled =
                     refresh_handler::handle(&self.world.refresh, &pending.event, Some(ACCOUNT));
@@ -236,6 +250,7 @@ impl<'w> Player<'w> {
             }
         }
         self.check_refresh_marks();
+        self.replace_repaired().await;
         if let Some((left, _)) = &mut self.brownout {
             *left = left.saturating_sub(1);
             if *left == 0 {
@@ -374,6 +389,46 @@ fn with_route(event: &Value, origin: &str, destination: &str) -> Value {
 }
 
 impl Player<'_> {
+    /// Node repair marked instances unhealthy: each repair must be of a broken node and
+    /// within EKS's limit (one instance replaced at a time); Auto Scaling then starts the
+    /// instance's terminating lifecycle action, whose notification reaches the terminating
+    /// hook.
+    async fn replace_repaired(&mut self) {
+        let marked = self.world.health.marked_unhealthy();
+        let new: Vec<String> = marked[self.repairs_seen.min(marked.len())..].to_vec();
+        self.repairs_seen = marked.len();
+        for id in new {
+            let w = self.world;
+            let in_flight: Vec<&String> = marked
+                .iter()
+                .filter(|i| w.autoscaling_state(i).as_deref() != Some("Terminated"))
+                .collect();
+            let member = w.member(&id).cloned();
+            if in_flight.len() > REPAIR_MAX_PARALLEL
+                || !member.as_ref().is_some_and(|m| m.fate == Fate::Unhealthy)
+            {
+                self.played.violations.push(Violation {
+                    invariant: REPAIR_BEYOND_LIMITS,
+                    detail: format!(
+                        "{id} ({:?}) marked unhealthy with {} replacements in flight: {in_flight:?}",
+                        member.as_ref().map(|m| &m.fate),
+                        in_flight.len()
+                    ),
+                });
+            }
+            let Some(member) = member else { continue };
+            w.autoscaling.start_action(&member.action());
+            w.set_group_state(&id, Some("Terminating:Wait"));
+            let event = lifecycle_notification(Target::TerminatingHook, &member.action());
+            self.invoke(Pending {
+                function: Function::TerminatingHook,
+                event,
+                attempt: 0,
+            })
+            .await;
+        }
+    }
+
     /// The instance's terminating action into the warm pool completed: Auto Scaling stops
     /// it (`Warmed:Stopped`), its node turns NotReady; it leaves the pool after the next step.
     fn to_pool(&mut self, member: &Member) {
@@ -430,6 +485,7 @@ impl Player<'_> {
 
 fn function_of(delivery: &Delivery) -> Function {
     match delivery {
+        Delivery::RepairRun => Function::NodeRepair,
         Delivery::RefreshStart
         | Delivery::RefreshCheckpoint
         | Delivery::RefreshEnd(_)
@@ -459,6 +515,12 @@ impl Player<'_> {
                         "Terminating:Wait"
                     };
                     w.set_group_state(id, Some(state));
+                }
+            }
+            Truth::KubeletDies(id) => {
+                if let Some(m) = member(id) {
+                    let since = Timestamp::now() - jiff::SignedDuration::from_secs(40 * 60);
+                    let _ = w.server.kill_kubelet_since(&m.node, since);
                 }
             }
             Truth::Launched(id) => {
@@ -565,7 +627,7 @@ impl Player<'_> {
             Delivery::Health { instance, .. } => {
                 health_event(instance, *self.starts.get(instance)?)
             }
-            Delivery::Tick => tick(),
+            Delivery::Tick | Delivery::RepairRun => tick(),
             Delivery::RefreshStart => refresh_event("Started"),
             Delivery::RefreshCheckpoint => refresh_event("Checkpoint Reached"),
             Delivery::RefreshEnd(outcome) => refresh_event(outcome),

@@ -43,6 +43,8 @@ pub struct SeedReport {
     pub refresh_writes: usize,
     /// Launches out of the warm pool the launching hook completed.
     pub warm_pool_returns: usize,
+    /// Instances node repair marked unhealthy.
+    pub repairs: usize,
     pub violations: Vec<Violation>,
     pub elapsed: Duration,
 }
@@ -112,6 +114,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         .iter()
         .filter(|c| c.action.lifecycle_hook_name == world::LAUNCH_HOOK)
         .count();
+    let repairs = world.health.marked_unhealthy().len();
     world.server.shutdown();
     SeedReport {
         seed,
@@ -127,6 +130,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         evictions,
         refresh_writes,
         warm_pool_returns,
+        repairs,
         violations,
         elapsed: started.elapsed(),
     }

@@ -38,6 +38,10 @@ pub enum Fate {
     /// the pool again (a launching lifecycle action, `WarmPool -> AutoScalingGroup`): its
     /// node comes back under its name and must carry none of our marks once Ready.
     WarmPoolReturn,
+    /// Its kubelet dies (the node NotReady past node repair's wait): node repair, on its
+    /// schedule, marks the instance unhealthy within EKS's limits, and the group replaces it
+    /// (a terminating lifecycle action, drained like any other).
+    Unhealthy,
 }
 
 impl Fate {
@@ -46,6 +50,7 @@ impl Fate {
         !matches!(
             self,
             Self::Stays
+                | Self::Unhealthy
                 | Self::Rebalanced
                 | Self::Refreshed {
                     replaced: false,
@@ -141,6 +146,9 @@ pub enum Truth {
     RefreshOver(&'static str),
     /// A replacement is in service: its node registers and turns Ready.
     Launched(String),
+    /// The instance's kubelet dies: its node NotReady, as if for longer than node repair's
+    /// wait.
+    KubeletDies(String),
 }
 
 /// An event AWS (or the schedule) sends the terminating hook.
@@ -161,6 +169,8 @@ pub enum Delivery {
     RefreshCheckpoint,
     RefreshEnd(&'static str),
     InstanceLaunched(String),
+    /// Node repair's schedule.
+    RepairRun,
     Tick,
 }
 
@@ -192,7 +202,7 @@ pub struct SeedPlan {
     pub delayed: usize,
 }
 
-const FATES: usize = 10;
+const FATES: usize = 11;
 
 fn fate(rng: &mut StdRng) -> Fate {
     match rng.random_range(0..FATES) {
@@ -215,6 +225,7 @@ fn fate(rng: &mut StdRng) -> Fate {
             replaced: rng.random_bool(0.6),
         },
         8 => Fate::WarmPoolReturn,
+        9 => Fate::Unhealthy,
         _ => Fate::Stays,
     }
 }
@@ -323,6 +334,10 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
             }
             s
         }
+        Fate::Unhealthy => vec![
+            (t, Step::Truth(T::KubeletDies(id.clone()))),
+            (later, Step::Deliver(D::RepairRun)),
+        ],
         Fate::Refreshed { .. } | Fate::Replacement => vec![],
     };
     steps.sort_by_key(|(t, _)| *t);
@@ -411,6 +426,11 @@ pub fn plan(seed: u64) -> SeedPlan {
     timed.extend(refresh_story(&fleet, &mut rng));
     for _ in 0..rng.random_range(1..4) {
         timed.push((rng.random_range(0..30), Step::Deliver(Delivery::Tick)));
+    }
+    if fleet.iter().any(|m| m.fate == Fate::Unhealthy) {
+        for _ in 0..rng.random_range(1..4) {
+            timed.push((rng.random_range(0..30), Step::Deliver(Delivery::RepairRun)));
+        }
     }
     for _ in 0..rng.random_range(0..3) {
         timed.push((

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::in_memory::{
-    InMemoryAutoScaling, InMemoryInstanceRefreshes, InMemoryInstances, InMemoryNotifications,
+    InMemoryAutoScaling, InMemoryInstanceHealth, InMemoryInstanceRefreshes, InMemoryInstances,
+    InMemoryNotifications,
 };
 use node_manager::aws::{
     ConfiguredInstance, GroupConfiguration, InstanceFacts, InstanceRefreshDescription,
@@ -18,6 +19,8 @@ use node_manager::instance_refresh::settings::RefreshSettings;
 use node_manager::launch::Launcher;
 use node_manager::lifecycle::handler::Clients;
 use node_manager::lifecycle::settings::{DrainSettings, LaunchSettings};
+use node_manager::node_repair::run::RepairContext;
+use node_manager::node_repair::settings::RepairSettings;
 
 use super::plan::{Fate, Member, initial};
 use crate::fixtures::{self, Workload};
@@ -40,6 +43,9 @@ pub type SoakDrainer =
     Drainer<Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>>;
 pub type SoakLauncher =
     Launcher<Clients<kube::Client, InMemoryAutoScaling, InMemoryInstances, InMemoryNotifications>>;
+/// Node repair's context: its own identity, Auto Scaling's membership and health, EC2's
+/// launch times and reboots.
+pub type SoakRepair = RepairContext<kube::Client, InMemoryInstanceHealth, InMemoryInstanceHealth>;
 /// The instance refresh function's context: its own identity, Auto Scaling's refreshes and
 /// group configuration, EC2's launch times and templates.
 pub type SoakRefresh =
@@ -63,6 +69,9 @@ pub struct EventWorld {
     /// `autoscaling` and `instances`, which the terminating hook reads).
     pub refreshes: InMemoryInstanceRefreshes,
     pub refresh: SoakRefresh,
+    /// Auto Scaling and EC2 as node repair reads them (kept in step with the others).
+    pub health: InMemoryInstanceHealth,
+    pub repair: SoakRepair,
     /// The group's configuration as the soak sets it (read without the fakes' faults).
     group: std::sync::Mutex<GroupConfiguration>,
     pub fleet: Vec<Member>,
@@ -183,6 +192,17 @@ impl EventWorld {
                 .unwrap_or_else(|e| panic!("refresh settings: {e}")),
         };
         let refreshes = refresh.autoscaling.clone();
+        let health = InMemoryInstanceHealth::new();
+        health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
+        let repair = RepairContext {
+            kube: function_client(&server, "node-repair")
+                .await
+                .unwrap_or_else(|e| panic!("client: {e}")),
+            health: health.clone(),
+            ec2: health.clone(),
+            settings: RepairSettings::from_source([("CLUSTER_NAME", CLUSTER)].as_slice())
+                .unwrap_or_else(|e| panic!("repair settings: {e}")),
+        };
         let world = Self {
             server,
             autoscaling,
@@ -196,6 +216,8 @@ impl EventWorld {
                 ..refresh
             },
             refreshes,
+            health,
+            repair,
             group: std::sync::Mutex::default(),
             fleet,
         };
@@ -218,6 +240,8 @@ impl EventWorld {
         for instance in &instances {
             self.refreshes
                 .put_launch_time(&instance.instance_id, hour_ago);
+            self.health.set_launch_time(&instance.instance_id, hour_ago);
+            self.health.add_instance(GROUP, &instance.instance_id);
         }
         self.refreshes.put_launch_template(LaunchTemplateVersions {
             id: TEMPLATE_ID.into(),
@@ -261,6 +285,19 @@ impl EventWorld {
     pub fn set_group_state(&self, instance_id: &str, state: Option<&str>) {
         if let Some(state) = state {
             self.autoscaling.set_lifecycle_state(instance_id, state);
+            let health = if self
+                .health
+                .marked_unhealthy()
+                .iter()
+                .any(|i| i == instance_id)
+            {
+                "UNHEALTHY"
+            } else {
+                "HEALTHY"
+            };
+            self.health.set_instance(GROUP, instance_id, state, health);
+        } else {
+            self.health.remove_instance(instance_id);
         }
         let mut group = self
             .group
@@ -281,6 +318,8 @@ impl EventWorld {
     pub fn launch(&self, member: &Member) {
         self.refreshes
             .put_launch_time(&member.instance_id, jiff::Timestamp::now());
+        self.health
+            .set_launch_time(&member.instance_id, jiff::Timestamp::now());
         self.register(member);
         self.set_group_state(&member.instance_id, Some("InService"));
     }
@@ -353,6 +392,22 @@ impl EventWorld {
                 private_dns_name: Some(member.node.clone()),
             },
         );
+    }
+
+    /// The lifecycle state Auto Scaling reports for `instance_id` (read without faults).
+    pub fn autoscaling_state(&self, instance_id: &str) -> Option<String> {
+        let group = self
+            .group
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match group
+            .instances
+            .iter()
+            .find(|i| i.instance_id == instance_id)
+        {
+            Some(instance) => Some(instance.lifecycle_state.clone()),
+            None => self.member(instance_id).map(|_| "Terminated".to_owned()),
+        }
     }
 
     pub fn member(&self, instance_id: &str) -> Option<&Member> {
