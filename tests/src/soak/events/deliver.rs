@@ -238,7 +238,7 @@ impl<'w> Player<'w> {
                 self.world
                     .set_group_state(&member.instance_id, Some("InService"));
             } else if member.fate == Fate::WarmPoolReturn {
-                self.to_pool(&member);
+                self.send_to_pool(&member);
             } else {
                 self.terminate(&member).await;
                 // Auto Scaling's `EC2 Instance Terminate Successful`, for the refresh function.
@@ -431,7 +431,7 @@ impl Player<'_> {
 
     /// The instance's terminating action into the warm pool completed: Auto Scaling stops
     /// it (`Warmed:Stopped`), its node turns NotReady; it leaves the pool after the next step.
-    fn to_pool(&mut self, member: &Member) {
+    fn send_to_pool(&mut self, member: &Member) {
         let w = self.world;
         w.set_state(member, "stopped");
         w.instances.set_state(&member.instance_id, "stopped");
