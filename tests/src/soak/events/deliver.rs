@@ -1,5 +1,8 @@
-//! Plays a seed's timeline on its world: what AWS says changes, events are delivered to the
-//! terminating hook in process (duplicates of one event at the same time run concurrently),
+//! Plays a seed's timeline on its world: what AWS says changes, events are delivered in
+//! process to the function they are for (the terminating hook, the instance refresh
+//! function, node repair; the launching hook for instances out of the warm pool), duplicates
+//! of one event at the same time concurrently; Auto Scaling terminates, pools or replaces what
+//! the functions complete or mark,
 //! an invocation that fails is retried as Lambda retries an asynchronous one, continuations
 //! the drain publishes are delivered, and brownouts come and go.
 

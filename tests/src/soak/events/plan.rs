@@ -28,8 +28,14 @@ pub enum Fate {
     Maintenance { soon: bool, cancelled: bool },
     /// Outdated when an instance refresh of its group runs (marked by the instance refresh
     /// function); the refresh ends or still runs at the end; `replaced`: the refresh launches
-    /// its replacement and then terminates it (a terminating lifecycle action).
-    Refreshed { ended: bool, replaced: bool },
+    /// its replacement and then terminates it (a terminating lifecycle action);
+    /// `rebalanced`: a Spot instance that also gets a rebalance recommendation (the rebalance
+    /// cordon and the refresh's marks on one node).
+    Refreshed {
+        ended: bool,
+        replaced: bool,
+        rebalanced: bool,
+    },
     /// The refresh's replacement of a refreshed instance: joins the group while the refresh
     /// runs and stays (nothing may mark, cordon or evict it).
     Replacement,
@@ -76,7 +82,13 @@ impl Fate {
     pub fn is_spot(&self) -> bool {
         matches!(
             self,
-            Self::SpotInterrupted { .. } | Self::Rebalanced | Self::RebalancedThenInterrupted
+            Self::SpotInterrupted { .. }
+                | Self::Rebalanced
+                | Self::RebalancedThenInterrupted
+                | Self::Refreshed {
+                    rebalanced: true,
+                    ..
+                }
         )
     }
 }
@@ -223,6 +235,7 @@ fn fate(rng: &mut StdRng) -> Fate {
         7 => Fate::Refreshed {
             ended: rng.random_bool(0.6),
             replaced: rng.random_bool(0.6),
+            rebalanced: rng.random_bool(0.3),
         },
         8 => Fate::WarmPoolReturn,
         9 => Fate::Unhealthy,
@@ -338,6 +351,9 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
             (t, Step::Truth(T::KubeletDies(id.clone()))),
             (later, Step::Deliver(D::RepairRun)),
         ],
+        Fate::Refreshed {
+            rebalanced: true, ..
+        } => vec![(t, Step::Deliver(D::Rebalance(id.clone())))],
         Fate::Refreshed { .. } | Fate::Replacement => vec![],
     };
     steps.sort_by_key(|(t, _)| *t);

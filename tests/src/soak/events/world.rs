@@ -1,6 +1,9 @@
-//! One seed's world: the fake API server (with `infra/rbac.yaml` and the terminating hook's
-//! identity), a node per instance with a PDB-guarded workload spread over them, and the
-//! shared crate's in-memory Auto Scaling, EC2 and SNS, which the soak sets to what AWS says.
+//! One seed's world: the fake API server (with `infra/rbac.yaml` and each function's own
+//! identity: the terminating and launching hooks, the instance refresh function, node
+//! repair), a node per instance with a PDB-guarded workload spread over them, and the shared
+//! crate's in-memory Auto Scaling, EC2 and SNS, which the soak sets to what AWS says (each
+//! function's view of Auto Scaling kept in step: lifecycle states, the group's configuration
+//! and refresh, membership and health).
 
 use std::time::Duration;
 
@@ -118,6 +121,64 @@ fn settings() -> DrainSettings {
     DrainSettings::from_source(env.as_slice()).unwrap_or_else(|e| panic!("soak settings: {e}"))
 }
 
+/// A client signed in as `function`.
+async fn identity(server: &FakeApiServer, function: &str) -> kube::Client {
+    function_client(server, function)
+        .await
+        .unwrap_or_else(|e| panic!("{function} client: {e}"))
+}
+
+/// The group's terminating hook (the drain) and launching hook (out of the warm pool).
+fn add_hooks(autoscaling: &InMemoryAutoScaling) {
+    for (name, transition, default_result) in [
+        (
+            HOOK,
+            "autoscaling:EC2_INSTANCE_TERMINATING",
+            LifecycleActionResult::Continue,
+        ),
+        (
+            LAUNCH_HOOK,
+            "autoscaling:EC2_INSTANCE_LAUNCHING",
+            LifecycleActionResult::Abandon,
+        ),
+    ] {
+        autoscaling.add_hook(
+            GROUP,
+            LifecycleHook {
+                name: name.into(),
+                transition: transition.into(),
+                heartbeat_timeout: Duration::from_secs(300),
+                global_timeout: Duration::from_secs(3600),
+                default_result,
+            },
+        );
+    }
+}
+
+/// The launching hook, with its own topic: a launch's continuation is no drain's.
+async fn launcher(
+    server: &FakeApiServer,
+    autoscaling: &InMemoryAutoScaling,
+    instances: &InMemoryInstances,
+) -> SoakLauncher {
+    let settings = LaunchSettings::from_source(
+        [
+            ("CLUSTER_NAME", CLUSTER),
+            ("LAUNCH_TIMEOUT_SECONDS", "10"),
+            ("HAND_OVER_MARGIN_SECONDS", "0"),
+        ]
+        .as_slice(),
+    )
+    .unwrap_or_else(|e| panic!("launch settings: {e}"));
+    Launcher::new(
+        identity(server, "launching-hook").await,
+        autoscaling.clone(),
+        instances.clone(),
+        InMemoryNotifications::default(),
+        settings,
+    )
+}
+
 impl EventWorld {
     /// The cluster of `fleet`, every node Ready and the workload running.
     pub async fn start(fleet: Vec<Member>) -> Self {
@@ -129,21 +190,10 @@ impl EventWorld {
         server
             .apply_manifest_file(std::path::Path::new(RBAC))
             .unwrap_or_else(|e| panic!("rbac: {e}"));
-        let client = function_client(&server, "terminating-hook")
-            .await
-            .unwrap_or_else(|e| panic!("client: {e}"));
+        let client = identity(&server, "terminating-hook").await;
         let autoscaling = InMemoryAutoScaling::new();
         autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
-        autoscaling.add_hook(
-            GROUP,
-            LifecycleHook {
-                name: HOOK.into(),
-                transition: "autoscaling:EC2_INSTANCE_TERMINATING".into(),
-                heartbeat_timeout: Duration::from_secs(300),
-                global_timeout: Duration::from_secs(3600),
-                default_result: LifecycleActionResult::Continue,
-            },
-        );
+        add_hooks(&autoscaling);
         let instances = InMemoryInstances::default();
         let notifications = InMemoryNotifications::default();
         let drainer = Drainer::new(
@@ -153,51 +203,19 @@ impl EventWorld {
             notifications.clone(),
             settings(),
         );
-        autoscaling.add_hook(
-            GROUP,
-            LifecycleHook {
-                name: LAUNCH_HOOK.into(),
-                transition: "autoscaling:EC2_INSTANCE_LAUNCHING".into(),
-                heartbeat_timeout: Duration::from_secs(300),
-                global_timeout: Duration::from_secs(3600),
-                default_result: LifecycleActionResult::Abandon,
-            },
-        );
-        let launch_settings = LaunchSettings::from_source(
-            [
-                ("CLUSTER_NAME", CLUSTER),
-                ("LAUNCH_TIMEOUT_SECONDS", "10"),
-                ("HAND_OVER_MARGIN_SECONDS", "0"),
-            ]
-            .as_slice(),
-        )
-        .unwrap_or_else(|e| panic!("launch settings: {e}"));
-        // Its own topic: a launch's continuation is no drain's.
-        let launcher = Launcher::new(
-            function_client(&server, "launching-hook")
-                .await
-                .unwrap_or_else(|e| panic!("client: {e}")),
-            autoscaling.clone(),
-            instances.clone(),
-            InMemoryNotifications::default(),
-            launch_settings,
-        );
+        let launcher = launcher(&server, &autoscaling, &instances).await;
+        let refreshes = InMemoryInstanceRefreshes::default();
         let refresh = RefreshContext {
-            kube: function_client(&server, "instance-refresh")
-                .await
-                .unwrap_or_else(|e| panic!("client: {e}")),
-            autoscaling: InMemoryInstanceRefreshes::default(),
-            ec2: InMemoryInstanceRefreshes::default(),
+            kube: identity(&server, "instance-refresh").await,
+            autoscaling: refreshes.clone(),
+            ec2: refreshes.clone(),
             settings: RefreshSettings::from_source([("CLUSTER_NAME", CLUSTER)].as_slice())
                 .unwrap_or_else(|e| panic!("refresh settings: {e}")),
         };
-        let refreshes = refresh.autoscaling.clone();
         let health = InMemoryInstanceHealth::new();
         health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
         let repair = RepairContext {
-            kube: function_client(&server, "node-repair")
-                .await
-                .unwrap_or_else(|e| panic!("client: {e}")),
+            kube: identity(&server, "node-repair").await,
             health: health.clone(),
             ec2: health.clone(),
             settings: RepairSettings::from_source([("CLUSTER_NAME", CLUSTER)].as_slice())
@@ -211,10 +229,7 @@ impl EventWorld {
             client,
             drainer,
             launcher,
-            refresh: RefreshContext {
-                ec2: refreshes.clone(),
-                ..refresh
-            },
+            refresh,
             refreshes,
             health,
             repair,
