@@ -166,7 +166,7 @@ pub async fn check(
             found.extend(marks_have_reasons(&marks, &aws, refresh, now));
             found.extend(cordon_is_ours_and_leaving(node, &marks, &aws, refresh, now));
             found.extend(drain_runs_or_done(world, member, &marks, &aws, now));
-            if marks.refresh.is_some() && !member.fate.is_refreshed() {
+            if marks.refresh.is_some() && !world.refresh_replaces(member) {
                 found.push(violation(
                     REFRESH_MARK_ON_KEPT_NODE,
                     format!(

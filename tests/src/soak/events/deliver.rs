@@ -270,7 +270,7 @@ impl<'w> Player<'w> {
                 continue;
             };
             let member = self.world.fleet.iter().find(|m| m.node == name);
-            let replaced = member.is_some_and(|m| m.fate.is_refreshed());
+            let replaced = member.is_some_and(|m| self.world.refresh_replaces(m));
             if replaced || refresh_marks_of(&node).is_none() || self.wrongly_marked.contains(&name)
             {
                 continue;
@@ -454,6 +454,7 @@ impl Player<'_> {
             let action = member.launch_action();
             w.autoscaling.start_action(&action);
             w.set_running(&member);
+            w.started_now(&member);
             w.instances.set_state(&member.instance_id, "running");
             w.set_group_state(&member.instance_id, Some("Pending:Wait"));
             let ready_after = Duration::from_millis(self.rng.random_range(0..300));
@@ -544,7 +545,12 @@ impl Player<'_> {
                 }
             }
             Truth::Stopping(id) => self.set_state(id, "stopped"),
-            Truth::StartedAgain(id) => self.set_state(id, "running"),
+            Truth::StartedAgain(id) => {
+                self.set_state(id, "running");
+                if let Some(m) = member(id) {
+                    w.started_now(&m);
+                }
+            }
             Truth::Scheduled { instance, soon } => {
                 let ahead = if *soon { 600 } else { 2 * 86_400 };
                 let starts = Timestamp::from_second(Timestamp::now().as_second() + ahead)

@@ -63,7 +63,8 @@ impl SeedReport {
 pub async fn run_seed(seed: u64) -> SeedReport {
     let started = Instant::now();
     let plan = plan(seed);
-    let world = EventWorld::start(plan.fleet.clone()).await;
+    let mut world = EventWorld::start(plan.fleet.clone()).await;
+    world.skip_matching = plan.skip_matching;
     let watcher = PodWatcher::start(world.server.store().clone());
     let mut player = Player::new(&world, seed);
     player.play(&plan.steps).await;

@@ -212,6 +212,9 @@ pub struct SeedPlan {
     pub lost: usize,
     pub duplicated: usize,
     pub delayed: usize,
+    /// Whether the refresh skips instances already on its configuration (`SkipMatching`);
+    /// without it, it replaces every instance launched before it started.
+    pub skip_matching: bool,
 }
 
 const FATES: usize = 11;
@@ -441,6 +444,7 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
 pub fn plan(seed: u64) -> SeedPlan {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x35_e7e7);
     let fleet = fleet(&mut rng, seed);
+    let skip_matching = rng.random_bool(0.7);
     let mut timed: Vec<(u32, Step)> = fleet.iter().flat_map(|m| story(m, &mut rng)).collect();
     timed.extend(refresh_story(&fleet, &mut rng));
     for _ in 0..rng.random_range(1..4) {
@@ -489,5 +493,6 @@ pub fn plan(seed: u64) -> SeedPlan {
         lost,
         duplicated,
         delayed,
+        skip_matching,
     }
 }

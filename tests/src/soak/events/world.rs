@@ -75,6 +75,9 @@ pub struct EventWorld {
     /// Auto Scaling and EC2 as node repair reads them (kept in step with the others).
     pub health: InMemoryInstanceHealth,
     pub repair: SoakRepair,
+    /// Whether the refresh skips matching instances (default): only the refreshed instances
+    /// are outdated; without, every instance launched before the start is.
+    pub skip_matching: bool,
     /// The group's configuration as the soak sets it (read without the fakes' faults).
     group: std::sync::Mutex<GroupConfiguration>,
     pub fleet: Vec<Member>,
@@ -234,6 +237,7 @@ impl EventWorld {
             health,
             repair,
             group: std::sync::Mutex::default(),
+            skip_matching: true,
             fleet,
         };
         world.configure_group();
@@ -290,7 +294,7 @@ impl EventWorld {
             start_time: Some(started),
             min_healthy_percentage: Some(90),
             max_healthy_percentage: Some(100),
-            skip_matching: true,
+            skip_matching: self.skip_matching,
             ..InstanceRefreshDescription::default()
         });
     }
@@ -329,12 +333,17 @@ impl EventWorld {
         self.refreshes.put_group(group.clone());
     }
 
+    /// EC2 reports now as the instance's `LaunchTime` (its last start: a launch, or a start
+    /// after a stop).
+    pub fn started_now(&self, member: &Member) {
+        let now = jiff::Timestamp::now();
+        self.refreshes.put_launch_time(&member.instance_id, now);
+        self.health.set_launch_time(&member.instance_id, now);
+    }
+
     /// A replacement comes into service: EC2 launched it now, its node registers Ready.
     pub fn launch(&self, member: &Member) {
-        self.refreshes
-            .put_launch_time(&member.instance_id, jiff::Timestamp::now());
-        self.health
-            .set_launch_time(&member.instance_id, jiff::Timestamp::now());
+        self.started_now(member);
         self.register(member);
         self.set_group_state(&member.instance_id, Some("InService"));
     }
@@ -423,6 +432,11 @@ impl EventWorld {
             Some(instance) => Some(instance.lifecycle_state.clone()),
             None => self.member(instance_id).map(|_| "Terminated".to_owned()),
         }
+    }
+
+    /// Whether the refresh replaces `member` (its node may carry the refresh's marks).
+    pub fn refresh_replaces(&self, member: &Member) -> bool {
+        member.fate.is_refreshed() || (!self.skip_matching && initial(member))
     }
 
     pub fn member(&self, instance_id: &str) -> Option<&Member> {
