@@ -4,7 +4,7 @@
 //! ([`crate::node_marks::refresh`]); a failed write is collected, not fatal, so the other
 //! nodes are still written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
@@ -47,6 +47,42 @@ pub(super) async fn list_nodes(
         .map_err(RefreshError::ListNodes)
 }
 
+/// What Auto Scaling and EC2 say of the group's instances, for the room rule.
+pub(super) struct GroupFacts<'a> {
+    /// Each instance's `LaunchTime` (the oldest outdated nodes are marked first).
+    pub launch_times: &'a BTreeMap<String, jiff::Timestamp>,
+    /// The group's instances on their way out (`Terminating*`: a scale-in whose drain has
+    /// not begun yet; `Warmed*`: back to the warm pool; `Detaching`, `Detached`): their
+    /// nodes are no room, their pods move too.
+    pub leaving: BTreeSet<&'a str>,
+}
+
+impl<'a> GroupFacts<'a> {
+    pub fn new(
+        group: &'a crate::aws::GroupConfiguration,
+        launch_times: &'a BTreeMap<String, jiff::Timestamp>,
+    ) -> Self {
+        Self {
+            launch_times,
+            leaving: group
+                .instances
+                .iter()
+                .filter(|i| {
+                    ["Terminating", "Warmed", "Detach"]
+                        .iter()
+                        .any(|state| i.lifecycle_state.starts_with(state))
+                })
+                .map(|i| i.instance_id.as_str())
+                .collect(),
+        }
+    }
+
+    /// Whether `node` can be room: not the node of a leaving instance of the group.
+    fn may_be_room(&self, node: &Node) -> bool {
+        node_instance_id(node).is_none_or(|id| !self.leaving.contains(id))
+    }
+}
+
 /// Chooses with the room rule which outdated nodes to mark (filling the plan's `mark` and
 /// `kept`) and marks them; undoes the marks of an earlier refresh of this group (whose end
 /// was missed) on the group's nodes this one does not mark.
@@ -55,7 +91,7 @@ pub(super) async fn mark_outdated(
     pods: &Api<Pod>,
     event: &RefreshEvent,
     mark_plan: &mut MarkPlan,
-    launch_times: &BTreeMap<String, jiff::Timestamp>,
+    group: &GroupFacts<'_>,
     taint: Option<&Taint>,
     report: &mut RefreshReport,
 ) -> Result<Vec<String>, RefreshError> {
@@ -66,9 +102,14 @@ pub(super) async fn mark_outdated(
     let outdated: BTreeMap<&str, Option<jiff::Timestamp>> = mark_plan
         .outdated
         .iter()
-        .map(|id| (id.as_str(), launch_times.get(id).copied()))
+        .map(|id| (id.as_str(), group.launch_times.get(id).copied()))
         .collect();
-    let (room, outdated_nodes) = survey(&listed, &all_pods, &outdated);
+    let surveyed: Vec<Node> = listed
+        .iter()
+        .filter(|node| group.may_be_room(node))
+        .cloned()
+        .collect();
+    let (room, outdated_nodes) = survey(&surveyed, &all_pods, &outdated);
     let decision = choose(room, &outdated_nodes);
     mark_plan.mark = decision.mark;
     mark_plan.kept = decision.kept;

@@ -316,9 +316,10 @@ impl<'w> Player<'w> {
                 self.played.violations.push(Violation {
                     invariant: LIFECYCLE_NOT_DRAINED,
                     detail: format!(
-                        "{}: completed with pods left: {}",
+                        "{}: completed with pods left: {}; cordoned then: {}",
                         member.instance_id,
-                        left.join(", ")
+                        left.join(", "),
+                        cordoned_nodes(self.world)
                     ),
                 });
             }
@@ -485,6 +486,28 @@ impl Player<'_> {
             self.after_step().await;
         }
     }
+}
+
+/// The cordoned nodes and the marks of ours they carry, for a violation's detail.
+fn cordoned_nodes(world: &EventWorld) -> String {
+    let described: Vec<String> = world
+        .server
+        .store()
+        .list::<Node>()
+        .iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+        .map(|n| {
+            let marks = node_manager::reconcile::NodeMarks::of(n);
+            format!(
+                "{} (drain record: {}, refresh record: {}, maintenance plan: {})",
+                marks.node,
+                marks.checkpoint.is_some(),
+                marks.refresh.is_some(),
+                marks.maintenance.is_some()
+            )
+        })
+        .collect();
+    described.join(", ")
 }
 
 fn function_of(delivery: &Delivery) -> Function {

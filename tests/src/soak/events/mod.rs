@@ -63,6 +63,12 @@ impl SeedReport {
 pub async fn run_seed(seed: u64) -> SeedReport {
     let started = Instant::now();
     let plan = plan(seed);
+    if std::env::var_os("EVENT_SOAK_TRACE").is_some() {
+        eprintln!(
+            "seed {seed}: skip matching {}, steps {:#?}",
+            plan.skip_matching, plan.steps
+        );
+    }
     let mut world = EventWorld::start(plan.fleet.clone()).await;
     world.skip_matching = plan.skip_matching;
     let watcher = PodWatcher::start(world.server.store().clone());
