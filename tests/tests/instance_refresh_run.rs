@@ -465,6 +465,75 @@ async fn replacements_coming_in_service_mark_outdated_nodes_as_far_as_their_room
     );
 }
 
+/// A node of the group whose instance is leaving (`Terminating:Wait`: a scale-in whose drain
+/// has not begun yet, so the node is still schedulable) is no room: its pods are about to
+/// move too, and outdated nodes marked on its room leave the drain nowhere to put them (event
+/// soak seeds 147 and 246: the drain of a scale-in reached its timeout with pods left, every
+/// other node cordoned by a refresh that had counted the leaving node as room).
+#[tokio::test]
+async fn a_node_whose_instance_is_leaving_is_no_room() {
+    let world = World::start(3).await;
+    world.pods_on_each_node(3, 2);
+    world.refresh("InProgress", 100, 200);
+    world.add_replacement(3, 4);
+    let mut group = world.group();
+    for instance in group
+        .instances
+        .iter_mut()
+        .filter(|i| i.instance_id == instance(3))
+    {
+        instance.lifecycle_state = "Terminating:Wait".into();
+    }
+    world.aws.put_group(group);
+    let report = world.send("Started").await.unwrap();
+    assert!(report.marked.is_empty(), "{report:?}");
+    assert!((0..4).all(|i| !cordoned(&world.node(i))));
+
+    // Once it is in service again (say the action was abandoned and the instance kept), its
+    // room counts.
+    let mut group = world.group();
+    for instance in group
+        .instances
+        .iter_mut()
+        .filter(|i| i.instance_id == instance(3))
+    {
+        instance.lifecycle_state = "InService".into();
+    }
+    world.aws.put_group(group);
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked.len(), 2, "{report:?}");
+}
+
+/// The pods of a leaving node move too: they claim the room first, as those of an outdated
+/// node already out of service do, and the leaving node itself is not the refresh's to mark.
+#[tokio::test]
+async fn a_leaving_nodes_pods_claim_room_before_outdated_nodes_are_marked() {
+    let world = World::start(3).await;
+    world.pods_on_each_node(3, 2);
+    world.refresh("InProgress", 100, 200);
+    world.add_replacement(3, 4);
+    for p in 0..2 {
+        let pod = running_pod("default", &format!("new-3-{p}"), &node_name(3), &[]);
+        world.server.store().create(&pod).unwrap();
+    }
+    let mut group = world.group();
+    for instance in group
+        .instances
+        .iter_mut()
+        .filter(|i| i.instance_id == instance(3))
+    {
+        instance.lifecycle_state = "Terminating:Wait".into();
+    }
+    world.aws.put_group(group);
+    // Another group's node with room for two outdated nodes' pods: the leaving node's two
+    // pods claim half of it, so one outdated node is marked, not two.
+    world.register_room_node(10, "i-0other0000000000a", 4);
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(report.marked.len(), 1, "{report:?}");
+    assert!(!cordoned(&world.node(3)), "not the refresh's to mark");
+    assert!(refresh_marks_of(&world.node(3)).is_none());
+}
+
 /// An instance event of a group with no refresh in progress plans nothing and writes
 /// nothing; one of another cluster's group is not ours.
 #[tokio::test]

@@ -19,10 +19,11 @@ use node_manager::aws::InstanceFacts;
 use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager_testkit::soak::events::check::{
     self, CORDON_WITHOUT_LEAVING, DRAIN_NOT_RUNNING, EVICTION_FROM_KEPT_NODE,
-    LIFECYCLE_NOT_DRAINED, MARK_WITHOUT_REASON,
+    LIFECYCLE_NOT_DRAINED, MARK_AFTER_WARM_POOL, MARK_WITHOUT_REASON, REFRESH_MARK_ON_KEPT_NODE,
+    REPAIR_BEYOND_LIMITS,
 };
 use node_manager_testkit::soak::events::plan::{Fate, Member};
-use node_manager_testkit::soak::events::world::{EventWorld, GROUP};
+use node_manager_testkit::soak::events::world::{EventWorld, GROUP, REFRESH_ID};
 use node_manager_testkit::soak::events::{SeedReport, run_seed};
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -34,7 +35,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 fn print(report: &SeedReport) {
     println!(
-        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions; {} violations; {:.1}s",
+        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns, {} repairs; {} violations; {:.1}s",
         report.seed,
         report.fates,
         report.steps,
@@ -46,6 +47,9 @@ fn print(report: &SeedReport) {
         report.continuations,
         report.brownouts,
         report.evictions,
+        report.refresh_writes,
+        report.warm_pool_returns,
+        report.repairs,
         report.violations.len(),
         report.elapsed.as_secs_f64()
     );
@@ -64,9 +68,10 @@ async fn event_soak_keeps_every_invariant() {
     // A few seeds at a time (each is its own world), each printed as it ends.
     let mut reports = futures::stream::iter(first..first + count)
         .map(run_seed)
-        .buffer_unordered(4);
+        .buffer_unordered(6);
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
+    let (mut refresh_writes, mut warm_pool_returns, mut repairs) = (0, 0, 0);
     while let Some(report) = reports.next().await {
         let report = &report;
         print(report);
@@ -75,6 +80,9 @@ async fn event_soak_keeps_every_invariant() {
         late += report.delayed;
         brownouts += report.brownouts;
         evictions += report.evictions;
+        refresh_writes += report.refresh_writes;
+        warm_pool_returns += report.warm_pool_returns;
+        repairs += report.repairs;
         if !report.violations.is_empty() {
             failing.push(format!(
                 "seed {}: {:?}\n  rerun alone: {}",
@@ -85,12 +93,19 @@ async fn event_soak_keeps_every_invariant() {
         }
     }
     println!(
-        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {} failing seeds",
+        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {repairs} repairs, {} failing seeds",
         failing.len()
     );
     if count >= 20 {
         assert!(
-            lost > 0 && duplicated > 0 && late > 0 && brownouts > 0 && evictions > 0,
+            lost > 0
+                && duplicated > 0
+                && late > 0
+                && brownouts > 0
+                && evictions > 0
+                && refresh_writes > 0
+                && warm_pool_returns > 0
+                && repairs > 0,
             "the soak exercised too little"
         );
     }
@@ -139,7 +154,14 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
     let kept = member(1, Fate::Stays);
     let spot = member(2, Fate::SpotInterrupted { terminated: false });
     let scaled = member(3, Fate::ScaleIn);
-    let world = EventWorld::start(vec![kept.clone(), spot.clone(), scaled.clone()]).await;
+    let pooled = member(4, Fate::WarmPoolReturn);
+    let world = EventWorld::start(vec![
+        kept.clone(),
+        spot.clone(),
+        scaled.clone(),
+        pooled.clone(),
+    ])
+    .await;
     let store = world.server.store();
 
     // 1 and 2: a stale rebalance cordon on a node that stays.
@@ -175,6 +197,37 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         .set_spot_status(&spot.spot_request().unwrap(), "marked-for-termination");
     // 4: a lifecycle action nobody completes.
     world.autoscaling.start_action(&scaled.action());
+    // 6: the refresh's mark on a node it does not replace.
+    let nodes: kube::Api<Node> = kube::Api::all(world.client.clone());
+    let node = store.get::<Node>("", &scaled.node).unwrap();
+    node_manager::node_marks::refresh::mark_node(
+        &nodes,
+        node,
+        REFRESH_ID,
+        GROUP,
+        &scaled.instance_id,
+        node_manager::node_marks::refresh::MarkAs::OutOfService { taint: None },
+    )
+    .await
+    .unwrap();
+    // 7: back from the warm pool (its launch completed), still cordoned by its drain.
+    world.autoscaling.start_action(&pooled.launch_action());
+    node_manager::aws::AutoScaling::complete_lifecycle_action(
+        &world.autoscaling,
+        &pooled.launch_action(),
+        node_manager::aws::LifecycleActionResult::Continue,
+    )
+    .await
+    .unwrap();
+    store
+        .modify::<Node>("", &pooled.node, |node| {
+            node.spec.get_or_insert_default().unschedulable = Some(true);
+        })
+        .unwrap();
+    // 8: node repair replaces a node that is not broken.
+    node_manager::aws::InstanceHealth::set_instance_unhealthy(&world.health, &kept.instance_id)
+        .await
+        .unwrap();
     // 5: a pod evicted, as the terminating hook, from the node that stays.
     let pod = store
         .list::<Pod>()
@@ -210,6 +263,9 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         DRAIN_NOT_RUNNING,
         LIFECYCLE_NOT_DRAINED,
         EVICTION_FROM_KEPT_NODE,
+        REFRESH_MARK_ON_KEPT_NODE,
+        MARK_AFTER_WARM_POOL,
+        REPAIR_BEYOND_LIMITS,
     ] {
         assert!(
             invariants.contains(expected),

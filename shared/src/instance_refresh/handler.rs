@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use super::FUNCTION_NAME;
 use super::event::{RefreshEvent, RefreshEventError, RefreshEventKind};
-use super::marking::{mark_outdated, unmark_refresh};
+use super::marking::{GroupFacts, mark_outdated, unmark_refresh};
 use super::matching::{DesiredConfiguration, ResolvedVersions};
 use super::plan::{LaunchFacts, MarkPlan, plan};
 use super::settings::RefreshSettings;
@@ -383,7 +383,7 @@ where
         &pods,
         event,
         &mut mark_plan,
-        &facts.launch_times,
+        &GroupFacts::new(group, &facts.launch_times),
         taint.as_ref(),
         &mut report,
     ))

@@ -4,7 +4,7 @@
 //! marks at its end. Each write is one conditional patch ([`crate::node_marks::refresh`]);
 //! a failed write is collected, not fatal, so the other nodes are still written.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
@@ -49,6 +49,37 @@ pub(super) async fn list_nodes(
         .map_err(RefreshError::ListNodes)
 }
 
+/// What Auto Scaling and EC2 say of the group's instances, for the room rule.
+pub(super) struct GroupFacts<'a> {
+    /// Each instance's `LaunchTime` (the oldest outdated nodes are marked first).
+    pub launch_times: &'a BTreeMap<String, jiff::Timestamp>,
+    /// The group's instances on their way out (`Terminating*`: a scale-in whose drain has
+    /// not begun yet; `Warmed*`: back to the warm pool; `Detaching`, `Detached`): their
+    /// nodes are no room, and their pods claim room first (they move too).
+    pub leaving: BTreeSet<&'a str>,
+}
+
+impl<'a> GroupFacts<'a> {
+    pub fn new(
+        group: &'a crate::aws::GroupConfiguration,
+        launch_times: &'a BTreeMap<String, jiff::Timestamp>,
+    ) -> Self {
+        Self {
+            launch_times,
+            leaving: group
+                .instances
+                .iter()
+                .filter(|i| {
+                    ["Terminating", "Warmed", "Detach"]
+                        .iter()
+                        .any(|state| i.lifecycle_state.starts_with(state))
+                })
+                .map(|i| i.instance_id.as_str())
+                .collect(),
+        }
+    }
+}
+
 /// Chooses with the room rule which outdated nodes to mark (filling the plan's `mark` and
 /// `kept`) and marks them; undoes the marks of an earlier refresh of this group (whose end
 /// was missed) on the group's nodes this one does not mark.
@@ -57,7 +88,7 @@ pub(super) async fn mark_outdated(
     pods: &Api<Pod>,
     event: &RefreshEvent,
     mark_plan: &mut MarkPlan,
-    launch_times: &BTreeMap<String, jiff::Timestamp>,
+    group: &GroupFacts<'_>,
     taint: Option<&Taint>,
     report: &mut RefreshReport,
 ) -> Result<Vec<String>, RefreshError> {
@@ -65,9 +96,9 @@ pub(super) async fn mark_outdated(
     let outdated: BTreeMap<&str, Option<jiff::Timestamp>> = mark_plan
         .outdated
         .iter()
-        .map(|id| (id.as_str(), launch_times.get(id).copied()))
+        .map(|id| (id.as_str(), group.launch_times.get(id).copied()))
         .collect();
-    let decision = decide(pods, &listed, &outdated).await?;
+    let decision = decide(pods, &listed, &outdated, &group.leaving).await?;
     mark_plan.mark = decision.mark;
     mark_plan.kept = decision.kept;
     let by_instance: BTreeMap<&str, &Node> = listed
@@ -126,20 +157,36 @@ const PLACED_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!
 /// The room rule's decision on `outdated` among the `listed` nodes. The pods are listed
 /// only when the decision needs them ([`decision_needs_pods`]): once every outdated node is
 /// out of service, a plan lists no pods.
+///
+/// The nodes of the group's `leaving` instances are no room, and their pods are about to
+/// move too: they claim room first, as the outdated nodes already out of service do, and
+/// the decision names them only if they are outdated.
 async fn decide(
     pods: &Api<Pod>,
     listed: &[Node],
     outdated: &BTreeMap<&str, Option<jiff::Timestamp>>,
+    leaving: &BTreeSet<&str>,
 ) -> Result<RoomDecision, RefreshError> {
-    let placed = if decision_needs_pods(listed, outdated) {
+    let mut moving = outdated.clone();
+    for id in leaving {
+        moving.entry(id).or_insert(None);
+    }
+    let placed = if decision_needs_pods(listed, &moving) {
         list_all(pods, ListParams::default().fields(PLACED_PODS))
             .await
             .map_err(RefreshError::ListPods)?
     } else {
         Vec::new()
     };
-    let (room, outdated_nodes) = survey(listed, &placed, outdated);
-    Ok(choose(room, &outdated_nodes))
+    let (room, mut moving_nodes) = survey(listed, &placed, &moving);
+    for node in &mut moving_nodes {
+        node.out_of_service |= leaving.contains(node.instance_id.as_str());
+    }
+    let mut decision = choose(room, &moving_nodes);
+    let is_outdated = |id: &String| outdated.contains_key(id.as_str());
+    decision.mark.retain(is_outdated);
+    decision.kept.retain(is_outdated);
+    Ok(decision)
 }
 
 async fn mark_one(

@@ -8,7 +8,17 @@
 //!    running Spot instance whose request is marked, a maintenance due) is running or done;
 //! 4. `lifecycle-not-drained`: every lifecycle action gets a full drain, completed once, with
 //!    PDBs honoured (evictions only, never a delete);
-//! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing.
+//! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing;
+//! 6. `refresh-mark-on-kept-node`: an instance refresh marks only the nodes it replaces:
+//!    never its own replacements, nor nodes already on the configuration it applies (also
+//!    checked after every step of the seed, as a late or retried start could mark them while
+//!    the refresh runs);
+//! 7. `mark-after-warm-pool`: a node back from the warm pool (its launching action out of
+//!    the pool completed) is Ready and carries none of our marks: no drain record, no
+//!    cordon, label or taint of ours; and its launching action completed once, with CONTINUE;
+//! 8. `repair-beyond-limits`: node repair marks unhealthy only broken nodes' instances, never
+//!    more than EKS's `maxParallelNodesRepairedCount` (1) being replaced at once (checked as
+//!    each repair is seen); a broken node's pods are evicted only once it is being replaced.
 
 use std::collections::BTreeMap;
 
@@ -29,6 +39,11 @@ pub const CORDON_WITHOUT_LEAVING: &str = "cordon-without-leaving";
 pub const DRAIN_NOT_RUNNING: &str = "drain-not-running";
 pub const LIFECYCLE_NOT_DRAINED: &str = "lifecycle-not-drained";
 pub const EVICTION_FROM_KEPT_NODE: &str = "eviction-from-kept-node";
+pub const REFRESH_MARK_ON_KEPT_NODE: &str = "refresh-mark-on-kept-node";
+pub const MARK_AFTER_WARM_POOL: &str = "mark-after-warm-pool";
+pub const REPAIR_BEYOND_LIMITS: &str = "repair-beyond-limits";
+/// EKS's default `maxParallelNodesRepairedCount`.
+pub const REPAIR_MAX_PARALLEL: usize = 1;
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -151,11 +166,57 @@ pub async fn check(
             found.extend(marks_have_reasons(&marks, &aws, refresh, now));
             found.extend(cordon_is_ours_and_leaving(node, &marks, &aws, refresh, now));
             found.extend(drain_runs_or_done(world, member, &marks, &aws, now));
+            if marks.refresh.is_some() && !world.refresh_replaces(member) {
+                found.push(violation(
+                    REFRESH_MARK_ON_KEPT_NODE,
+                    format!(
+                        "{}: ({:?}) carries the mark of a refresh that does not replace it",
+                        member.node, member.fate
+                    ),
+                ));
+            }
         }
         found.extend(lifecycle_drained(world, member));
+        if member.fate == Fate::WarmPoolReturn {
+            found.extend(back_from_the_pool(world, member, nodes.get(&member.node)));
+        }
     }
     found.extend(evictions_from_replaced_nodes(world, evicted_from));
+    found.extend(repairs_within_limits(world));
     found
+}
+
+/// Invariant 8 at the end: every instance node repair marked unhealthy is a broken node's,
+/// and no more than [`REPAIR_MAX_PARALLEL`] are still being replaced.
+fn repairs_within_limits(world: &EventWorld) -> Vec<Violation> {
+    let marked = world.health.marked_unhealthy();
+    let mut out: Vec<Violation> = marked
+        .iter()
+        .filter(|id| world.member(id).is_none_or(|m| m.fate != Fate::Unhealthy))
+        .map(|id| {
+            violation(
+                REPAIR_BEYOND_LIMITS,
+                format!(
+                    "{id} ({:?}) marked unhealthy, its node not broken",
+                    world.member(id).map(|m| &m.fate)
+                ),
+            )
+        })
+        .collect();
+    let in_flight: Vec<&String> = marked
+        .iter()
+        .filter(|id| world.autoscaling_state(id).as_deref() != Some("Terminated"))
+        .collect();
+    if in_flight.len() > REPAIR_MAX_PARALLEL {
+        out.push(violation(
+            REPAIR_BEYOND_LIMITS,
+            format!(
+                "{} instances being replaced at once: {in_flight:?}",
+                in_flight.len()
+            ),
+        ));
+    }
+    out
 }
 
 /// Invariant 1 for one node.
@@ -326,8 +387,13 @@ fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
         .completions()
         .into_iter()
         .filter(|c| c.action.instance_id == action.instance_id)
+        .filter(|c| c.action.lifecycle_hook_name == action.lifecycle_hook_name)
         .collect();
-    let expected = usize::from(member.fate == Fate::ScaleIn);
+    let repaired = world
+        .health
+        .marked_unhealthy()
+        .contains(&member.instance_id);
+    let expected = usize::from(member.fate.has_lifecycle_action() || repaired);
     if completions.len() != expected || world.autoscaling.is_pending(&action) {
         out.push(violation(
             LIFECYCLE_NOT_DRAINED,
@@ -340,6 +406,65 @@ fn lifecycle_drained(world: &EventWorld, member: &Member) -> Vec<Violation> {
         ));
     }
     out
+}
+
+/// Invariant 7 for one member back from the warm pool.
+fn back_from_the_pool(world: &EventWorld, member: &Member, node: Option<&Node>) -> Vec<Violation> {
+    let action = member.launch_action();
+    let launches: Vec<_> = world
+        .autoscaling
+        .completions()
+        .into_iter()
+        .filter(|c| c.action == action)
+        .collect();
+    let launched = launches
+        .iter()
+        .all(|c| c.result == node_manager::aws::LifecycleActionResult::Continue);
+    if launches.len() != 1 || !launched || world.autoscaling.is_pending(&action) {
+        return vec![violation(
+            MARK_AFTER_WARM_POOL,
+            format!(
+                "{}: {} completions of its launch out of the warm pool, 1 with CONTINUE expected: {launches:?}",
+                member.instance_id,
+                launches.len()
+            ),
+        )];
+    }
+    let Some(node) = node else {
+        return vec![violation(
+            MARK_AFTER_WARM_POOL,
+            format!("{}: back from the warm pool, no node", member.node),
+        )];
+    };
+    let marks = NodeMarks::of(node);
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let excluded = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL))
+        .is_some_and(|v| v == "true");
+    let ours_tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints
+                .iter()
+                .any(|t| t.key.starts_with("open-node-manager.io/"))
+        });
+    if is_ready(node) && !marks.any() && !marks.labelled && !cordoned && !excluded && !ours_tainted
+    {
+        return vec![];
+    }
+    vec![violation(
+        MARK_AFTER_WARM_POOL,
+        format!(
+            "{}: back from the warm pool, Ready {}, cordoned {cordoned}, excluded from load balancers {excluded}, our taint {ours_tainted}, marks {marks:?}",
+            member.node,
+            is_ready(node)
+        ),
+    )]
 }
 
 /// Invariant 4's PDB half and invariant 5, from the audit log.
@@ -366,7 +491,11 @@ fn evictions_from_replaced_nodes(
         let pod = eviction.name();
         let node = evicted_from.get(pod).map(String::as_str).unwrap_or("?");
         let fate = world.fleet.iter().find(|m| m.node == node).map(|m| &m.fate);
-        if !fate.is_some_and(Fate::may_be_drained) {
+        let member = world.fleet.iter().find(|m| m.node == node);
+        let repaired = member.is_some_and(|m| {
+            m.fate == Fate::Unhealthy && world.health.marked_unhealthy().contains(&m.instance_id)
+        });
+        if !repaired && !fate.is_some_and(Fate::may_be_drained) {
             out.push(violation(
                 EVICTION_FROM_KEPT_NODE,
                 format!("pod {pod} evicted from {node} ({fate:?}), which nobody replaces"),

@@ -1,5 +1,8 @@
-//! Plays a seed's timeline on its world: what AWS says changes, events are delivered to the
-//! terminating hook in process (duplicates of one event at the same time run concurrently),
+//! Plays a seed's timeline on its world: what AWS says changes, events are delivered in
+//! process to the function they are for (the terminating hook, the instance refresh
+//! function, node repair; the launching hook for instances out of the warm pool), duplicates
+//! of one event at the same time concurrently; Auto Scaling terminates, pools or replaces what
+//! the functions complete or mark,
 //! an invocation that fails is retried as Lambda retries an asynchronous one, continuations
 //! the drain publishes are delivered, and brownouts come and go.
 
@@ -8,23 +11,26 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::Api;
 use node_manager::aws::AwsErrorKind;
 use node_manager::aws::ScheduledInstanceEvent;
 use node_manager::drain::Invocation;
 use node_manager::instance_notice::handle_terminating_hook_event;
+use node_manager::instance_refresh::handler as refresh_handler;
 use node_manager::lifecycle::budget::InvocationBudget;
-use node_manager::node_marks::refresh::{mark_node, refresh_marks_of, unmark_node};
+use node_manager::node_marks::refresh::refresh_marks_of;
 use serde_json::{Value, json};
 
-use super::check::{LIFECYCLE_NOT_DRAINED, Violation};
-use super::plan::{Delivery, Member, Step, Truth};
-use super::world::{EventWorld, GROUP};
+use super::check::{
+    LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, REPAIR_BEYOND_LIMITS, REPAIR_MAX_PARALLEL,
+    Violation,
+};
+use super::plan::{Delivery, Fate, Member, Step, Truth};
+use super::world::{EventWorld, GROUP, LAUNCH_HOOK, REFRESH_ID};
 use crate::fixtures::lifecycle_notification;
 use crate::kube::{FaultAction, FaultId, FaultRule};
 use crate::soak::corpus::{self, Target};
 
-pub const REFRESH_ID: &str = "0d4a5c7e-1111-4222-8333-9444455556aa";
+const ACCOUNT: &str = "111111111111";
 /// Lambda retries a failed asynchronous invocation twice.
 const LAMBDA_RETRIES: u32 = 2;
 
@@ -41,8 +47,18 @@ pub struct Played {
     pub violations: Vec<Violation>,
 }
 
-/// An invocation to make: the event and how many times Lambda has tried it.
+/// The function an event is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Function {
+    TerminatingHook,
+    LaunchingHook,
+    InstanceRefresh,
+    NodeRepair,
+}
+
+/// An invocation to make: the function, the event and how many times Lambda has tried it.
 struct Pending {
+    function: Function,
     event: Value,
     attempt: u32,
 }
@@ -51,6 +67,15 @@ struct Pending {
 pub struct Player<'w> {
     world: &'w EventWorld,
     starts: BTreeMap<String, Timestamp>,
+    /// When the group's refresh started (its `StartTime`).
+    refresh_started: Option<Timestamp>,
+    /// How many of node repair's `SetInstanceHealth` calls were seen.
+    repairs_seen: usize,
+    /// Instances stopped in the warm pool, to be launched out of it after the next step.
+    pooled: Vec<Member>,
+    rng: rand::rngs::StdRng,
+    /// Nodes already reported carrying a refresh's mark they should not.
+    wrongly_marked: std::collections::BTreeSet<String>,
     brownout: Option<(usize, Vec<FaultId>)>,
     retries: Vec<Pending>,
     completed: usize,
@@ -58,10 +83,16 @@ pub struct Player<'w> {
 }
 
 impl<'w> Player<'w> {
-    pub fn new(world: &'w EventWorld) -> Self {
+    pub fn new(world: &'w EventWorld, seed: u64) -> Self {
+        use rand::SeedableRng;
         Self {
+            pooled: Vec::new(),
+            repairs_seen: 0,
+            rng: rand::rngs::StdRng::seed_from_u64(seed ^ 0x3a_97),
             world,
             starts: BTreeMap::new(),
+            refresh_started: None,
+            wrongly_marked: Default::default(),
             brownout: None,
             retries: Vec::new(),
             completed: 0,
@@ -81,10 +112,12 @@ impl<'w> Player<'w> {
             }
             self.step(&steps[i], j - i).await;
             self.after_step().await;
+            self.return_from_pool().await;
             i = j;
         }
         self.end_brownout();
         for _ in 0..20 {
+            self.return_from_pool().await;
             let retries = std::mem::take(&mut self.retries);
             let continuations = self.continuations();
             self.played.continuations += continuations.len();
@@ -103,27 +136,21 @@ impl<'w> Player<'w> {
             Step::Truth(truth) => self.apply(truth).await,
             Step::Brownout(steps) => self.start_brownout(*steps),
             Step::Deliver(delivery) => {
+                let function = function_of(delivery);
                 let events: Vec<Value> = (0..copies)
                     .filter_map(|_| self.event_of(delivery))
                     .collect();
-                match delivery {
-                    Delivery::RefreshStart | Delivery::RefreshEnd => {
-                        for _ in 0..copies {
-                            self.refresh_function(delivery).await;
-                        }
-                    }
-                    _ => {
-                        self.played.invocations += events.len();
-                        let pending = events
-                            .into_iter()
-                            .map(|event| Pending { event, attempt: 0 });
-                        let runs = pending.map(|p| self.invoke_once(p));
-                        let failed: Vec<Option<Pending>> = futures::future::join_all(runs).await;
-                        let failed: Vec<Pending> = failed.into_iter().flatten().collect();
-                        self.played.failed_invocations += failed.len();
-                        self.retries.extend(failed);
-                    }
-                }
+                self.played.invocations += events.len();
+                let pending = events.into_iter().map(|event| Pending {
+                    function,
+                    event,
+                    attempt: 0,
+                });
+                let runs = pending.map(|p| self.invoke_once(p));
+                let failed: Vec<Option<Pending>> = futures::future::join_all(runs).await;
+                let failed: Vec<Pending> = failed.into_iter().flatten().collect();
+                self.played.failed_invocations += failed.len();
+                self.retries.extend(failed);
             }
         }
     }
@@ -138,21 +165,58 @@ impl<'w> Player<'w> {
     }
 
     async fn invoke_once(&self, pending: Pending) -> Option<Pending> {
-        let invocation = Invocation {
-            request_id: format!("soak-{}", uuid_like()),
-            function_account: Some("111111111111".into()),
-            budget: InvocationBudget::new(Duration::from_secs(30), Duration::ZERO),
+        let result = match pending.function {
+            Function::TerminatingHook => {
+                let invocation = Invocation {
+                    request_id: format!("soak-{}", uuid_like()),
+                    function_account: Some(ACCOUNT.into()),
+                    budget: InvocationBudget::new(Duration::from_secs(30), Duration::ZERO),
+                };
+                handle_terminating_hook_event(
+                    &self.world.drainer,
+                    pending.event.clone(),
+                    &invocation,
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+            }
+            Function::LaunchingHook => {
+                use node_manager::lifecycle::handler::HookHandler;
+                let invocation = Invocation {
+                    request_id: format!("soak-{}", uuid_like()),
+                    function_account: Some(ACCOUNT.into()),
+                    budget: InvocationBudget::new(Duration::from_secs(30), Duration::ZERO),
+                };
+                let launcher = &self.world.launcher;
+                Box::pin(launcher.handle_invocation(pending.event.clone(), &invocation))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+            Function::NodeRepair => {
+                let run = node_manager::node_repair::run::handle(
+                    &self.world.repair,
+                    pending.event.clone(),
+                );
+                Box::pin(run).await.map(|_| ()).map_err(|e| e.to_string())
+            }
+            Function::InstanceRefresh => {
+                let handled =
+                    refresh_handler::handle(&self.world.refresh, &pending.event, Some(ACCOUNT));
+                Box::pin(handled)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
         };
-        let result =
-            handle_terminating_hook_event(&self.world.drainer, pending.event.clone(), &invocation)
-                .await;
         match result {
-            Ok(_) => None,
+            Ok(()) => None,
             Err(error) if pending.attempt < LAMBDA_RETRIES => {
                 tracing::info!(%error, attempt = pending.attempt, "soak: invocation failed, Lambda retries it");
                 Some(Pending {
-                    event: pending.event,
                     attempt: pending.attempt + 1,
+                    ..pending
                 })
             }
             Err(error) => {
@@ -172,7 +236,24 @@ impl<'w> Player<'w> {
                 self.played.pods.insert(name, node);
             }
         }
-        self.check_new_completions();
+        for (member, hook) in self.check_new_completions() {
+            if hook == LAUNCH_HOOK {
+                self.world
+                    .set_group_state(&member.instance_id, Some("InService"));
+            } else if member.fate == Fate::WarmPoolReturn {
+                self.send_to_pool(&member);
+            } else {
+                self.terminate(&member).await;
+                // Auto Scaling's `EC2 Instance Terminate Successful`, for the refresh function.
+                self.retries.push(Pending {
+                    function: Function::InstanceRefresh,
+                    event: instance_event(TERMINATED, &member.instance_id),
+                    attempt: 0,
+                });
+            }
+        }
+        self.check_refresh_marks();
+        self.replace_repaired().await;
         if let Some((left, _)) = &mut self.brownout {
             *left = left.saturating_sub(1);
             if *left == 0 {
@@ -181,13 +262,44 @@ impl<'w> Player<'w> {
         }
     }
 
-    /// A lifecycle action completes only once its node is drained.
-    fn check_new_completions(&mut self) {
+    /// A refresh marks only the nodes it replaces (never a replacement, nor a node that
+    /// stays), whatever order its events come in: checked after every step.
+    fn check_refresh_marks(&mut self) {
+        for node in self.world.server.store().list::<Node>() {
+            let Some(name) = node.metadata.name.clone() else {
+                continue;
+            };
+            let member = self.world.fleet.iter().find(|m| m.node == name);
+            let replaced = member.is_some_and(|m| self.world.refresh_replaces(m));
+            if replaced || refresh_marks_of(&node).is_none() || self.wrongly_marked.contains(&name)
+            {
+                continue;
+            }
+            self.played.violations.push(Violation {
+                invariant: REFRESH_MARK_ON_KEPT_NODE,
+                detail: format!(
+                    "{name} ({:?}): marked by the instance refresh, which does not replace it",
+                    member.map(|m| &m.fate)
+                ),
+            });
+            self.wrongly_marked.insert(name);
+        }
+    }
+
+    /// A terminating lifecycle action completes only once its node is drained; the members
+    /// whose action completed since the last look, and the action's hook.
+    fn check_new_completions(&mut self) -> Vec<(Member, String)> {
         let completions = self.world.autoscaling.completions();
+        let mut done = Vec::new();
         for completion in &completions[self.completed..] {
             let Some(member) = self.world.member(&completion.action.instance_id) else {
                 continue;
             };
+            let hook = completion.action.lifecycle_hook_name.clone();
+            done.push((member.clone(), hook.clone()));
+            if hook == LAUNCH_HOOK {
+                continue;
+            }
             let left: Vec<String> = self
                 .world
                 .server
@@ -204,14 +316,16 @@ impl<'w> Player<'w> {
                 self.played.violations.push(Violation {
                     invariant: LIFECYCLE_NOT_DRAINED,
                     detail: format!(
-                        "{}: completed with pods left: {}",
+                        "{}: completed with pods left: {}; cordoned then: {}",
                         member.instance_id,
-                        left.join(", ")
+                        left.join(", "),
+                        cordoned_nodes(self.world)
                     ),
                 });
             }
         }
         self.completed = completions.len();
+        done
     }
 
     fn continuations(&self) -> Vec<Pending> {
@@ -220,6 +334,7 @@ impl<'w> Player<'w> {
         published
             .into_iter()
             .map(|m| Pending {
+                function: Function::TerminatingHook,
                 event: corpus::with_message(&base, &m.message),
                 attempt: 0,
             })
@@ -248,6 +363,10 @@ impl<'w> Player<'w> {
         autoscaling.fail("RecordLifecycleActionHeartbeat", AwsErrorKind::Transient, 1);
         autoscaling.fail("DescribeAutoScalingInstances", AwsErrorKind::Transient, 1);
         autoscaling.fail("CompleteLifecycleAction", AwsErrorKind::Transient, 1);
+        let refreshes = &self.world.refreshes.faults;
+        refreshes.fail("DescribeInstanceRefreshes", AwsErrorKind::Transient, 1);
+        refreshes.fail("DescribeAutoScalingGroups", AwsErrorKind::Transient, 1);
+        refreshes.fail("DescribeInstances", AwsErrorKind::Transient, 1);
         self.brownout = Some((steps, ids));
     }
 
@@ -261,6 +380,144 @@ impl<'w> Player<'w> {
         self.world.instances.faults.clear();
         self.world.autoscaling.faults.clear();
         self.world.notifications.faults.clear();
+        self.world.refreshes.faults.clear();
+    }
+}
+
+/// `event` (an SNS lifecycle notification) with the route `origin -> destination`.
+fn with_route(event: &Value, origin: &str, destination: &str) -> Value {
+    let mut message = corpus::message_of(event);
+    message["Origin"] = json!(origin);
+    message["Destination"] = json!(destination);
+    corpus::with_message(event, &message.to_string())
+}
+
+impl Player<'_> {
+    /// Node repair marked instances unhealthy: each repair must be of a broken node and
+    /// within EKS's limit (one instance replaced at a time); Auto Scaling then starts the
+    /// instance's terminating lifecycle action, whose notification reaches the terminating
+    /// hook.
+    async fn replace_repaired(&mut self) {
+        let marked = self.world.health.marked_unhealthy();
+        let new: Vec<String> = marked[self.repairs_seen.min(marked.len())..].to_vec();
+        self.repairs_seen = marked.len();
+        for id in new {
+            let w = self.world;
+            let in_flight: Vec<&String> = marked
+                .iter()
+                .filter(|i| w.autoscaling_state(i).as_deref() != Some("Terminated"))
+                .collect();
+            let member = w.member(&id).cloned();
+            if in_flight.len() > REPAIR_MAX_PARALLEL
+                || !member.as_ref().is_some_and(|m| m.fate == Fate::Unhealthy)
+            {
+                self.played.violations.push(Violation {
+                    invariant: REPAIR_BEYOND_LIMITS,
+                    detail: format!(
+                        "{id} ({:?}) marked unhealthy with {} replacements in flight: {in_flight:?}",
+                        member.as_ref().map(|m| &m.fate),
+                        in_flight.len()
+                    ),
+                });
+            }
+            let Some(member) = member else { continue };
+            w.autoscaling.start_action(&member.action());
+            w.set_group_state(&id, Some("Terminating:Wait"));
+            let event = lifecycle_notification(Target::TerminatingHook, &member.action());
+            self.invoke(Pending {
+                function: Function::TerminatingHook,
+                event,
+                attempt: 0,
+            })
+            .await;
+        }
+    }
+
+    /// The instance's terminating action into the warm pool completed: Auto Scaling stops
+    /// it (`Warmed:Stopped`), its node turns NotReady; it leaves the pool after the next step.
+    fn send_to_pool(&mut self, member: &Member) {
+        let w = self.world;
+        w.set_state(member, "stopped");
+        w.instances.set_state(&member.instance_id, "stopped");
+        w.set_group_state(&member.instance_id, Some("Warmed:Stopped"));
+        let _ = w.server.stop_node(&member.node);
+        self.pooled.push(member.clone());
+    }
+
+    /// Every pooled instance is launched out of the warm pool: it runs again, its kubelet
+    /// re-registers the node under its old name (Ready a moment later), and Auto Scaling's
+    /// launching notification (`WarmPool -> AutoScalingGroup`) reaches the launching hook,
+    /// once or twice at once.
+    async fn return_from_pool(&mut self) {
+        use rand::Rng;
+        for member in std::mem::take(&mut self.pooled) {
+            let w = self.world;
+            let action = member.launch_action();
+            w.autoscaling.start_action(&action);
+            w.set_running(&member);
+            w.started_now(&member);
+            w.instances.set_state(&member.instance_id, "running");
+            w.set_group_state(&member.instance_id, Some("Pending:Wait"));
+            let ready_after = Duration::from_millis(self.rng.random_range(0..300));
+            let _ = w
+                .server
+                .restart_node(&member.node, &member.provider_id(), Some(ready_after));
+            let event = with_route(
+                &lifecycle_notification(Target::LaunchingHook, &action),
+                "WarmPool",
+                "AutoScalingGroup",
+            );
+            let copies = if self.rng.random_bool(0.25) { 2 } else { 1 };
+            self.played.invocations += copies;
+            let runs = (0..copies).map(|_| {
+                self.invoke_once(Pending {
+                    function: Function::LaunchingHook,
+                    event: event.clone(),
+                    attempt: 0,
+                })
+            });
+            let failed: Vec<Pending> = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .flatten()
+                .collect();
+            self.played.failed_invocations += failed.len();
+            self.retries.extend(failed);
+            self.after_step().await;
+        }
+    }
+}
+
+/// The cordoned nodes and the marks of ours they carry, for a violation's detail.
+fn cordoned_nodes(world: &EventWorld) -> String {
+    let described: Vec<String> = world
+        .server
+        .store()
+        .list::<Node>()
+        .iter()
+        .filter(|n| n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true))
+        .map(|n| {
+            let marks = node_manager::reconcile::NodeMarks::of(n);
+            format!(
+                "{} (drain record: {}, refresh record: {}, maintenance plan: {})",
+                marks.node,
+                marks.checkpoint.is_some(),
+                marks.refresh.is_some(),
+                marks.maintenance.is_some()
+            )
+        })
+        .collect();
+    described.join(", ")
+}
+
+fn function_of(delivery: &Delivery) -> Function {
+    match delivery {
+        Delivery::RepairRun => Function::NodeRepair,
+        Delivery::RefreshStart
+        | Delivery::RefreshCheckpoint
+        | Delivery::RefreshEnd(_)
+        | Delivery::InstanceLaunched(_) => Function::InstanceRefresh,
+        _ => Function::TerminatingHook,
     }
 }
 
@@ -279,7 +536,23 @@ impl Player<'_> {
             Truth::Terminating(id) => {
                 if let Some(m) = member(id) {
                     w.autoscaling.start_action(&m.action());
-                    w.autoscaling.set_lifecycle_state(id, "Terminating:Wait");
+                    let state = if m.fate == Fate::WarmPoolReturn {
+                        "Warmed:Pending:Wait"
+                    } else {
+                        "Terminating:Wait"
+                    };
+                    w.set_group_state(id, Some(state));
+                }
+            }
+            Truth::KubeletDies(id) => {
+                if let Some(m) = member(id) {
+                    let since = Timestamp::now() - jiff::SignedDuration::from_secs(40 * 60);
+                    let _ = w.server.kill_kubelet_since(&m.node, since);
+                }
+            }
+            Truth::Launched(id) => {
+                if let Some(m) = member(id) {
+                    w.launch(&m);
                 }
             }
             Truth::SpotMarked(id) => {
@@ -295,7 +568,12 @@ impl Player<'_> {
                 }
             }
             Truth::Stopping(id) => self.set_state(id, "stopped"),
-            Truth::StartedAgain(id) => self.set_state(id, "running"),
+            Truth::StartedAgain(id) => {
+                self.set_state(id, "running");
+                if let Some(m) = member(id) {
+                    w.started_now(&m);
+                }
+            }
             Truth::Scheduled { instance, soon } => {
                 let ahead = if *soon { 600 } else { 2 * 86_400 };
                 let starts = Timestamp::from_second(Timestamp::now().as_second() + ahead)
@@ -312,12 +590,16 @@ impl Player<'_> {
                         .set_schedule(id, vec![retirement(*starts, "[Canceled] ")]);
                 }
             }
-            Truth::RefreshRuns => w
-                .autoscaling
-                .set_refresh_status(GROUP, REFRESH_ID, "InProgress"),
-            Truth::RefreshOver => w
-                .autoscaling
-                .set_refresh_status(GROUP, REFRESH_ID, "Successful"),
+            Truth::RefreshRuns => {
+                // EC2 reports launch times to the second: the start is a second after the
+                // fleet's launch, and replacements launch after it.
+                let started = now_second();
+                self.refresh_started = Some(started);
+                w.set_refresh("InProgress", started);
+            }
+            Truth::RefreshOver(status) => {
+                w.set_refresh(status, self.refresh_started.unwrap_or_else(now_second));
+            }
         }
     }
 
@@ -333,6 +615,7 @@ impl Player<'_> {
         w.set_state(member, "terminated");
         w.autoscaling
             .set_lifecycle_state(&member.instance_id, "Terminated");
+        w.set_group_state(&member.instance_id, None);
         let store = w.server.store();
         for pod in store.list::<Pod>() {
             if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&member.node) {
@@ -345,60 +628,18 @@ impl Player<'_> {
         let _ = store.remove::<Node>("", &member.node);
     }
 
-    /// The instance refresh function's start and end, on the refresh's proof: the start marks
-    /// the refreshed members' nodes while Auto Scaling reports the refresh running, the end
-    /// removes its marks once it does not.
-    async fn refresh_function(&mut self, delivery: &Delivery) {
-        let w = self.world;
-        let status = w.autoscaling_refresh_status().await;
-        let runs = status
-            .as_deref()
-            .is_some_and(node_manager::reconcile::desired::refresh_in_progress);
-        let nodes: Api<Node> = Api::all(w.client.clone());
-        for member in w
-            .fleet
-            .iter()
-            .filter(|m| matches!(m.fate, super::plan::Fate::Refreshed { .. }))
-        {
-            let Ok(Some(node)) = nodes.get_opt(&member.node).await else {
-                continue;
-            };
-            // The refresh function's invocation, and Lambda's retries of it.
-            for _ in 0..=LAMBDA_RETRIES {
-                self.played.invocations += 1;
-                let written = match delivery {
-                    Delivery::RefreshStart if runs => mark_node(
-                        &nodes,
-                        node.clone(),
-                        REFRESH_ID,
-                        GROUP,
-                        &member.instance_id,
-                        node_manager::node_marks::refresh::MarkAs::OutOfService { taint: None },
-                    )
-                    .await
-                    .map(|_| ()),
-                    Delivery::RefreshEnd if !runs && refresh_marks_of(&node).is_some() => {
-                        unmark_node(&nodes, node.clone(), REFRESH_ID)
-                            .await
-                            .map(|_| ())
-                    }
-                    _ => Ok(()),
-                };
-                if written.is_ok() {
-                    break;
-                }
-                self.played.failed_invocations += 1;
-            }
-        }
-    }
-
-    /// The event EventBridge or SNS delivers for `delivery` (`None` for the refresh
-    /// function's own events).
+    /// The event EventBridge or SNS delivers for `delivery`.
     fn event_of(&self, delivery: &Delivery) -> Option<Value> {
         let w = self.world;
         Some(match delivery {
             Delivery::Lifecycle(id) => {
-                lifecycle_notification(Target::TerminatingHook, &w.member(id)?.action())
+                let member = w.member(id)?;
+                let event = lifecycle_notification(Target::TerminatingHook, &member.action());
+                if member.fate == Fate::WarmPoolReturn {
+                    with_route(&event, "AutoScalingGroup", "WarmPool")
+                } else {
+                    event
+                }
             }
             Delivery::SpotWarning(id) => ec2_event(
                 "EC2 Spot Instance Interruption Warning",
@@ -418,21 +659,49 @@ impl Player<'_> {
             Delivery::Health { instance, .. } => {
                 health_event(instance, *self.starts.get(instance)?)
             }
-            Delivery::Tick => tick(),
-            Delivery::RefreshStart | Delivery::RefreshEnd => return None,
+            Delivery::Tick | Delivery::RepairRun => tick(),
+            Delivery::RefreshStart => refresh_event("Started"),
+            Delivery::RefreshCheckpoint => refresh_event("Checkpoint Reached"),
+            Delivery::RefreshEnd(outcome) => refresh_event(outcome),
+            Delivery::InstanceLaunched(id) => instance_event(LAUNCHED, id),
         })
     }
 }
 
-impl EventWorld {
-    async fn autoscaling_refresh_status(&self) -> Option<String> {
-        use node_manager::aws::GroupActivity;
-        self.autoscaling
-            .instance_refresh_status(GROUP, REFRESH_ID)
-            .await
-            .ok()
-            .flatten()
-    }
+const LAUNCHED: &str = "EC2 Instance Launch Successful";
+const TERMINATED: &str = "EC2 Instance Terminate Successful";
+
+fn group_arn() -> String {
+    format!(
+        "arn:aws:autoscaling:eu-west-1:{ACCOUNT}:autoScalingGroup:5f0e7e7e-0000-4000-8000-000000000035:autoScalingGroupName/{GROUP}"
+    )
+}
+
+/// `EC2 Auto Scaling Instance Refresh {what}`, as Auto Scaling sends it to EventBridge.
+fn refresh_event(what: &str) -> Value {
+    json!({
+        "version": "0", "id": format!("soak-{}", uuid_like()),
+        "detail-type": format!("EC2 Auto Scaling Instance Refresh {what}"),
+        "source": "aws.autoscaling", "account": ACCOUNT, "time": now_second().to_string(),
+        "region": "eu-west-1", "resources": [group_arn()],
+        "detail": {"InstanceRefreshId": REFRESH_ID, "AutoScalingGroupName": GROUP},
+    })
+}
+
+/// `EC2 Instance Launch Successful` or `EC2 Instance Terminate Successful`.
+fn instance_event(detail_type: &str, instance: &str) -> Value {
+    let now = now_second().to_string();
+    json!({
+        "version": "0", "id": format!("soak-{}", uuid_like()), "detail-type": detail_type,
+        "source": "aws.autoscaling", "account": ACCOUNT, "time": now, "region": "eu-west-1",
+        "resources": [group_arn(), format!("arn:aws:ec2:eu-west-1:{ACCOUNT}:instance/{instance}")],
+        "detail": {
+            "StatusCode": "InProgress", "AutoScalingGroupName": GROUP,
+            "ActivityId": format!("soak-activity-{}", uuid_like()), "RequestId": "soak",
+            "EC2InstanceId": instance, "StartTime": now, "EndTime": now,
+            "Cause": "an instance refresh, in the soak", "Details": {"Subnet ID": "subnet-0soak"},
+        }
+    })
 }
 
 fn retirement(starts: Timestamp, prefix: &str) -> ScheduledInstanceEvent {

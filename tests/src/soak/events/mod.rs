@@ -1,10 +1,13 @@
 //! The seeded event soak (issue 35): every kind of event the terminating hook gets (lifecycle
 //! notifications and the drain's own continuations, Spot warnings, rebalance
 //! recommendations, stopping notifications, AWS Health scheduled changes, schedule ticks) and
-//! an instance refresh's start and end, each lost, repeated (at once: concurrently) or late,
-//! failed invocations retried as Lambda does, and API brownouts (429 and 5xx on the fake API
-//! server, failures of the AWS fakes). The shared crate's handlers run in process over the
-//! test kit's fake API server and the in-memory AWS, so fifty seeds fit in the test suite.
+//! every event the instance refresh function gets (the refresh's start, checkpoint and end,
+//! its replacements' `EC2 Instance Launch Successful` and its terminations' `Terminate
+//! Successful`, through the function's own handler), each lost, repeated (at once:
+//! concurrently) or late, failed invocations retried as Lambda does, and API brownouts (429
+//! and 5xx on the fake API server, failures of the AWS fakes). The shared crate's handlers
+//! run in process over the test kit's fake API server and the in-memory AWS, so fifty seeds
+//! fit in the test suite.
 //!
 //! After the events, one schedule tick with nothing else going on (one reconcile period),
 //! then the invariants of [`check`]. A seed is reproducible: `EVENT_SOAK_SEED=N
@@ -36,6 +39,12 @@ pub struct SeedReport {
     pub continuations: usize,
     pub brownouts: usize,
     pub evictions: usize,
+    /// Node patches the instance refresh function made (marks and their undo).
+    pub refresh_writes: usize,
+    /// Launches out of the warm pool the launching hook completed.
+    pub warm_pool_returns: usize,
+    /// Instances node repair marked unhealthy.
+    pub repairs: usize,
     pub violations: Vec<Violation>,
     pub elapsed: Duration,
 }
@@ -54,12 +63,23 @@ impl SeedReport {
 pub async fn run_seed(seed: u64) -> SeedReport {
     let started = Instant::now();
     let plan = plan(seed);
-    let world = EventWorld::start(plan.fleet.clone()).await;
+    if std::env::var_os("EVENT_SOAK_TRACE").is_some() {
+        eprintln!(
+            "seed {seed}: skip matching {}, steps {:#?}",
+            plan.skip_matching, plan.steps
+        );
+    }
+    let mut world = EventWorld::start(plan.fleet.clone()).await;
+    world.skip_matching = plan.skip_matching;
     let watcher = PodWatcher::start(world.server.store().clone());
-    let mut player = Player::new(&world);
+    let mut player = Player::new(&world, seed);
     player.play(&plan.steps).await;
     // Auto Scaling terminates what it completed the action of.
-    for member in &world.fleet {
+    for member in world
+        .fleet
+        .iter()
+        .filter(|m| m.fate != Fate::WarmPoolReturn)
+    {
         let done = world
             .autoscaling
             .completions()
@@ -88,6 +108,20 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         .iter()
         .filter(|e| e.user.username == "terminating-hook" && (200..300).contains(&e.code()))
         .count();
+    let refresh_writes = world
+        .server
+        .audit()
+        .requests("patch", "nodes")
+        .iter()
+        .filter(|e| e.user.username == "instance-refresh" && (200..300).contains(&e.code()))
+        .count();
+    let warm_pool_returns = world
+        .autoscaling
+        .completions()
+        .iter()
+        .filter(|c| c.action.lifecycle_hook_name == world::LAUNCH_HOOK)
+        .count();
+    let repairs = world.health.marked_unhealthy().len();
     world.server.shutdown();
     SeedReport {
         seed,
@@ -101,6 +135,9 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         continuations: played.continuations,
         brownouts: played.brownouts,
         evictions,
+        refresh_writes,
+        warm_pool_returns,
+        repairs,
         violations,
         elapsed: started.elapsed(),
     }

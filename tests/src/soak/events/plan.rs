@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 
 use node_manager::aws::LifecycleActionRef;
 
-use super::world::{GROUP, HOOK};
+use super::world::{GROUP, HOOK, LAUNCH_HOOK};
 
 /// One instance's story in a seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,8 +26,28 @@ pub enum Fate {
     Stopped { started_again: bool },
     /// A scheduled maintenance (`soon`: within the drain margin), cancelled later or not.
     Maintenance { soon: bool, cancelled: bool },
-    /// Marked by an instance refresh of its group; the refresh ends or still runs at the end.
-    Refreshed { ended: bool },
+    /// Outdated when an instance refresh of its group runs (marked by the instance refresh
+    /// function); the refresh ends or still runs at the end; `replaced`: the refresh launches
+    /// its replacement and then terminates it (a terminating lifecycle action);
+    /// `rebalanced`: a Spot instance that also gets a rebalance recommendation (the rebalance
+    /// cordon and the refresh's marks on one node).
+    Refreshed {
+        ended: bool,
+        replaced: bool,
+        rebalanced: bool,
+    },
+    /// The refresh's replacement of a refreshed instance: joins the group while the refresh
+    /// runs and stays (nothing may mark, cordon or evict it).
+    Replacement,
+    /// Scaled in with reuse: back to the group's warm pool (a terminating lifecycle action,
+    /// `AutoScalingGroup -> WarmPool`, with a full drain), stopped there, then launched out of
+    /// the pool again (a launching lifecycle action, `WarmPool -> AutoScalingGroup`): its
+    /// node comes back under its name and must carry none of our marks once Ready.
+    WarmPoolReturn,
+    /// Its kubelet dies (the node NotReady past node repair's wait): node repair, on its
+    /// schedule, marks the instance unhealthy within EKS's limits, and the group replaces it
+    /// (a terminating lifecycle action, drained like any other).
+    Unhealthy,
 }
 
 impl Fate {
@@ -35,14 +55,40 @@ impl Fate {
     pub fn may_be_drained(&self) -> bool {
         !matches!(
             self,
-            Self::Stays | Self::Rebalanced | Self::Refreshed { .. }
+            Self::Stays
+                | Self::Unhealthy
+                | Self::Rebalanced
+                | Self::Refreshed {
+                    replaced: false,
+                    ..
+                }
+                | Self::Replacement
         )
+    }
+
+    /// Whether Auto Scaling starts a terminating lifecycle action for it.
+    pub fn has_lifecycle_action(&self) -> bool {
+        matches!(
+            self,
+            Self::ScaleIn | Self::WarmPoolReturn | Self::Refreshed { replaced: true, .. }
+        )
+    }
+
+    /// Whether the instance refresh replaces it (its node may carry the refresh's marks).
+    pub fn is_refreshed(&self) -> bool {
+        matches!(self, Self::Refreshed { .. })
     }
 
     pub fn is_spot(&self) -> bool {
         matches!(
             self,
-            Self::SpotInterrupted { .. } | Self::Rebalanced | Self::RebalancedThenInterrupted
+            Self::SpotInterrupted { .. }
+                | Self::Rebalanced
+                | Self::RebalancedThenInterrupted
+                | Self::Refreshed {
+                    rebalanced: true,
+                    ..
+                }
         )
     }
 }
@@ -75,6 +121,16 @@ impl Member {
             token: format!("token-{}", &self.instance_id[2..]),
         }
     }
+
+    /// Its launching lifecycle action out of the warm pool.
+    pub fn launch_action(&self) -> LifecycleActionRef {
+        LifecycleActionRef {
+            auto_scaling_group_name: GROUP.into(),
+            lifecycle_hook_name: LAUNCH_HOOK.into(),
+            instance_id: self.instance_id.clone(),
+            token: format!("launch-token-{}", &self.instance_id[2..]),
+        }
+    }
 }
 
 /// A change of what AWS says (never lost: it is the truth the events are about).
@@ -97,9 +153,14 @@ pub enum Truth {
     },
     /// EC2 cancels it.
     Cancelled(String),
-    /// The group's instance refresh runs / is over.
+    /// The group's instance refresh runs / is over with this status.
     RefreshRuns,
-    RefreshOver,
+    RefreshOver(&'static str),
+    /// A replacement is in service: its node registers and turns Ready.
+    Launched(String),
+    /// The instance's kubelet dies: its node NotReady, as if for longer than node repair's
+    /// wait.
+    KubeletDies(String),
 }
 
 /// An event AWS (or the schedule) sends the terminating hook.
@@ -113,9 +174,15 @@ pub enum Delivery {
         instance: String,
         soon: bool,
     },
-    /// The refresh function's start (marks the instances it replaces) and end.
+    /// The instance refresh function's events, as EventBridge delivers them: the refresh's
+    /// start, a checkpoint, its end (`Succeeded`, `Cancelled`, `Failed`), and a replacement
+    /// in service.
     RefreshStart,
-    RefreshEnd,
+    RefreshCheckpoint,
+    RefreshEnd(&'static str),
+    InstanceLaunched(String),
+    /// Node repair's schedule.
+    RepairRun,
     Tick,
 }
 
@@ -145,9 +212,12 @@ pub struct SeedPlan {
     pub lost: usize,
     pub duplicated: usize,
     pub delayed: usize,
+    /// Whether the refresh skips instances already on its configuration (`SkipMatching`);
+    /// without it, it replaces every instance launched before it started.
+    pub skip_matching: bool,
 }
 
-const FATES: usize = 9;
+const FATES: usize = 11;
 
 fn fate(rng: &mut StdRng) -> Fate {
     match rng.random_range(0..FATES) {
@@ -167,25 +237,55 @@ fn fate(rng: &mut StdRng) -> Fate {
         },
         7 => Fate::Refreshed {
             ended: rng.random_bool(0.6),
+            replaced: rng.random_bool(0.6),
+            rebalanced: rng.random_bool(0.3),
         },
+        8 => Fate::WarmPoolReturn,
+        9 => Fate::Unhealthy,
         _ => Fate::Stays,
     }
 }
 
-/// The fleet of `seed`: 3 to 5 instances, at least one that stays (room for the pods).
+fn seed_member(seed: u64, i: usize, fate: Fate) -> Member {
+    Member {
+        instance_id: format!("i-0{seed:08x}{i:08x}"),
+        node: format!(
+            "ip-10-{}-{}-{i}.eu-west-1.compute.internal",
+            seed % 250,
+            seed / 250 % 250
+        ),
+        fate,
+    }
+}
+
+/// The fleet of `seed`: 3 to 5 instances, at least one that stays (room for the pods), and
+/// after them a replacement for each refreshed instance the refresh replaces (one refresh of
+/// the group: every refreshed instance shares whether it ends).
 fn fleet(rng: &mut StdRng, seed: u64) -> Vec<Member> {
     let size = rng.random_range(3..=5usize);
-    (0..size)
-        .map(|i| Member {
-            instance_id: format!("i-0{seed:08x}{i:08x}"),
-            node: format!(
-                "ip-10-{}-{}-{i}.eu-west-1.compute.internal",
-                seed % 250,
-                seed / 250 % 250
-            ),
-            fate: if i == 0 { Fate::Stays } else { fate(rng) },
-        })
-        .collect()
+    let mut fleet: Vec<Member> = (0..size)
+        .map(|i| seed_member(seed, i, if i == 0 { Fate::Stays } else { fate(rng) }))
+        .collect();
+    let refresh_ends = fleet.iter().find_map(|m| match m.fate {
+        Fate::Refreshed { ended, .. } => Some(ended),
+        _ => None,
+    });
+    for member in &mut fleet {
+        if let (Fate::Refreshed { ended, .. }, Some(ends)) = (&mut member.fate, refresh_ends) {
+            *ended = ends;
+        }
+    }
+    let replaced = fleet
+        .iter()
+        .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
+        .count();
+    fleet.extend((0..replaced).map(|k| seed_member(seed, size + k, Fate::Replacement)));
+    fleet
+}
+
+/// Whether `member` is in the group from the start (a replacement joins later).
+pub fn initial(member: &Member) -> bool {
+    member.fate != Fate::Replacement
 }
 
 /// The story of one member: timed truth changes and deliveries (time in abstract ticks).
@@ -198,7 +298,7 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
     let later = t + rng.random_range(1..10u32);
     let mut steps = match &member.fate {
         Fate::Stays => vec![],
-        Fate::ScaleIn => vec![
+        Fate::ScaleIn | Fate::WarmPoolReturn => vec![
             (t, Step::Truth(T::Terminating(id.clone()))),
             (t, Step::Deliver(D::Lifecycle(id.clone()))),
         ],
@@ -250,16 +350,26 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
             }
             s
         }
-        Fate::Refreshed { .. } => vec![],
+        Fate::Unhealthy => vec![
+            (t, Step::Truth(T::KubeletDies(id.clone()))),
+            (later, Step::Deliver(D::RepairRun)),
+        ],
+        Fate::Refreshed {
+            rebalanced: true, ..
+        } => vec![(t, Step::Deliver(D::Rebalance(id.clone())))],
+        Fate::Refreshed { .. } | Fate::Replacement => vec![],
     };
     steps.sort_by_key(|(t, _)| *t);
     steps
 }
 
-/// The group's refresh, if any member is refreshed: runs at one time, ends later (or not).
+/// The group's refresh, if any member is refreshed: it runs from one time; each replaced
+/// instance's replacement comes into service, then the instance is terminated (its
+/// lifecycle action); maybe a checkpoint; then it ends (or not), `Succeeded` only when it
+/// replaced every outdated instance.
 fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
     let Some(ended) = fleet.iter().find_map(|m| match m.fate {
-        Fate::Refreshed { ended } => Some(ended),
+        Fate::Refreshed { ended, .. } => Some(ended),
         _ => None,
     }) else {
         return vec![];
@@ -269,10 +379,62 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
         (t, Step::Truth(Truth::RefreshRuns)),
         (t, Step::Deliver(Delivery::RefreshStart)),
     ];
+    let replaced: Vec<&Member> = fleet
+        .iter()
+        .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
+        .collect();
+    let replacements = fleet.iter().filter(|m| m.fate == Fate::Replacement);
+    let mut last = t;
+    for (old, new) in replaced.iter().zip(replacements) {
+        let launched = t + rng.random_range(1..6u32);
+        let terminating = launched + rng.random_range(1..4u32);
+        last = last.max(terminating);
+        steps.extend([
+            (
+                launched,
+                Step::Truth(Truth::Launched(new.instance_id.clone())),
+            ),
+            (
+                launched,
+                Step::Deliver(Delivery::InstanceLaunched(new.instance_id.clone())),
+            ),
+            (
+                terminating,
+                Step::Truth(Truth::Terminating(old.instance_id.clone())),
+            ),
+            (
+                terminating,
+                Step::Deliver(Delivery::Lifecycle(old.instance_id.clone())),
+            ),
+        ]);
+    }
+    if rng.random_bool(0.4) {
+        steps.push((
+            rng.random_range(t..=last),
+            Step::Deliver(Delivery::RefreshCheckpoint),
+        ));
+    }
     if ended {
-        let end = t + rng.random_range(1..10u32);
-        steps.push((end, Step::Truth(Truth::RefreshOver)));
-        steps.push((end, Step::Deliver(Delivery::RefreshEnd)));
+        let every_one = fleet.iter().all(|m| {
+            !matches!(
+                m.fate,
+                Fate::Refreshed {
+                    replaced: false,
+                    ..
+                }
+            )
+        });
+        let (status, detail) = match rng.random_range(0..3u32) {
+            0 if every_one => ("Successful", "Succeeded"),
+            0 | 1 => ("Cancelled", "Cancelled"),
+            _ => ("Failed", "Failed"),
+        };
+        let end = last + rng.random_range(1..8u32);
+        // Sometimes the event runs ahead of `DescribeInstanceRefreshes`: Auto Scaling reports
+        // the end a tick after the event is delivered.
+        let reported = end + u32::from(rng.random_bool(0.3));
+        steps.push((reported, Step::Truth(Truth::RefreshOver(status))));
+        steps.push((end, Step::Deliver(Delivery::RefreshEnd(detail))));
     }
     steps
 }
@@ -282,10 +444,16 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
 pub fn plan(seed: u64) -> SeedPlan {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x35_e7e7);
     let fleet = fleet(&mut rng, seed);
+    let skip_matching = rng.random_bool(0.7);
     let mut timed: Vec<(u32, Step)> = fleet.iter().flat_map(|m| story(m, &mut rng)).collect();
     timed.extend(refresh_story(&fleet, &mut rng));
     for _ in 0..rng.random_range(1..4) {
         timed.push((rng.random_range(0..30), Step::Deliver(Delivery::Tick)));
+    }
+    if fleet.iter().any(|m| m.fate == Fate::Unhealthy) {
+        for _ in 0..rng.random_range(1..4) {
+            timed.push((rng.random_range(0..30), Step::Deliver(Delivery::RepairRun)));
+        }
     }
     for _ in 0..rng.random_range(0..3) {
         timed.push((
@@ -325,5 +493,6 @@ pub fn plan(seed: u64) -> SeedPlan {
         lost,
         duplicated,
         delayed,
+        skip_matching,
     }
 }
