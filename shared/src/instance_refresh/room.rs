@@ -8,7 +8,9 @@
 //! - **Pods to move** are a node's pods that its drain would move elsewhere (not a
 //!   DaemonSet's, not mirror pods, not finished), with their requests.
 //! - Outdated nodes already out of service (marked, being drained, or cordoned by someone)
-//!   claim room first, and stay marked: the rule never lifts a mark to plan again.
+//!   claim room first, and stay marked: the rule never lifts a mark to plan again. (The
+//!   caller passes the nodes of the group's leaving instances the same way: their pods move
+//!   too, and their nodes are no room.)
 //! - Then the other outdated nodes, oldest launch first (then fewest pods to move, then
 //!   instance id): each is marked when every one of its pods can be placed, largest first,
 //!   on a room node where it fits (first fit), on top of the pods placed before. Its pods
