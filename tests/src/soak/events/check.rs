@@ -7,7 +7,9 @@
 //! 3. `drain-not-running`: every drain whose reason stands (a pending lifecycle action, a
 //!    running Spot instance whose request is marked, a maintenance due) is running or done;
 //! 4. `lifecycle-not-drained`: every lifecycle action gets a full drain, completed once, with
-//!    PDBs honoured (evictions only, never a delete);
+//!    PDBs honoured (evictions only, never a delete); a pod left because its budget refused
+//!    its eviction to the end (another pod of it unavailable, say on a dead node) is the
+//!    budget honoured, as `kubectl drain` would leave it;
 //! 5. `eviction-from-kept-node`: no pod is evicted from a node nobody is replacing;
 //! 6. `refresh-mark-on-kept-node`: an instance refresh marks only the nodes it replaces:
 //!    never its own replacements, nor nodes already on the configuration it applies (also
