@@ -512,6 +512,24 @@ fn facts_of(instance: &aws_sdk_ec2::types::Instance) -> InstanceFacts {
 /// `DescribeInstanceStatus` takes at most 100 instance ids per call.
 const STATUS_BATCH: usize = 100;
 
+impl SdkInstances {
+    /// Every Spot request `filter` selects, page by page.
+    async fn spot_requests_where(
+        &self,
+        filter: aws_sdk_ec2::types::Filter,
+    ) -> Result<Vec<aws_sdk_ec2::types::SpotInstanceRequest>, AwsError> {
+        self.client()
+            .describe_spot_instance_requests()
+            .filters(filter)
+            .into_paginator()
+            .items()
+            .send()
+            .try_collect()
+            .await
+            .map_err(|e| classify("DescribeSpotInstanceRequests", e))
+    }
+}
+
 impl InstanceNoticesBatch for SdkInstances {
     /// By an `instance-id` filter (200 ids a call): an instance EC2 no longer knows is
     /// absent instead of failing the batch.
@@ -539,16 +557,7 @@ impl InstanceNoticesBatch for SdkInstances {
                     .collect(),
             ))
             .build();
-        let requests = self
-            .client()
-            .describe_spot_instance_requests()
-            .filters(filter)
-            .into_paginator()
-            .items()
-            .send()
-            .try_collect()
-            .await
-            .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+        let requests = self.spot_requests_where(filter).await?;
         Ok(requests
             .iter()
             .filter_map(|r| r.instance_id().map(str::to_owned))
@@ -603,16 +612,7 @@ impl InstanceNoticesBatch for SdkInstances {
                 .name("spot-instance-request-id")
                 .set_values(Some(batch.to_vec()))
                 .build();
-            let requests = self
-                .client()
-                .describe_spot_instance_requests()
-                .filters(filter)
-                .into_paginator()
-                .items()
-                .send()
-                .try_collect()
-                .await
-                .map_err(|e| classify("DescribeSpotInstanceRequests", e))?;
+            let requests = self.spot_requests_where(filter).await?;
             for request in &requests {
                 let id = request.spot_instance_request_id();
                 let code = request.status().and_then(|s| s.code());

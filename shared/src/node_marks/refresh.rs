@@ -186,6 +186,24 @@ pub enum MarkStep {
     Draining,
 }
 
+/// Whether a drain of `node` has begun: the drain owns its marks. A rebalance cordon drains
+/// nothing: the refresh marks such a node as it would any other (and the reconciler keeps
+/// the cordon while the refresh runs).
+fn left_to_the_drain(node: &Node) -> bool {
+    let cordon_only = super::checkpoint::checkpoint_of(node)
+        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only));
+    !cordon_only && drain_holds(node)
+}
+
+/// Whether `node` carries [`REFRESH_LABEL`] naming `refresh_id`.
+fn labelled_for(node: &Node, refresh_id: &str) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REFRESH_LABEL))
+        .is_some_and(|v| v == refresh_id)
+}
+
 /// What marking `node` for the refresh takes. Marks of an earlier refresh still on the node
 /// (its end was missed) stay ours: the record keeps them.
 pub fn mark_step(
@@ -196,21 +214,12 @@ pub fn mark_step(
     taint: Option<&Taint>,
     now: Timestamp,
 ) -> MarkStep {
-    // A rebalance cordon drains nothing: the refresh marks the node as it would any other
-    // (and the reconciler keeps the cordon while the refresh runs).
-    let cordon_only = super::checkpoint::checkpoint_of(node)
-        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only));
-    if !cordon_only && drain_holds(node) {
+    if left_to_the_drain(node) {
         return MarkStep::Draining;
     }
     let existing = refresh_marks_of(node);
     let steps = CordonSteps::needed(node, taint);
-    let labelled = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(REFRESH_LABEL))
-        .is_some_and(|v| v == refresh_id);
+    let labelled = labelled_for(node, refresh_id);
     if let Some(existing) = existing
         .as_ref()
         .filter(|m| m.instance_refresh_id == refresh_id && !m.outdated_only)
@@ -255,21 +264,14 @@ pub fn outdated_step(
     instance_id: &str,
     now: Timestamp,
 ) -> MarkStep {
-    let cordon_only = super::checkpoint::checkpoint_of(node)
-        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only));
-    if !cordon_only && drain_holds(node) {
+    if left_to_the_drain(node) {
         return MarkStep::Draining;
     }
     let existing = refresh_marks_of(node);
     let ours = existing
         .as_ref()
         .filter(|m| m.instance_refresh_id == refresh_id);
-    let labelled = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(REFRESH_LABEL))
-        .is_some_and(|v| v == refresh_id);
+    let labelled = labelled_for(node, refresh_id);
     if let Some(marks) = ours
         && labelled
         && (!marks.outdated_only || has_outdated_taint(node))
