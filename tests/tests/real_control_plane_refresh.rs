@@ -30,8 +30,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::node_marks::refresh::REFRESH_LABEL;
 use node_manager_testkit::aws::{
-    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeRefreshPreferences,
-    InstanceRefreshStatus, SnsSubscription, SubscriptionFilter,
+    EventSubscription, FakeAutoScalingGroup, FakeRefreshPreferences, InstanceRefreshStatus,
+    SnsSubscription, SubscriptionFilter,
 };
 use node_manager_testkit::control_plane::binaries_or_skip;
 use node_manager_testkit::control_plane::workload::{
@@ -41,6 +41,7 @@ use node_manager_testkit::control_plane::world::RealFunctionWorld;
 use node_manager_testkit::e2e::{CLUSTER, GROUP, Target};
 use node_manager_testkit::fixtures;
 use node_manager_testkit::lambda_api::{InvocationOutcome, LambdaRuntimeApi};
+use node_manager_testkit::sandbox::refresh_rule;
 use serde_json::{Value, json};
 
 /// The group and its workload: `nodes` nodes, `deployments` Deployments of `replicas`.
@@ -338,29 +339,6 @@ async fn deliver(
             None if stop.load(Ordering::Relaxed) => return,
             None => {}
         }
-    }
-}
-
-fn refresh_rule() -> EventPattern {
-    let refresh = [
-        "Started",
-        "Checkpoint Reached",
-        "Succeeded",
-        "Failed",
-        "Cancelled",
-        "Rollback Started",
-        "Rollback Succeeded",
-        "Rollback Failed",
-    ]
-    .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"));
-    let instances = [
-        "EC2 Instance Launch Successful",
-        "EC2 Instance Terminate Successful",
-    ]
-    .map(str::to_owned);
-    EventPattern {
-        sources: vec!["aws.autoscaling".to_owned()],
-        detail_types: refresh.into_iter().chain(instances).collect(),
     }
 }
 

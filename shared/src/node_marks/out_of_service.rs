@@ -54,7 +54,7 @@ impl CordonSteps {
 
 /// Whether `node` has a taint with `wanted`'s key and effect, whatever its value: the API
 /// server keeps one taint per key and effect, so that slot is taken.
-fn has_taint_slot(node: &Node, wanted: &Taint) -> bool {
+pub(crate) fn has_taint_slot(node: &Node, wanted: &Taint) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::checkpoint::{OutOfService, drain_holds};
-use super::out_of_service::{CordonSteps, Undone, add_undo_to_patch};
+use super::out_of_service::{CordonSteps, Undone, add_undo_to_patch, has_taint_slot};
 use super::{PatchStep, Patched, Reread, patch_recomputing};
 
 /// The Node label naming the instance refresh whose marks the node carries.
@@ -104,6 +104,15 @@ pub fn refresh_marks_of(node: &Node) -> Option<RefreshMarks> {
     }
 }
 
+/// Adds to a merge `patch` the refresh's label (naming its refresh), the common marked label
+/// and the record `marks`.
+fn add_record_to_patch(patch: &mut Value, marks: &RefreshMarks) {
+    patch["metadata"]["labels"][REFRESH_LABEL] = json!(marks.instance_refresh_id);
+    patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
+    patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
+        json!(serde_json::to_string(marks).unwrap_or_default());
+}
+
 /// Adds to a merge `patch` of `node` the removal of the refresh's label, record and
 /// [`OUTDATED_TAINT_KEY`] taint (the drain does this in the write that takes the record
 /// over). Whether the taint was there.
@@ -146,14 +155,7 @@ fn remove_outdated_taint(patch: &mut Value, node: &Node) -> bool {
 
 /// Whether `node` carries the [`OUTDATED_TAINT_KEY`] taint.
 fn has_outdated_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|taints| {
-            taints
-                .iter()
-                .any(|t| t.key == OUTDATED_TAINT_KEY && t.effect == "PreferNoSchedule")
-        })
+    has_taint_slot(node, &outdated_taint())
 }
 
 /// Which mark a node gets: the room rule's choice.
@@ -246,10 +248,7 @@ pub fn mark_step(
     steps.add_to_patch(&mut patch, node);
     // Out of service now: the soft taint has done its work.
     remove_outdated_taint(&mut patch, node);
-    patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
-    patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
-    patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
-        json!(serde_json::to_string(&marks).unwrap_or_default());
+    add_record_to_patch(&mut patch, &marks);
     MarkStep::Write(patch, marks)
 }
 
@@ -287,19 +286,13 @@ pub fn outdated_step(
         outdated_only: true,
     };
     let mut patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version}});
-    if !has_outdated_taint(node) {
-        let mut taints = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.clone())
-            .unwrap_or_default();
-        taints.push(outdated_taint());
-        patch["spec"]["taints"] = json!(taints);
-    }
-    patch["metadata"]["labels"][REFRESH_LABEL] = json!(refresh_id);
-    patch["metadata"]["labels"][super::MARKED_LABEL] = json!("true");
-    patch["metadata"]["annotations"][REFRESH_ANNOTATION] =
-        json!(serde_json::to_string(&marks).unwrap_or_default());
+    let soft_taint = CordonSteps {
+        label: false,
+        cordon: false,
+        taint: (!has_outdated_taint(node)).then(outdated_taint),
+    };
+    soft_taint.add_to_patch(&mut patch, node);
+    add_record_to_patch(&mut patch, &marks);
     MarkStep::Write(patch, marks)
 }
 

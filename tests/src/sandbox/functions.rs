@@ -115,14 +115,7 @@ impl Sandbox {
     /// Auto Scaling's instance refresh and instance events, as the stack's EventBridge rule
     /// routes them: each becomes an invocation of `instance-refresh`, one after the other.
     pub(super) fn deliver_refresh_events(&mut self) {
-        let mut subscription = self.aws.eventbridge().subscribe(EventPattern {
-            sources: vec!["aws.autoscaling".to_owned()],
-            detail_types: REFRESH_DETAIL_TYPES
-                .iter()
-                .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"))
-                .chain(INSTANCE_DETAIL_TYPES.map(str::to_owned))
-                .collect(),
-        });
+        let mut subscription = self.aws.eventbridge().subscribe(refresh_rule());
         let function = "instance-refresh";
         let runtime = self.functions[function].clone();
         let timeline = self.timeline.clone();
@@ -162,6 +155,19 @@ const INSTANCE_DETAIL_TYPES: [&str; 2] = [
     "EC2 Instance Launch Successful",
     "EC2 Instance Terminate Successful",
 ];
+
+/// The stack's rule for `instance-refresh` (`infra/template.yaml`): Auto Scaling's refresh
+/// events and the instance events that re-plan a refresh.
+pub fn refresh_rule() -> EventPattern {
+    EventPattern {
+        sources: vec!["aws.autoscaling".to_owned()],
+        detail_types: REFRESH_DETAIL_TYPES
+            .iter()
+            .map(|kind| format!("EC2 Auto Scaling Instance Refresh {kind}"))
+            .chain(INSTANCE_DETAIL_TYPES.map(str::to_owned))
+            .collect(),
+    }
+}
 
 impl Sandbox {
     /// EC2's and AWS Health's instance events, as the stack's `InstanceNoticeEventsRule` and

@@ -18,6 +18,7 @@ mod world;
 
 use std::time::Duration;
 
+pub use functions::refresh_rule;
 pub use scenario::Scenario;
 pub use timeline::{Source, Timeline, TimelineEntry};
 pub use world::{FUNCTIONS, Sandbox};
