@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, EvictParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
@@ -31,6 +32,8 @@ struct Cluster<'a> {
     client_with_token: Box<dyn Fn(String) -> kube::Client + 'a>,
     /// The audit log, one event per request.
     audit: Box<dyn Fn() -> Vec<AuditEvent> + 'a>,
+    /// Adds a Ready, cordoned node for the instance named; returns the node's name.
+    add_node: Box<dyn Fn(&str) -> String + 'a>,
 }
 
 async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
@@ -47,11 +50,29 @@ async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
             kube::Client::try_from(config).unwrap()
         }),
         audit: Box::new(|| w.server.audit().events()),
+        add_node: Box::new(|instance| {
+            let name = format!("node-{instance}");
+            w.server
+                .register_node(
+                    &name,
+                    &format!("aws:///eu-west-1a/{instance}"),
+                    Some(Duration::ZERO),
+                )
+                .unwrap();
+            w.server
+                .store()
+                .modify::<Node>("", &name, |n| {
+                    n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+                })
+                .unwrap();
+            name
+        }),
     }
 }
 
 fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
     let handle = tokio::runtime::Handle::current();
+    let nodes_handle = handle.clone();
     Cluster {
         name: "real",
         admin,
@@ -64,6 +85,13 @@ fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
             })
         }),
         audit: Box::new(|| w.plane.audit()),
+        add_node: Box::new(move |instance| {
+            tokio::task::block_in_place(|| {
+                nodes_handle
+                    .block_on(w.add_instance(instance, "eu-west-1a", true))
+                    .unwrap()
+            })
+        }),
     }
 }
 
@@ -417,6 +445,136 @@ async fn fake_pods_need_their_service_account() {
     check_pods_need_their_service_account(&fake_cluster(&w).await).await;
 }
 
+// --- (6) The scheduler weighs its scores -------------------------------------------------
+
+/// The image every pod of this check runs: no other check's pods hold it.
+const PLACED_IMAGE: &str = "public.ecr.aws/docker/library/busybox:1.37";
+
+/// kube-scheduler weighs its default profile's scores; it neither takes a node that holds a
+/// pod's image outright nor simply the emptiest. Two fresh nodes, `holder` and `empty`, every
+/// other node cordoned:
+/// 1. `other` (one replica) runs on `holder`, which then reports its image;
+/// 2. the first replica of `web` (same image) goes to `holder` too: ImageLocality (a 500 MB
+///    image on one node in a few) outweighs the one pod `holder` has more;
+/// 3. `web`'s second replica goes to `empty`: spreading `web` (PodTopologySpread, weight 2)
+///    now outweighs the image.
+///
+/// A scheduler taking the emptiest node fails step 2; one preferring the image outright fails
+/// step 3.
+async fn check_placement_weighs_image_against_spread(cluster: &Cluster<'_>) {
+    let admin = &cluster.admin;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for node in nodes.list(&ListParams::default()).await.unwrap().items {
+        set_unschedulable(&nodes, node.metadata.name.as_deref().unwrap(), true).await;
+    }
+    let holder = (cluster.add_node)("i-0a1a1a1a1a1a1a1a1");
+    let empty = (cluster.add_node)("i-0b2b2b2b2b2b2b2b2");
+    for node in [&holder, &empty] {
+        let zone = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "eu-west-1a"}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&zone))
+            .await
+            .unwrap();
+    }
+    set_unschedulable(&nodes, &holder, false).await;
+    deploy(admin, "other", 1).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    assert_eq!(
+        nodes_of(&pods, "app=other", 1).await,
+        [holder.clone()],
+        "{}",
+        cluster.name
+    );
+    wait_image_reported(&nodes, &holder).await;
+    set_unschedulable(&nodes, &empty, false).await;
+    deploy(admin, "web", 1).await;
+    assert_eq!(
+        nodes_of(&pods, "app=web", 1).await,
+        [holder.clone()],
+        "{}: the node holding the image wins over the emptier one",
+        cluster.name
+    );
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), "default");
+    let two = json!({"spec": {"replicas": 2}});
+    deployments
+        .patch("web", &PatchParams::default(), &Patch::Merge(&two))
+        .await
+        .unwrap();
+    let mut placed = nodes_of(&pods, "app=web", 2).await;
+    placed.sort();
+    let mut expected = vec![holder.clone(), empty.clone()];
+    expected.sort();
+    assert_eq!(
+        placed, expected,
+        "{}: spreading the Deployment wins over the image",
+        cluster.name
+    );
+}
+
+async fn set_unschedulable(nodes: &Api<Node>, node: &str, unschedulable: bool) {
+    let patch = json!({"spec": {"unschedulable": unschedulable}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+async fn deploy(admin: &kube::Client, app: &str, replicas: i32) {
+    let deployment = fixtures::Workload::new("default", app)
+        .replicas(replicas)
+        .container("app", PLACED_IMAGE)
+        .deployment();
+    Api::<Deployment>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+}
+
+/// The nodes of the `count` Ready pods `selector` selects, once there are that many.
+async fn nodes_of(pods: &Api<Pod>, selector: &str, count: usize) -> Vec<String> {
+    wait_ready_pods(pods, selector, count).await;
+    pods.list(&ListParams::default().labels(selector))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect()
+}
+
+async fn wait_image_reported(nodes: &Api<Node>, node: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let reported = nodes.get(node).await.unwrap().status.and_then(|s| s.images);
+        let holds = reported.into_iter().flatten().any(|image| {
+            image
+                .names
+                .unwrap_or_default()
+                .iter()
+                .any(|name| name == PLACED_IMAGE)
+        });
+        if holds {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{node} never reported {PLACED_IMAGE}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_placement_weighs_image_against_spread() {
+    let w = fake_world(SimulationTimings {
+        prefer_cached_images: true,
+        ..SimulationTimings::default()
+    })
+    .await;
+    check_placement_weighs_image_against_spread(&fake_cluster(&w).await).await;
+}
+
 // --- All of them on the real control plane --------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,6 +594,8 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     check_a_watch_is_one_request(&cluster).await;
     check_pods_need_their_service_account(&cluster).await;
     let lagged = check_budget_status_lags(&cluster).await;
+    // Last: it cordons every node the other checks use.
+    check_placement_weighs_image_against_spread(&cluster).await;
     println!(
         "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
     );

@@ -104,10 +104,13 @@ impl Simulation {
         }
     }
 
-    /// A Deployment gets one ReplicaSet with its template and replica count.
+    /// A Deployment gets one ReplicaSet with its template and replica count, and its
+    /// ReplicaSet follows the Deployment's replica count when it is scaled (a changed template,
+    /// a rollout, is not emulated).
     pub(super) fn deployments(&self, state: &mut State) {
         let deployments = resource("apps", "deployments");
         let replica_sets = resource("apps", "replicasets");
+        Self::scale_replica_sets(state);
         let owned: HashSet<String> = state
             .iter(replica_sets, None)
             .filter_map(controller_uid)
@@ -137,6 +140,39 @@ impl Simulation {
             if let Err(error) = state.create(replica_sets, &namespace, replica_set, Origin::Setup) {
                 tracing::debug!(%error, "simulated deployment controller could not create a ReplicaSet");
             }
+        }
+    }
+
+    /// Sets each Deployment's one ReplicaSet to the Deployment's replica count.
+    fn scale_replica_sets(state: &mut State) {
+        let replica_sets = resource("apps", "replicasets");
+        let wanted: HashMap<String, i64> = state
+            .iter(resource("apps", "deployments"), None)
+            .filter(|d| !being_deleted(d))
+            .map(|d| (meta_str(d, "uid").to_owned(), replicas(d)))
+            .collect();
+        let mut owned: HashMap<&str, usize> = HashMap::new();
+        for owner in state.iter(replica_sets, None).filter_map(controller_uid) {
+            *owned.entry(owner).or_default() += 1;
+        }
+        let scaled: Vec<Value> = state
+            .iter(replica_sets, None)
+            .filter_map(|rs| {
+                let owner = controller_uid(rs)?;
+                // Several ReplicaSets are a rollout's: not emulated, left alone.
+                if owned.get(owner) != Some(&1) {
+                    return None;
+                }
+                let count = *wanted.get(owner)?;
+                (replicas(rs) != count).then(|| {
+                    let mut rs = rs.clone();
+                    rs["spec"]["replicas"] = json!(count);
+                    rs
+                })
+            })
+            .collect();
+        for replica_set in scaled {
+            update_full(state, replica_sets, replica_set);
         }
     }
 

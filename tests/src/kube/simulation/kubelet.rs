@@ -2,15 +2,63 @@
 //! turns registered nodes Ready when their time comes, and starts the pods bound to Ready
 //! nodes after the start delay. A dead kubelet ([`Simulation::kill_kubelet`]) does none of it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
 use serde_json::{Value, json};
 
+use super::scoring::normalized_image;
 use super::{
     Memory, Simulation, being_deleted, condition_true, resource, spec_str, status_str, update_full,
 };
 use crate::kube::store::{NOT_READY_TAINT, State, meta_str, now_rfc3339};
+
+/// The size the test kit's kubelets report every image with: an application image's order
+/// of magnitude, so kube-scheduler's ImageLocality score (which ignores images under 23 MB)
+/// weighs it.
+pub const REPORTED_IMAGE_BYTES: u64 = 500 * 1024 * 1024;
+
+/// Adds the images of the pods starting to their nodes' `status.images`, as a kubelet
+/// reports what it pulled (a node keeps an image after its pods are gone).
+fn report_pulled_images(state: &mut State, starting: &[Value]) {
+    let nodes = resource("", "nodes");
+    let mut pulled: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in starting {
+        let images = pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["image"].as_str())
+            .map(normalized_image);
+        pulled
+            .entry(spec_str(pod, "nodeName").to_owned())
+            .or_default()
+            .extend(images);
+    }
+    for (name, images) in pulled {
+        let Ok(mut node) = state.get(nodes, "", &name) else {
+            continue;
+        };
+        let mut reported = node["status"]["images"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let known: BTreeSet<String> = reported
+            .iter()
+            .filter_map(|i| i["names"][0].as_str().map(str::to_owned))
+            .collect();
+        let new: Vec<Value> = images
+            .difference(&known)
+            .map(|image| json!({"names": [image], "sizeBytes": REPORTED_IMAGE_BYTES}))
+            .collect();
+        if new.is_empty() {
+            continue;
+        }
+        reported.extend(new);
+        node["status"]["images"] = json!(reported);
+        update_full(state, nodes, node);
+    }
+}
 
 impl Simulation {
     pub(super) fn kubelet_removes_terminated_pods(
@@ -112,6 +160,9 @@ impl Simulation {
             }
         }
         memory.pod_bound_at.retain(|uid, _| seen.contains(uid));
+        if self.timings.prefer_cached_images {
+            report_pulled_images(state, &starting);
+        }
         for mut pod in starting {
             memory.pod_bound_at.remove(meta_str(&pod, "uid"));
             let time = now_rfc3339();

@@ -18,6 +18,7 @@ mod garbage_collector;
 mod kubelet;
 mod nodes;
 mod scheduler;
+mod scoring;
 
 pub use self::nodes::SHUTDOWN_TAINT;
 

@@ -1,10 +1,11 @@
 //! The scheduler: binds unscheduled pods to Ready nodes whose taints (the cordon's
-//! included) they tolerate, the emptiest first.
+//! included) they tolerate, the best scored first ([`super::scoring`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use super::scoring::Cluster;
 use super::{Simulation, being_deleted, condition_true, resource, spec_str, update_full};
 use crate::kube::store::{State, meta_str};
 
@@ -83,9 +84,7 @@ fn fits(pod: &Value, node: &Value) -> bool {
 }
 
 /// How many `PreferNoSchedule` taints of the node the pod does not tolerate: what
-/// kube-scheduler's TaintToleration score counts (weight 3 in the default profile, above
-/// ImageLocality's 1 and the resource scores': a node without such a taint wins when one
-/// takes the pod).
+/// kube-scheduler's TaintToleration score counts.
 fn avoided_taints(pod: &Value, node: &Value) -> usize {
     scheduling_taints(node)
         .iter()
@@ -93,22 +92,11 @@ fn avoided_taints(pod: &Value, node: &Value) -> usize {
         .count()
 }
 
-/// The pod's first container image.
-fn first_image(pod: &Value) -> String {
-    pod["spec"]["containers"][0]["image"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 impl Simulation {
-    /// Binds unscheduled pods to the node with the fewest pods among those that take them,
-    /// first among those without a `PreferNoSchedule` taint the pod does not tolerate (then,
-    /// with [`super::SimulationTimings::prefer_cached_images`], first among those that hold
-    /// the pod's image):
-    /// Ready, and every `NoSchedule`/`NoExecute` taint tolerated, the cordon's included (a
-    /// pod tolerating `node.kubernetes.io/unschedulable` may land on a cordoned node, and an
-    /// emptying node is the emptiest).
+    /// Binds unscheduled pods, one at a time, to the node kube-scheduler's default profile
+    /// scores best ([`super::scoring`]) among those that take them: Ready, and every
+    /// `NoSchedule`/`NoExecute` taint tolerated, the cordon's included (a pod tolerating
+    /// `node.kubernetes.io/unschedulable` may land on a cordoned node).
     pub(super) fn scheduler(&self, state: &mut State) {
         let pods = resource("", "pods");
         let nodes = resource("", "nodes");
@@ -120,51 +108,27 @@ impl Simulation {
         if pending.is_empty() {
             return;
         }
-        let candidates: Vec<Value> = state
+        let candidates: BTreeMap<String, Value> = state
             .iter(nodes, None)
             .filter(|n| schedulable(n))
-            .cloned()
+            .map(|n| (meta_str(n, "name").to_owned(), n.clone()))
             .collect();
         if candidates.is_empty() {
             return;
         }
-        let mut load: BTreeMap<String, usize> = candidates
-            .iter()
-            .map(|n| (meta_str(n, "name").to_owned(), 0))
-            .collect();
-        for pod in state.iter(pods, None) {
-            if let Some(count) = load.get_mut(spec_str(pod, "nodeName")) {
-                *count += 1;
-            }
-        }
-        let mut images: BTreeSet<(String, String)> = BTreeSet::new();
-        if self.timings.prefer_cached_images {
-            for pod in state.iter(pods, None) {
-                images.insert((spec_str(pod, "nodeName").to_owned(), first_image(pod)));
-            }
-        }
+        let mut cluster = Cluster::gather(state.iter(nodes, None), state.iter(pods, None));
         for mut pod in pending {
-            let image = first_image(&pod);
-            let Some(node) = candidates
+            let feasible: Vec<&str> = candidates
                 .iter()
-                .filter(|n| fits(&pod, n))
-                .min_by_key(|n| {
-                    let name = meta_str(n, "name");
-                    let cached = images.contains(&(name.to_owned(), image.clone()));
-                    let load = load.get(name).copied().unwrap_or(usize::MAX);
-                    (avoided_taints(&pod, n), !cached, load)
-                })
-                .map(|n| meta_str(n, "name").to_owned())
-            else {
+                .filter(|(_, node)| fits(&pod, node))
+                .map(|(name, _)| name.as_str())
+                .collect();
+            let avoided = |name: &str| candidates.get(name).map_or(0, |n| avoided_taints(&pod, n));
+            let Some(node) = cluster.best(&pod, &feasible, avoided) else {
                 continue;
             };
-            if self.timings.prefer_cached_images {
-                images.insert((node.clone(), image));
-            }
-            if let Some(count) = load.get_mut(&node) {
-                *count += 1;
-            }
             pod["spec"]["nodeName"] = json!(node);
+            cluster.bind(&node, &pod);
             update_full(state, pods, pod);
         }
     }
