@@ -481,7 +481,7 @@ async fn check_placement_weighs_image_against_spread(cluster: &Cluster<'_>) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     assert_eq!(
         nodes_of(&pods, "app=other", 1).await,
-        [holder.clone()],
+        std::slice::from_ref(&holder),
         "{}",
         cluster.name
     );
@@ -490,7 +490,7 @@ async fn check_placement_weighs_image_against_spread(cluster: &Cluster<'_>) {
     deploy(admin, "web", 1).await;
     assert_eq!(
         nodes_of(&pods, "app=web", 1).await,
-        [holder.clone()],
+        std::slice::from_ref(&holder),
         "{}: the node holding the image wins over the emptier one",
         cluster.name
     );
