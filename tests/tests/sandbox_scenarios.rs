@@ -86,8 +86,10 @@ fn a_refresh_whose_drain_fails_keeps_that_node_and_restores_the_rest() {
     assert!(output.contains("PodEvictionFailure"), "{output}");
 }
 
-/// The same node update without the refresh events reaching `instance-refresh`: pods land
-/// on outdated nodes and move twice, and the scenario's check says so.
+/// The same node update without the refresh events reaching `instance-refresh`: the
+/// services sharing an image only the outdated nodes hold land on the next outdated node and
+/// move twice (the scheduler weighs ImageLocality as kube-scheduler does), and the scenario's
+/// check says so.
 #[test]
 fn the_same_refresh_without_instance_refresh_moves_pods_twice() {
     let dir = std::env::temp_dir().join(format!("sandbox-refresh-off-{}", std::process::id()));

@@ -4,9 +4,9 @@
 //! are what the fakes saw: evictions per pod on the outdated nodes, pods scheduled onto an
 //! outdated node after the start, pods moved twice, Pending pod-seconds (how long the evicted
 //! pods' replacements waited for a node), PDB violations and the time to the refresh's end. The
-//! fake scheduler prefers nodes that already hold a pod's image, as kube-scheduler's
-//! ImageLocality score does: the old nodes, which is what sends an evicted pod to the next
-//! outdated node when nothing cordons it.
+//! nodes report the images they pulled, and the fake scheduler weighs them as kube-scheduler
+//! does (ImageLocality against topology spread and the resource scores): the old nodes hold
+//! the images, which can send an evicted pod to the next outdated node when nothing marks it.
 
 use crate::sandbox::Scenario;
 use crate::sandbox::scenario::InstanceRefreshStep;
@@ -18,17 +18,19 @@ use super::drain::start;
 #[derive(Debug, Clone)]
 pub struct RefreshRow {
     pub nodes: usize,
+    /// Availability zones the group spans.
+    pub zones: usize,
     pub launch_before_terminate: bool,
     pub with_instance_refresh: bool,
     pub figures: RefreshFigures,
 }
 
-/// The world: one group of `nodes` nodes, `nodes` Deployments of `nodes` replicas with
-/// `maxUnavailable: 1` (one pod of each per node, so every node carries one pod of each),
-/// and the aws-node DaemonSet.
-fn scenario(nodes: usize, refresh_events: bool) -> String {
+/// The world: one group of `nodes` nodes over `zones` availability zones, `nodes`
+/// Deployments of `nodes` replicas with `maxUnavailable: 1` (one pod of each per node, so
+/// every node carries one pod of each), and the aws-node DaemonSet.
+fn scenario(nodes: usize, zones: usize, refresh_events: bool) -> String {
     let mut yaml = format!(
-        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01 }}\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
+        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01 }}\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
     );
     for d in 0..nodes {
         let placement: Vec<String> = (0..nodes).map(|n| n.to_string()).collect();
@@ -41,13 +43,14 @@ fn scenario(nodes: usize, refresh_events: bool) -> String {
     yaml
 }
 
-/// Refreshes a fresh group of `nodes` nodes and measures it.
+/// Refreshes a fresh group of `nodes` nodes over `zones` zones and measures it.
 pub async fn instance_refresh(
     nodes: usize,
+    zones: usize,
     launch_before_terminate: bool,
     with_instance_refresh: bool,
 ) -> Result<RefreshRow, String> {
-    let yaml = scenario(nodes, with_instance_refresh);
+    let yaml = scenario(nodes, zones, with_instance_refresh);
     Scenario::from_yaml(&yaml).map_err(|e| e.to_string())?;
     let sandbox = start(&yaml).await?;
     let step = InstanceRefreshStep {
@@ -63,6 +66,7 @@ pub async fn instance_refresh(
     sandbox.shutdown().await;
     Ok(RefreshRow {
         nodes,
+        zones,
         launch_before_terminate,
         with_instance_refresh,
         figures: figures?,

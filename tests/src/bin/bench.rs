@@ -368,22 +368,23 @@ async fn mass_scale_in(mode: Mode) -> Result<(), String> {
 }
 
 async fn instance_refresh(mode: Mode) -> Result<(), String> {
-    let sizes: &[usize] = match mode {
-        Mode::Quick => &[3],
-        Mode::Full => &[3, 10, 30],
+    // (nodes, zones): groups over three zones, and §12's real-plane shapes in one zone.
+    let sizes: &[(usize, usize)] = match mode {
+        Mode::Quick => &[(3, 3)],
+        Mode::Full => &[(3, 3), (10, 3), (30, 3), (4, 1), (10, 1)],
     };
     println!(
         "## Node update by instance refresh (N nodes, N Deployments of N replicas, one pod of each per node, PDB maxUnavailable 1 each; launch before terminate = MinHealthy 100 / MaxHealthy 110, terminate first = Auto Scaling's defaults 90 / 100; instance warmup 1 s)\n"
     );
     println!(
-        "| nodes | strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods scheduled onto an outdated node after the start | pods moved twice | Pending pod-seconds | longest Pending (s) | PDB violations | marks left | time to the end (s) |"
+        "| nodes | zones | strategy | instance-refresh | status | pods at start | evictions | evictions per pod | pods scheduled onto an outdated node after the start | pods moved twice | Pending pod-seconds | longest Pending (s) | PDB violations | marks left | time to the end (s) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut broken = Vec::new();
-    for &nodes in sizes {
+    for &(nodes, zones) in sizes {
         for launch_first in [true, false] {
             for with in [true, false] {
-                let row = bench::instance_refresh(nodes, launch_first, with).await?;
+                let row = bench::instance_refresh(nodes, zones, launch_first, with).await?;
                 print_refresh_row(&row);
                 let f = &row.figures;
                 if f.status.as_deref() != Some("Successful")
@@ -391,7 +392,7 @@ async fn instance_refresh(mode: Mode) -> Result<(), String> {
                     || f.marks_left > 0
                 {
                     broken.push(format!(
-                        "{nodes} nodes, launch first {launch_first}, instance-refresh {with}"
+                        "{nodes} nodes in {zones} zones, launch first {launch_first}, instance-refresh {with}"
                     ));
                 }
             }
@@ -408,8 +409,9 @@ async fn instance_refresh(mode: Mode) -> Result<(), String> {
 fn print_refresh_row(row: &bench::RefreshRow) {
     let f = &row.figures;
     println!(
-        "| {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.1} | {} | {} | {:.1} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {:.2} | {} | {} | {:.1} | {:.1} | {} | {} | {:.1} |",
         row.nodes,
+        row.zones,
         if row.launch_before_terminate {
             "launch before terminate"
         } else {

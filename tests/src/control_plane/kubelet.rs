@@ -15,6 +15,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use serde_json::json;
 
 use super::ControlPlaneError;
+use crate::kube::REPORTED_IMAGE_BYTES;
 
 /// How often the emulation looks at the pods.
 const POLL: Duration = Duration::from_millis(100);
@@ -221,10 +222,6 @@ async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
     }
 }
 
-/// The size every image is reported with: an application image's order of magnitude, so
-/// kube-scheduler's ImageLocality score (which ignores images under 23 MB) weighs it.
-const IMAGE_BYTES: u64 = 500 * 1024 * 1024;
-
 /// The images each node has pulled, reported in its `status.images` as a kubelet reports the
 /// images on its node: kube-scheduler's ImageLocality score prefers nodes that already hold
 /// a pod's images (the nodes that ran it before), as on a real cluster.
@@ -260,7 +257,7 @@ impl NodeImages {
         for node in std::mem::take(&mut self.unreported) {
             let images: Vec<_> = self.pulled[&node]
                 .iter()
-                .map(|image| json!({"names": [image], "sizeBytes": IMAGE_BYTES}))
+                .map(|image| json!({"names": [image], "sizeBytes": REPORTED_IMAGE_BYTES}))
                 .collect();
             let status = json!({"status": {"images": images}});
             let patched = nodes

@@ -62,7 +62,10 @@ pub use self::disruption_log::{
     Requester,
 };
 pub use self::faults::{FaultAction, FaultId, FaultRule, Faults, RateLimit};
-pub use self::simulation::{Simulation, SimulationTimings, StepTimes};
+pub use self::simulation::{
+    NODE_ALLOCATABLE, NODE_CAPACITY, NodeResources, REPORTED_IMAGE_BYTES, Simulation,
+    SimulationTimings, StepTimes,
+};
 pub use self::status::ApiError;
 pub use self::store::{Store, StoreError};
 pub use crate::account::FakeAccount;

@@ -147,9 +147,21 @@ pub struct NodegroupSpec {
     /// refresh replace the newest instances first; by default the oldest go first).
     #[serde(default)]
     pub termination_policies: Vec<String>,
+    /// How many availability zones the group spans (1–3: the region's `a`, `b`, `c`).
+    #[serde(default = "three")]
+    pub zones: usize,
 }
 
 impl NodegroupSpec {
+    /// The group's availability zones in `region`.
+    pub fn availability_zones(&self, region: &str) -> Vec<String> {
+        ['a', 'b', 'c']
+            .iter()
+            .take(self.zones.clamp(1, 3))
+            .map(|letter| format!("{region}{letter}"))
+            .collect()
+    }
+
     /// The node label naming the node group: EKS's for a managed node group, eksctl's for
     /// a self-managed one.
     pub fn node_label(&self) -> &'static str {
@@ -166,6 +178,9 @@ fn default_ami() -> String {
 }
 fn yes() -> bool {
     true
+}
+fn three() -> usize {
+    3
 }
 
 /// A workload placed on the seeded nodes.
@@ -185,6 +200,9 @@ pub struct Workload {
     pub priority_class_name: Option<String>,
     #[serde(default)]
     pub pdb: Option<PdbSpec>,
+    /// The pods' container image (by default one of the workload's own).
+    #[serde(default)]
+    pub image: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -359,6 +377,12 @@ impl Scenario {
     fn validate(&self) -> Result<(), SandboxError> {
         let bad = |msg: String| Err(SandboxError::Scenario(msg));
         let seeded: usize = self.nodegroups.iter().map(|n| n.nodes).sum();
+        if let Some(group) = self.nodegroups.iter().find(|g| !(1..=3).contains(&g.zones)) {
+            return bad(format!(
+                "node group {}: zones must be 1, 2 or 3, not {}",
+                group.name, group.zones
+            ));
+        }
         for workload in &self.workloads {
             if !matches!(workload.kind.as_str(), "Deployment" | "DaemonSet") {
                 return bad(format!(

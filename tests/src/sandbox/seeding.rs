@@ -21,7 +21,7 @@ use crate::aws::{
     LaunchedInstance,
 };
 use crate::fixtures;
-use crate::kube::Store;
+use crate::kube::{NODE_ALLOCATABLE, NODE_CAPACITY, Store};
 
 /// The launch template every sandbox group starts with (version 1); a node update publishes
 /// version 2.
@@ -121,6 +121,8 @@ impl Sandbox {
                     .auto_scaling_group(&spec.auto_scaling_group),
             )
             .map_err(setup("node group"))?;
+        let zones = spec.availability_zones(&self.scenario.region);
+        let zones: Vec<&str> = zones.iter().map(String::as_str).collect();
         let mut group = FakeAutoScalingGroup::new(&spec.auto_scaling_group);
         if !spec.self_managed {
             group = group.tag("eks:nodegroup-name", &spec.name);
@@ -128,7 +130,7 @@ impl Sandbox {
         let mut group = group
             .launch_template(LAUNCH_TEMPLATE_ID, LAUNCH_TEMPLATE_NAME, "1")
             .retain_on_abandon(spec.retain_on_abandon)
-            .availability_zones(&[&format!("{}a", self.scenario.region)])
+            .availability_zones(&zones)
             // The seeded nodes are minutes old in the story, not seconds.
             .health_check_grace_period(Duration::ZERO);
         let policies: Vec<&str> = spec
@@ -308,7 +310,7 @@ impl Sandbox {
                 .find(|n| &n.name == nodegroup)
                 .map_or("eks.amazonaws.com/nodegroup", NodegroupSpec::node_label);
             for node in nodes {
-                let object = fixtures::with_labels(
+                let mut object = fixtures::with_labels(
                     fixtures::node(&node.name, &node.provider_id()),
                     &[
                         (node_label, nodegroup),
@@ -316,6 +318,10 @@ impl Sandbox {
                         ("node.kubernetes.io/instance-type", "m5.large"),
                     ],
                 );
+                // What their kubelets reported, as the nodes that join later report it.
+                let status = object.status.get_or_insert_default();
+                status.capacity = serde_json::from_value(NODE_CAPACITY.to_value()).ok();
+                status.allocatable = serde_json::from_value(NODE_ALLOCATABLE.to_value()).ok();
                 store.create(&object).map_err(setup("node"))?;
             }
         }
@@ -350,7 +356,10 @@ fn seed_workload(
             .apply_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
             .map_err(setup("namespace"))?;
     }
-    let image = format!("public.ecr.aws/sandbox/{}:latest", workload.name);
+    let image = workload
+        .image
+        .clone()
+        .unwrap_or_else(|| format!("public.ecr.aws/sandbox/{}:latest", workload.name));
     let pods = fixtures::Workload::new(ns, &workload.name)
         .container(&workload.name, &image)
         .priority_class_name(workload.priority_class_name.as_deref());

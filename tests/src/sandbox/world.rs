@@ -188,7 +188,12 @@ impl Sandbox {
 
     /// Node `index` of the node group at `group_index` (names and ids are reproducible).
     pub(super) fn new_node(&self, group_index: usize, index: u32) -> SimulatedNode {
-        let zone = ['a', 'b', 'c'][index as usize % 3];
+        let region = &self.scenario.region;
+        let zones = self.scenario.nodegroups.get(group_index).map_or_else(
+            || vec![format!("{region}a")],
+            |g| g.availability_zones(region),
+        );
+        let zone = zones[index as usize % zones.len()].clone();
         SimulatedNode {
             name: format!(
                 "ip-192-168-{}-{}.{}.compute.internal",
@@ -203,7 +208,7 @@ impl Sandbox {
                     .wrapping_add((group_index as u64) << 40)
                     .wrapping_add((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
             ),
-            availability_zone: format!("{}{zone}", self.scenario.region),
+            availability_zone: zone,
         }
     }
 

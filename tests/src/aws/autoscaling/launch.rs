@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::{FakeAutoScaling, GroupInstance, LifecycleTransition};
+use super::{FakeAutoScaling, GroupInstance, GroupRecord, LifecycleTransition};
 use crate::aws::protocol::{self, element};
 use crate::aws::{FakeAwsError, Shared, lock};
 
@@ -124,8 +124,26 @@ impl FakeAutoScaling {
     }
 }
 
+/// The zone Auto Scaling balances a launch into: of the group's zones, the one with the fewest
+/// instances not leaving the group (the first listed among equals).
+fn balancing_zone(record: &GroupRecord) -> Option<String> {
+    record
+        .group
+        .availability_zones
+        .iter()
+        .min_by_key(|zone| {
+            record
+                .instances
+                .values()
+                .filter(|i| &i.availability_zone == *zone)
+                .filter(|i| !i.lifecycle_state.starts_with("Terminating"))
+                .count()
+        })
+        .cloned()
+}
+
 /// Launches a new instance into the group as Auto Scaling does: an EC2 instance with the
-/// group's tags and instance type in `zone` (else the group's zones in turn), the launcher
+/// group's tags and instance type in `zone` (else the zone [`balancing_zone`] picks), the launcher
 /// callbacks, then the launching hook (`Pending:Wait`) or, without one, `InService` at once.
 /// `launch_template` overrides the group's (an instance refresh's desired configuration).
 pub(super) fn launch_new_instance(
@@ -143,14 +161,10 @@ pub(super) fn launch_new_instance(
             .groups
             .get_mut(group_name)
             .ok_or_else(|| FakeAwsError::UnknownGroup(group_name.to_owned()))?;
-        let zones = &record.group.availability_zones;
-        let zone = zone.map(str::to_owned).unwrap_or_else(|| {
-            usize::try_from(joined)
-                .ok()
-                .and_then(|turn| zones.get(turn % zones.len().max(1)))
-                .cloned()
-                .unwrap_or_else(|| format!("{}a", shared.account.region))
-        });
+        let zone = zone
+            .map(str::to_owned)
+            .or_else(|| balancing_zone(record))
+            .unwrap_or_else(|| format!("{}a", shared.account.region));
         let has_launching_hook = record
             .hooks
             .values()

@@ -18,44 +18,59 @@ use crate::kube::store::{NOT_READY_TAINT, State, meta_str, now_rfc3339};
 /// weighs it.
 pub const REPORTED_IMAGE_BYTES: u64 = 500 * 1024 * 1024;
 
-/// Adds the images of the pods starting to their nodes' `status.images`, as a kubelet
-/// reports what it pulled (a node keeps an image after its pods are gone).
-fn report_pulled_images(state: &mut State, starting: &[Value]) {
+/// Adds the images of the pods that ran on a node to its `status.images`, as a kubelet
+/// reports what it pulled (a node keeps an image after its pods are gone). Pods seeded
+/// Running count as started.
+pub(super) fn report_pulled_images(state: &mut State) {
     let nodes = resource("", "nodes");
+    // This runs every tick over every pod: look up before allocating anything.
+    let reported: BTreeMap<&str, BTreeSet<&str>> = state
+        .iter(nodes, None)
+        .map(|node| {
+            let names = node["status"]["images"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["names"][0].as_str())
+                .collect();
+            (meta_str(node, "name"), names)
+        })
+        .collect();
     let mut pulled: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for pod in starting {
-        let images = pod["spec"]["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["image"].as_str())
-            .map(normalized_image);
-        pulled
-            .entry(spec_str(pod, "nodeName").to_owned())
-            .or_default()
-            .extend(images);
+    for pod in state.iter(resource("", "pods"), None) {
+        let node = spec_str(pod, "nodeName");
+        let phase = status_str(pod, "phase");
+        let Some(known) = reported.get(node) else {
+            continue;
+        };
+        if phase.is_empty() || phase == "Pending" {
+            continue;
+        }
+        let containers = pod["spec"]["containers"].as_array().into_iter().flatten();
+        for image in containers.filter_map(|c| c["image"].as_str()) {
+            let image = normalized_image(image);
+            if !known.contains(image.as_ref()) {
+                pulled
+                    .entry(node.to_owned())
+                    .or_default()
+                    .insert(image.into_owned());
+            }
+        }
     }
     for (name, images) in pulled {
         let Ok(mut node) = state.get(nodes, "", &name) else {
             continue;
         };
-        let mut reported = node["status"]["images"]
+        let mut listed = node["status"]["images"]
             .as_array()
             .cloned()
             .unwrap_or_default();
-        let known: BTreeSet<String> = reported
-            .iter()
-            .filter_map(|i| i["names"][0].as_str().map(str::to_owned))
-            .collect();
-        let new: Vec<Value> = images
-            .difference(&known)
-            .map(|image| json!({"names": [image], "sizeBytes": REPORTED_IMAGE_BYTES}))
-            .collect();
-        if new.is_empty() {
-            continue;
-        }
-        reported.extend(new);
-        node["status"]["images"] = json!(reported);
+        listed.extend(
+            images
+                .iter()
+                .map(|image| json!({"names": [image], "sizeBytes": REPORTED_IMAGE_BYTES})),
+        );
+        node["status"]["images"] = json!(listed);
         update_full(state, nodes, node);
     }
 }
@@ -160,9 +175,6 @@ impl Simulation {
             }
         }
         memory.pod_bound_at.retain(|uid, _| seen.contains(uid));
-        if self.timings.prefer_cached_images {
-            report_pulled_images(state, &starting);
-        }
         for mut pod in starting {
             memory.pod_bound_at.remove(meta_str(&pod, "uid"));
             let time = now_rfc3339();

@@ -20,7 +20,8 @@ mod nodes;
 mod scheduler;
 mod scoring;
 
-pub use self::nodes::SHUTDOWN_TAINT;
+pub use self::kubelet::REPORTED_IMAGE_BYTES;
+pub use self::nodes::{NODE_ALLOCATABLE, NODE_CAPACITY, NodeResources, SHUTDOWN_TAINT};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -48,10 +49,11 @@ pub struct SimulationTimings {
     pub disrupted_pod_timeout: Duration,
     /// Turns the whole emulation off (a static cluster).
     pub enabled: bool,
-    /// The scheduler prefers nodes that already hold the pod's image (a pod with the same
-    /// first container image runs there), then the least loaded, as kube-scheduler's
-    /// ImageLocality score tilts it toward nodes that ran the workload before. Off: least
-    /// loaded only (every test but the node-update ones).
+    /// The kubelets list the images they pulled in their node's `status.images` (500 MiB
+    /// each), which the scheduler's ImageLocality score weighs as kube-scheduler's does: it
+    /// tilts the choice toward nodes that ran the workload before. Off: no node reports an
+    /// image, as if every image were under ImageLocality's 23 MB floor (every test but the
+    /// node-update ones).
     pub prefer_cached_images: bool,
     /// How long the disruption controller takes to see a change (a pod turning Ready, a
     /// replica count, a new budget): a budget's status is at least this old. The real one
@@ -293,6 +295,9 @@ impl Simulation {
         self.daemon_sets(&mut state);
         self.scheduler(&mut state);
         self.kubelet_starts_pods(&mut state, &mut memory, now);
+        if self.timings.prefer_cached_images {
+            kubelet::report_pulled_images(&mut state);
+        }
         self.workload_status(&mut state);
         if self.disruption_controller_due(&state, &mut memory, now) {
             self.disruption_controller(&mut state, &mut memory);

@@ -27,6 +27,35 @@ fn mark_status_unknown(node: &mut Value) {
     }]);
 }
 
+/// CPU, memory and pod slots of an emulated node.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeResources {
+    pub cpu: &'static str,
+    pub memory: &'static str,
+    pub pods: &'static str,
+}
+
+impl NodeResources {
+    /// As a Node's `status.capacity` or `status.allocatable`.
+    pub fn to_value(self) -> Value {
+        json!({ "cpu": self.cpu, "memory": self.memory, "pods": self.pods })
+    }
+}
+
+/// What an emulated node's kubelet reports (an m5.xlarge's): its capacity, and what is left
+/// for pods after the system reserve, which the scheduler's resource scores and the instance
+/// refresh's room rule count.
+pub const NODE_CAPACITY: NodeResources = NodeResources {
+    cpu: "4",
+    memory: "16Gi",
+    pods: "110",
+};
+pub const NODE_ALLOCATABLE: NodeResources = NodeResources {
+    cpu: "3920m",
+    memory: "15Gi",
+    pods: "110",
+};
+
 impl Simulation {
     /// Registers a node as a kubelet would after an instance launches: `NotReady` now,
     /// `Ready` after `ready_after` (`None`: the scenario's default).
@@ -63,10 +92,8 @@ impl Simulation {
                     { "type": "Hostname", "address": name },
                 ],
                 "nodeInfo": { "kubeletVersion": "v1.33.0-eks-fake", "osImage": "Amazon Linux 2023" },
-                // What a kubelet reports (an m5.xlarge's, less system reserve); the
-                // scheduler here does not count it, the instance refresh's room rule does.
-                "capacity": { "cpu": "4", "memory": "16Gi", "pods": "110" },
-                "allocatable": { "cpu": "3920m", "memory": "15Gi", "pods": "110" },
+                "capacity": NODE_CAPACITY.to_value(),
+                "allocatable": NODE_ALLOCATABLE.to_value(),
             },
         });
         // A kubelet registers through the API, so the admission taint applies.

@@ -16,6 +16,7 @@
 //! the best nodes, this picks the one with the fewest pods, then the first by name, so runs
 //! repeat.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use node_manager::instance_refresh::capacity::parse_quantity;
@@ -90,14 +91,14 @@ fn requests(pod: &Value) -> (Amount, Amount) {
 }
 
 /// An image's name as the container runtime reports it (`:latest` when it names no tag).
-pub(super) fn normalized_image(name: &str) -> String {
+pub(super) fn normalized_image(name: &str) -> Cow<'_, str> {
     let tagged = name
         .rfind(':')
         .is_some_and(|colon| name.rfind('/').is_none_or(|slash| colon > slash));
     if tagged {
-        name.to_owned()
+        Cow::Borrowed(name)
     } else {
-        format!("{name}:latest")
+        Cow::Owned(format!("{name}:latest"))
     }
 }
 
@@ -294,7 +295,7 @@ impl Cluster {
             .into_iter()
             .flatten()
             .filter_map(|c| c["image"].as_str())
-            .map(normalized_image)
+            .map(|image| normalized_image(image).into_owned())
             .collect();
         let total_nodes = self.nodes.len().max(1) as f64;
         let ceiling = IMAGE_CEILING_BYTES * i64::try_from(images.len()).unwrap_or(1).max(1);
