@@ -398,8 +398,5 @@ pub async fn apply_manifest(client: &kube::Client, yaml: &str) -> Result<usize, 
 }
 
 fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
-    ControlPlaneError::Setup {
-        what: what.to_owned(),
-        detail: error.to_string(),
-    }
+    ControlPlaneError::setup(what, error)
 }
