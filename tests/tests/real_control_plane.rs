@@ -4,6 +4,10 @@
 //! under the shipped `infra/rbac.yaml` and the real authorizer, and meet the real eviction API,
 //! disruption controller, ReplicaSet controller and scheduler. The test kit plays the kubelets.
 //!
+//! Each scenario lives in the test kit (`control_plane::scenarios`), where `sandbox
+//! --real-control-plane` plays it too; its test here plays it and fails unless every
+//! expectation held, naming those that did not.
+//!
 //! Without the binaries these tests fail saying how to build them, unless
 //! `SKIP_REAL_CONTROL_PLANE_TESTS=1` (then they print a line and pass).
 #![allow(clippy::unwrap_used)]
