@@ -18,14 +18,15 @@ use crate::control_plane::world::RealFunctionWorld;
 use crate::e2e::{GROUP, Target};
 use crate::kube::AuditEvent;
 
+/// The label's name as sent (not the code's constant: a typo there must show here).
 const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
 pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
-    let mut builder = RealFunctionWorld::builder().functions(&[Target::TerminatingHook]);
-    for (key, value) in QUICK_DRAIN {
-        builder = builder.env(key, value);
-    }
-    let w = builder.start(bin).await?;
+    let w = RealFunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .envs(&QUICK_DRAIN)
+        .start(bin)
+        .await?;
     let mut played = Played::on(&w);
     played.line(format!("its memory (kB): {:?}", w.plane.memory_kib()));
     let admin = w.plane.admin_client().await?;

@@ -19,14 +19,13 @@ use crate::kube::AuditEvent;
 const GRACE_SECONDS: i64 = 300;
 
 pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
-    let mut builder = RealFunctionWorld::builder()
+    let w = RealFunctionWorld::builder()
         .functions(&[Target::TerminatingHook])
         .spot()
-        .env("DRAIN_LEASE_SECONDS", "2");
-    for (key, value) in QUICK_DRAIN {
-        builder = builder.env(key, value);
-    }
-    let w = builder.start(bin).await?;
+        .envs(&QUICK_DRAIN)
+        .env("DRAIN_LEASE_SECONDS", "2")
+        .start(bin)
+        .await?;
     let admin = w.plane.admin_client().await?;
     let seeded = seed_nginx(&w, &admin, GRACE_SECONDS).await?;
     let mut played = Played::on(&w);

@@ -34,10 +34,8 @@ pub(super) async fn start_world(
 ) -> Result<RealFunctionWorld, ControlPlaneError> {
     let mut builder = RealFunctionWorld::builder()
         .functions(&[Target::TerminatingHook, Target::LaunchingHook])
+        .envs(&QUICK_DRAIN)
         .env("LAUNCH_TIMEOUT_SECONDS", "20");
-    for (key, value) in QUICK_DRAIN {
-        builder = builder.env(key, value);
-    }
     if run.with_function {
         builder = builder.function_named(REFRESH_FUNCTION);
     }
