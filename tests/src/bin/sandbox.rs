@@ -1,18 +1,21 @@
 //! `sandbox`: the whole node lifecycle on a simulated EKS cluster and AWS, in one command.
 //!
 //! `cargo run -p node-manager-testkit --bin sandbox [-- --scenario FILE] [--serve]`, or
-//! `-- --real-control-plane` for its drain on a real Kubernetes control plane.
+//! `-- --real-control-plane [--only NAME,...]` for the end-to-end scenarios on a real
+//! Kubernetes control plane (node group auth, the drain with PDB waves, Spot, warm pool,
+//! repair, instance refresh; see `control_plane::scenarios`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use node_manager_testkit::binaries;
+use node_manager_testkit::control_plane::scenarios::{self, RealScenario};
 use node_manager_testkit::sandbox::{self, Sandbox, Scenario};
 
 #[derive(Parser)]
 #[command(
-    about = "Plays the node lifecycle (node group auth, launch, drain) on a simulated EKS cluster"
+    about = "Plays the node lifecycle (node group auth, launch, drain) on a simulated EKS cluster, or its end-to-end scenarios on a real Kubernetes control plane"
 )]
 struct Args {
     /// A scenario file (YAML); the reference scenario when absent. See tests/scenarios/.
@@ -21,10 +24,22 @@ struct Args {
     /// After the scenario, keep the fakes running and print how to reach them.
     #[arg(long)]
     serve: bool,
-    /// Play the lifecycle drain (PDB, replacements by the real ReplicaSet controller and
-    /// kube-scheduler) on a real control plane instead (`scripts/control-plane.sh build` first).
+    /// Play the end-to-end scenarios on a real Kubernetes control plane instead, one after
+    /// the other, each on a fresh plane: nodegroup-auth, drain (a PDB's waves, the real
+    /// ReplicaSet controller and kube-scheduler moving the pods), spot, warm-pool, repair,
+    /// refresh (4 nodes, with and without instance-refresh). Exits non-zero when an
+    /// expectation did not hold. Needs `scripts/control-plane.sh build` first.
     #[arg(long, conflicts_with_all = ["scenario", "serve"])]
     real_control_plane: bool,
+    /// With --real-control-plane: play only these scenarios (repeat the option or separate
+    /// names with commas), in the order given.
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_delimiter = ',',
+        requires = "real_control_plane"
+    )]
+    only: Vec<RealScenario>,
 }
 
 #[tokio::main]
@@ -37,7 +52,7 @@ async fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     if args.real_control_plane {
-        return exit_code(real_control_plane().await);
+        return exit_code(real_control_plane(&args.only).await);
     }
     let scenario = match &args.scenario {
         Some(path) => std::fs::read_to_string(path)
@@ -52,11 +67,15 @@ async fn main() -> ExitCode {
     exit_code(result)
 }
 
-async fn real_control_plane() -> Result<bool, String> {
+/// Plays `only` (every scenario when empty) on the real plane.
+async fn real_control_plane(only: &[RealScenario]) -> Result<bool, String> {
     let bin = node_manager_testkit::control_plane::built_binaries().map_err(|e| e.to_string())?;
-    node_manager_testkit::control_plane::sandbox_job::play(&bin)
-        .await
-        .map_err(|e| e.to_string())
+    let selected = if only.is_empty() {
+        &RealScenario::ALL[..]
+    } else {
+        only
+    };
+    Ok(scenarios::play_all(selected, &bin).await)
 }
 
 fn exit_code<E: std::fmt::Display>(result: Result<bool, E>) -> ExitCode {

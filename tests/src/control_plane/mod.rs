@@ -14,7 +14,7 @@
 
 pub mod certs;
 pub mod kubelet;
-pub mod sandbox_job;
+pub mod scenarios;
 pub mod webhook;
 pub mod workload;
 pub mod world;
@@ -76,6 +76,16 @@ pub enum ControlPlaneError {
     },
     #[error("the control plane was not ready after {0:?}: {1}")]
     NotReady(Duration, String),
+}
+
+impl ControlPlaneError {
+    /// A step around the plane that failed: `what`, and why.
+    pub fn setup(what: impl Into<String>, error: impl std::fmt::Display) -> Self {
+        Self::Setup {
+            what: what.into(),
+            detail: error.to_string(),
+        }
+    }
 }
 
 /// The folder the binaries are read from: [`BIN_VARIABLE`], else the script's cache folder

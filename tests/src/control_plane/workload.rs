@@ -78,11 +78,16 @@ pub async fn set_cordoned(
 /// Pods selected by `selector`, per `app` label: how many are Ready and not terminating.
 /// Empty when the list fails.
 pub async fn available_by_app(pods: &Api<Pod>, selector: &str) -> BTreeMap<String, usize> {
+    match pods.list(&ListParams::default().labels(selector)).await {
+        Ok(list) => count_available_by_app(&list.items),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// `pods` per `app` label: how many are Ready and not terminating.
+pub fn count_available_by_app(pods: &[Pod]) -> BTreeMap<String, usize> {
     let mut available = BTreeMap::new();
-    let Ok(list) = pods.list(&ListParams::default().labels(selector)).await else {
-        return available;
-    };
-    for pod in &list.items {
+    for pod in pods {
         let app = pod.metadata.labels.as_ref().and_then(|l| l.get("app"));
         let counted = available
             .entry(app.cloned().unwrap_or_default())
@@ -175,8 +180,5 @@ pub fn evictions_per_pod(audit: &[AuditEvent], user: &str) -> BTreeMap<String, u
 }
 
 fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
-    ControlPlaneError::Setup {
-        what: format!("seeding {what}"),
-        detail: error.to_string(),
-    }
+    ControlPlaneError::setup(format!("seeding {what}"), error)
 }

@@ -137,6 +137,13 @@ impl RealWorldBuilder {
         self
     }
 
+    /// Environment variables for every function, as [`RealWorldBuilder::env`].
+    pub fn envs(self, pairs: &[(&str, &str)]) -> Self {
+        pairs
+            .iter()
+            .fold(self, |builder, (key, value)| builder.env(key, value))
+    }
+
     pub fn log_level(mut self, level: &'static str) -> Self {
         self.log_level = level;
         self
@@ -398,8 +405,5 @@ pub async fn apply_manifest(client: &kube::Client, yaml: &str) -> Result<usize, 
 }
 
 fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
-    ControlPlaneError::Setup {
-        what: what.to_owned(),
-        detail: error.to_string(),
-    }
+    ControlPlaneError::setup(what, error)
 }
