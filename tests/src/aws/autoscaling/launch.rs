@@ -244,6 +244,7 @@ pub(super) fn announce_departures(shared: &Shared) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
@@ -261,5 +262,27 @@ mod tests {
             FakeLaunchTemplate::new("", "nodes", "$Latest").xml(),
             "<LaunchTemplate><LaunchTemplateName>nodes</LaunchTemplateName><Version>$Latest</Version></LaunchTemplate>"
         );
+    }
+
+    #[tokio::test]
+    async fn a_launch_goes_to_the_zone_with_the_fewest_instances() {
+        let aws = crate::aws::FakeAws::start(crate::account::FakeAccount::reference())
+            .await
+            .unwrap();
+        let zones = ["eu-west-1a", "eu-west-1b", "eu-west-1c"];
+        aws.autoscaling()
+            .add_group(crate::aws::FakeAutoScalingGroup::new("g").availability_zones(&zones));
+        for (id, zone) in [("i-01", zones[0]), ("i-02", zones[0]), ("i-03", zones[1])] {
+            aws.autoscaling().add_instance("g", id, zone).unwrap();
+        }
+        let launched: Vec<String> = (0..3)
+            .map(|_| {
+                launch_new_instance(&aws.shared, "g", None, None)
+                    .unwrap()
+                    .availability_zone
+            })
+            .collect();
+        // c had none; then b and c have one each against a's two: b, listed first; then c.
+        assert_eq!(launched, ["eu-west-1c", "eu-west-1b", "eu-west-1c"]);
     }
 }
