@@ -113,15 +113,11 @@ async fn event_soak(mode: Mode) -> Result<(), String> {
     let count = number("EVENT_SOAK_SEEDS", if mode == Mode::Full { 500 } else { 5 });
     let first = number("EVENT_SOAK_SEED", 1);
     let started = std::time::Instant::now();
-    let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
+    let mut totals = SoakTotals::default();
     let mut failing = Vec::new();
     for seed in first..first + count {
         let report = run_seed(seed).await;
-        lost += report.lost;
-        duplicated += report.duplicated;
-        late += report.delayed;
-        brownouts += report.brownouts;
-        evictions += report.evictions;
+        totals.add(&report);
         for violation in &report.violations {
             eprintln!("seed {seed}: {violation}");
         }
@@ -129,15 +125,59 @@ async fn event_soak(mode: Mode) -> Result<(), String> {
             failing.push(format!("seed {seed} ({})", report.rerun_hint()));
         }
     }
+    let t = &totals;
     println!(
-        "## Event soak\n\n{count} seeds from {first} in {:.0} s: {lost} events lost, {duplicated} repeated, {late} late, {brownouts} brownouts, {evictions} evictions; {} seeds with violations\n",
+        "## Event soak\n\n{count} seeds from {first} in {:.0} s: {} events lost, {} repeated, {} late, {} brownouts; {} invocations ({} failed, {} continued), {} evictions, {} instance-refresh node writes, {} warm-pool returns, {} repairs; {} seeds with violations\n",
         started.elapsed().as_secs_f64(),
+        t.lost,
+        t.duplicated,
+        t.delayed,
+        t.brownouts,
+        t.invocations,
+        t.failed_invocations,
+        t.continuations,
+        t.evictions,
+        t.refresh_writes,
+        t.warm_pool_returns,
+        t.repairs,
         failing.len()
     );
     if failing.is_empty() {
         Ok(())
     } else {
         Err(format!("event soak: violations in {}", failing.join(", ")))
+    }
+}
+
+/// The event soak's counters summed over its seeds.
+#[derive(Default)]
+struct SoakTotals {
+    lost: usize,
+    duplicated: usize,
+    delayed: usize,
+    brownouts: usize,
+    invocations: usize,
+    failed_invocations: usize,
+    continuations: usize,
+    evictions: usize,
+    refresh_writes: usize,
+    warm_pool_returns: usize,
+    repairs: usize,
+}
+
+impl SoakTotals {
+    fn add(&mut self, report: &node_manager_testkit::soak::events::SeedReport) {
+        self.lost += report.lost;
+        self.duplicated += report.duplicated;
+        self.delayed += report.delayed;
+        self.brownouts += report.brownouts;
+        self.invocations += report.invocations;
+        self.failed_invocations += report.failed_invocations;
+        self.continuations += report.continuations;
+        self.evictions += report.evictions;
+        self.refresh_writes += report.refresh_writes;
+        self.warm_pool_returns += report.warm_pool_returns;
+        self.repairs += report.repairs;
     }
 }
 
