@@ -162,7 +162,7 @@ fn bounded_send(
     Response = http::Response<kube::client::Body>,
     Error = kube::Error,
     Future = impl std::future::Future<Output = Result<http::Response<kube::client::Body>, kube::Error>>
-                 + Send,
+             + Send,
 > + Clone
 + Send
 + 'static {
@@ -295,9 +295,7 @@ mod throttling_tests {
 
     /// An API server that answers GETs of node `n` with `answers` in turn (a status and its
     /// `Retry-After`), then with the node; `None` never answers.
-    fn server(
-        answers: Vec<Option<(u16, u64)>>,
-    ) -> (kube::Client, Arc<Mutex<Vec<Instant>>>) {
+    fn server(answers: Vec<Option<(u16, u64)>>) -> (kube::Client, Arc<Mutex<Vec<Instant>>>) {
         let answers = Arc::new(Mutex::new(answers.into_iter()));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let fake = tower::service_fn({
@@ -383,7 +381,11 @@ mod throttling_tests {
         // The second answer asked for 2 s, 1 s in, past the bound: the third try waits it out.
         assert_eq!(seen.len(), 3, "{seen:?}");
         assert!(seen[2] - seen[1] >= Duration::from_secs(2), "{seen:?}");
-        assert!(started.elapsed() < Duration::from_secs(6), "{:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
     }
 
     /// When the next try would start past the deadline, the step stops at once.
@@ -394,6 +396,9 @@ mod throttling_tests {
         let mut retries = ThrottledRetries::until(started + Duration::from_secs(3));
         let error = Api::<Node>::all(client).get("n").await.unwrap_err();
         assert_eq!(retries.after(&error).await, AfterFailure::OutOfTime);
-        assert!(started.elapsed() < Duration::from_secs(3), "no wait when out of time");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no wait when out of time"
+        );
     }
 }

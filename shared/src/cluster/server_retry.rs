@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use http::{HeaderMap, Request, Response, StatusCode};
 use kube::client::Body;
-use tower::BoxError;
 use tokio::time::Instant;
+use tower::BoxError;
 use tower::retry::Policy;
 
 use crate::retry::{RetryPolicy, backoff_delay};

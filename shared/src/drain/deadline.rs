@@ -15,6 +15,7 @@ use super::retention::{FailedDrainCompletion, RETENTION_LOOKUP_BOUND, complete_f
 use super::session::{DrainSession, SessionEnd};
 use super::stuck::{StuckPod, StuckReason};
 use crate::aws::{AutoScaling, LifecycleActionRef};
+use crate::cluster::{AfterFailure, ThrottledRetries};
 use crate::lifecycle::settings::DrainTimeoutResult;
 
 /// What the invocation does once its session ended.
@@ -66,6 +67,33 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
                 .await
         } else {
             Ok(self.report_stuck(session, events, &stuck).await)
+        }
+    }
+
+    /// [`Self::run`], run again while the API server throttles one of its steps past that
+    /// request's time bound, until `hand_over_at`; then [`NextStep::HandOver`]. Running again
+    /// is safe: the session starts over from the checkpoint and the cluster (its writes are
+    /// guarded by the node's `resourceVersion`, its evictions idempotent), as a fresh
+    /// invocation would.
+    pub async fn run_through_throttling(
+        &self,
+        session: &mut DrainSession<'_>,
+        events: &DrainEvents,
+        hand_over_at: Instant,
+    ) -> Result<NextStep, kube::Error> {
+        let mut retries = ThrottledRetries::until(hand_over_at);
+        loop {
+            let error = match self.run(session, events, hand_over_at).await {
+                Err(error) => error,
+                done => return done,
+            };
+            match retries.after(&error).await {
+                AfterFailure::TryAgain => {
+                    tracing::info!(step = "resumed_after_throttling", node = %session.node_name, "going on with the drain after the API server let a throttled step through");
+                }
+                AfterFailure::OutOfTime => return Ok(NextStep::HandOver),
+                AfterFailure::NotThrottled => return Err(error),
+            }
         }
     }
 
