@@ -210,6 +210,25 @@ impl ThrottledRetries {
         Self { until, retries: 0 }
     }
 
+    /// Runs `step` until it succeeds (`Some`), fails for another reason than throttling
+    /// (`Err`), or the next try would start past the deadline (`None`).
+    pub async fn retry<T>(
+        &mut self,
+        mut step: impl AsyncFnMut() -> Result<T, kube::Error>,
+    ) -> Result<Option<T>, kube::Error> {
+        loop {
+            let error = match step().await {
+                Ok(done) => return Ok(Some(done)),
+                Err(error) => error,
+            };
+            match self.after(&error).await {
+                AfterFailure::TryAgain => {}
+                AfterFailure::OutOfTime => return Ok(None),
+                AfterFailure::NotThrottled => return Err(error),
+            }
+        }
+    }
+
     /// After the step failed with `error`: waits and answers [`AfterFailure::TryAgain`] when
     /// the server throttled it and the next try starts before the deadline.
     pub async fn after(&mut self, error: &kube::Error) -> AfterFailure {

@@ -15,7 +15,7 @@ use super::retention::{FailedDrainCompletion, RETENTION_LOOKUP_BOUND, complete_f
 use super::session::{DrainSession, SessionEnd};
 use super::stuck::{StuckPod, StuckReason};
 use crate::aws::{AutoScaling, LifecycleActionRef};
-use crate::cluster::{AfterFailure, ThrottledRetries};
+use crate::cluster::ThrottledRetries;
 use crate::lifecycle::settings::DrainTimeoutResult;
 
 /// What the invocation does once its session ended.
@@ -81,20 +81,9 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
         events: &DrainEvents,
         hand_over_at: Instant,
     ) -> Result<NextStep, kube::Error> {
-        let mut retries = ThrottledRetries::until(hand_over_at);
-        loop {
-            let error = match self.run(session, events, hand_over_at).await {
-                Err(error) => error,
-                done => return done,
-            };
-            match retries.after(&error).await {
-                AfterFailure::TryAgain => {
-                    tracing::info!(step = "resumed_after_throttling", node = %session.node_name, "going on with the drain after the API server let a throttled step through");
-                }
-                AfterFailure::OutOfTime => return Ok(NextStep::HandOver),
-                AfterFailure::NotThrottled => return Err(error),
-            }
-        }
+        let run = async || self.run(session, events, hand_over_at).await;
+        let next = ThrottledRetries::until(hand_over_at).retry(run).await?;
+        Ok(next.unwrap_or(NextStep::HandOver))
     }
 
     /// How the drain that failed is completed (asking the group's retention when it matters).

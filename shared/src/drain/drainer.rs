@@ -309,6 +309,9 @@ impl<C: HookClients> Drainer<C> {
     ) -> Result<ControlFlow<DeliveryOutcome, (Node, HeartbeatKeeper)>, DrainError> {
         let (notification, invocation) = (request.notification, request.invocation);
         let action = &notification.action;
+        // Whether the settings leave this invocation time to work at all (not whether a slow
+        // lookup used it up: the drain then hands over).
+        let has_time_to_work = invocation.budget.has_working_slice();
         let heartbeat = async {
             let mut keeper = self.context.heartbeat_keeper(notification).await;
             let beat = keeper.prove_pending(&self.context.autoscaling).await;
@@ -326,26 +329,21 @@ impl<C: HookClients> Drainer<C> {
                 })?;
         // Without proof that the action is pending nothing is written for it (not even a
         // completion): the invocation fails with the reason, and Lambda retries it.
-        let beat = match beat {
-            Err(PendingUnproven::Unanswered(source)) => {
-                tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
-                return Err(DrainError::ActionUnproven {
-                    instance_id: action.instance_id.clone(),
-                    source,
-                });
-            }
-            other => other,
-        };
+        if let Err(PendingUnproven::Unanswered(source)) = beat {
+            tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
+            return Err(DrainError::ActionUnproven {
+                instance_id: action.instance_id.clone(),
+                source,
+            });
+        }
+        let pending = beat.is_ok();
         let node = match node {
-            Ok(NodeLookup::Found(node)) => node,
-            Ok(NodeLookup::OutOfTime) if beat.is_err() => {
-                tracing::info!(
-                    step = "action_gone",
-                    "Auto Scaling has no pending lifecycle action for this token: nothing drained"
-                );
-                return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
-            }
+            Ok(NodeLookup::Found(Some(node))) => node,
+            Ok(NodeLookup::Found(None)) => return self.complete_without_node(notification).await,
             Ok(NodeLookup::OutOfTime) => {
+                if let Some(outcome) = self.may_not_drain(invocation, has_time_to_work, pending)? {
+                    return Ok(ControlFlow::Break(outcome));
+                }
                 let outcome = self.hand_over_unclaimed(request, &mut keeper).await?;
                 return Ok(ControlFlow::Break(outcome));
             }
@@ -356,20 +354,40 @@ impl<C: HookClients> Drainer<C> {
                 });
             }
         };
-        let Some(node) = node else {
-            tracing::info!(
-                step = "no_node",
-                "the instance has no node (never joined or already gone): completing"
-            );
-            let outcome = self
-                .complete(notification, LifecycleActionResult::Continue)
-                .await?;
-            self.metrics(notification, None, "NoNode").emit();
-            return Ok(ControlFlow::Break(DeliveryOutcome::NoNode(outcome)));
-        };
         let node_name = node.metadata.name.as_deref().unwrap_or_default();
         tracing::Span::current().record("node", node_name);
-        if !invocation.budget.has_working_slice() {
+        if let Some(outcome) = self.may_not_drain(invocation, has_time_to_work, pending)? {
+            return Ok(ControlFlow::Break(outcome));
+        }
+        Ok(ControlFlow::Continue((node, keeper)))
+    }
+
+    /// The instance has no node (never joined or already gone): complete.
+    async fn complete_without_node(
+        &self,
+        notification: &LifecycleNotification,
+    ) -> Result<ControlFlow<DeliveryOutcome, (Node, HeartbeatKeeper)>, DrainError> {
+        tracing::info!(
+            step = "no_node",
+            "the instance has no node (never joined or already gone): completing"
+        );
+        let outcome = self
+            .complete(notification, LifecycleActionResult::Continue)
+            .await?;
+        self.metrics(notification, None, "NoNode").emit();
+        Ok(ControlFlow::Break(DeliveryOutcome::NoNode(outcome)))
+    }
+
+    /// Why this invocation may not work on the drain (nor hand it over), if it may not: the
+    /// settings leave it no time to work (an error: a hand-over would loop), or Auto Scaling
+    /// has no pending action for its token.
+    fn may_not_drain(
+        &self,
+        invocation: &Invocation,
+        has_time_to_work: bool,
+        pending: bool,
+    ) -> Result<Option<DeliveryOutcome>, DrainError> {
+        if !has_time_to_work {
             let error = DrainError::NoTimeToWork {
                 remaining: invocation.budget.remaining(),
                 margin: self.settings().lifecycle.hand_over_margin,
@@ -377,14 +395,14 @@ impl<C: HookClients> Drainer<C> {
             tracing::error!(step = "no_time_to_work", %error, "nothing done");
             return Err(error);
         }
-        if beat.is_err() {
+        if !pending {
             tracing::info!(
                 step = "action_gone",
                 "Auto Scaling has no pending lifecycle action for this token: nothing drained"
             );
-            return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
+            return Ok(Some(DeliveryOutcome::ActionGone));
         }
-        Ok(ControlFlow::Continue((node, keeper)))
+        Ok(None)
     }
 
     /// The instance's Node ([`find_node`]), looked up again while the API server throttles

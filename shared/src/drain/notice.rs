@@ -24,6 +24,7 @@ use super::lease::{self, Claim, LeaseHolder, NodeLease, Update};
 use super::report::DrainError;
 use super::session::{DrainSession, SessionEnd};
 use crate::aws::LifecycleActionRef;
+use crate::cluster::ThrottledRetries;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::checkpoint::{
     CHECKPOINT_ANNOTATION, DrainCheckpoint, DrainResult, InstanceNotice, checkpoint_of,
@@ -211,10 +212,17 @@ impl<C: HookClients> Drainer<C> {
             None,
         );
         let budget = request.invocation.budget;
-        let ran = tokio::time::timeout_at(budget.cutoff_at(), session.run(budget.hand_over_at()))
+        // A step the API server throttles past its request's bound is tried again, until the
+        // hand-over time ([`ThrottledRetries`]).
+        let hand_over_at = budget.hand_over_at();
+        let run = async || session.run(hand_over_at).await;
+        let mut retries = ThrottledRetries::until(hand_over_at);
+        let retried = retries.retry(run);
+        let ran = tokio::time::timeout_at(budget.cutoff_at(), retried)
             .await
-            .unwrap_or(Ok(SessionEnd::HandOver))
-            .map_err(|source| kube_error(&lease.name, source))?;
+            .unwrap_or(Ok(None))
+            .map_err(|source| kube_error(&lease.name, source))?
+            .unwrap_or(SessionEnd::HandOver);
         let node_reference = session.node_reference();
         lease.last_written = session.last_written.take();
         let ended = SessionReport {
