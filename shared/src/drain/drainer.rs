@@ -112,6 +112,8 @@ struct ClaimedDrain {
 }
 
 /// What looking up the instance's Node came to.
+// Returned once per lookup, never stored in bulk: size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum NodeLookup {
     /// The node, or `None` when the cluster has none.
     Found(Option<Node>),
