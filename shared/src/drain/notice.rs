@@ -150,16 +150,22 @@ impl<C: HookClients> Drainer<C> {
             )
         };
         let name = request.node.metadata.name.as_deref().unwrap_or_default();
-        let cutoff = request.invocation.budget.cutoff_at();
-        let claim = tokio::time::timeout_at(
-            cutoff,
-            lease::claim_with(nodes, request.node.clone(), taint.as_ref(), decide),
-        )
-        .await
-        .map_err(|_| DrainError::NoAnswerBeforeHandOver {
+        let budget = request.invocation.budget;
+        // Tried again while the API server throttles it (guarded by the node's
+        // resourceVersion), until the hand-over time; a claim without an answer by then fails
+        // the invocation, and the notice's redelivery tries again.
+        let mut retries = ThrottledRetries::until(budget.hand_over_at());
+        let claim = retries.retry(async || {
+            lease::claim_with(nodes, request.node.clone(), taint.as_ref(), decide).await
+        });
+        let unanswered = || DrainError::NoAnswerBeforeHandOver {
             instance_id: request.action.instance_id.clone(),
-        })?
-        .map_err(|source| kube_error(name, source))?;
+        };
+        let claim = tokio::time::timeout_at(budget.cutoff_at(), claim)
+            .await
+            .map_err(|_| unanswered())?
+            .map_err(|source| kube_error(name, source))?
+            .ok_or_else(unanswered)?;
         Ok(ControlFlow::Break(match claim {
             Claim::Claimed {
                 node,
