@@ -158,7 +158,9 @@ pub struct Throttled {
 }
 
 /// When a call that failed only because the API server throttled it may be tried again;
-/// `None` for any other failure (a real answer, no connection, no answer at all).
+/// `None` for any other failure (a real answer, no connection, no answer at all). Not for
+/// evictions: their 429 is a PodDisruptionBudget's refusal, which the drain's eviction code
+/// reads itself.
 fn throttled_until(error: &kube::Error) -> Option<Instant> {
     match error {
         kube::Error::Api(status) => StatusCode::from_u16(status.code)
