@@ -2,8 +2,10 @@
 //! hook's identity is put in a priority level of one seat that rejects (429 with
 //! `Retry-After`) what does not fit, on an apiserver started with a small
 //! `--max-requests-inflight`, and 20 nodes are terminated at once, each lifecycle
-//! notification in its own function process. Every drain must still complete exactly once,
-//! with no PodDisruptionBudget broken; the test reports how many 429s the brownout gave.
+//! notification in its own function process. Every drain must still complete exactly once, in
+//! its first invocation (a request the server keeps throttling past its time bound is tried
+//! again within the invocation, not left to Lambda's retry), with no PodDisruptionBudget
+//! broken; the test reports how many 429s the brownout gave.
 //!
 //! Skipped with a printed line when `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not
 //! built.
@@ -209,7 +211,7 @@ async fn twenty_drains_at_once(bin: &std::path::Path, limit: LimitResponse) {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let (fewest, sampler) = sample_fewest(pods.clone());
 
-    let (took, failed) = drain_all_at_once(&w, &instances).await;
+    let (took, tried_again) = drain_all_at_once(&w, &instances).await;
     sampler.abort();
     let completions = w.aws.autoscaling().completions();
     let completed: BTreeSet<&str> = completions.iter().map(|c| c.instance_id.as_str()).collect();
@@ -225,11 +227,7 @@ async fn twenty_drains_at_once(bin: &std::path::Path, limit: LimitResponse) {
         fewest >= REPLICAS - 1,
         "a budget was broken: only {fewest} pods of a Deployment were available at one point"
     );
-    assert_explained_by_the_brownout(&failed);
-    if matches!(limit, LimitResponse::Queue) {
-        assert!(failed.is_empty(), "{failed:?}");
-    }
-    report(&w, took, &failed);
+    report(&w, took, tried_again);
 }
 
 /// The 20 instances to drain (the world's first) and the 2 survivors' nodes (cordoned).
@@ -248,20 +246,11 @@ async fn seed_nodes(w: &RealFunctionWorld) -> (Vec<String>, Vec<String>) {
     (instances, survivors)
 }
 
-/// How Lambda answers a failed asynchronous invocation (SNS invokes the hooks
-/// asynchronously): it invokes the same event again, at most twice. Lambda waits about a
-/// minute before the first retry; here a few seconds, time enough for kube-apiserver to
-/// lower the `Retry-After` it asks of the priority level.
-const LAMBDA_RETRIES: usize = 2;
-const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(3);
-
-/// Terminates every instance at once and answers each notification in its own process,
-/// retried as Lambda retries a failed asynchronous invocation; every drain must complete.
-/// Returns how long they took together and the failed invocations (Lambda retried each).
-async fn drain_all_at_once(
-    w: &RealFunctionWorld,
-    instances: &[String],
-) -> (Duration, Vec<(String, String)>) {
+/// Terminates every instance at once and answers each notification in its own process;
+/// every invocation must complete its drain (none fails, none hands over: the brownout ends
+/// long before an invocation's time). Returns how long they took together, and how many
+/// steps the invocations tried again after the server throttled them past a request's bound.
+async fn drain_all_at_once(w: &RealFunctionWorld, instances: &[String]) -> (Duration, usize) {
     let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
     for instance in instances {
         w.aws
@@ -284,69 +273,30 @@ async fn drain_all_at_once(
         processes
             .iter()
             .zip(&events)
-            .map(|(f, event)| invoke_as_lambda_retries(f, event)),
+            .map(|(f, event)| f.runtime.invoke(event, Duration::from_secs(60))),
     )
     .await;
     let took = started.elapsed();
-    let mut failed = Vec::new();
+    let mut tried_again = 0;
     for (outcome, process) in outcomes.into_iter().zip(&processes) {
-        let (last, failures) = outcome;
-        match last {
+        let output = process.runtime.output();
+        match outcome {
             Ok(InvocationOutcome::Response(answer)) => {
-                assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}")
+                assert_eq!(
+                    answer["records"][0]["outcome"], "Completed",
+                    "{answer}\n{output}"
+                )
             }
-            other => panic!("{other:?}\n{}", process.runtime.output()),
+            other => panic!("{other:?}\n{output}"),
         }
-        failed.extend(failures);
+        tried_again += output
+            .matches("trying it again within the invocation")
+            .count();
     }
-    (took, failed)
+    (took, tried_again)
 }
 
-/// Invokes `event`, and again after a failure as Lambda does; returns the last outcome and
-/// the failures before it (error type, message).
-async fn invoke_as_lambda_retries(
-    function: &node_manager_testkit::e2e::RunningFunction,
-    event: &serde_json::Value,
-) -> (
-    Result<InvocationOutcome, node_manager_testkit::lambda_api::LambdaApiError>,
-    Vec<(String, String)>,
-) {
-    let mut failures = Vec::new();
-    loop {
-        let outcome = function
-            .runtime
-            .invoke(event, Duration::from_secs(60))
-            .await;
-        match &outcome {
-            Ok(InvocationOutcome::Error {
-                error_type,
-                error_message,
-            }) if failures.len() < LAMBDA_RETRIES => {
-                failures.push((error_type.clone(), error_message.clone()));
-                tokio::time::sleep(RETRY_AFTER_FAILURE).await;
-            }
-            _ => return (outcome, failures),
-        }
-    }
-}
-
-/// A failed invocation is acceptable only as what the brownout explains: a request that got
-/// no answer but 429s within its time bound, the server's `Retry-After` having grown past it
-/// (kube-apiserver doubles the `Retry-After` of a priority level that keeps dropping requests:
-/// 1, 2, 4, 8 s ... up to 32). It fails before the drain began (the node lookup) or in the
-/// middle of it (its marks and evictions so far stay); either way the lifecycle action stays
-/// live and Lambda's retry completes the drain (checked by the caller: one `CONTINUE` per
-/// instance, no budget broken).
-fn assert_explained_by_the_brownout(failed: &[(String, String)]) {
-    for (error_type, message) in failed {
-        assert!(
-            message.contains("no answer from the API server within"),
-            "an invocation failed for another reason than the brownout: {error_type}: {message}"
-        );
-    }
-}
-
-fn report(w: &RealFunctionWorld, took: Duration, failed: &[(String, String)]) {
+fn report(w: &RealFunctionWorld, took: Duration, tried_again: usize) {
     let audit = w.plane.audit();
     let (brownout, budget) = refusals(&audit);
     assert!(
@@ -359,9 +309,8 @@ fn report(w: &RealFunctionWorld, took: Duration, failed: &[(String, String)]) {
         .count();
     let evictions = evictions_per_pod(&audit, HOOK_USER);
     println!(
-        "{DRAINED} drains at once under the APF brownout: {took:?}, {requests} requests, {brownout} rejected by APF (429), {budget} evictions refused by a budget, {} pods evicted ({} evictions), {} invocations failed and were retried: {failed:?}",
+        "{DRAINED} drains at once under the APF brownout: {took:?}, {requests} requests, {brownout} rejected by APF (429), {budget} evictions refused by a budget, {} pods evicted ({} evictions), {tried_again} steps throttled past a request's bound tried again, no invocation failed",
         evictions.len(),
         evictions.values().sum::<usize>(),
-        failed.len()
     );
 }

@@ -16,7 +16,7 @@ use tower::retry::RetryLayer;
 use super::bearer::{BearerAuth, TokenSource};
 use super::discovery::ClusterInfo;
 use super::error::ClusterAccessError;
-use super::server_retry::ServerRetry;
+use super::server_retry::{ServerRetry, ThrottleRecord};
 
 /// `open-node-manager/<version> (<function>)`: how the API server's audit log names us.
 pub fn user_agent(function_name: &str) -> String {
@@ -45,7 +45,9 @@ fn is_eviction(uri: &http::Uri) -> bool {
 /// ([`ServerRetry`]), unless it is a watch. Without it a brownout, or a
 /// connection that stops answering (kube sets no read timeout), holds a call for minutes and
 /// the caller's own deadlines (lease renewal, hand-over) cannot be kept; with it the caller
-/// gets an error it already knows how to handle (transient: retried or handed over).
+/// gets an error it already knows how to handle (transient: retried or handed over). A
+/// request the server kept throttling until then fails as throttled, which a drain tries
+/// again within its invocation ([`super::ThrottledRetries`]).
 pub(crate) const REQUEST_TIME_BOUND: Duration = Duration::from_secs(10);
 
 /// `?watch=true` (or `1`): a long-running request by design, bounded by its own
@@ -147,6 +149,54 @@ fn without_empty_query_parts<B>(mut request: http::Request<B>) -> http::Request<
     request
 }
 
+/// Sends every request over `transport` (with the retry of 429/503/504), evictions over
+/// `eviction_transport` (without it), and ends every request but a watch after `bound`
+/// ([`REQUEST_TIME_BOUND`]): with a [`Throttled`](super::server_retry::Throttled) error when the server kept asking it to try
+/// again later until then, with a plain "no answer" otherwise.
+fn bounded_send(
+    transport: kube::Client,
+    eviction_transport: kube::Client,
+    bound: Duration,
+) -> impl tower::Service<
+    http::Request<kube::client::Body>,
+    Response = http::Response<kube::client::Body>,
+    Error = kube::Error,
+    Future = impl std::future::Future<Output = Result<http::Response<kube::client::Body>, kube::Error>>
+             + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let mut request = without_empty_query_parts(request);
+        let transport = if is_eviction(request.uri()) {
+            eviction_transport.clone()
+        } else {
+            transport.clone()
+        };
+        let bounded = !is_watch(request.uri());
+        let record = ThrottleRecord::default();
+        request.extensions_mut().insert(record.clone());
+        async move {
+            if !bounded {
+                return transport.send(request).await;
+            }
+            match tokio::time::timeout(bound, transport.send(request)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(match record.throttled(bound) {
+                    Some(throttled) => kube::Error::Service(Box::new(throttled)),
+                    None => kube::Error::Service(
+                        format!(
+                            "no answer from the API server within {} s (its retries included)",
+                            bound.as_secs_f64()
+                        )
+                        .into(),
+                    ),
+                }),
+            }
+        }
+    })
+}
+
 /// Builds a client for `cluster` that authenticates with tokens from `tokens`.
 ///
 /// Needs a Tokio runtime (the client's request queue runs on it).
@@ -183,30 +233,7 @@ pub(crate) fn build_client(
     let pool = connection_pool(&config)?;
     let transport = stack(&config, pool.clone(), true)?;
     let eviction_transport = stack(&config, pool, false)?;
-    let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let request = without_empty_query_parts(request);
-        let transport = if is_eviction(request.uri()) {
-            eviction_transport.clone()
-        } else {
-            transport.clone()
-        };
-        let bounded = !is_watch(request.uri());
-        async move {
-            if !bounded {
-                return transport.send(request).await;
-            }
-            match tokio::time::timeout(REQUEST_TIME_BOUND, transport.send(request)).await {
-                Ok(answer) => answer,
-                Err(_) => Err(kube::Error::Service(
-                    format!(
-                        "no answer from the API server within {} s (its retries included)",
-                        REQUEST_TIME_BOUND.as_secs()
-                    )
-                    .into(),
-                )),
-            }
-        }
-    });
+    let send = bounded_send(transport, eviction_transport, REQUEST_TIME_BOUND);
     Ok(kube::Client::new(BearerAuth::new(send, tokens), "default"))
 }
 
@@ -247,5 +274,136 @@ mod tests {
             "https://k/api/v1/nodes?limit=500"
         );
         assert_eq!(tidied("https://k/api/v1/nodes"), "https://k/api/v1/nodes");
+    }
+}
+
+/// The request time bound and the retry of "try again later" over an in-memory API server,
+/// with a bound of 2.5 s instead of 10 (`Retry-After` counts whole seconds).
+#[cfg(test)]
+mod throttling_tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::{Arc, Mutex};
+
+    use k8s_openapi::api::core::v1::Node;
+    use kube::Api;
+    use tokio::time::Instant;
+    use tower::BoxError;
+    use tower::retry::Retry;
+
+    use super::*;
+    use crate::cluster::{AfterFailure, ThrottledRetries, is_throttled};
+
+    /// An API server that answers GETs of node `n` with `answers` in turn (a status and its
+    /// `Retry-After`), then with the node; `None` never answers.
+    fn server(answers: Vec<Option<(u16, u64)>>) -> (kube::Client, Arc<Mutex<Vec<Instant>>>) {
+        let answers = Arc::new(Mutex::new(answers.into_iter()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let fake = tower::service_fn({
+            let seen = seen.clone();
+            move |_request: http::Request<kube::client::Body>| {
+                seen.lock().unwrap().push(Instant::now());
+                let next = answers.lock().unwrap().next();
+                async move {
+                    let response = match next {
+                        Some(None) => std::future::pending().await,
+                        Some(Some((code, retry_after))) => http::Response::builder()
+                            .status(code)
+                            .header("Retry-After", retry_after.to_string())
+                            .body(format!(
+                                r#"{{"kind":"Status","apiVersion":"v1","status":"Failure","message":"too many requests","reason":"TooManyRequests","code":{code}}}"#
+                            )),
+                        None => http::Response::builder().status(200).body(
+                            r#"{"kind":"Node","apiVersion":"v1","metadata":{"name":"n"}}"#
+                                .to_owned(),
+                        ),
+                    };
+                    Ok::<_, BoxError>(response.unwrap())
+                }
+            }
+        });
+        let transport = kube::Client::new(Retry::new(ServerRetry::default(), fake), "default");
+        let send = bounded_send(transport.clone(), transport, BOUND);
+        (kube::Client::new(send, "default"), seen)
+    }
+
+    const BOUND: Duration = Duration::from_millis(2500);
+
+    /// kube-apiserver's answer to a priority level that keeps dropping requests: 429 with a
+    /// `Retry-After` that doubles, past the request's bound.
+    fn doubling_retry_after() -> Vec<Option<(u16, u64)>> {
+        [1, 2, 4, 8, 16].map(|s| Some((429, s))).to_vec()
+    }
+
+    #[tokio::test]
+    async fn a_request_throttled_past_its_bound_fails_as_throttled() {
+        let (client, seen) = server(doubling_retry_after());
+        let started = Instant::now();
+        let error = Api::<Node>::all(client).get("n").await.unwrap_err();
+        assert!(started.elapsed() >= BOUND, "{:?}", started.elapsed());
+        assert!(is_throttled(&error), "{error}");
+        assert!(error.to_string().contains("try again later"), "{error}");
+        assert_eq!(seen.lock().unwrap().len(), 2, "1 s of wait, then 2 s");
+    }
+
+    #[tokio::test]
+    async fn a_request_without_any_answer_is_not_throttled() {
+        let (client, _) = server(vec![None]);
+        let error = Api::<Node>::all(client).get("n").await.unwrap_err();
+        assert!(!is_throttled(&error), "{error}");
+        assert!(error.to_string().contains("no answer"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_real_answer_is_not_throttled() {
+        let (client, _) = server(vec![Some((404, 0))]);
+        let error = Api::<Node>::all(client).get("n").await.unwrap_err();
+        assert!(!is_throttled(&error), "{error}");
+        let mut retries = ThrottledRetries::until(Instant::now() + Duration::from_secs(60));
+        assert_eq!(retries.after(&error).await, AfterFailure::NotThrottled);
+        // Tried once, its answer returned.
+        let (client, seen) = server(vec![Some((403, 0))]);
+        let nodes = Api::<Node>::all(client);
+        let tried = retries.retry(async || nodes.get("n").await).await;
+        assert!(
+            matches!(tried, Err(kube::Error::Api(ref s)) if s.code == 403),
+            "{tried:?}"
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1);
+    }
+
+    /// A step retried within its deadline gets through once the server lets it, never
+    /// sooner than the server asked.
+    #[tokio::test]
+    async fn a_throttled_step_is_tried_again_within_its_deadline() {
+        let (client, seen) = server(doubling_retry_after()[..2].to_vec());
+        let nodes = Api::<Node>::all(client);
+        let started = Instant::now();
+        let mut retries = ThrottledRetries::until(started + Duration::from_secs(60));
+        let node = retries.retry(async || nodes.get("n").await).await.unwrap();
+        assert_eq!(node.unwrap().metadata.name.as_deref(), Some("n"));
+        let seen = seen.lock().unwrap();
+        // The second answer asked for 2 s, 1 s in, past the bound: the third try waits it out.
+        assert_eq!(seen.len(), 3, "{seen:?}");
+        assert!(seen[2] - seen[1] >= Duration::from_secs(2), "{seen:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    /// When the next try would start past the deadline, the step stops at once.
+    #[tokio::test]
+    async fn a_throttled_step_stops_at_its_deadline() {
+        let (client, _) = server(doubling_retry_after());
+        let started = Instant::now();
+        let mut retries = ThrottledRetries::until(started + Duration::from_secs(3));
+        let nodes = Api::<Node>::all(client);
+        let tried = retries.retry(async || nodes.get("n").await).await;
+        assert!(matches!(tried, Ok(None)), "{tried:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no wait when out of time"
+        );
     }
 }

@@ -39,6 +39,7 @@ pub use self::bearer::TokenSource;
 pub use self::clock::{Clock, ManualClock, SystemClock};
 pub use self::discovery::{ClusterInfo, ClusterOverride};
 pub use self::error::ClusterAccessError;
+pub use self::server_retry::{AfterFailure, Throttled, ThrottledRetries, is_throttled};
 pub use self::token::{EksToken, TokenError, sign_token};
 
 /// The way to one cluster's Kubernetes API, built once and reused by every invocation.

@@ -15,6 +15,7 @@ use super::retention::{FailedDrainCompletion, RETENTION_LOOKUP_BOUND, complete_f
 use super::session::{DrainSession, SessionEnd};
 use super::stuck::{StuckPod, StuckReason};
 use crate::aws::{AutoScaling, LifecycleActionRef};
+use crate::cluster::ThrottledRetries;
 use crate::lifecycle::settings::DrainTimeoutResult;
 
 /// What the invocation does once its session ended.
@@ -67,6 +68,22 @@ impl<A: AutoScaling> DeadlinePolicy<'_, A> {
         } else {
             Ok(self.report_stuck(session, events, &stuck).await)
         }
+    }
+
+    /// [`Self::run`], run again while the API server throttles one of its steps past that
+    /// request's time bound, until `hand_over_at`; then [`NextStep::HandOver`]. Running again
+    /// is safe: the session starts over from the checkpoint and the cluster (its writes are
+    /// guarded by the node's `resourceVersion`, its evictions idempotent), as a fresh
+    /// invocation would.
+    pub async fn run_through_throttling(
+        &self,
+        session: &mut DrainSession<'_>,
+        events: &DrainEvents,
+        hand_over_at: Instant,
+    ) -> Result<NextStep, kube::Error> {
+        let run = async || self.run(session, events, hand_over_at).await;
+        let next = ThrottledRetries::until(hand_over_at).retry(run).await?;
+        Ok(next.unwrap_or(NextStep::HandOver))
     }
 
     /// How the drain that failed is completed (asking the group's retention when it matters).

@@ -24,12 +24,13 @@ use tracing::Instrument;
 
 use crate::aws::{AutoScaling, Instances, LifecycleActionResult, Notifications};
 use crate::cluster::connection::KubeConnection;
+use crate::cluster::{AfterFailure, ThrottledRetries};
 use crate::lifecycle::hand_over::{HandOver, predecessor_of};
 use crate::lifecycle::handler::{
     Clients, HandledRecord, HookClients, HookContext, HookHandler, Invocation,
 };
 use crate::lifecycle::heartbeat::{ActionGone, HeartbeatKeeper, PendingUnproven};
-use crate::lifecycle::node::find_node;
+use crate::lifecycle::node::{NodeLookupError, find_node};
 use crate::lifecycle::notification::{
     Delivery, LifecycleMessage, LifecycleNotification, LifecycleTransition,
 };
@@ -108,6 +109,25 @@ struct ClaimedDrain {
     checkpoint: DrainCheckpoint,
     resumed: bool,
     cordon: CordonReport,
+}
+
+/// What looking up the instance's Node came to.
+// Returned once per lookup, never stored in bulk: size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum NodeLookup {
+    /// The node, or `None` when the cluster has none.
+    Found(Option<Node>),
+    /// The API server kept throttling the lookup until the hand-over time.
+    OutOfTime,
+}
+
+/// Why taking the drain took nothing.
+enum Unclaimed {
+    /// The delivery is done with (a duplicate, the action or node gone, ...).
+    Done(DeliveryOutcome),
+    /// The invocation's time is up before the drain could be taken: hand the notification
+    /// to a fresh invocation.
+    HandOver,
 }
 
 /// Where driving the session left the drain.
@@ -230,17 +250,7 @@ impl<C: HookClients> Drainer<C> {
     /// From the instance's Node to the completion or hand-over: find, claim, announce,
     /// drive, finish. Events are queued on `events` and written by [`Self::terminating`].
     async fn drain_node(&self, request: &DrainRequest<'_>) -> Result<DeliveryOutcome, DrainError> {
-        // Looking up and taking the drain are bounded too: under an API brownout they fail
-        // the invocation (Lambda retries it; a claim that landed is resumed by the same
-        // request id) rather than run past its deadline.
-        let cutoff = request.invocation.budget.cutoff_at();
-        let unanswered = || DrainError::NoAnswerBeforeHandOver {
-            instance_id: request.notification.action.instance_id.clone(),
-        };
-        let found = tokio::time::timeout_at(cutoff, self.find_node(request))
-            .await
-            .map_err(|_| unanswered())?;
-        let (node, mut keeper) = match found? {
+        let (node, mut keeper) = match self.find_node(request).await? {
             ControlFlow::Continue(found) => found,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
@@ -257,13 +267,21 @@ impl<C: HookClients> Drainer<C> {
             },
             last_written: None,
         };
+        // Taking the drain is bounded too: a claim still without an answer at the cut-off (a
+        // brownout) is handed over like one the server kept throttling (a claim that landed
+        // is taken over once its lease lapses).
         let claim = self.claim(&lease, node, request, &mut keeper);
-        let claimed = tokio::time::timeout_at(cutoff, claim)
-            .await
-            .map_err(|_| unanswered())?;
-        let claimed = match claimed? {
+        let claimed =
+            match tokio::time::timeout_at(request.invocation.budget.cutoff_at(), claim).await {
+                Ok(claimed) => claimed?,
+                Err(_) => ControlFlow::Break(Unclaimed::HandOver),
+            };
+        let claimed = match claimed {
             ControlFlow::Continue(claimed) => claimed,
-            ControlFlow::Break(outcome) => return Ok(outcome),
+            ControlFlow::Break(Unclaimed::Done(outcome)) => return Ok(outcome),
+            ControlFlow::Break(Unclaimed::HandOver) => {
+                return self.hand_over_unclaimed(request, &mut keeper).await;
+            }
         };
         let node_reference =
             DrainEvents::node_reference(&lease.name, claimed.node.metadata.uid.as_deref());
@@ -293,45 +311,85 @@ impl<C: HookClients> Drainer<C> {
     ) -> Result<ControlFlow<DeliveryOutcome, (Node, HeartbeatKeeper)>, DrainError> {
         let (notification, invocation) = (request.notification, request.invocation);
         let action = &notification.action;
+        // Whether the settings leave this invocation time to work at all (not whether a slow
+        // lookup used it up: the drain then hands over).
+        let has_time_to_work = invocation.budget.has_working_slice();
         let heartbeat = async {
             let mut keeper = self.context.heartbeat_keeper(notification).await;
             let beat = keeper.prove_pending(&self.context.autoscaling).await;
             (keeper, beat)
         };
-        let (node, (keeper, beat)) = tokio::join!(
-            find_node(request.client, &self.context.instances, &action.instance_id),
-            heartbeat
-        );
+        // Bounded: a heartbeat still without an answer at the cut-off fails the invocation
+        // (nothing was written; Lambda retries it), the last resort, since a hand-over needs
+        // that heartbeat. The lookup itself ends at the hand-over time.
+        let joined = async { tokio::join!(self.look_up_node(request), heartbeat) };
+        let (node, (mut keeper, beat)) =
+            tokio::time::timeout_at(invocation.budget.cutoff_at(), joined)
+                .await
+                .map_err(|_| DrainError::NoAnswerBeforeHandOver {
+                    instance_id: action.instance_id.clone(),
+                })?;
         // Without proof that the action is pending nothing is written for it (not even a
         // completion): the invocation fails with the reason, and Lambda retries it.
-        let beat = match beat {
-            Err(PendingUnproven::Unanswered(source)) => {
-                tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
-                return Err(DrainError::ActionUnproven {
+        if let Err(PendingUnproven::Unanswered(source)) = beat {
+            tracing::error!(step = "action_unproven", error = %source, "cannot prove the lifecycle action is pending: nothing done");
+            return Err(DrainError::ActionUnproven {
+                instance_id: action.instance_id.clone(),
+                source,
+            });
+        }
+        let pending = beat.is_ok();
+        let node = match node {
+            Ok(NodeLookup::Found(Some(node))) => node,
+            Ok(NodeLookup::Found(None)) => return self.complete_without_node(notification).await,
+            Ok(NodeLookup::OutOfTime) => {
+                if let Some(outcome) = self.may_not_drain(invocation, has_time_to_work, pending)? {
+                    return Ok(ControlFlow::Break(outcome));
+                }
+                let outcome = self.hand_over_unclaimed(request, &mut keeper).await?;
+                return Ok(ControlFlow::Break(outcome));
+            }
+            Err(source) => {
+                return Err(DrainError::NodeLookup {
                     instance_id: action.instance_id.clone(),
                     source,
                 });
             }
-            other => other,
-        };
-        let node = node.map_err(|source| DrainError::NodeLookup {
-            instance_id: action.instance_id.clone(),
-            source,
-        })?;
-        let Some(node) = node else {
-            tracing::info!(
-                step = "no_node",
-                "the instance has no node (never joined or already gone): completing"
-            );
-            let outcome = self
-                .complete(notification, LifecycleActionResult::Continue)
-                .await?;
-            self.metrics(notification, None, "NoNode").emit();
-            return Ok(ControlFlow::Break(DeliveryOutcome::NoNode(outcome)));
         };
         let node_name = node.metadata.name.as_deref().unwrap_or_default();
         tracing::Span::current().record("node", node_name);
-        if !invocation.budget.has_working_slice() {
+        if let Some(outcome) = self.may_not_drain(invocation, has_time_to_work, pending)? {
+            return Ok(ControlFlow::Break(outcome));
+        }
+        Ok(ControlFlow::Continue((node, keeper)))
+    }
+
+    /// The instance has no node (never joined or already gone): complete.
+    async fn complete_without_node(
+        &self,
+        notification: &LifecycleNotification,
+    ) -> Result<ControlFlow<DeliveryOutcome, (Node, HeartbeatKeeper)>, DrainError> {
+        tracing::info!(
+            step = "no_node",
+            "the instance has no node (never joined or already gone): completing"
+        );
+        let outcome = self
+            .complete(notification, LifecycleActionResult::Continue)
+            .await?;
+        self.metrics(notification, None, "NoNode").emit();
+        Ok(ControlFlow::Break(DeliveryOutcome::NoNode(outcome)))
+    }
+
+    /// Why this invocation may not work on the drain (nor hand it over), if it may not: the
+    /// settings leave it no time to work (an error: a hand-over would loop), or Auto Scaling
+    /// has no pending action for its token.
+    fn may_not_drain(
+        &self,
+        invocation: &Invocation,
+        has_time_to_work: bool,
+        pending: bool,
+    ) -> Result<Option<DeliveryOutcome>, DrainError> {
+        if !has_time_to_work {
             let error = DrainError::NoTimeToWork {
                 remaining: invocation.budget.remaining(),
                 margin: self.settings().lifecycle.hand_over_margin,
@@ -339,14 +397,42 @@ impl<C: HookClients> Drainer<C> {
             tracing::error!(step = "no_time_to_work", %error, "nothing done");
             return Err(error);
         }
-        if beat.is_err() {
+        if !pending {
             tracing::info!(
                 step = "action_gone",
                 "Auto Scaling has no pending lifecycle action for this token: nothing drained"
             );
-            return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
+            return Ok(Some(DeliveryOutcome::ActionGone));
         }
-        Ok(ControlFlow::Continue((node, keeper)))
+        Ok(None)
+    }
+
+    /// The instance's Node ([`find_node`]), looked up again while the API server throttles
+    /// the lookup, until the hand-over time (a call still in flight then is abandoned).
+    async fn look_up_node(
+        &self,
+        request: &DrainRequest<'_>,
+    ) -> Result<NodeLookup, NodeLookupError> {
+        let hand_over_at = request.invocation.budget.hand_over_at();
+        let instance_id = &request.notification.action.instance_id;
+        let mut retries = ThrottledRetries::until(hand_over_at);
+        let lookup = async {
+            loop {
+                let error =
+                    match find_node(request.client, &self.context.instances, instance_id).await {
+                        Err(NodeLookupError::Kube(error)) => error,
+                        other => return other.map(NodeLookup::Found),
+                    };
+                match retries.after(&error).await {
+                    AfterFailure::TryAgain => {}
+                    AfterFailure::OutOfTime => return Ok(NodeLookup::OutOfTime),
+                    AfterFailure::NotThrottled => return Err(NodeLookupError::Kube(error)),
+                }
+            }
+        };
+        tokio::time::timeout_at(hand_over_at, lookup)
+            .await
+            .unwrap_or(Ok(NodeLookup::OutOfTime))
     }
 
     /// Takes the drain on the node (cordoning it in the same write), resumes it, or leaves it
@@ -357,23 +443,21 @@ impl<C: HookClients> Drainer<C> {
         mut node: Node,
         request: &DrainRequest<'_>,
         keeper: &mut HeartbeatKeeper,
-    ) -> Result<ControlFlow<DeliveryOutcome, ClaimedDrain>, DrainError> {
+    ) -> Result<ControlFlow<Unclaimed, ClaimedDrain>, DrainError> {
         let notification = request.notification;
         let mut waited_for_lease = false;
-        let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
-        let predecessor = predecessor_of(request.delivery);
+        let mut retries = ThrottledRetries::until(request.invocation.budget.hand_over_at());
         loop {
-            let claim = lease::claim(
-                &lease.nodes,
-                node,
-                &notification.action,
-                &lease.holder,
-                self.settings().drain_timeout,
-                taint.as_ref(),
-                predecessor.as_deref(),
-            )
-            .await
-            .map_err(|source| kube_error(&lease.name, source))?;
+            // Guarded by the node's resourceVersion: a retry after a throttled try that did
+            // land meets a conflict, reads the node again and resumes its own claim.
+            let claim = match self.claim_once(lease, node.clone(), request).await {
+                Ok(claim) => claim,
+                Err(error) => match retries.after(&error).await {
+                    AfterFailure::TryAgain => continue,
+                    AfterFailure::OutOfTime => return Ok(ControlFlow::Break(Unclaimed::HandOver)),
+                    AfterFailure::NotThrottled => return Err(kube_error(&lease.name, error)),
+                },
+            };
             let (holder, until) = match claim {
                 Claim::Claimed {
                     node,
@@ -404,7 +488,7 @@ impl<C: HookClients> Drainer<C> {
                         .await?
                     {
                         ControlFlow::Continue(node) => node,
-                        ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
+                        ControlFlow::Break(unclaimed) => return Ok(ControlFlow::Break(unclaimed)),
                     };
                     continue;
                 }
@@ -413,7 +497,7 @@ impl<C: HookClients> Drainer<C> {
                     return self
                         .not_claimed(unclaimed, notification)
                         .await
-                        .map(ControlFlow::Break);
+                        .map(|outcome| ControlFlow::Break(Unclaimed::Done(outcome)));
                 }
             };
             node = match self
@@ -421,10 +505,31 @@ impl<C: HookClients> Drainer<C> {
                 .await?
             {
                 ControlFlow::Continue(node) => node,
-                ControlFlow::Break(outcome) => return Ok(ControlFlow::Break(outcome)),
+                ControlFlow::Break(unclaimed) => return Ok(ControlFlow::Break(unclaimed)),
             };
             waited_for_lease = true;
         }
+    }
+
+    /// One try at taking the drain of `node` ([`lease::claim`]).
+    async fn claim_once(
+        &self,
+        lease: &NodeLease,
+        node: Node,
+        request: &DrainRequest<'_>,
+    ) -> Result<Claim, kube::Error> {
+        let taint = self.settings().taint.as_ref().map(|t| t.to_taint());
+        let predecessor = predecessor_of(request.delivery);
+        lease::claim(
+            &lease.nodes,
+            node,
+            &request.notification.action,
+            &lease.holder,
+            self.settings().drain_timeout,
+            taint.as_ref(),
+            predecessor.as_deref(),
+        )
+        .await
     }
 
     /// A drain started by an instance notice (Spot warning, ...) is on the node: it ends
@@ -439,15 +544,14 @@ impl<C: HookClients> Drainer<C> {
         waited_for_lease: &mut bool,
         request: &DrainRequest<'_>,
         keeper: &mut HeartbeatKeeper,
-    ) -> Result<ControlFlow<DeliveryOutcome, Node>, DrainError> {
+    ) -> Result<ControlFlow<Unclaimed, Node>, DrainError> {
         if !*waited_for_lease {
             tracing::info!(step = "notice_drain_wait", holder, until = %until, "a drain for an instance notice is on this node: taking it over when it ends");
             *waited_for_lease = true;
         }
         let wait = lease_wait(until).min(NOTICE_DRAIN_POLL);
         if wait + NOTICE_DRAIN_POLL >= request.invocation.budget.remaining() {
-            let outcome = self.hand_over_unclaimed(request, keeper).await?;
-            return Ok(ControlFlow::Break(outcome));
+            return Ok(ControlFlow::Break(Unclaimed::HandOver));
         }
         self.wait_for_lease(lease, wait, request.notification, keeper)
             .await
@@ -494,18 +598,17 @@ impl<C: HookClients> Drainer<C> {
         waited_for_lease: bool,
         request: &DrainRequest<'_>,
         keeper: &mut HeartbeatKeeper,
-    ) -> Result<ControlFlow<DeliveryOutcome, Node>, DrainError> {
+    ) -> Result<ControlFlow<Unclaimed, Node>, DrainError> {
         let wait = lease_wait(until);
         if waited_for_lease {
             tracing::info!(step = "duplicate", holder, until = %until, "another invocation is draining this node: exiting quietly");
-            return Ok(ControlFlow::Break(DeliveryOutcome::Duplicate { holder }));
+            return Ok(ControlFlow::Break(Unclaimed::Done(
+                DeliveryOutcome::Duplicate { holder },
+            )));
         }
         if wait + NOTICE_DRAIN_POLL >= request.invocation.budget.remaining() {
             tracing::info!(step = "lease_outlasts_invocation", holder, until = %until, "another invocation's lease outlasts this invocation: handing the notification on");
-            return self
-                .hand_over_unclaimed(request, keeper)
-                .await
-                .map(ControlFlow::Break);
+            return Ok(ControlFlow::Break(Unclaimed::HandOver));
         }
         tracing::info!(step = "lease_wait", holder, until = %until, "another invocation holds the drain: waiting for its lease to run out or be renewed");
         self.wait_for_lease(lease, wait, request.notification, keeper)
@@ -513,8 +616,9 @@ impl<C: HookClients> Drainer<C> {
     }
 
     /// Hands the notification to a fresh invocation before this one claimed anything (it ran
-    /// out of time waiting for a notice drain to end, or for a lease to lapse). The message
-    /// keeps the predecessor it named, whose lease may still be on the node.
+    /// out of time waiting for a notice drain to end or a lease to lapse, or the API server
+    /// kept throttling the lookup or the claim until the hand-over time). The message keeps
+    /// the predecessor it named, whose lease may still be on the node.
     async fn hand_over_unclaimed(
         &self,
         request: &DrainRequest<'_>,
@@ -533,7 +637,7 @@ impl<C: HookClients> Drainer<C> {
                 tracing::info!(
                     step = "handed_over",
                     continuation,
-                    "invocation time nearly up while another drain holds the node: handed to a fresh invocation"
+                    "invocation time nearly up before the drain could be taken: handed to a fresh invocation"
                 );
                 DeliveryOutcome::HandedOver { continuation }
             }
@@ -549,7 +653,7 @@ impl<C: HookClients> Drainer<C> {
         wait: std::time::Duration,
         notification: &LifecycleNotification,
         keeper: &mut HeartbeatKeeper,
-    ) -> Result<ControlFlow<DeliveryOutcome, Node>, DrainError> {
+    ) -> Result<ControlFlow<Unclaimed, Node>, DrainError> {
         if keeper
             .keep_alive(&self.context.autoscaling, tokio::time::sleep(wait))
             .await
@@ -559,7 +663,9 @@ impl<C: HookClients> Drainer<C> {
                 step = "action_gone",
                 "Auto Scaling no longer has this lifecycle action: stopping"
             );
-            return Ok(ControlFlow::Break(DeliveryOutcome::ActionGone));
+            return Ok(ControlFlow::Break(Unclaimed::Done(
+                DeliveryOutcome::ActionGone,
+            )));
         }
         let node = lease
             .nodes
@@ -568,7 +674,10 @@ impl<C: HookClients> Drainer<C> {
             .map_err(|source| kube_error(&lease.name, source))?;
         match node {
             Some(node) => Ok(ControlFlow::Continue(node)),
-            None => self.node_gone(notification).await.map(ControlFlow::Break),
+            None => self
+                .node_gone(notification)
+                .await
+                .map(|outcome| ControlFlow::Break(Unclaimed::Done(outcome))),
         }
     }
 
@@ -645,7 +754,7 @@ impl<C: HookClients> Drainer<C> {
         // without an answer shortly after it (a brownout) is abandoned, and the drain handed
         // over like one that stopped on time: its state is on the node, not in this future.
         let bounded = async {
-            let session = policy.run(&mut session, request.events, hand_over_at);
+            let session = policy.run_through_throttling(&mut session, request.events, hand_over_at);
             match tokio::time::timeout_at(budget.cutoff_at(), session).await {
                 Ok(next) => next,
                 Err(_) => {

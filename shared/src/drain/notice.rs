@@ -24,6 +24,7 @@ use super::lease::{self, Claim, LeaseHolder, NodeLease, Update};
 use super::report::DrainError;
 use super::session::{DrainSession, SessionEnd};
 use crate::aws::LifecycleActionRef;
+use crate::cluster::ThrottledRetries;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::checkpoint::{
     CHECKPOINT_ANNOTATION, DrainCheckpoint, DrainResult, InstanceNotice, checkpoint_of,
@@ -149,16 +150,22 @@ impl<C: HookClients> Drainer<C> {
             )
         };
         let name = request.node.metadata.name.as_deref().unwrap_or_default();
-        let cutoff = request.invocation.budget.cutoff_at();
-        let claim = tokio::time::timeout_at(
-            cutoff,
-            lease::claim_with(nodes, request.node.clone(), taint.as_ref(), decide),
-        )
-        .await
-        .map_err(|_| DrainError::NoAnswerBeforeHandOver {
+        let budget = request.invocation.budget;
+        // Tried again while the API server throttles it (guarded by the node's
+        // resourceVersion), until the hand-over time; a claim without an answer by then fails
+        // the invocation, and the notice's redelivery tries again.
+        let mut retries = ThrottledRetries::until(budget.hand_over_at());
+        let claim = retries.retry(async || {
+            lease::claim_with(nodes, request.node.clone(), taint.as_ref(), decide).await
+        });
+        let unanswered = || DrainError::NoAnswerBeforeHandOver {
             instance_id: request.action.instance_id.clone(),
-        })?
-        .map_err(|source| kube_error(name, source))?;
+        };
+        let claim = tokio::time::timeout_at(budget.cutoff_at(), claim)
+            .await
+            .map_err(|_| unanswered())?
+            .map_err(|source| kube_error(name, source))?
+            .ok_or_else(unanswered)?;
         Ok(ControlFlow::Break(match claim {
             Claim::Claimed {
                 node,
@@ -211,10 +218,17 @@ impl<C: HookClients> Drainer<C> {
             None,
         );
         let budget = request.invocation.budget;
-        let ran = tokio::time::timeout_at(budget.cutoff_at(), session.run(budget.hand_over_at()))
+        // A step the API server throttles past its request's bound is tried again, until the
+        // hand-over time ([`ThrottledRetries`]).
+        let hand_over_at = budget.hand_over_at();
+        let run = async || session.run(hand_over_at).await;
+        let mut retries = ThrottledRetries::until(hand_over_at);
+        let retried = retries.retry(run);
+        let ran = tokio::time::timeout_at(budget.cutoff_at(), retried)
             .await
-            .unwrap_or(Ok(SessionEnd::HandOver))
-            .map_err(|source| kube_error(&lease.name, source))?;
+            .unwrap_or(Ok(None))
+            .map_err(|source| kube_error(&lease.name, source))?
+            .unwrap_or(SessionEnd::HandOver);
         let node_reference = session.node_reference();
         lease.last_written = session.last_written.take();
         let ended = SessionReport {
