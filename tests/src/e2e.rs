@@ -33,6 +33,7 @@ pub use crate::soak::corpus::Target;
 use crate::account::{FakeAccount, FakeCredentials};
 use crate::aws::{
     FakeAutoScalingGroup, FakeAws, FakeCluster, FakeInstance, FakeLifecycleHook, FakeNodegroup,
+    SnsSubscription,
 };
 use crate::binaries::function_binary;
 use crate::kube::{FakeApiServer, SimulationTimings};
@@ -135,6 +136,26 @@ impl FunctionWorld {
         self.server
             .register_node(ROOM_NODE, ROOM_NODE_PROVIDER_ID, Some(Duration::ZERO))
             .expect("the room node registers");
+    }
+
+    /// Auto Scaling starts terminating the seeded instance; returns its lifecycle
+    /// notification as delivered to the topic, and the subscription that will see any
+    /// republished one (a hand-over's).
+    pub async fn start_termination(&self) -> (SnsSubscription, Value) {
+        let mut subscription = self
+            .aws
+            .sns()
+            .subscribe(&self.topic)
+            .expect("the topic exists");
+        self.aws
+            .autoscaling()
+            .terminate_instance(GROUP, &self.instance)
+            .expect("the seeded instance terminates");
+        let event = subscription
+            .next_event(Duration::from_secs(5))
+            .await
+            .expect("the lifecycle notification within 5 s");
+        (subscription, event)
     }
 }
 

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
-use node_manager_testkit::aws::SnsSubscription;
-use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::e2e::{FunctionWorld, Target};
 use node_manager_testkit::fixtures::running_on;
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::{AuditEvent, Store};
@@ -295,25 +294,10 @@ const OTHER_NODE: &str = node_manager_testkit::e2e::ROOM_NODE;
 /// Terminates the reference instance and returns the terminating hook's answer to Auto
 /// Scaling's notification, whatever it is.
 async fn terminate_and_answer(w: &FunctionWorld) -> Value {
-    let (_, event) = start_termination(w).await;
+    let (_, event) = w.start_termination().await;
     w.function(Target::TerminatingHook)
         .response_to(&event)
         .await
-}
-
-/// Auto Scaling starts terminating the instance; returns its lifecycle notification as
-/// delivered to the topic, and the subscription that will see any republished one.
-async fn start_termination(w: &FunctionWorld) -> (SnsSubscription, Value) {
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
-    (subscription, event)
 }
 
 /// Adds `rule` to the API server's faults as soon as the node is cordoned (the drain's claim
@@ -638,7 +622,7 @@ async fn the_drain_deadline_is_acted_on_when_the_pods_cannot_be_listed() {
 async fn a_hand_over_margin_leaving_no_working_slice_fails_the_invocation() {
     // The margin is longer than the invocation: handing over at once would loop.
     let w = drain_world(&[("HAND_OVER_MARGIN_SECONDS", "40")]).await;
-    let (mut subscription, event) = start_termination(&w).await;
+    let (mut subscription, event) = w.start_termination().await;
     let (error_type, message) = w.function(Target::TerminatingHook).error_from(&event).await;
     assert_eq!(error_type, "HandOverMarginTooLarge", "{message}");
     assert!(message.contains("HAND_OVER_MARGIN_SECONDS"), "{message}");
@@ -657,7 +641,7 @@ async fn a_drain_longer_than_sixteen_hand_overs_completes() {
     // A pod whose deletion waits for a finalizer the test removes after 17 hand-overs.
     add_held_pod(&w);
     let lambda = w.function(Target::TerminatingHook);
-    let (mut subscription, mut event) = start_termination(&w).await;
+    let (mut subscription, mut event) = w.start_termination().await;
     let mut hand_overs = 0;
     loop {
         if hand_overs == 17 {
@@ -709,7 +693,7 @@ async fn an_api_brownout_at_the_hand_over_time_still_hands_over_before_the_deadl
     // A pod whose deletion waits for a finalizer: the drain outlasts the invocation.
     add_held_pod(&w);
     let lambda = w.function(Target::TerminatingHook);
-    let (mut subscription, event) = start_termination(&w).await;
+    let (mut subscription, event) = w.start_termination().await;
     // Once the node is cordoned, a minute of API Priority and Fairness throttling of node
     // writes: every PATCH answered 429 with Retry-After 1 s, which kube's client retries up
     // to 15 times per call.

@@ -115,15 +115,7 @@ async fn a_429_burst_through_the_hand_over_does_not_drop_the_drain() {
     .await;
     add_held_pod(&w);
     let lambda = w.function(Target::TerminatingHook);
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let mut event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (mut subscription, mut event) = w.start_termination().await;
     // One second before the first invocation's hand-over time, API Priority and Fairness
     // throttles every Node write for 20 s: the hand-over mark is not recorded, and the
     // continuation starts while the predecessor's lease is still live.
@@ -268,15 +260,7 @@ async fn a_finished_maintenance_drain_does_not_disarm_the_drain_of_a_later_termi
     let before = eviction_requests(&w).len();
 
     // A scale-in terminates the instance: a full drain of its own, the new pod evicted.
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let notification = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (_subscription, notification) = w.start_termination().await;
     let answer = lambda.response_to(&notification).await;
     assert_eq!(outcome_of(&answer), "Completed", "{answer}");
     let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
@@ -325,15 +309,7 @@ async fn the_shutdown_of_an_instance_retained_after_a_failed_drain_drains_it_aga
     let lambda = w.function(Target::TerminatingHook);
 
     // The scale-in's drain fails (the budget allows no eviction): the instance is retained.
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let notification = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (_subscription, notification) = w.start_termination().await;
     let answer = lambda.response_to(&notification).await;
     assert_eq!(outcome_of(&answer), "Completed", "{answer}");
     let completions = w.aws.autoscaling().completions();

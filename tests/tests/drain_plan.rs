@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use node_manager_testkit::binaries::function_binary;
-use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::e2e::{FunctionWorld, Target};
 use node_manager_testkit::fixtures::running_on;
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::kube::Store;
@@ -220,15 +220,7 @@ async fn the_plan_of_a_node_is_what_its_drain_then_does() {
     );
 
     // The drain.
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
+    let (_subscription, event) = w.start_termination().await;
     let answer = w
         .function(Target::TerminatingHook)
         .response_to(&event)

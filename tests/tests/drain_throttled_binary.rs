@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use node_manager_testkit::aws::SnsSubscription;
-use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::e2e::{FunctionWorld, Target};
 use node_manager_testkit::fixtures::{Workload, running_on};
 use node_manager_testkit::kube::{FaultAction, FaultRule, Store};
 use node_manager_testkit::lambda_api::InvocationOutcome;
@@ -72,21 +71,6 @@ fn doubling_brownout(verb: &str, resource: &str) -> Vec<FaultRule> {
         .to_vec()
 }
 
-/// Auto Scaling starts terminating the instance: its lifecycle notification, and the
-/// subscription that sees any republished one.
-async fn start_termination(w: &FunctionWorld) -> (SnsSubscription, Value) {
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    w.aws
-        .autoscaling()
-        .terminate_instance(GROUP, &w.instance)
-        .unwrap();
-    let event = subscription
-        .next_event(Duration::from_secs(5))
-        .await
-        .unwrap();
-    (subscription, event)
-}
-
 /// Invokes the hook with `event` and a deadline `within` from now: its response (panics with
 /// the process's output on a failed invocation).
 async fn answer(w: &FunctionWorld, event: &Value, within: Duration) -> Value {
@@ -116,7 +100,7 @@ fn drained_at_recorded(store: &Store, node: &str) -> bool {
 #[tokio::test]
 async fn a_node_lookup_throttled_past_its_bound_is_tried_again_and_the_drain_completes() {
     let w = drain_world(&[]).await;
-    let (_, event) = start_termination(&w).await;
+    let (_, event) = w.start_termination().await;
     for rule in doubling_brownout("get", "nodes") {
         w.server.faults().add(rule);
     }
@@ -138,7 +122,7 @@ async fn a_step_of_the_drain_throttled_past_its_bound_is_tried_again_and_the_dra
     // A settle period long enough to plant the brownout after the drained mark: the list of
     // the node's pods before completing meets it.
     let w = drain_world(&[("SETTLE_SECONDS", "2")]).await;
-    let (_, event) = start_termination(&w).await;
+    let (_, event) = w.start_termination().await;
     let planted = {
         let store = w.server.store().clone();
         let node = w.node.clone();
@@ -169,7 +153,7 @@ async fn a_step_of_the_drain_throttled_past_its_bound_is_tried_again_and_the_dra
 #[tokio::test]
 async fn a_node_lookup_throttled_until_the_hand_over_time_hands_over_before_the_deadline() {
     let w = drain_world(&[]).await;
-    let (mut subscription, event) = start_termination(&w).await;
+    let (mut subscription, event) = w.start_termination().await;
     // Every lookup is asked to wait 8 s: two tries fit in a request's bound, none gets
     // through before the invocation's hand-over time (12 s in).
     w.server.faults().add(
