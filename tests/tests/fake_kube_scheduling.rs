@@ -121,3 +121,53 @@ async fn a_soft_taint_outweighs_the_cached_image_and_never_keeps_a_pod_pending()
     scale(&server, 6);
     assert_eq!(placed(&server, 6).await, (3, 3));
 }
+
+/// The pods of `web` bound to a node, and those still Pending, once `count` exist and every
+/// pod that can be bound is (the scheduler binds what fits in one pass).
+async fn bound_and_pending(server: &FakeApiServer, count: usize) -> (usize, usize) {
+    server
+        .wait_for("the pods exist", Duration::from_secs(10), move |s| {
+            s.list::<Pod>().len() == count
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let pods = server.store().list::<Pod>();
+    let bound = pods
+        .iter()
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+        .count();
+    (bound, pods.len() - bound)
+}
+
+fn replica_set(replicas: i32, cpu: Option<&str>) -> String {
+    let resources = cpu
+        .map(|cpu| format!(", resources: {{requests: {{cpu: \"{cpu}\"}}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata: {{name: web, namespace: default}}\nspec:\n  replicas: {replicas}\n  selector: {{matchLabels: {{app: web}}}}\n  template:\n    metadata: {{labels: {{app: web}}}}\n    spec:\n      containers: [{{name: web, image: nginx{resources}}}]\n"
+    )
+}
+
+/// kube-scheduler's NodeResourcesFit filter: a node that has used its allocatable pod slots
+/// (110 here) takes no more pods; the rest stay Pending.
+#[tokio::test]
+async fn a_node_without_a_pod_slot_left_takes_no_more_pods() {
+    let server = server().await;
+    set_node(&server, OUTDATED, true, false);
+    server.store().apply_yaml(&replica_set(111, None)).unwrap();
+    assert_eq!(bound_and_pending(&server, 111).await, (110, 1));
+}
+
+/// The same filter for what a pod requests: a node whose pods requested all but 920m of its
+/// 3920m CPU takes no pod asking for a whole CPU more.
+#[tokio::test]
+async fn a_node_without_the_cpu_a_pod_requests_does_not_take_it() {
+    let server = server().await;
+    set_node(&server, OUTDATED, true, false);
+    server
+        .store()
+        .apply_yaml(&replica_set(2, Some("3")))
+        .unwrap();
+    assert_eq!(bound_and_pending(&server, 2).await, (1, 1));
+}

@@ -107,6 +107,13 @@ fn is_eviction(e: &AuditEvent) -> bool {
     e.resource() == "pods" && e.subresource() == "eviction"
 }
 
+/// The drained node and at least two more, one per 100 of its pods: room for every
+/// replacement, as a node takes 110 pods (the scheduler leaves pods Pending on a full node,
+/// and a Pending replacement holds its budget's next eviction).
+fn nodes_for(pods: usize) -> usize {
+    1 + pods.div_ceil(100).max(2)
+}
+
 /// One node of `pods` pods (`pods / 10` Deployments), `runs` drains by the terminating hook
 /// and `kubectl_runs` by kubectl, each in a fresh world.
 pub async fn pdb_paced_drain(
@@ -119,7 +126,7 @@ pub async fn pdb_paced_drain(
     let deployments = pods.div_ceil(REPLICAS_PER_DEPLOYMENT).max(1);
     let yaml = scenario(
         &format!("pdb-paced-{pods}"),
-        3,
+        nodes_for(pods),
         deployments,
         |_, _| 0,
         grace,

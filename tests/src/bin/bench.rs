@@ -347,7 +347,8 @@ fn steps(steps: node_manager_testkit::kube::StepTimes) -> String {
 async fn mass_scale_in(mode: Mode) -> Result<(), String> {
     let (nodes, pods_per_node, survivors) = match mode {
         Mode::Quick => (4, 5, 2),
-        Mode::Full => (20, 30, 5),
+        // 600 pods' replacements on 6 nodes of 110 pod slots each.
+        Mode::Full => (20, 30, 6),
     };
     let (grace, ready) = paced_timings(mode);
     let throttle = bench::mass_throttle(mode);

@@ -94,9 +94,10 @@ fn avoided_taints(pod: &Value, node: &Value) -> usize {
 
 impl Simulation {
     /// Binds unscheduled pods, one at a time, to the node kube-scheduler's default profile
-    /// scores best ([`super::scoring`]) among those that take them: Ready, and every
+    /// scores best ([`super::scoring`]) among those that take them: Ready, every
     /// `NoSchedule`/`NoExecute` taint tolerated, the cordon's included (a pod tolerating
-    /// `node.kubernetes.io/unschedulable` may land on a cordoned node).
+    /// `node.kubernetes.io/unschedulable` may land on a cordoned node), and room for it (a
+    /// pod slot, and the CPU and memory it requests). A pod no node takes stays Pending.
     pub(super) fn scheduler(&self, state: &mut State) {
         let pods = resource("", "pods");
         let nodes = resource("", "nodes");
@@ -120,7 +121,7 @@ impl Simulation {
         for mut pod in pending {
             let feasible: Vec<&str> = candidates
                 .iter()
-                .filter(|(_, node)| fits(&pod, node))
+                .filter(|(name, node)| fits(&pod, node) && cluster.has_room_for(name, &pod))
                 .map(|(name, _)| name.as_str())
                 .collect();
             let avoided = |name: &str| candidates.get(name).map_or(0, |n| avoided_taints(&pod, n));

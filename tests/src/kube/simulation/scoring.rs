@@ -1,5 +1,6 @@
-//! The scheduler's choice among the nodes that take a pod: kube-scheduler's default profile
-//! (v1.36) scores, each 0–100 and weighted as that profile weighs them:
+//! Which nodes have room for a pod (NodeResourcesFit's filter: a pod slot, and the CPU and
+//! memory it requests) and the scheduler's choice among those that take it: kube-scheduler's
+//! default profile (v1.36) scores, each 0–100 and weighted as that profile weighs them:
 //!
 //! | plugin | weight | here |
 //! |---|---|---|
@@ -122,6 +123,9 @@ pub(super) struct NodeFacts {
     pub(super) name: String,
     labels: BTreeMap<String, String>,
     allocatable: Amount,
+    /// Pods it takes; `None` when it reports no `status.allocatable` at all (a node built by
+    /// hand in a test, which no kubelet registers): such a node is not limited.
+    allocatable_pods: Option<usize>,
     requested: Amount,
     non_zero_requested: Amount,
     /// Every pod bound to it (what the resource scores count).
@@ -155,6 +159,11 @@ impl Cluster {
                         cpu_millis: quantity(allocatable.get("cpu"), 1000.0).unwrap_or(0),
                         memory_bytes: quantity(allocatable.get("memory"), 1.0).unwrap_or(0),
                     },
+                    allocatable_pods: allocatable.is_object().then(|| {
+                        quantity(allocatable.get("pods"), 1.0)
+                            .and_then(|pods| usize::try_from(pods).ok())
+                            .unwrap_or(0)
+                    }),
                     requested: Amount::default(),
                     non_zero_requested: Amount::default(),
                     pods: 0,
@@ -174,6 +183,32 @@ impl Cluster {
             }
         }
         Self { nodes: facts }
+    }
+
+    /// NodeResourcesFit's filter: whether `node` has a pod slot left and, for what the pod
+    /// requests, the CPU and memory its pods have not requested yet.
+    pub(super) fn has_room_for(&self, node: &str, pod: &Value) -> bool {
+        let Some(facts) = self.nodes.get(node) else {
+            return false;
+        };
+        let Some(slots) = facts.allocatable_pods else {
+            return true;
+        };
+        let (asked, _) = requests(pod);
+        let fits = |asked: i64, requested: i64, allocatable: i64| {
+            asked == 0 || asked <= allocatable - requested
+        };
+        facts.pods < slots
+            && fits(
+                asked.cpu_millis,
+                facts.requested.cpu_millis,
+                facts.allocatable.cpu_millis,
+            )
+            && fits(
+                asked.memory_bytes,
+                facts.requested.memory_bytes,
+                facts.allocatable.memory_bytes,
+            )
     }
 
     /// Records `pod` bound to `node`.
