@@ -575,6 +575,70 @@ async fn fake_placement_weighs_image_against_spread() {
     check_placement_weighs_image_against_spread(&fake_cluster(&w).await).await;
 }
 
+// --- (7) A node takes only the pods it has room for -------------------------------------
+
+/// kube-scheduler's NodeResourcesFit filter: a node does not take a pod whose requests exceed
+/// what its pods have not requested yet of its allocatable, and the pod stays Pending. One
+/// fresh node (every other cordoned), a Deployment of two replicas each asking for 3 CPUs:
+/// one runs, the other is left Pending.
+async fn check_a_node_takes_only_what_fits(cluster: &Cluster<'_>) {
+    let admin = &cluster.admin;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for node in nodes.list(&ListParams::default()).await.unwrap().items {
+        set_unschedulable(&nodes, node.metadata.name.as_deref().unwrap(), true).await;
+    }
+    let roomy = (cluster.add_node)("i-0c3c3c3c3c3c3c3c3");
+    set_unschedulable(&nodes, &roomy, false).await;
+    let mut deployment = fixtures::Workload::new("default", "big")
+        .replicas(2)
+        .container("app", PLACED_IMAGE)
+        .deployment();
+    let template = deployment
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap();
+    template.containers[0].resources =
+        Some(serde_json::from_value(json!({"requests": {"cpu": "3"}})).unwrap());
+    Api::<Deployment>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    assert_eq!(
+        nodes_of(&pods, "app=big", 1).await,
+        [roomy],
+        "{}",
+        cluster.name
+    );
+    // Long enough for a scheduler to have placed the second one, had it room.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let unbound: Vec<String> = pods
+        .list(&ListParams::default().labels("app=big"))
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_none()))
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert_eq!(
+        unbound.len(),
+        1,
+        "{}: one replica stays Pending",
+        cluster.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_a_node_takes_only_what_fits() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_a_node_takes_only_what_fits(&fake_cluster(&w).await).await;
+}
+
 // --- All of them on the real control plane --------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -594,8 +658,9 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     check_a_watch_is_one_request(&cluster).await;
     check_pods_need_their_service_account(&cluster).await;
     let lagged = check_budget_status_lags(&cluster).await;
-    // Last: it cordons every node the other checks use.
+    // Last: they cordon every node the other checks use.
     check_placement_weighs_image_against_spread(&cluster).await;
+    check_a_node_takes_only_what_fits(&cluster).await;
     println!(
         "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
     );
