@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use super::scoring::normalized_image;
+use super::scoring::pod_images;
 use super::{
     Memory, Simulation, being_deleted, condition_true, resource, spec_str, status_str, update_full,
 };
@@ -46,9 +46,7 @@ pub(super) fn report_pulled_images(state: &mut State) {
         if phase.is_empty() || phase == "Pending" {
             continue;
         }
-        let containers = pod["spec"]["containers"].as_array().into_iter().flatten();
-        for image in containers.filter_map(|c| c["image"].as_str()) {
-            let image = normalized_image(image);
+        for image in pod_images(pod) {
             if !known.contains(image.as_ref()) {
                 pulled
                     .entry(node.to_owned())

@@ -122,6 +122,8 @@ struct Memory {
     steps: StepTimes,
     /// Resource version the garbage collector last looked at deletions from.
     collected_rv: u64,
+    /// Resource version at which the kubelets last reported their pulled images.
+    images_rv: u64,
     /// Nodes whose kubelet was stopped ([`Simulation::kill_kubelet`]).
     dead_kubelets: HashSet<String>,
 }
@@ -295,8 +297,10 @@ impl Simulation {
         self.daemon_sets(&mut state);
         self.scheduler(&mut state);
         self.kubelet_starts_pods(&mut state, &mut memory, now);
-        if self.timings.prefer_cached_images {
+        // Only what changed can have pulled an image: a quiet store skips the pass over pods.
+        if self.timings.prefer_cached_images && state.resource_version() != memory.images_rv {
             kubelet::report_pulled_images(&mut state);
+            memory.images_rv = state.resource_version();
         }
         self.workload_status(&mut state);
         if self.disruption_controller_due(&state, &mut memory, now) {

@@ -45,8 +45,9 @@ const IMAGE_CEILING_BYTES: i64 = 1000 * 1024 * 1024;
 
 const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
-/// The system default spread constraints: (topology key, max skew).
-const DEFAULT_SPREAD: [(&str, i64); 2] = [(HOSTNAME_LABEL, 3), (ZONE_LABEL, 5)];
+/// The system default spread constraints' max skews.
+const HOSTNAME_MAX_SKEW: i64 = 3;
+const ZONE_MAX_SKEW: i64 = 5;
 
 /// CPU (millicores) and memory (bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -92,7 +93,7 @@ fn requests(pod: &Value) -> (Amount, Amount) {
 }
 
 /// An image's name as the container runtime reports it (`:latest` when it names no tag).
-pub(super) fn normalized_image(name: &str) -> Cow<'_, str> {
+fn normalized_image(name: &str) -> Cow<'_, str> {
     let tagged = name
         .rfind(':')
         .is_some_and(|colon| name.rfind('/').is_none_or(|slash| colon > slash));
@@ -101,6 +102,16 @@ pub(super) fn normalized_image(name: &str) -> Cow<'_, str> {
     } else {
         Cow::Owned(format!("{name}:latest"))
     }
+}
+
+/// The images of the pod's containers, as the runtime names them.
+pub(super) fn pod_images(pod: &Value) -> impl Iterator<Item = Cow<'_, str>> {
+    pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["image"].as_str())
+        .map(normalized_image)
 }
 
 /// The images a node reports, with their sizes.
@@ -263,19 +274,33 @@ impl Cluster {
             return vec![0; candidates.len()];
         };
         let key = (meta_str(pod, "namespace").to_owned(), owner.to_owned());
+        let live = |node: &NodeFacts| node.live_by_controller.get(&key).copied().unwrap_or(0);
+        // A hostname domain is the node itself; a zone's counts every node in it, schedulable
+        // or not. Each constraint weighs its counts by how many domains the candidates span.
+        let host_weight = ((candidates.len() + 2) as f64).ln();
+        let zones: BTreeSet<&str> = candidates
+            .iter()
+            .map(|n| n.labels.get(ZONE_LABEL).map_or("", String::as_str))
+            .collect();
+        let zone_weight = ((zones.len() + 2) as f64).ln();
+        let mut in_zone: BTreeMap<&str, i64> = BTreeMap::new();
+        for node in self.nodes.values() {
+            if let Some(zone) = node.labels.get(ZONE_LABEL) {
+                *in_zone.entry(zone).or_insert(0) += live(node);
+            }
+        }
         let raw: Vec<i64> = candidates
             .iter()
             .map(|node| {
-                let score: f64 = DEFAULT_SPREAD
-                    .iter()
-                    .filter_map(|(topology, skew)| {
-                        let domain = node.labels.get(*topology)?;
-                        let (count, domains) = self.in_domain(&key, topology, domain, candidates);
-                        let weight = ((domains + 2) as f64).ln();
-                        Some(count as f64 * weight + (*skew - 1) as f64)
-                    })
-                    .sum();
-                score.round() as i64
+                let host = node
+                    .labels
+                    .contains_key(HOSTNAME_LABEL)
+                    .then(|| live(node) as f64 * host_weight + (HOSTNAME_MAX_SKEW - 1) as f64);
+                let zone = node.labels.get(ZONE_LABEL).map(|zone| {
+                    in_zone.get(zone.as_str()).copied().unwrap_or(0) as f64 * zone_weight
+                        + (ZONE_MAX_SKEW - 1) as f64
+                });
+                (host.unwrap_or(0.0) + zone.unwrap_or(0.0)).round() as i64
             })
             .collect();
         let max = raw.iter().copied().max().unwrap_or(0);
@@ -291,59 +316,30 @@ impl Cluster {
             .collect()
     }
 
-    /// The live pods of `key`'s controller in the `topology` domain `domain`, and how many
-    /// domains of that topology the candidates span. Hostname domains are single nodes;
-    /// zone domains count the pods of every node in the zone, schedulable or not.
-    fn in_domain(
-        &self,
-        key: &(String, String),
-        topology: &str,
-        domain: &str,
-        candidates: &[&NodeFacts],
-    ) -> (i64, usize) {
-        let live = |node: &NodeFacts| node.live_by_controller.get(key).copied().unwrap_or(0);
-        if topology == HOSTNAME_LABEL {
-            let count = candidates
-                .iter()
-                .find(|n| n.labels.get(HOSTNAME_LABEL).map(String::as_str) == Some(domain))
-                .map_or(0, |n| live(n));
-            return (count, candidates.len());
-        }
-        let domains: BTreeSet<&str> = candidates
-            .iter()
-            .map(|n| n.labels.get(topology).map_or("", String::as_str))
-            .collect();
-        let count = self
-            .nodes
-            .values()
-            .filter(|n| n.labels.get(topology).map(String::as_str) == Some(domain))
-            .map(live)
-            .sum();
-        (count, domains.len())
-    }
-
     /// ImageLocality for each candidate: the sizes of the pod's images it holds, each scaled
     /// by the share of all nodes holding it, between the floor and the ceiling.
     fn image_scores(&self, pod: &Value, candidates: &[&NodeFacts]) -> Vec<i64> {
-        let images: Vec<String> = pod["spec"]["containers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|c| c["image"].as_str())
-            .map(|image| normalized_image(image).into_owned())
-            .collect();
         let total_nodes = self.nodes.len().max(1) as f64;
+        // Each image with the share of nodes holding it, found once for every candidate.
+        let images: Vec<(Cow<'_, str>, f64)> = pod_images(pod)
+            .map(|image| {
+                let holders = self
+                    .nodes
+                    .values()
+                    .filter(|n| n.images.contains_key(image.as_ref()))
+                    .count();
+                (image, holders as f64 / total_nodes)
+            })
+            .collect();
         let ceiling = IMAGE_CEILING_BYTES * i64::try_from(images.len()).unwrap_or(1).max(1);
         candidates
             .iter()
             .map(|node| {
                 let sum: i64 = images
                     .iter()
-                    .filter_map(|image| {
-                        let size = *node.images.get(image)?;
-                        let holders = self.nodes.values().filter(|n| n.images.contains_key(image));
-                        let spread = holders.count() as f64 / total_nodes;
-                        Some((size as f64 * spread) as i64)
+                    .filter_map(|(image, share)| {
+                        let size = *node.images.get(image.as_ref())?;
+                        Some((size as f64 * share) as i64)
                     })
                     .sum();
                 let clamped = sum.clamp(IMAGE_FLOOR_BYTES, ceiling);
