@@ -464,9 +464,7 @@ const PLACED_IMAGE: &str = "public.ecr.aws/docker/library/busybox:1.37";
 async fn check_placement_weighs_image_against_spread(cluster: &Cluster<'_>) {
     let admin = &cluster.admin;
     let nodes: Api<Node> = Api::all(admin.clone());
-    for node in nodes.list(&ListParams::default()).await.unwrap().items {
-        set_unschedulable(&nodes, node.metadata.name.as_deref().unwrap(), true).await;
-    }
+    cordon_every_node(&nodes).await;
     let holder = (cluster.add_node)("i-0a1a1a1a1a1a1a1a1");
     let empty = (cluster.add_node)("i-0b2b2b2b2b2b2b2b2");
     for node in [&holder, &empty] {
@@ -509,6 +507,13 @@ async fn check_placement_weighs_image_against_spread(cluster: &Cluster<'_>) {
         "{}: spreading the Deployment wins over the image",
         cluster.name
     );
+}
+
+/// Cordons every node there is: a placement check then sees only the nodes it adds.
+async fn cordon_every_node(nodes: &Api<Node>) {
+    for node in nodes.list(&ListParams::default()).await.unwrap().items {
+        set_unschedulable(nodes, node.metadata.name.as_deref().unwrap(), true).await;
+    }
 }
 
 async fn set_unschedulable(nodes: &Api<Node>, node: &str, unschedulable: bool) {
@@ -584,9 +589,7 @@ async fn fake_placement_weighs_image_against_spread() {
 async fn check_a_node_takes_only_what_fits(cluster: &Cluster<'_>) {
     let admin = &cluster.admin;
     let nodes: Api<Node> = Api::all(admin.clone());
-    for node in nodes.list(&ListParams::default()).await.unwrap().items {
-        set_unschedulable(&nodes, node.metadata.name.as_deref().unwrap(), true).await;
-    }
+    cordon_every_node(&nodes).await;
     let roomy = (cluster.add_node)("i-0c3c3c3c3c3c3c3c3");
     set_unschedulable(&nodes, &roomy, false).await;
     let mut deployment = fixtures::Workload::new("default", "big")
