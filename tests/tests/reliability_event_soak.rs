@@ -139,6 +139,7 @@ fn stale_rebalance_cordon(instance: &str) -> String {
         received_at: past,
         instance_ends_at: None,
         cordon_only: true,
+        scheduled_event: None,
     });
     record.out_of_service = Some(OutOfService {
         cordoned: true,

@@ -202,8 +202,11 @@ pub struct InstanceFacts {
 }
 
 /// A scheduled event of an instance, as `DescribeInstanceStatus` lists it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScheduledInstanceEvent {
+    /// `InstanceEventId` (`instance-event-…`): which event this is, named by the records that
+    /// answer it.
+    pub id: Option<String>,
     /// `instance-retirement`, `instance-stop`, `instance-reboot`, `system-reboot`,
     /// `system-maintenance`.
     pub code: String,

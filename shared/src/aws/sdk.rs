@@ -474,16 +474,7 @@ impl InstanceNotices for SdkInstances {
             .iter()
             .filter(|s| s.instance_id() == Some(instance_id))
             .flat_map(|s| s.events())
-            .map(|event| ScheduledInstanceEvent {
-                code: event
-                    .code()
-                    .map(|c| c.as_str().to_owned())
-                    .unwrap_or_default(),
-                not_before: event
-                    .not_before()
-                    .and_then(|t| jiff::Timestamp::from_second(t.secs()).ok()),
-                description: event.description().unwrap_or_default().to_owned(),
-            })
+            .map(scheduled_event_of)
             .collect())
     }
 }
@@ -658,6 +649,7 @@ impl InstanceNoticesBatch for SdkInstances {
 
 fn scheduled_event_of(event: &aws_sdk_ec2::types::InstanceStatusEvent) -> ScheduledInstanceEvent {
     ScheduledInstanceEvent {
+        id: event.instance_event_id().map(str::to_owned),
         code: event
             .code()
             .map(|c| c.as_str().to_owned())

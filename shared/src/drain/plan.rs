@@ -36,7 +36,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::node_marks::checkpoint::NoticeKind;
+use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind};
 
 /// The annotation the kubelet puts on the API copy of a static pod.
 pub(crate) const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -83,14 +83,18 @@ pub struct PlanContext {
 }
 
 /// Whether a drain for this instance notice is involuntary for the pods: AWS takes the
-/// instance (Spot interruption, stopping or shutting down, a scheduled retirement, stop or
-/// reboot) and nothing the pod asks changes that. A rebalance recommendation is only advice:
-/// the instance stays until Auto Scaling (voluntarily) replaces it.
-pub fn is_involuntary(kind: NoticeKind) -> bool {
-    match kind {
-        NoticeKind::SpotInterruption
-        | NoticeKind::InstanceStopping
-        | NoticeKind::ScheduledMaintenance => true,
+/// instance (Spot interruption, stopping or shutting down, a scheduled retirement, stop,
+/// reboot or power maintenance) and nothing the pod asks changes that. A rebalance
+/// recommendation is only advice (the instance stays until Auto Scaling voluntarily replaces
+/// it), and network maintenance neither stops nor restarts the instance: pods that ask not
+/// to be disrupted stay for those.
+pub fn is_involuntary(notice: &InstanceNotice) -> bool {
+    match notice.kind {
+        NoticeKind::SpotInterruption | NoticeKind::InstanceStopping => true,
+        NoticeKind::ScheduledMaintenance => notice
+            .scheduled_event
+            .as_ref()
+            .is_none_or(|event| event.effect().involuntary()),
         NoticeKind::RebalanceRecommendation => false,
     }
 }
@@ -745,9 +749,67 @@ mod tests {
             NoticeKind::InstanceStopping,
             NoticeKind::ScheduledMaintenance,
         ] {
-            assert!(is_involuntary(kind), "{kind:?}");
+            assert!(is_involuntary(&notice_of(kind, None)), "{kind:?}");
         }
-        assert!(!is_involuntary(NoticeKind::RebalanceRecommendation));
+        assert!(!is_involuntary(&notice_of(
+            NoticeKind::RebalanceRecommendation,
+            None
+        )));
+    }
+
+    fn notice_of(kind: NoticeKind, event: Option<(&str, &str)>) -> InstanceNotice {
+        InstanceNotice {
+            kind,
+            received_at: Timestamp::UNIX_EPOCH,
+            instance_ends_at: None,
+            cordon_only: false,
+            scheduled_event: event.map(|(code, type_code)| {
+                crate::node_marks::maintenance::ScheduledEventRef {
+                    id: Some("instance-event-0a1b2c3d4e5f60718".into()),
+                    code: code.into(),
+                    health_type_code: Some(type_code.into()),
+                }
+            }),
+        }
+    }
+
+    // Issue #43 item 6: network maintenance neither stops nor restarts the instance, so its
+    // drain is voluntary (`karpenter.sh/do-not-disrupt` pods stay); every other scheduled
+    // change takes the instance down under its pods.
+    #[test]
+    fn only_network_maintenance_is_a_voluntary_scheduled_change() {
+        let maintenance = |code, type_code| {
+            is_involuntary(&notice_of(
+                NoticeKind::ScheduledMaintenance,
+                Some((code, type_code)),
+            ))
+        };
+        assert!(!maintenance(
+            "system-maintenance",
+            "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED"
+        ));
+        for (code, type_code) in [
+            (
+                "system-maintenance",
+                "AWS_EC2_INSTANCE_POWER_MAINTENANCE_SCHEDULED",
+            ),
+            ("system-maintenance", "AWS_EC2_SYSTEM_MAINTENANCE_SCHEDULED"),
+            (
+                "instance-reboot",
+                "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED",
+            ),
+            (
+                "system-reboot",
+                "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED",
+            ),
+            (
+                "instance-retirement",
+                "AWS_EC2_PERSISTENT_INSTANCE_RETIREMENT_SCHEDULED",
+            ),
+            ("instance-stop", "AWS_EC2_INSTANCE_STOP_SCHEDULED"),
+        ] {
+            assert!(maintenance(code, type_code), "{type_code}");
+        }
     }
 
     #[test]

@@ -212,7 +212,7 @@ impl DrainSession<'_> {
                 .checkpoint
                 .notice
                 .as_ref()
-                .is_some_and(|n| super::plan::is_involuntary(n.kind)),
+                .is_some_and(super::plan::is_involuntary),
         }
     }
 

@@ -18,11 +18,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::event::{Announcement, InstanceEvent, NoticeEvent, NoticeEventError, SPOT_NOTICE};
-use super::maintenance::{
-    AfterMaintenance, MaintenanceRecord, PlannedMaintenance, after_maintenance, announced_event,
-    clear_maintenance, ec2_event_code, instance_comes_back, plan_maintenance,
-    restore_after_maintenance,
-};
 use super::settings::RebalanceAction;
 use super::sweep::sweep;
 use crate::aws::{
@@ -35,12 +30,15 @@ use crate::diagnostic::{FunctionError, diagnostic};
 use crate::drain::notice::{NoticeDrainOutcome, NoticeDrainRequest};
 use crate::drain::{DrainError, Drainer};
 use crate::lifecycle::handler::{HookClients, Invocation};
-use crate::lifecycle::node::{
-    NodeLookupError, find_node_indexed, is_ready, node_managed_node_group,
-};
+use crate::lifecycle::node::{NodeLookupError, find_node_indexed, node_managed_node_group};
 use crate::lifecycle::scope::{ScopeDecision, managed_node_group};
 use crate::lifecycle::settings::DrainSettings;
-use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, checkpoint_of, notice_action};
+use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, notice_action};
+use crate::node_marks::maintenance::{
+    MaintenanceRecord, PlannedMaintenance, ScheduledEventRef, announced_event, clear_maintenance,
+    plan_maintenance,
+};
+use crate::reconcile::run::reconcile_node;
 use crate::reconcile::{KnownInstances, NodeMarks, Policy, after_event};
 
 /// How long EC2 calls that prove a notice may take in all: the drain they gate has two
@@ -138,12 +136,10 @@ enum NodePlan {
     },
     /// Scheduled maintenance far enough ahead: drain from `drain_from`.
     Later(PlannedMaintenance),
-    /// A maintenance the instance came back from (EC2 code `ec2_code`) is over: restore the
-    /// node if our drain for it took it out of service.
-    Restore {
-        ec2_code: &'static str,
-        still_pending: bool,
-    },
+    /// AWS Health says a scheduled change is over: the node's marks are reconciled now, by
+    /// the same rule as on the schedule (a drain for that EC2 event, once EC2 no longer lists
+    /// it as pending and the node is Ready again, is undone; a drain for another event stays).
+    Reconcile,
 }
 
 /// Handles instance events and the sweep for the terminating hook.
@@ -254,6 +250,10 @@ where
         }
         let found = NodeMarks::of(&node);
         let drains = matches!(plan, NodePlan::Act { .. });
+        let known = found
+            .instance_id
+            .clone()
+            .map(|id| KnownInstances::from([(id, facts)]));
         let (name, detail) = match plan {
             NodePlan::Act { notice, deadline } => {
                 let target = NoticeTarget {
@@ -267,13 +267,24 @@ where
             NodePlan::Later(planned) => {
                 plan_later(&client, node, &group, instance_id, &planned).await?
             }
-            NodePlan::Restore {
-                ec2_code,
-                still_pending,
-            } => restore(&client, node, ec2_code, still_pending).await?,
+            NodePlan::Reconcile => {
+                return Ok(self
+                    .reconcile_now(&client, &found, known.as_ref(), outcome)
+                    .await);
+            }
         };
-        self.reconcile_after(&client, &found, drains, facts).await;
+        self.reconcile_after(&client, &found, drains, known.as_ref())
+            .await;
         Ok(outcome(name, detail))
+    }
+
+    /// The reconciler's settings.
+    fn policy(&self) -> Policy {
+        let notices = &self.drainer.context.settings.notices;
+        Policy {
+            maintenance_margin: notices.maintenance_margin,
+            rebalance_undo: notices.rebalance_undo_after,
+        }
     }
 
     /// The node's other marks checked right after the event, not at the next scheduled
@@ -283,18 +294,11 @@ where
         client: &kube::Client,
         found: &NodeMarks,
         event_drained: bool,
-        facts: InstanceFacts,
+        known: Option<&KnownInstances>,
     ) {
         let context = &self.drainer.context;
-        let policy = Policy {
-            maintenance_margin: context.settings.notices.maintenance_margin,
-        };
-        let known = found
-            .instance_id
-            .clone()
-            .map(|id| KnownInstances::from([(id, facts)]));
-        let instances = &context.instances;
-        let autoscaling = &context.autoscaling;
+        let (instances, autoscaling) = (&context.instances, &context.autoscaling);
+        let policy = self.policy();
         after_event(
             client,
             instances,
@@ -302,9 +306,49 @@ where
             policy,
             found,
             event_drained,
-            known.as_ref(),
+            known,
         )
         .await;
+    }
+
+    /// A scheduled change AWS Health says is over: the node reconciled now; the outcome names
+    /// what changed (`NothingToRestore` when nothing did: its drain's own event is still
+    /// pending, the node is not Ready yet, or nothing of ours is on it).
+    async fn reconcile_now(
+        &self,
+        client: &kube::Client,
+        found: &NodeMarks,
+        known: Option<&KnownInstances>,
+        outcome: impl Fn(&str, Option<String>) -> InstanceOutcome,
+    ) -> InstanceOutcome {
+        let context = &self.drainer.context;
+        let (instances, autoscaling) = (&context.instances, &context.autoscaling);
+        let reconciled = reconcile_node(
+            client,
+            instances,
+            autoscaling,
+            self.policy(),
+            &found.node,
+            known,
+        )
+        .await;
+        let changed: Vec<_> = reconciled.outcomes.iter().filter(|o| !o.failed).collect();
+        match changed.first() {
+            None => outcome(
+                "NothingToRestore",
+                Some("the node's marks stand, or none of ours is on it".to_owned()),
+            ),
+            Some(first) => outcome(
+                &first.action,
+                Some(
+                    changed
+                        .iter()
+                        .map(|o| o.outcome.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                ),
+            ),
+        }
     }
 
     /// Drains (or cordons) the node now; the outcome's name and detail.
@@ -352,8 +396,12 @@ where
         let name = node.metadata.name.clone().unwrap_or_default();
         // A maintenance plan on the node is done with once the drain for it has run (a plan
         // left by a failed drain is drained again by the sweep).
-        let plan = MaintenanceRecord::of(&node)
-            .filter(|_| notice.kind == NoticeKind::ScheduledMaintenance);
+        let plan = MaintenanceRecord::of(&node).filter(|plan| {
+            notice.kind == NoticeKind::ScheduledMaintenance
+                && (plan.event.is_none()
+                    || notice.scheduled_event.is_none()
+                    || plan.event == notice.scheduled_event)
+        });
         let events = self.drainer.events_queue(client, invocation);
         let action = notice_action(group, instance_id);
         let drained = self
@@ -544,7 +592,7 @@ where
                     .await
                     .map_err(aws_error(instance_id))?;
                 Ok(if *closed {
-                    completed_maintenance_plan(&scheduled, type_code)
+                    Plan::OnNode(NodePlan::Reconcile)
                 } else {
                     maintenance_plan(&scheduled, type_code, *starts_at, settings, now)
                 })
@@ -652,8 +700,9 @@ fn stopping_plan(
     }))
 }
 
-/// An upcoming scheduled change: the EC2 event it announces (its own code, nearest its
-/// start) drained now when within the margin, planned otherwise.
+/// An upcoming scheduled change: the EC2 event it announces (see [`announced_event`])
+/// drained now when within the margin, planned otherwise; the plan and the drain name that
+/// event.
 fn maintenance_plan(
     scheduled: &[ScheduledInstanceEvent],
     type_code: &str,
@@ -661,14 +710,15 @@ fn maintenance_plan(
     settings: &DrainSettings,
     now: Timestamp,
 ) -> Plan {
-    let Some(first) =
-        announced_event(scheduled, type_code, starts_at).and_then(|e| e.not_before.or(starts_at))
+    let announced = announced_event(scheduled, type_code, starts_at);
+    let Some((event, first)) = announced.and_then(|e| Some((e, e.not_before.or(starts_at)?)))
     else {
         return Plan::Nothing(
             "NotScheduled",
             format!("EC2 lists no pending scheduled event of {type_code}: completed or cancelled"),
         );
     };
+    let event = ScheduledEventRef::of(event, Some(type_code));
     let drain_from = first
         .checked_sub(settings.notices.maintenance_margin)
         .unwrap_or(first);
@@ -676,35 +726,15 @@ fn maintenance_plan(
         return Plan::Nothing("Past", format!("{type_code} started at {first}"));
     }
     if now >= drain_from {
-        let (notice, deadline) = maintenance_drain(first, now, settings.drain_timeout);
+        let (notice, deadline) = maintenance_drain(first, event, now, settings.drain_timeout);
         return Plan::OnNode(NodePlan::Act { notice, deadline });
     }
     Plan::OnNode(NodePlan::Later(PlannedMaintenance {
         type_code: type_code.to_owned(),
+        event,
         starts_at: first,
         drain_from,
     }))
-}
-
-/// A scheduled change AWS Health says is over: the node comes back into service if it
-/// outlives the change (see [`after_maintenance`]).
-fn completed_maintenance_plan(scheduled: &[ScheduledInstanceEvent], type_code: &str) -> Plan {
-    let Some(ec2_code) = ec2_event_code(type_code) else {
-        return Plan::Nothing("Completed", format!("{type_code} is over"));
-    };
-    if !instance_comes_back(ec2_code) {
-        return Plan::Nothing(
-            "Completed",
-            format!("{type_code} is over; the instance does not come back from it"),
-        );
-    }
-    let still_pending = scheduled
-        .iter()
-        .any(|e| e.is_pending() && e.code == ec2_code);
-    Plan::OnNode(NodePlan::Restore {
-        ec2_code,
-        still_pending,
-    })
 }
 
 /// Records the planned maintenance on the node; the outcome's name and detail.
@@ -726,49 +756,6 @@ async fn plan_later(
     ))
 }
 
-/// After a completed maintenance the instance came back from: our marks undone once the
-/// node is Ready; the outcome's name and detail.
-async fn restore(
-    client: &kube::Client,
-    node: k8s_openapi::api::core::v1::Node,
-    ec2_code: &'static str,
-    still_pending: bool,
-) -> Result<(&'static str, Option<String>), NoticeError> {
-    let name = node.metadata.name.clone().unwrap_or_default();
-    let checkpoint = checkpoint_of(&node);
-    let ready = is_ready(&node);
-    match after_maintenance(
-        ec2_code,
-        still_pending,
-        checkpoint.as_ref(),
-        ready,
-        Timestamp::now(),
-    ) {
-        AfterMaintenance::Leave(why) => {
-            tracing::info!(
-                step = "maintenance_over",
-                why,
-                "the maintenance is over: nothing of ours to undo"
-            );
-            Ok(("NothingToRestore", Some(why.to_owned())))
-        }
-        AfterMaintenance::WaitForReady => {
-            tracing::info!(
-                step = "maintenance_over",
-                "the maintenance is over but the node is not Ready yet: left cordoned"
-            );
-            Ok(("NotReadyYet", None))
-        }
-        AfterMaintenance::Restore => {
-            let undone = restore_after_maintenance(client, node, ec2_code)
-                .await
-                .map_err(|source| kube_error(&name, source))?;
-            tracing::info!(step = "maintenance_restored", undone = ?undone, "the maintenance is over and the node Ready: our marks undone");
-            Ok(("RestoredAfterMaintenance", Some(undone.join(", "))))
-        }
-    }
-}
-
 fn aws_error(instance_id: &str) -> impl Fn(AwsError) -> NoticeError + '_ {
     move |source| NoticeError::Aws {
         instance_id: instance_id.to_owned(),
@@ -783,6 +770,8 @@ fn unconfirmed(instance_id: &str, reason: &str) -> NoticeError {
     }
 }
 
+// Made once per instance of an event and consumed at once: size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Checked {
     /// Not this function's to act on: the outcome's name and why.
     LeftAlone(&'static str, String),
@@ -803,20 +792,23 @@ pub(super) fn notice(
         received_at: now,
         instance_ends_at,
         cordon_only: false,
+        scheduled_event: None,
     }
 }
 
-/// The notice and deadline of a drain for scheduled maintenance starting at `starts_at`:
+/// The notice and deadline of a drain for the scheduled `event` starting at `starts_at`:
 /// over by the start, and no longer than a drain may take.
 pub(super) fn maintenance_drain(
     starts_at: Timestamp,
+    event: ScheduledEventRef,
     now: Timestamp,
     drain_timeout: Duration,
 ) -> (InstanceNotice, Timestamp) {
-    (
-        notice(NoticeKind::ScheduledMaintenance, now, Some(starts_at)),
-        starts_at.min(later(now, drain_timeout)),
-    )
+    let notice = InstanceNotice {
+        scheduled_event: Some(event),
+        ..notice(NoticeKind::ScheduledMaintenance, now, Some(starts_at))
+    };
+    (notice, starts_at.min(later(now, drain_timeout)))
 }
 
 /// A Kubernetes error about node `name`, as the drain reports it.

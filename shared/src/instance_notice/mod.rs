@@ -4,15 +4,13 @@
 //! notifications, because acting on them is its drain, on the same checkpoint: one drain per
 //! node whatever mix of notices and notifications arrives.
 //!
-//! [`event`] parses and checks; [`handler`] decides ownership, confirms with EC2 and acts;
-//! [`maintenance`] keeps a drain planned for later; [`sweep`] runs the reconciler
+//! [`event`] parses and checks; [`handler`] decides ownership, confirms with EC2 and acts
+//! (a drain planned for later is kept by [`crate::node_marks::maintenance`]); [`sweep`] runs the reconciler
 //! ([`crate::reconcile`]) and the drains it finds due on the stack's schedule. The drain itself is [`crate::drain::notice`].
 
 pub mod event;
 #[cfg(feature = "runtime")]
 pub mod handler;
-#[cfg(feature = "runtime")]
-pub mod maintenance;
 #[cfg(feature = "runtime")]
 pub mod settings;
 #[cfg(feature = "runtime")]

@@ -23,8 +23,6 @@ use std::collections::BTreeSet;
 use jiff::Timestamp;
 
 use super::event::{Announcement, InstanceEvent};
-use super::maintenance::health_type_code;
-
 use super::handler::{
     InstanceOutcome, NoticeError, NoticeHandler, NoticeReport, kube_error, maintenance_drain,
 };
@@ -32,6 +30,7 @@ use crate::aws::{GroupActivity, InstanceNoticesBatch, ScheduledInstanceEvent};
 use crate::cluster::connection::KubeConnection;
 use crate::drain::Drainer;
 use crate::lifecycle::handler::{HookClients, Invocation};
+use crate::node_marks::maintenance::health_type_code;
 use crate::reconcile::run::{DueDrain, Reconciled, reconcile_marks};
 use crate::reconcile::{Action, Policy};
 
@@ -47,6 +46,7 @@ where
     let context = &drainer.context;
     let policy = Policy {
         maintenance_margin: context.settings.notices.maintenance_margin,
+        rebalance_undo: context.settings.notices.rebalance_undo_after,
     };
     let reconciled = reconcile_marks(&client, &context.instances, &context.autoscaling, policy)
         .await
@@ -373,8 +373,13 @@ struct DrainToRun {
 /// maintenance from now to its start, or a notice drain resumed on its own record.
 fn drain_to_run(action: &Action, drain_timeout: std::time::Duration) -> Option<DrainToRun> {
     match action {
-        Action::DrainForMaintenance { record, starts_at } => {
-            let (notice, deadline) = maintenance_drain(*starts_at, Timestamp::now(), drain_timeout);
+        Action::DrainForMaintenance {
+            record,
+            starts_at,
+            event,
+        } => {
+            let (notice, deadline) =
+                maintenance_drain(*starts_at, event.clone(), Timestamp::now(), drain_timeout);
             Some(DrainToRun {
                 group: record.auto_scaling_group_name.clone(),
                 instance_id: record.instance_id.clone(),
@@ -427,6 +432,7 @@ mod tests {
 
     fn event(code: &str, starts_at: Timestamp, description: &str) -> ScheduledInstanceEvent {
         ScheduledInstanceEvent {
+            id: None,
             code: code.to_owned(),
             not_before: Some(starts_at),
             description: description.to_owned(),

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use k8s_openapi::api::core::v1::Node;
 
+use super::maintenance::ScheduledEventRef;
 use crate::aws::LifecycleActionRef;
 
 /// The Node annotation holding the [`DrainCheckpoint`] as JSON.
@@ -111,6 +112,12 @@ pub struct InstanceNotice {
     /// undone when no termination follows in time.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_only: bool,
+    /// (Scheduled maintenance.) The EC2 scheduled event the drain answers: the drain's
+    /// reason stands while EC2 lists that event as pending, and what it does to the instance
+    /// decides whether the drain is involuntary; `None` for other notices, and in a record
+    /// written before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_event: Option<ScheduledEventRef>,
 }
 
 impl InstanceNotice {
@@ -128,16 +135,20 @@ impl InstanceNotice {
             (Some(a), Some(b)) => a < b,
             _ => false,
         };
-        let kind = if (newer.cordon_only && !self.cordon_only) || earlier_ends_first {
-            self.kind
+        let (named, other) = if (newer.cordon_only && !self.cordon_only) || earlier_ends_first {
+            (self, newer)
         } else {
-            newer.kind
+            (newer, self)
         };
         Self {
-            kind,
+            kind: named.kind,
             received_at: self.received_at.min(newer.received_at),
             instance_ends_at,
             cordon_only: self.cordon_only && newer.cordon_only,
+            scheduled_event: named
+                .scheduled_event
+                .clone()
+                .or_else(|| other.scheduled_event.clone()),
         }
     }
 }
@@ -800,6 +811,7 @@ mod tests {
             received_at: at(received),
             instance_ends_at: Some(at(ends)),
             cordon_only: false,
+            scheduled_event: None,
         }
     }
 
@@ -812,6 +824,7 @@ mod tests {
             received_at: at(120),
             instance_ends_at: None,
             cordon_only: false,
+            scheduled_event: None,
         };
         let joined = spot.joined_by(&stopping).unwrap_or(spot.clone());
         let notice = joined.notice.as_ref().unwrap();
@@ -973,6 +986,7 @@ mod tests {
             received_at: at(0),
             instance_ends_at: None,
             cordon_only: true,
+            scheduled_event: None,
         };
         let (cordon, _) = claimed(DrainCheckpoint::decide_notice(
             None,

@@ -6,6 +6,7 @@
 
 pub mod checkpoint;
 pub mod events;
+pub mod maintenance;
 pub mod out_of_service;
 pub mod refresh;
 

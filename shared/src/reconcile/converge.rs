@@ -11,10 +11,8 @@ use serde_json::{Value, json};
 
 use super::desired::Action;
 use super::marks::NodeMarks;
-use crate::instance_notice::maintenance::{
-    MaintenanceRecord, clear_maintenance, replan_maintenance,
-};
 use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, checkpoint_of};
+use crate::node_marks::maintenance::{MaintenanceRecord, clear_maintenance, replan_maintenance};
 use crate::node_marks::out_of_service::add_undo_to_patch;
 use crate::node_marks::refresh::unmark_node;
 use crate::node_marks::{MARKED_LABEL, PatchStep, Patched, Reread, patch_recomputing};
@@ -60,8 +58,8 @@ async fn apply_to(
                 None => "no longer on the node".to_owned(),
             })
         }
-        Action::UndoNoticeMarks { record, why } => {
-            Ok(match undo_notice_marks(nodes, node, record).await? {
+        Action::UndoDrainRecord { record, why } => {
+            Ok(match undo_drain_record(nodes, node, record).await? {
                 Some(undone) => described(why, &undone),
                 None => "the record changed meanwhile: left".to_owned(),
             })
@@ -104,31 +102,25 @@ fn described(why: &str, undone: &[String]) -> String {
     }
 }
 
-/// Undoes what `record` says the notice's drain did and removes it, if the node still
+/// Undoes what `record` says the drain did and removes it, if the node still
 /// carries exactly `record`; what was undone, `None` when it did not.
-async fn undo_notice_marks(
+async fn undo_drain_record(
     nodes: &Api<Node>,
     node: Node,
     record: &DrainCheckpoint,
 ) -> Result<Option<Vec<String>>, kube::Error> {
-    let written = patch_recomputing(
-        nodes,
-        node,
-        Reread::Get,
-        "undoing a notice's marks",
-        |node| {
-            if checkpoint_of(node).as_ref() != Some(record) {
-                return PatchStep::Stop(());
-            }
-            let mut patch = json!({"metadata": {
-                "resourceVersion": node.metadata.resource_version,
-                "annotations": {CHECKPOINT_ANNOTATION: null},
-            }});
-            let ours = record.out_of_service.clone().unwrap_or_default();
-            let undone = add_undo_to_patch(&ours, node, &mut patch);
-            PatchStep::Write(patch, undone.items())
-        },
-    )
+    let written = patch_recomputing(nodes, node, Reread::Get, "undoing a drain record", |node| {
+        if checkpoint_of(node).as_ref() != Some(record) {
+            return PatchStep::Stop(());
+        }
+        let mut patch = json!({"metadata": {
+            "resourceVersion": node.metadata.resource_version,
+            "annotations": {CHECKPOINT_ANNOTATION: null},
+        }});
+        let ours = record.out_of_service.clone().unwrap_or_default();
+        let undone = add_undo_to_patch(&ours, node, &mut patch);
+        PatchStep::Write(patch, undone.items())
+    })
     .await?;
     Ok(match written {
         Patched::Written(_, items) => Some(items),

@@ -14,8 +14,8 @@ use serde::Serialize;
 use super::marks::NodeMarks;
 use crate::aws::{InstanceFacts, ScheduledInstanceEvent};
 use crate::instance_notice::event::SPOT_NOTICE;
-use crate::instance_notice::maintenance::{MaintenanceRecord, announced_event};
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
+use crate::node_marks::maintenance::{MaintenanceRecord, ScheduledEventRef};
 use crate::node_marks::refresh::RefreshMarks;
 
 /// One answer of AWS, or why there is none this time.
@@ -69,6 +69,9 @@ impl Default for AwsFacts {
 pub struct Policy {
     /// `MAINTENANCE_DRAIN_MARGIN_SECONDS`: how long before a maintenance the drain is due.
     pub maintenance_margin: Duration,
+    /// `REBALANCE_UNDO_SECONDS`: how long a rebalance recommendation keeps its node out of
+    /// service (cordoned or drained) when no interruption or termination follows.
+    pub rebalance_undo: Duration,
 }
 
 /// One change to converge a node to.
@@ -78,11 +81,12 @@ pub enum Action {
     /// Undo an instance refresh's marks and remove its record (only what the record says,
     /// only where still in place).
     RemoveRefreshMarks { refresh_id: String, why: String },
-    /// Undo what a notice's drain record says it did and remove the record: a rebalance
-    /// cordon no termination followed, or a notice drain whose reason AWS no longer
-    /// reports.
+    /// Undo what a drain record says it did and remove the record: a rebalance cordon or
+    /// drain no termination followed, a notice drain whose reason AWS no longer reports, a
+    /// lifecycle drain whose instance Auto Scaling put back in service (a return from the
+    /// warm pool whose launch was not handled).
     #[serde(rename_all = "camelCase")]
-    UndoNoticeMarks {
+    UndoDrainRecord {
         #[serde(skip)]
         record: Box<DrainCheckpoint>,
         why: String,
@@ -101,12 +105,14 @@ pub enum Action {
         starts_at: Timestamp,
         drain_from: Timestamp,
     },
-    /// The planned maintenance is due: drain now, until its start.
+    /// The planned maintenance is due: drain now, until its start, for its EC2 event.
     #[serde(rename_all = "camelCase")]
     DrainForMaintenance {
         #[serde(skip)]
         record: MaintenanceRecord,
         starts_at: Timestamp,
+        #[serde(skip)]
+        event: ScheduledEventRef,
     },
     /// EC2 marked the Spot request of a marked node's instance for interruption (its
     /// warning may have been lost): drain now, for Spot's two minutes.
@@ -140,12 +146,23 @@ impl Action {
     pub fn name(&self) -> &'static str {
         match self {
             Self::RemoveRefreshMarks { .. } => "RefreshMarksRemoved",
-            Self::UndoNoticeMarks { record, .. }
+            Self::UndoDrainRecord { record, .. } if !record.action.is_notice() => {
+                "LifecycleDrainUndone"
+            }
+            Self::UndoDrainRecord { record, .. }
                 if record.notice.as_ref().is_some_and(|n| n.cordon_only) =>
             {
                 "RebalanceCordonUndone"
             }
-            Self::UndoNoticeMarks { record, .. }
+            Self::UndoDrainRecord { record, .. }
+                if record
+                    .notice
+                    .as_ref()
+                    .is_some_and(|n| n.kind == NoticeKind::RebalanceRecommendation) =>
+            {
+                "RebalanceDrainUndone"
+            }
+            Self::UndoDrainRecord { record, .. }
                 if record.completed_at.is_some()
                     && record
                         .notice
@@ -154,7 +171,7 @@ impl Action {
             {
                 "RestoredAfterMaintenance"
             }
-            Self::UndoNoticeMarks { .. } => "NoticeDrainUndone",
+            Self::UndoDrainRecord { .. } => "NoticeDrainUndone",
             Self::DropMaintenancePlan { .. } => "MaintenancePlanDropped",
             Self::ReplanMaintenance { .. } => "MaintenancePlanMoved",
             Self::DrainForMaintenance { .. } => "MaintenanceDrainDue",
@@ -167,12 +184,12 @@ impl Action {
     }
 }
 
-/// Auto Scaling's refresh statuses while it still replaces (or rolls back) instances.
+/// Auto Scaling's refresh statuses while it still replaces the outdated instances, so
+/// the refresh's marks on them stand. A rollback (`RollbackInProgress`) keeps exactly the
+/// instances the refresh marked and replaces the new ones: the marks go, as the
+/// `Rollback Started` event's handling removes them.
 pub fn refresh_in_progress(status: &str) -> bool {
-    matches!(
-        status,
-        "Pending" | "InProgress" | "Cancelling" | "RollbackInProgress" | "Baking"
-    )
+    matches!(status, "Pending" | "InProgress" | "Cancelling" | "Baking")
 }
 
 /// What `marks` should become given `facts` at `now`, in the order to apply.
@@ -187,7 +204,7 @@ pub fn desired(
         actions.extend(for_refresh(refresh, facts));
     }
     if let Some(checkpoint) = &marks.checkpoint {
-        actions.extend(for_checkpoint(checkpoint, marks, facts, now));
+        actions.extend(for_checkpoint(checkpoint, marks, facts, policy, now));
     }
     if let Some(plan) = &marks.maintenance {
         let planned = for_maintenance(plan, marks, facts, policy, now);
@@ -207,7 +224,7 @@ pub fn desired(
         actions.retain(|a| {
             !matches!(
                 a,
-                Action::UndoNoticeMarks { .. }
+                Action::UndoDrainRecord { .. }
                     | Action::DrainForMaintenance { .. }
                     | Action::ResumeNoticeDrain { .. }
             )
@@ -242,38 +259,85 @@ fn for_refresh(refresh: &RefreshMarks, facts: &AwsFacts) -> Option<Action> {
     })
 }
 
-/// Only notice records are the reconciler's to change here: a lifecycle drain's record is
-/// its lifecycle action's, and a completed notice drain's stays for what comes next.
+/// A drain record's rule: a lifecycle drain's ends when Auto Scaling put its instance back
+/// in service; a notice drain's when AWS no longer reports its reason. A drain at work (a
+/// live lease) is left to its invocation.
 fn for_checkpoint(
     checkpoint: &DrainCheckpoint,
     marks: &NodeMarks,
     facts: &AwsFacts,
+    policy: &Policy,
     now: Timestamp,
 ) -> Option<Action> {
-    let notice = checkpoint.notice.as_ref()?;
     let same_instance = marks.instance_id.as_deref() == Some(&checkpoint.action.instance_id);
-    if !checkpoint.action.is_notice() || !same_instance || checkpoint.lease.held_by_other("", now) {
+    if !same_instance || checkpoint.lease.held_by_other("", now) {
         return None;
     }
+    if !checkpoint.action.is_notice() {
+        return back_in_service(checkpoint, marks, facts);
+    }
+    let notice = checkpoint.notice.as_ref()?;
     if checkpoint.completed_at.is_some() {
-        return came_back(checkpoint, notice, marks, facts);
+        return came_back(checkpoint, notice, marks, facts, policy, now);
     }
     if notice.cordon_only {
         rebalance_cordon(checkpoint, marks, facts, now)
     } else {
-        abandoned_notice_drain(checkpoint, notice, facts, now)
+        abandoned_notice_drain(checkpoint, notice, facts, policy, now)
     }
 }
 
-/// A completed notice drain: once the instance runs again and AWS no longer reports the
-/// notice's reason (the maintenance is over or cancelled, the stopped instance was started,
-/// the Spot request is no longer marked), our marks go as soon as the node is Ready again
-/// (kept cordoned until then). A rebalance drain's reason cannot be asked again: kept.
+/// A lifecycle drain's record names a terminating lifecycle action, which exists only while
+/// Auto Scaling holds the instance in a `*:Wait` state on its way out. Once Auto Scaling
+/// reports the instance `InService` and EC2 running, that action is over and the instance
+/// stays (a return from the warm pool whose launch notification was lost, or whose
+/// launching hook failed or timed out with `CONTINUE`): the record and what it did go, as
+/// soon as the node is Ready. A record of a later action (another token) is another record:
+/// the write is conditional on this one.
+fn back_in_service(
+    checkpoint: &DrainCheckpoint,
+    marks: &NodeMarks,
+    facts: &AwsFacts,
+) -> Option<Action> {
+    let unchecked = |why| {
+        Some(Action::Unchecked {
+            mark: "lifecycle-drain",
+            why,
+        })
+    };
+    let state = match facts.lifecycle_state.known() {
+        Err(why) => return unchecked(why),
+        Ok(state) => state.clone(),
+    };
+    if state.as_deref() != Some("InService") {
+        return None;
+    }
+    match facts.instance.known() {
+        Err(why) => return unchecked(why),
+        Ok(Some(instance)) if instance.state.as_deref() == Some("running") => {}
+        Ok(_) => return None,
+    }
+    marks.ready.then(|| Action::UndoDrainRecord {
+        record: Box::new(checkpoint.clone()),
+        why: format!(
+            "Auto Scaling put instance {} back in service (lifecycle action of hook {} over), and the node is Ready",
+            checkpoint.action.instance_id, checkpoint.action.lifecycle_hook_name
+        ),
+    })
+}
+
+/// A completed notice drain: once the instance runs again, its group is not terminating
+/// it, and AWS no longer reports the notice's reason (the maintenance is over or
+/// cancelled, the stopped instance was started, the Spot request is no longer marked, a
+/// rebalance recommendation past `REBALANCE_UNDO_SECONDS`), our marks go as soon as the
+/// node is Ready again (kept cordoned until then).
 fn came_back(
     checkpoint: &DrainCheckpoint,
     notice: &InstanceNotice,
     marks: &NodeMarks,
     facts: &AwsFacts,
+    policy: &Policy,
+    now: Timestamp,
 ) -> Option<Action> {
     let unchecked = |why| {
         Some(Action::Unchecked {
@@ -281,17 +345,17 @@ fn came_back(
             why,
         })
     };
-    let instance = match facts.instance.known() {
+    match leaving(facts) {
         Err(why) => return unchecked(why),
-        Ok(Some(instance)) if instance.state.as_deref() == Some("running") => instance,
-        Ok(_) => return None,
-    };
-    let why = match reason_stands(notice.kind, instance, facts) {
+        Ok(true) => return None,
+        Ok(false) => {}
+    }
+    let why = match reason_stands(notice, facts, policy, now) {
         Err(why) => return unchecked(why),
         Ok(Ok(())) => return None,
         Ok(Err(why)) => why,
     };
-    marks.ready.then(|| Action::UndoNoticeMarks {
+    marks.ready.then(|| Action::UndoDrainRecord {
         record: Box::new(checkpoint.clone()),
         why: format!("{why}, and the node is Ready again"),
     })
@@ -366,6 +430,7 @@ fn spot_interruption(marks: &NodeMarks, facts: &AwsFacts, now: Timestamp) -> Opt
             received_at: now,
             instance_ends_at: Some(ends_at),
             cordon_only: false,
+            scheduled_event: None,
         },
         group,
         instance_id: marks.instance()?.to_owned(),
@@ -403,7 +468,7 @@ fn rebalance_cordon(
     match leaving(facts) {
         Err(why) => unchecked(why),
         Ok(true) => None,
-        Ok(false) => Some(Action::UndoNoticeMarks {
+        Ok(false) => Some(Action::UndoDrainRecord {
             record: Box::new(checkpoint.clone()),
             why: "no termination followed the rebalance recommendation".to_owned(),
         }),
@@ -411,7 +476,7 @@ fn rebalance_cordon(
 }
 
 /// Whether the instance is on its way out: EC2 does not know it, it is not running, or its
-/// group is terminating it.
+/// group is terminating it or sending it to its warm pool.
 fn leaving(facts: &AwsFacts) -> Result<bool, String> {
     let state = facts
         .instance
@@ -423,7 +488,7 @@ fn leaving(facts: &AwsFacts) -> Result<bool, String> {
         .lifecycle_state
         .known()?
         .as_deref()
-        .is_some_and(|s| s.starts_with("Terminating"));
+        .is_some_and(|s| s.starts_with("Terminating") || s.starts_with("Warmed"));
     Ok(!running || terminating)
 }
 
@@ -434,6 +499,7 @@ fn abandoned_notice_drain(
     checkpoint: &DrainCheckpoint,
     notice: &InstanceNotice,
     facts: &AwsFacts,
+    policy: &Policy,
     now: Timestamp,
 ) -> Option<Action> {
     let unchecked = |why| {
@@ -442,19 +508,19 @@ fn abandoned_notice_drain(
             why,
         })
     };
-    let instance = match facts.instance.known() {
+    let instance_gone = match facts.instance.known() {
         Err(why) => return unchecked(why),
-        // Gone, or going: its node goes with it.
-        Ok(None) => return None,
-        Ok(Some(instance)) => instance,
+        Ok(None) => true,
+        Ok(Some(instance)) => matches!(
+            instance.state.as_deref(),
+            Some("shutting-down" | "terminated")
+        ),
     };
-    if matches!(
-        instance.state.as_deref(),
-        Some("shutting-down" | "terminated")
-    ) {
+    // Gone, or going: its node goes with it.
+    if instance_gone {
         return None;
     }
-    let stands = match reason_stands(notice.kind, instance, facts) {
+    let stands = match reason_stands(notice, facts, policy, now) {
         Err(why) => return unchecked(why),
         Ok(stands) => stands,
     };
@@ -466,7 +532,7 @@ fn abandoned_notice_drain(
             deadline: checkpoint.deadline,
         }),
         Ok(()) => None,
-        Err(why) => Some(Action::UndoNoticeMarks {
+        Err(why) => Some(Action::UndoDrainRecord {
             record: Box::new(checkpoint.clone()),
             why,
         }),
@@ -476,12 +542,18 @@ fn abandoned_notice_drain(
 /// `Ok(Ok(()))`: AWS still reports what the notice announced; `Ok(Err(why))`: it no longer
 /// does; `Err`: it could not be asked.
 fn reason_stands(
-    kind: NoticeKind,
-    instance: &InstanceFacts,
+    notice: &InstanceNotice,
     facts: &AwsFacts,
+    policy: &Policy,
+    now: Timestamp,
 ) -> Result<Result<(), String>, String> {
-    let state = instance.state.as_deref().unwrap_or("unknown");
-    Ok(match kind {
+    let state = facts
+        .instance
+        .known()?
+        .as_ref()
+        .and_then(|i| i.state.clone())
+        .unwrap_or_else(|| "unknown".to_owned());
+    Ok(match notice.kind {
         NoticeKind::SpotInterruption => match facts.spot_status.known()? {
             Some(status) if status.starts_with("marked-for-") => Ok(()),
             _ if state != "running" => Ok(()),
@@ -490,30 +562,60 @@ fn reason_stands(
                 status.as_deref().unwrap_or("unknown")
             )),
         },
-        NoticeKind::InstanceStopping => match state {
+        NoticeKind::InstanceStopping => match state.as_str() {
             "running" | "pending" => Err(format!("the instance is {state} again")),
             _ => Ok(()),
         },
-        NoticeKind::ScheduledMaintenance => match first_pending(facts.scheduled.known()?, None) {
-            Some(_) => Ok(()),
-            None => Err("EC2 lists no pending scheduled event: completed or cancelled".into()),
-        },
-        // EC2 has no call that reads a recommendation again: the drain decided on stands.
-        NoticeKind::RebalanceRecommendation => Ok(()),
+        NoticeKind::ScheduledMaintenance => maintenance_stands(notice, facts.scheduled.known()?),
+        // EC2 has no call that reads a recommendation again, and AWS documents that an
+        // interruption may never follow one: it stands for `REBALANCE_UNDO_SECONDS`, then
+        // only an interruption (the Spot request marked) or a termination keeps the node out.
+        NoticeKind::RebalanceRecommendation => {
+            let until = notice
+                .received_at
+                .checked_add(policy.rebalance_undo)
+                .unwrap_or(Timestamp::MAX);
+            let interrupted = facts
+                .spot_status
+                .known()?
+                .as_deref()
+                .is_some_and(|s| s.starts_with("marked-for-"));
+            if now < until || interrupted || leaving(facts)? {
+                Ok(())
+            } else {
+                Err(format!(
+                    "no interruption or termination followed the rebalance recommendation by {until}"
+                ))
+            }
+        }
     })
 }
 
-/// The earliest start of a pending scheduled event (an event without a start counts from
-/// `fallback`).
-fn first_pending(
-    events: &[ScheduledInstanceEvent],
-    fallback: Option<Timestamp>,
-) -> Option<Timestamp> {
-    events
-        .iter()
-        .filter(|e| e.is_pending())
-        .filter_map(|e| e.not_before.or(fallback))
-        .min()
+/// A maintenance drain's reason is its own EC2 event: it stands while EC2 lists that event
+/// as pending, whatever other events the instance has (an unrelated event must not keep the
+/// node out of service, nor the end of one end a drain for another). A record written before
+/// the event was kept stands while any event is pending.
+fn maintenance_stands(
+    notice: &InstanceNotice,
+    scheduled: &[ScheduledInstanceEvent],
+) -> Result<(), String> {
+    let pending = match &notice.scheduled_event {
+        Some(event) => event
+            .find_pending(scheduled, notice.instance_ends_at)
+            .is_some(),
+        None => scheduled.iter().any(ScheduledInstanceEvent::is_pending),
+    };
+    if pending {
+        return Ok(());
+    }
+    Err(match &notice.scheduled_event {
+        Some(event) => format!(
+            "EC2 no longer lists {} {} as pending: completed or cancelled",
+            event.code,
+            event.id.as_deref().unwrap_or("(no id)")
+        ),
+        None => "EC2 lists no pending scheduled event: completed or cancelled".to_owned(),
+    })
 }
 
 /// A maintenance plan follows EC2's schedule: dropped when EC2 lists no pending event any
@@ -543,9 +645,10 @@ fn for_maintenance(
         }
         Ok(events) => events,
     };
-    // The plan's own event (its code, nearest its start): another code's event is not it.
-    let Some(starts_at) = announced_event(events, &plan.type_code, Some(plan.starts_at))
-        .map(|e| e.not_before.unwrap_or(plan.starts_at))
+    // The plan's own event: another event of the instance is not it.
+    let Some((starts_at, event)) = plan
+        .pending_event(events)
+        .map(|e| (e.not_before.unwrap_or(plan.starts_at), plan.event_ref(e)))
     else {
         return drop(format!(
             "EC2 lists no pending scheduled event ({}): completed or cancelled",
@@ -575,6 +678,7 @@ fn for_maintenance(
         actions.push(Action::DrainForMaintenance {
             starts_at: current.starts_at,
             record: current,
+            event,
         });
     }
     actions

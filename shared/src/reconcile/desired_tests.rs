@@ -1,11 +1,13 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::node_marks::checkpoint::{OutOfService, notice_action};
+use crate::node_marks::maintenance::ScheduledEventRef;
 
 const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
 const REFRESH: &str = "c613620e-07e2-4ed2-a9e2-ef8258911ade";
 const POLICY: Policy = Policy {
     maintenance_margin: Duration::from_secs(3600),
+    rebalance_undo: Duration::from_secs(1800),
 };
 
 fn at(seconds: i64) -> Timestamp {
@@ -68,6 +70,7 @@ fn notice_record(kind: NoticeKind, cordon_only: bool, deadline: i64) -> DrainChe
         received_at: at(0),
         instance_ends_at: (kind != NoticeKind::RebalanceRecommendation).then(|| at(deadline)),
         cordon_only,
+        scheduled_event: None,
     });
     checkpoint.out_of_service = Some(OutOfService {
         labelled: true,
@@ -84,11 +87,13 @@ fn plan(starts_at: i64) -> MaintenanceRecord {
         auto_scaling_group_name: "ng".into(),
         starts_at: at(starts_at),
         drain_from: at(starts_at - 3600),
+        event: None,
     }
 }
 
 fn scheduled(not_before: i64, description: &str) -> ScheduledInstanceEvent {
     ScheduledInstanceEvent {
+        id: None,
         code: "instance-retirement".into(),
         not_before: Some(at(not_before)),
         description: description.into(),
@@ -107,20 +112,18 @@ fn refresh_marks_stay_while_the_refresh_runs_and_go_when_it_ended_or_is_unknown(
         refresh: Some(refresh_marks()),
         ..marks()
     };
-    for status in [
-        "Pending",
-        "InProgress",
-        "Cancelling",
-        "RollbackInProgress",
-        "Baking",
-    ] {
+    for status in ["Pending", "InProgress", "Cancelling", "Baking"] {
         let facts = AwsFacts {
             refresh_status: Fact::Known(Some(status.into())),
             ..running(false)
         };
         assert_eq!(desired(&node, &facts, &POLICY, at(100)), vec![], "{status}");
     }
+    // Issue #43 item 5: this test used to keep the marks through `RollbackInProgress`. A
+    // rollback keeps exactly the outdated instances and replaces the new ones, so a lost
+    // `Rollback Started` kept the nodes that stay cordoned for the whole rollback.
     for status in [
+        "RollbackInProgress",
         "Successful",
         "Failed",
         "Cancelled",
@@ -339,8 +342,8 @@ fn an_abandoned_maintenance_drain_resumes_while_the_event_is_pending() {
     );
 }
 
-#[test]
-fn a_lifecycle_drain_record_is_its_actions_not_the_reconcilers() {
+/// A lifecycle drain's record as the drain leaves it once it completed its action.
+fn lifecycle_record() -> DrainCheckpoint {
     let action = crate::aws::LifecycleActionRef {
         auto_scaling_group_name: "ng".into(),
         lifecycle_hook_name: "hook".into(),
@@ -355,17 +358,169 @@ fn a_lifecycle_drain_record_is_its_actions_not_the_reconcilers() {
         Duration::from_secs(60),
     )
     .released(at(10));
+    record.out_of_service = Some(OutOfService {
+        labelled: true,
+        cordoned: true,
+        taint: None,
+    });
+    record
+}
+
+#[test]
+fn a_lifecycle_drain_record_stays_while_its_action_can_be_pending() {
+    let mut record = lifecycle_record();
     record.notice = Some(InstanceNotice {
         kind: NoticeKind::SpotInterruption,
         received_at: at(0),
         instance_ends_at: Some(at(120)),
         cordon_only: false,
+        scheduled_event: None,
     });
     let node = NodeMarks {
         checkpoint: Some(record),
         ..marks()
     };
-    assert_eq!(desired(&node, &running(true), &POLICY, at(60)), vec![]);
+    for state in [
+        "Terminating:Wait",
+        "Terminating:Proceed",
+        "Terminating:Retained",
+        "Warmed:Pending:Wait",
+        "Warmed:Stopped",
+        "Pending:Wait",
+    ] {
+        let facts = AwsFacts {
+            lifecycle_state: Fact::Known(Some(state.into())),
+            ..running(true)
+        };
+        assert_eq!(desired(&node, &facts, &POLICY, at(60)), vec![], "{state}");
+    }
+    let unanswered = AwsFacts {
+        lifecycle_state: Fact::Unknown("throttled".into()),
+        ..running(true)
+    };
+    assert_eq!(
+        names(&desired(&node, &unanswered, &POLICY, at(60))),
+        ["Unchecked"]
+    );
+}
+
+// Issue #43 item 1. This test used to assert that a lifecycle record is never the
+// reconciler's (`a_lifecycle_drain_record_is_its_actions_not_the_reconcilers`): a node back
+// from the warm pool whose launch was lost then stayed cordoned for good.
+#[test]
+fn a_lifecycle_drain_record_goes_once_auto_scaling_put_the_instance_back_in_service() {
+    let mut record = lifecycle_record();
+    record.to_warm_pool_at = Some(at(30));
+    let node = NodeMarks {
+        checkpoint: Some(record.clone()),
+        ..marks()
+    };
+    let actions = desired(&node, &running(false), &POLICY, at(600));
+    assert_eq!(names(&actions), ["LifecycleDrainUndone"]);
+    let Action::UndoDrainRecord { record: undone, .. } = &actions[0] else {
+        unreachable!()
+    };
+    assert_eq!(**undone, record, "exactly the record decided on");
+
+    let not_ready = NodeMarks {
+        ready: false,
+        ..node.clone()
+    };
+    assert_eq!(
+        desired(&not_ready, &running(false), &POLICY, at(600)),
+        vec![]
+    );
+    let stopped = AwsFacts {
+        instance: Fact::Known(Some(InstanceFacts {
+            state: Some("stopped".into()),
+            ..InstanceFacts::default()
+        })),
+        ..running(false)
+    };
+    assert_eq!(desired(&node, &stopped, &POLICY, at(600)), vec![]);
+    let held = NodeMarks {
+        checkpoint: Some(record.renewed("req-2", at(590), Duration::from_secs(60))),
+        ..node.clone()
+    };
+    assert_eq!(
+        desired(&held, &running(false), &POLICY, at(600)),
+        vec![],
+        "a drain at work is its invocation's"
+    );
+    let other_instance = NodeMarks {
+        instance_id: Some("i-0ffffffffffffffff".into()),
+        ..node
+    };
+    assert_eq!(
+        names(&desired(&other_instance, &running(false), &POLICY, at(600))),
+        Vec::<&str>::new()
+    );
+}
+
+// Issue #43 item 2: a rebalance drain (`REBALANCE_ACTION=drain`) is undone like a cordon once
+// `REBALANCE_UNDO_SECONDS` passed without an interruption or a termination.
+#[test]
+fn a_rebalance_drain_no_interruption_followed_is_undone_after_its_time() {
+    let mut record = notice_record(NoticeKind::RebalanceRecommendation, false, 900);
+    record = record.finished(at(300), crate::node_marks::checkpoint::DrainResult::Drained);
+    let node = NodeMarks {
+        checkpoint: Some(record),
+        ..marks()
+    };
+    assert_eq!(desired(&node, &running(true), &POLICY, at(1799)), vec![]);
+    assert_eq!(
+        names(&desired(&node, &running(true), &POLICY, at(1800))),
+        ["RebalanceDrainUndone"]
+    );
+    for leaving in ["Terminating:Wait", "Warmed:Pending:Wait"] {
+        let facts = AwsFacts {
+            lifecycle_state: Fact::Known(Some(leaving.into())),
+            ..running(true)
+        };
+        assert_eq!(
+            desired(&node, &facts, &POLICY, at(1800)),
+            vec![],
+            "{leaving}"
+        );
+    }
+    let marked = AwsFacts {
+        spot_status: Fact::Known(Some("marked-for-termination".into())),
+        ..running(true)
+    };
+    assert_eq!(
+        names(&desired(&node, &marked, &POLICY, at(1800))),
+        Vec::<&str>::new(),
+        "a completed drain is not drained again, nor undone while EC2 interrupts"
+    );
+    let not_ready = NodeMarks {
+        ready: false,
+        ..node
+    };
+    assert_eq!(
+        desired(&not_ready, &running(true), &POLICY, at(1800)),
+        vec![]
+    );
+}
+
+#[test]
+fn an_abandoned_rebalance_drain_resumes_in_its_time_and_is_undone_after_it() {
+    let node = NodeMarks {
+        checkpoint: Some(notice_record(
+            NoticeKind::RebalanceRecommendation,
+            false,
+            900,
+        )),
+        ..marks()
+    };
+    assert_eq!(
+        names(&desired(&node, &running(true), &POLICY, at(100))),
+        ["NoticeDrainResumed"]
+    );
+    assert_eq!(desired(&node, &running(true), &POLICY, at(1000)), vec![]);
+    assert_eq!(
+        names(&desired(&node, &running(true), &POLICY, at(1800))),
+        ["RebalanceDrainUndone"]
+    );
 }
 
 // Item 7: a maintenance plan follows EC2's schedule.
@@ -438,6 +593,11 @@ fn a_maintenance_plan_is_drained_when_due_dropped_when_started_or_on_another_ins
         vec![Action::DrainForMaintenance {
             record: plan(7200),
             starts_at: at(7200),
+            event: ScheduledEventRef {
+                id: None,
+                code: "instance-retirement".into(),
+                health_type_code: Some("AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".into()),
+            },
         }]
     );
     assert_eq!(
@@ -549,6 +709,7 @@ fn a_maintenance_plan_is_checked_against_its_own_event_not_another_codes() {
         ..marks()
     };
     let reboot_sooner = ScheduledInstanceEvent {
+        id: None,
         code: "instance-reboot".into(),
         ..scheduled(3000, "reboot")
     };
@@ -656,4 +817,160 @@ fn a_completed_notice_drain_is_undone_once_the_instance_runs_again_and_its_node_
         ..running(false)
     };
     assert_eq!(desired(&ready, &stopped, &POLICY, at(1000)), vec![]);
+}
+
+fn event(id: &str, code: &str, not_before: i64, description: &str) -> ScheduledInstanceEvent {
+    ScheduledInstanceEvent {
+        id: Some(id.into()),
+        code: code.into(),
+        not_before: Some(at(not_before)),
+        description: description.into(),
+    }
+}
+
+/// A completed drain for EC2's scheduled event `id` (`code`), as the drain records it.
+fn maintenance_drained_for(id: &str, code: &str, type_code: &str) -> DrainCheckpoint {
+    let mut record = notice_record(NoticeKind::ScheduledMaintenance, false, 600);
+    let notice = record.notice.as_mut().unwrap();
+    notice.scheduled_event = Some(ScheduledEventRef {
+        id: Some(id.into()),
+        code: code.into(),
+        health_type_code: Some(type_code.into()),
+    });
+    record.finished(at(300), crate::node_marks::checkpoint::DrainResult::Drained)
+}
+
+// Issue #43 item 3 (a): a reboot is done, an unrelated event ten days later is pending: the
+// node used to stay cordoned until that one completed too.
+#[test]
+fn a_maintenance_drain_ends_with_its_own_event_not_with_every_event() {
+    let node = NodeMarks {
+        checkpoint: Some(maintenance_drained_for(
+            "instance-event-1",
+            "instance-reboot",
+            "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED",
+        )),
+        ..marks()
+    };
+    let facts = |events| AwsFacts {
+        scheduled: Fact::Known(events),
+        ..running(false)
+    };
+    let later = event(
+        "instance-event-2",
+        "instance-reboot",
+        864_000,
+        "ten days later",
+    );
+    let reboot_pending = facts(vec![
+        event("instance-event-1", "instance-reboot", 600, "reboot"),
+        later.clone(),
+    ]);
+    assert_eq!(desired(&node, &reboot_pending, &POLICY, at(700)), vec![]);
+    let reboot_done = facts(vec![
+        event(
+            "instance-event-1",
+            "instance-reboot",
+            600,
+            "[Completed] reboot",
+        ),
+        later,
+    ]);
+    assert_eq!(
+        names(&desired(&node, &reboot_done, &POLICY, at(700))),
+        ["RestoredAfterMaintenance"]
+    );
+}
+
+// Issue #43 item 3 (b): a node drained for a pending retirement used to be put back in
+// service by another, completed event's end.
+#[test]
+fn another_events_completion_does_not_end_a_drain_for_a_pending_retirement() {
+    let node = NodeMarks {
+        checkpoint: Some(maintenance_drained_for(
+            "instance-event-7",
+            "instance-retirement",
+            "AWS_EC2_PERSISTENT_INSTANCE_RETIREMENT_SCHEDULED",
+        )),
+        ..marks()
+    };
+    let facts = AwsFacts {
+        scheduled: Fact::Known(vec![
+            event(
+                "instance-event-3",
+                "system-reboot",
+                100,
+                "[Completed] host reboot",
+            ),
+            event(
+                "instance-event-7",
+                "instance-retirement",
+                90_000,
+                "retirement",
+            ),
+        ]),
+        ..running(false)
+    };
+    assert_eq!(desired(&node, &facts, &POLICY, at(700)), vec![]);
+}
+
+#[test]
+fn a_plan_follows_its_own_event_by_id() {
+    let record = MaintenanceRecord {
+        event: Some(ScheduledEventRef {
+            id: Some("instance-event-2".into()),
+            code: "instance-reboot".into(),
+            health_type_code: Some("AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED".into()),
+        }),
+        type_code: "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED".into(),
+        ..plan(7200)
+    };
+    let node = NodeMarks {
+        maintenance: Some(record.clone()),
+        ..marks()
+    };
+    // Another reboot, sooner, is not this plan's: it is left alone (the sweep plans it).
+    let other_sooner = AwsFacts {
+        scheduled: Fact::Known(vec![
+            event(
+                "instance-event-1",
+                "instance-reboot",
+                5000,
+                "another reboot",
+            ),
+            event("instance-event-2", "instance-reboot", 7200, "this reboot"),
+        ]),
+        ..running(false)
+    };
+    assert_eq!(desired(&node, &other_sooner, &POLICY, at(100)), vec![]);
+    let cancelled = AwsFacts {
+        scheduled: Fact::Known(vec![
+            event(
+                "instance-event-1",
+                "instance-reboot",
+                5000,
+                "another reboot",
+            ),
+            event(
+                "instance-event-2",
+                "instance-reboot",
+                7200,
+                "[Canceled] this reboot",
+            ),
+        ]),
+        ..running(false)
+    };
+    assert_eq!(
+        names(&desired(&node, &cancelled, &POLICY, at(100))),
+        ["MaintenancePlanDropped"]
+    );
+    let due = desired(&node, &other_sooner, &POLICY, at(3600));
+    let Some(Action::DrainForMaintenance { event, .. }) = due.first() else {
+        panic!("{due:?}")
+    };
+    assert_eq!(
+        Some(event),
+        record.event.as_ref(),
+        "the drain names the plan's event"
+    );
 }

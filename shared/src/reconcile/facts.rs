@@ -218,11 +218,14 @@ fn fact<T, U>(answer: &Answer<T>, pick: impl FnOnce(&T) -> U) -> Fact<U> {
     }
 }
 
-/// A notice drain of a Spot interruption (running or done) is checked against its Spot
-/// request, and so is a marked node's Spot instance no drain runs on (its interruption
-/// warning may be lost).
+/// A notice drain of a Spot interruption or a rebalance recommendation (running or done)
+/// is checked against its Spot request, and so is a marked node's Spot instance no drain
+/// runs on (its interruption warning may be lost).
 fn needs_spot_status(node: &NodeMarks) -> bool {
-    notice_kind(node) == Some(NoticeKind::SpotInterruption) || may_need_spot_drain(node)
+    matches!(
+        notice_kind(node),
+        Some(NoticeKind::SpotInterruption | NoticeKind::RebalanceRecommendation)
+    ) || may_need_spot_drain(node)
 }
 
 /// A maintenance plan, or a maintenance drain (running or done: after the maintenance our

@@ -3,10 +3,10 @@
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::instance_notice::maintenance::MaintenanceRecord;
 use crate::lifecycle::node::{is_ready, node_instance_id};
 use crate::node_marks::MARKED_LABEL;
 use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of};
+use crate::node_marks::maintenance::MaintenanceRecord;
 use crate::node_marks::refresh::{RefreshMarks, refresh_marks_of};
 
 /// Every mark of ours on one node.

@@ -16,7 +16,7 @@ use super::desired::{Action, Policy, desired};
 use super::facts::{CallCounts, KnownInstances, gather, gather_knowing};
 use super::marks::NodeMarks;
 use crate::aws::{GroupActivity, InstanceNoticesBatch};
-use crate::instance_notice::maintenance::MAINTENANCE_LABEL;
+use crate::node_marks::maintenance::MAINTENANCE_LABEL;
 use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, MARKED_LABEL};
 
 /// How long the writes of one node may take in all: a node that hangs is reported and the
@@ -213,7 +213,7 @@ async fn converge_node(
         matches!(
             a,
             Action::RemoveRefreshMarks { .. }
-                | Action::UndoNoticeMarks { .. }
+                | Action::UndoDrainRecord { .. }
                 | Action::DropMaintenancePlan { .. }
         )
     });

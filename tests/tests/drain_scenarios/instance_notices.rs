@@ -6,11 +6,11 @@
 
 use super::*;
 use node_manager::aws::{InstanceFacts, ScheduledInstanceEvent};
-use node_manager::instance_notice::maintenance::{MAINTENANCE_ANNOTATION, MAINTENANCE_LABEL};
 use node_manager::instance_notice::{
     TerminatingHookError, TerminatingHookResponse, handle_terminating_hook_event,
 };
 use node_manager::node_marks::checkpoint::NoticeKind;
+use node_manager::node_marks::maintenance::{MAINTENANCE_ANNOTATION, MAINTENANCE_LABEL};
 
 const SPOT_REQUEST: &str = "sir-0a1b2c3d";
 
@@ -483,6 +483,7 @@ async fn scheduled_maintenance_is_planned_then_drained_by_the_sweep_and_a_past_o
     s.instances.notices.schedule(
         INSTANCE,
         ScheduledInstanceEvent {
+            id: None,
             code: "instance-retirement".into(),
             not_before: Some(starts_at),
             description: "The instance is running on degraded hardware".into(),
@@ -537,6 +538,7 @@ async fn a_plan_that_comes_due_is_drained_by_the_sweep_and_cleared() {
     s.instances.notices.schedule(
         INSTANCE,
         ScheduledInstanceEvent {
+            id: None,
             // The EC2 event the (retirement) Health event announces: of its own code.
             code: "instance-retirement".into(),
             not_before: Some(starts_at),
@@ -578,6 +580,7 @@ async fn a_maintenance_already_started_or_cancelled_changes_nothing() {
     s.instances.notices.schedule(
         INSTANCE,
         ScheduledInstanceEvent {
+            id: None,
             code: "instance-retirement".into(),
             not_before: Some(started + jiff::SignedDuration::from_secs(7200)),
             description: "[Canceled] retirement".into(),
@@ -590,6 +593,7 @@ async fn a_maintenance_already_started_or_cancelled_changes_nothing() {
     s.instances.notices.schedule(
         INSTANCE,
         ScheduledInstanceEvent {
+            id: None,
             code: "instance-retirement".into(),
             not_before: Some(started),
             description: "retirement".into(),

@@ -167,6 +167,7 @@ async fn a_stale_mark_goes_right_after_an_event_about_its_node_without_a_tick() 
     s.instances.notices.schedule(
         INSTANCE,
         node_manager::aws::ScheduledInstanceEvent {
+            id: None,
             code: "instance-retirement".into(),
             not_before: Some(starts_at),
             description: "The instance is running on degraded hardware".into(),
@@ -250,6 +251,7 @@ async fn a_lost_health_event_is_planned_or_drained_by_the_next_scheduled_run() {
     let in_seconds =
         |s: i64| jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() + s).unwrap();
     let reboot = |starts_at| node_manager::aws::ScheduledInstanceEvent {
+        id: None,
         code: "system-reboot".into(),
         not_before: Some(starts_at),
         description: "scheduled reboot".into(),
@@ -267,7 +269,7 @@ async fn a_lost_health_event_is_planned_or_drained_by_the_next_scheduled_run() {
         "{swept}"
     );
     let node = s.server.store().get::<Node>("", NODE).unwrap();
-    let record = node_manager::instance_notice::maintenance::MaintenanceRecord::of(&node).unwrap();
+    let record = node_manager::node_marks::maintenance::MaintenanceRecord::of(&node).unwrap();
     assert_eq!(
         record.type_code,
         "AWS_EC2_SYSTEM_REBOOT_MAINTENANCE_SCHEDULED"
@@ -340,6 +342,7 @@ async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
             s.instances.notices.schedule(
                 &instance,
                 node_manager::aws::ScheduledInstanceEvent {
+                    id: None,
                     code: "instance-retirement".into(),
                     not_before: Some(plan_from),
                     description: "The instance is running on degraded hardware".into(),
@@ -351,6 +354,7 @@ async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
     let before = s.function_requests().len();
     let policy = Policy {
         maintenance_margin: Duration::from_secs(3600),
+        rebalance_undo: Duration::from_secs(1800),
     };
     let started = std::time::Instant::now();
     let reconciled = reconcile_marks(&s.function_client, &s.instances, &s.autoscaling, policy)

@@ -221,7 +221,7 @@ fn plan_context(
         stuck_after: settings.stuck_pod_after,
         instance_ends_at: notice.and_then(|n| n.instance_ends_at),
         // A drain running for an involuntary notice moves do-not-disrupt pods too.
-        involuntary: notice.is_some_and(|n| node_manager::drain::plan::is_involuntary(n.kind)),
+        involuntary: notice.is_some_and(node_manager::drain::plan::is_involuntary),
     }
 }
 

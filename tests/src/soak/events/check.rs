@@ -27,9 +27,9 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::{GroupActivity, InstanceFacts, InstanceNotices, ScheduledInstanceEvent};
-use node_manager::instance_notice::maintenance::announced_event;
 use node_manager::lifecycle::node::is_ready;
 use node_manager::node_marks::checkpoint::{DrainCheckpoint, NoticeKind};
+use node_manager::node_marks::maintenance::announced_event;
 use node_manager::reconcile::NodeMarks;
 use node_manager::reconcile::desired::refresh_in_progress;
 

@@ -723,6 +723,7 @@ fn instance_event(detail_type: &str, instance: &str) -> Value {
 
 fn retirement(starts: Timestamp, prefix: &str) -> ScheduledInstanceEvent {
     ScheduledInstanceEvent {
+        id: None,
         code: "instance-retirement".into(),
         not_before: Some(starts),
         description: format!("{prefix}The instance is running on degraded hardware"),
