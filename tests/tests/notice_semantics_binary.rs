@@ -318,3 +318,261 @@ async fn after_a_completed_reboot_a_cordon_somebody_else_made_stays() {
     assert!(is_cordoned(&back), "the operator's cordon stays");
     assert_eq!(label(&back, LB_LABEL), None, "our label is undone");
 }
+
+/// The sweep's outcomes, by name.
+async fn sweep(w: &FunctionWorld) -> Vec<String> {
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&fixtures::schedule_tick())
+        .await;
+    answer["instances"]
+        .as_array()
+        .unwrap_or(&Vec::new())
+        .iter()
+        .filter_map(|o| o["outcome"].as_str().map(str::to_owned))
+        .collect()
+}
+
+// Issue #43 item 2: AWS documents that a rebalance recommendation may never be followed by
+// an interruption. A rebalance drain used to stand for good: the node stayed cordoned and
+// out of load balancers while its instance ran on, billed and unused.
+#[tokio::test]
+async fn a_rebalance_drain_no_interruption_followed_is_undone_by_the_sweep() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .spot()
+        .env("REBALANCE_ACTION", "drain")
+        .env("REBALANCE_UNDO_SECONDS", "3")
+        .env("SETTLE_SECONDS", "0.1")
+        .env("DRAIN_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .env("DRAIN_LEASE_SECONDS", "2")
+        .start()
+        .await;
+    let rebalance = w
+        .aws
+        .interruptions()
+        .rebalance_recommendation(INSTANCE)
+        .unwrap();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&rebalance)
+        .await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    let drained_at = std::time::Instant::now();
+    assert!(is_cordoned(&node(&w, &w.node)));
+
+    let early = sweep(&w).await;
+    assert!(
+        !early.contains(&"RebalanceDrainUndone".to_owned()),
+        "{early:?}"
+    );
+    assert!(
+        is_cordoned(&node(&w, &w.node)),
+        "within REBALANCE_UNDO_SECONDS"
+    );
+
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(drained_at.elapsed())).await;
+    let late = sweep(&w).await;
+    assert!(
+        late.contains(&"RebalanceDrainUndone".to_owned()),
+        "{late:?}"
+    );
+    let back = node(&w, &w.node);
+    assert!(!is_cordoned(&back));
+    assert_eq!(label(&back, LB_LABEL), None);
+}
+
+/// Drains the node for `first` (within the margin), schedules `then` ten days later, and
+/// carries `first` out: the answer to its Health `closed` event.
+async fn drained_for_one_of_two_events(
+    w: &FunctionWorld,
+    first: ScheduledEventCode,
+    then: ScheduledEventCode,
+) -> Value {
+    let lambda = w.function(Target::TerminatingHook);
+    let interruptions = w.aws.interruptions();
+    let scheduled = interruptions
+        .schedule_maintenance(
+            INSTANCE,
+            first,
+            at(Duration::from_secs(600)),
+            at(Duration::from_secs(4200)),
+        )
+        .unwrap();
+    let answer = lambda.response_to(&scheduled).await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    let ten_days = Duration::from_secs(10 * 86_400);
+    interruptions
+        .schedule_maintenance(INSTANCE, then, at(ten_days), at(ten_days * 2))
+        .unwrap();
+    let closed = interruptions.complete_maintenance(INSTANCE, first).unwrap();
+    lambda.response_to(&closed).await
+}
+
+// Issue #43 item 3 (a): the reboot is done and an unrelated event is pending ten days later:
+// the node used to stay cordoned until that one completed too.
+#[tokio::test]
+async fn after_a_completed_reboot_an_unrelated_pending_event_keeps_no_cordon() {
+    let w = world().await;
+    let answer = drained_for_one_of_two_events(
+        &w,
+        ScheduledEventCode::InstanceReboot,
+        ScheduledEventCode::SystemReboot,
+    )
+    .await;
+    assert_eq!(
+        answer["instances"][0]["outcome"], "RestoredAfterMaintenance",
+        "{answer}"
+    );
+    assert!(!is_cordoned(&node(&w, &w.node)));
+    // The later event is planned by the sweep, not drained now.
+    let outcomes = sweep(&w).await;
+    assert!(
+        outcomes.contains(&"MaintenancePlanned".to_owned()),
+        "{outcomes:?}"
+    );
+    assert!(!is_cordoned(&node(&w, &w.node)));
+}
+
+// Issue #43 item 3 (b): a node drained for a pending retirement used to be put back in
+// service by the Health `closed` event of another, completed event, and drained again by
+// the sweep: its pods moved twice.
+#[tokio::test]
+async fn another_events_end_does_not_put_a_node_drained_for_a_retirement_back() {
+    let w = world().await;
+    let lambda = w.function(Target::TerminatingHook);
+    let interruptions = w.aws.interruptions();
+    let retirement = interruptions
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::InstanceRetirement,
+            at(Duration::from_secs(600)),
+            at(Duration::from_secs(4200)),
+        )
+        .unwrap();
+    let answer = lambda.response_to(&retirement).await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    interruptions
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::SystemReboot,
+            at(Duration::from_secs(300)),
+            at(Duration::from_secs(900)),
+        )
+        .unwrap();
+    let closed = interruptions
+        .complete_maintenance(INSTANCE, ScheduledEventCode::SystemReboot)
+        .unwrap();
+    let answer = lambda.response_to(&closed).await;
+    assert_eq!(
+        answer["instances"][0]["outcome"], "NothingToRestore",
+        "{answer}"
+    );
+    assert!(
+        is_cordoned(&node(&w, &w.node)),
+        "the retirement still comes"
+    );
+    let outcomes = sweep(&w).await;
+    assert!(
+        !outcomes
+            .iter()
+            .any(|o| o.contains("Undone") || o.contains("Restored")),
+        "{outcomes:?}"
+    );
+    assert!(is_cordoned(&node(&w, &w.node)));
+}
+
+// Issue #43 item 4: AWS Health announces an EBS-backed instance's retirement with
+// AWS_EC2_PERSISTENT_INSTANCE_RETIREMENT_SCHEDULED (and power maintenance, expedited
+// retirements with their own codes). Outside the old closed list the event was answered
+// "EC2 lists no pending scheduled event", and the instance stopped with its pods on it.
+#[tokio::test]
+async fn every_documented_health_type_code_is_matched_to_ec2s_schedule() {
+    for type_code in [
+        "AWS_EC2_PERSISTENT_INSTANCE_RETIREMENT_SCHEDULED",
+        "AWS_EC2_PERSISTENT_INSTANCE_RETIREMENT_EXPEDITED",
+        "AWS_EC2_INSTANCE_RETIREMENT_EXPEDITED",
+    ] {
+        let w = world().await;
+        let mut event = w
+            .aws
+            .interruptions()
+            .schedule_maintenance(
+                INSTANCE,
+                ScheduledEventCode::InstanceRetirement,
+                at(Duration::from_secs(600)),
+                at(Duration::from_secs(4200)),
+            )
+            .unwrap();
+        event["detail"]["eventTypeCode"] = type_code.into();
+        let answer = w
+            .function(Target::TerminatingHook)
+            .response_to(&event)
+            .await;
+        assert_eq!(
+            answer["instances"][0]["outcome"], "Drained",
+            "{type_code}: {answer}"
+        );
+        assert!(is_cordoned(&node(&w, &w.node)), "{type_code}");
+    }
+}
+
+// Issue #43 item 6: network maintenance neither stops nor reboots the instance: its drain is
+// voluntary, and a `karpenter.sh/do-not-disrupt` pod stays (it used to be evicted).
+#[tokio::test]
+async fn network_maintenance_leaves_a_do_not_disrupt_pod_in_place() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .spot()
+        .env("SETTLE_SECONDS", "0.1")
+        .env("DRAIN_TIMEOUT_SECONDS", "3")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .env("DRAIN_LEASE_SECONDS", "2")
+        .start()
+        .await;
+    create_do_not_disrupt_pod(&w);
+    let network = w
+        .aws
+        .interruptions()
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::SystemMaintenance,
+            at(Duration::from_secs(600)),
+            at(Duration::from_secs(4200)),
+        )
+        .unwrap();
+    assert_eq!(
+        network["detail"]["eventTypeCode"],
+        "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED"
+    );
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&network)
+        .await;
+    assert_eq!(answer["instances"][0]["outcome"], "PodsLeft", "{answer}");
+    assert!(evictions_of(&w, "batch-0").is_empty());
+
+    // Power maintenance reboots the instance: the same pod is evicted.
+    let w = world().await;
+    create_do_not_disrupt_pod(&w);
+    let mut power = w
+        .aws
+        .interruptions()
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::SystemMaintenance,
+            at(Duration::from_secs(600)),
+            at(Duration::from_secs(4200)),
+        )
+        .unwrap();
+    power["detail"]["eventTypeCode"] = "AWS_EC2_INSTANCE_POWER_MAINTENANCE_SCHEDULED".into();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&power)
+        .await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    assert_eq!(evictions_of(&w, "batch-0").len(), 1);
+}

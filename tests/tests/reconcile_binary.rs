@@ -54,14 +54,6 @@ async fn world(extra_env: &[(&str, &str)]) -> FunctionWorld {
     w
 }
 
-/// The schedule's event, as EventBridge Scheduler sends it.
-fn schedule_tick() -> Value {
-    json!({"version": "0", "id": "5a1b2c3d-0000-4000-8000-00000000000f",
-           "detail-type": "Scheduled Event", "source": "aws.events",
-           "account": "111111111111", "time": jiff::Timestamp::now().to_string(),
-           "region": "eu-west-1", "resources": [], "detail": {}})
-}
-
 fn node(w: &FunctionWorld, name: &str) -> Node {
     w.server.store().get::<Node>("", name).unwrap()
 }
@@ -169,7 +161,7 @@ async fn reconcile_a_cancelled_maintenance_is_not_drained_and_a_rescheduled_one_
         .interruptions()
         .reschedule_events(INSTANCE, later)
         .unwrap();
-    let answer = lambda.response_to(&schedule_tick()).await;
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
     assert!(
         outcomes(&answer).contains(&"MaintenancePlanMoved".to_owned()),
         "{answer}"
@@ -185,7 +177,7 @@ async fn reconcile_a_cancelled_maintenance_is_not_drained_and_a_rescheduled_one_
         .interruptions()
         .cancel_scheduled_events(INSTANCE)
         .unwrap();
-    let answer = lambda.response_to(&schedule_tick()).await;
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
     assert!(
         outcomes(&answer).contains(&"MaintenancePlanDropped".to_owned()),
         "{answer}"
@@ -221,7 +213,7 @@ async fn reconcile_refresh_marks_whose_refresh_auto_scaling_no_longer_reports_ar
         &[(REFRESH_ANNOTATION, record)],
         true,
     );
-    let answer = lambda.response_to(&schedule_tick()).await;
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
     // Marked before the common label existed: found by the load-balancer label.
     assert_eq!(outcomes(&answer), ["RefreshMarksRemoved"], "{answer}");
     let after = node(&w, &w.node);
@@ -279,7 +271,7 @@ async fn reconcile_a_maintenance_drain_that_ran_out_of_time_is_resumed_by_the_ne
     store
         .delete::<PodDisruptionBudget>("default", "nginx")
         .unwrap();
-    let answer = lambda.response_to(&schedule_tick()).await;
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
     assert!(
         outcomes(&answer).contains(&"Drained".to_owned()),
         "{answer}"
@@ -334,7 +326,7 @@ async fn reconcile_one_node_that_cannot_be_written_does_not_stop_the_others() {
             .resource("nodes")
             .name(broken),
     );
-    let answer = lambda.response_to(&schedule_tick()).await;
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
     let instances = answer["instances"].as_array().unwrap();
     let of = |id: &str| {
         instances
@@ -357,5 +349,88 @@ async fn reconcile_one_node_that_cannot_be_written_does_not_stop_the_others() {
     assert!(
         annotations(&node(&w, broken)).contains_key(MAINTENANCE),
         "tried again next run"
+    );
+}
+
+// Issue #43 item 5: a rollback keeps exactly the outdated instances the refresh marked and
+// replaces the new ones. With its `Rollback Started` event lost, the sweep used to keep the
+// refresh's cordon on those nodes for the whole rollback (it took `RollbackInProgress` for a
+// refresh still running).
+#[tokio::test]
+async fn reconcile_a_refresh_rolling_back_leaves_its_outdated_nodes_schedulable() {
+    let w = world(&[]).await;
+    let autoscaling = w.aws.autoscaling();
+    // Launch before terminate: the first replacement waits in its launching hook (no
+    // launching-hook function here), so the rollback is still in progress below.
+    let refresh_id = autoscaling
+        .start_instance_refresh(
+            GROUP,
+            node_manager_testkit::aws::FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200),
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    while autoscaling
+        .instance_refresh(&refresh_id)
+        .is_none_or(|r| r.launched_instance_ids.is_empty())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no replacement launched"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The refresh function marked the outdated node; then the rollback's event is lost.
+    let record = json!({
+        "instanceRefreshId": refresh_id, "autoScalingGroupName": GROUP, "instanceId": INSTANCE,
+        "markedAt": at(-60).to_string(),
+        "outOfService": {"labelled": true, "cordoned": true},
+    })
+    .to_string();
+    mark(
+        &w,
+        &w.node,
+        &[
+            (REFRESH_LABEL, &refresh_id),
+            (EXCLUDED, "true"),
+            (MARKED, "true"),
+        ],
+        &[(REFRESH_ANNOTATION, record)],
+        true,
+    );
+    let _lost = autoscaling.rollback_instance_refresh(GROUP).unwrap();
+    assert_eq!(
+        autoscaling
+            .instance_refresh(&refresh_id)
+            .unwrap()
+            .status
+            .as_str(),
+        "RollbackInProgress"
+    );
+
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&fixtures::schedule_tick())
+        .await;
+    assert_eq!(
+        outcomes(&answer),
+        ["RefreshMarksRemoved", "MarkedLabelRemoved"],
+        "{answer}"
+    );
+    let after = node(&w, &w.node);
+    assert!(
+        !is_cordoned(&after),
+        "the node the rollback keeps is schedulable"
+    );
+    assert!(!labels(&after).contains_key(EXCLUDED));
+    assert!(!annotations(&after).contains_key(REFRESH_ANNOTATION));
+    assert_eq!(
+        autoscaling
+            .instance_refresh(&refresh_id)
+            .unwrap()
+            .status
+            .as_str(),
+        "RollbackInProgress",
+        "decided while the rollback still ran"
     );
 }

@@ -12,8 +12,11 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use node_manager::aws::LifecycleActionResult;
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use node_manager_testkit::aws::{InstanceState, SnsSubscription, WarmPoolState};
+use node_manager_testkit::aws::{
+    InstanceState, LifecycleTransition, SnsSubscription, WarmPoolState,
+};
 use node_manager_testkit::e2e::{FunctionWorld, GROUP, Target};
+use node_manager_testkit::fixtures;
 use node_manager_testkit::kube::SimulationTimings;
 use node_manager_testkit::kube::simulation::SHUTDOWN_TAINT;
 use node_manager_testkit::soak::corpus;
@@ -431,6 +434,80 @@ async fn a_node_ready_only_after_the_launch_timeout_still_gets_the_drain_undone(
     assert!(!has_exclude_label(&node));
     assert!(!has_taint(&node, DRAIN_TAINT));
     assert!(checkpoint(&node).is_none(), "the drain record is gone");
+}
+
+// Issue #43 item 1: the launch of an instance back from the warm pool is lost (or every
+// launching-hook attempt failed): its action times out with CONTINUE and the instance is
+// InService, running and Ready with our drain's cordon, label and record on it. The
+// terminating hook's schedule (the reconciler) used to leave it so for good.
+#[tokio::test]
+async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_by_the_sweep() {
+    let w = world().functions(&[Target::TerminatingHook]).start().await;
+    let mut subscription = scale_in_to_stopped_pool(&w).await;
+    let aws = &w.aws;
+    // Nobody answers the launch: its hook times out (at this scale, in well under a second).
+    aws.autoscaling().set_time_scale(0.001);
+    aws.autoscaling()
+        .launch_from_warm_pool(GROUP, &w.instance)
+        .unwrap();
+    w.server
+        .restart_node(&w.node, &w.provider_id(), Some(Duration::from_millis(200)))
+        .unwrap();
+    let lost = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(corpus::message_of(&lost)["Origin"], "WarmPool");
+    let launch_timed_out = || {
+        aws.autoscaling()
+            .completions()
+            .into_iter()
+            .find(|c| c.instance_id == w.instance && c.transition == LifecycleTransition::Launching)
+    };
+    let started = Instant::now();
+    while launch_timed_out().is_none() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let timed_out = launch_timed_out().expect("the launch action times out");
+    assert_eq!(timed_out.result, LifecycleActionResult::Continue);
+    assert_eq!(
+        aws.autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("InService")
+    );
+    w.server
+        .wait_for("the node Ready again", Duration::from_secs(10), |store| {
+            store
+                .find::<Node>("", &w.node)
+                .is_some_and(|n| node_manager::lifecycle::node::is_ready(&n))
+        })
+        .await
+        .unwrap();
+    assert!(unschedulable(&node_of(&w)), "left as the drain left it");
+
+    let sweep = w
+        .function(Target::TerminatingHook)
+        .response_to(&fixtures::schedule_tick())
+        .await;
+    let outcomes: Vec<&str> = sweep["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o["outcome"].as_str())
+        .collect();
+    assert!(outcomes.contains(&"LifecycleDrainUndone"), "{sweep}");
+    let node = node_of(&w);
+    assert!(!unschedulable(&node), "uncordoned");
+    assert!(!has_exclude_label(&node));
+    assert!(!has_taint(&node, DRAIN_TAINT));
+    assert!(checkpoint(&node).is_none(), "the drain record is gone");
+    // A second run finds nothing of ours left.
+    let before = node_writes(&w).len();
+    w.function(Target::TerminatingHook)
+        .response_to(&fixtures::schedule_tick())
+        .await;
+    assert_eq!(node_writes(&w).len(), before);
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
+use serde_json::Value;
 
 use super::refresh_loop::{self, POLL, Plan};
 use super::{FakeAutoScaling, FakeLaunchTemplate};
@@ -65,6 +66,9 @@ pub enum InstanceRefreshStatus {
     Failed,
     Cancelling,
     Cancelled,
+    RollbackInProgress,
+    RollbackSuccessful,
+    RollbackFailed,
 }
 
 impl InstanceRefreshStatus {
@@ -76,12 +80,18 @@ impl InstanceRefreshStatus {
             Self::Failed => "Failed",
             Self::Cancelling => "Cancelling",
             Self::Cancelled => "Cancelled",
+            Self::RollbackInProgress => "RollbackInProgress",
+            Self::RollbackSuccessful => "RollbackSuccessful",
+            Self::RollbackFailed => "RollbackFailed",
         }
     }
 
     /// Whether the refresh still blocks another on its group.
     pub fn is_active(self) -> bool {
-        matches!(self, Self::Pending | Self::InProgress | Self::Cancelling)
+        matches!(
+            self,
+            Self::Pending | Self::InProgress | Self::Cancelling | Self::RollbackInProgress
+        )
     }
 }
 
@@ -291,6 +301,46 @@ impl FakeAutoScaling {
         preferences: FakeRefreshPreferences,
     ) -> Result<String, FakeAwsError> {
         start(&self.shared, group_name, preferences).map_err(api_error)
+    }
+
+    /// Rolls the group's refresh back as `RollbackInstanceRefresh` does: the refresh goes
+    /// `RollbackInProgress` (and `EC2 Auto Scaling Instance Refresh Rollback Started` goes
+    /// on the bus, returned), its loop replaces the instances it launched with the group's
+    /// previous configuration, then `RollbackSuccessful`.
+    pub fn rollback_instance_refresh(&self, group_name: &str) -> Result<Value, FakeAwsError> {
+        let (id, arn) = {
+            let mut state = lock(&self.shared.autoscaling.state);
+            let arn = state
+                .groups
+                .get(group_name)
+                .map(|g| g.arn.clone())
+                .unwrap_or_default();
+            let record = state
+                .refreshes
+                .iter_mut()
+                .find(|r| {
+                    r.view.group_name == group_name
+                        && matches!(
+                            r.view.status,
+                            InstanceRefreshStatus::Pending | InstanceRefreshStatus::InProgress
+                        )
+                })
+                .ok_or_else(|| FakeAwsError::AutoScalingApi {
+                    code: "ActiveInstanceRefreshNotFound".to_owned(),
+                    message: format!(
+                        "No in progress or pending Instance Refresh found for Auto Scaling group {group_name}"
+                    ),
+                })?;
+            record.view.status = InstanceRefreshStatus::RollbackInProgress;
+            (record.view.id.clone(), arn)
+        };
+        Ok(crate::aws::eventbridge::emit(
+            &self.shared,
+            "aws.autoscaling",
+            "EC2 Auto Scaling Instance Refresh Rollback Started",
+            vec![arn],
+            serde_json::json!({"InstanceRefreshId": id, "AutoScalingGroupName": group_name}),
+        ))
     }
 
     /// Cancels the group's active refresh as `CancelInstanceRefresh` does; returns its id.

@@ -53,6 +53,13 @@ pub(super) async fn run(shared: Weak<Shared>, plan: Plan) {
         if cancelling(&shared, &plan.id) {
             break (InstanceRefreshStatus::Cancelled, None);
         }
+        if rolling_back(&shared, &plan.id) {
+            break match roll_back(&shared, &plan).await {
+                Ok(()) => (InstanceRefreshStatus::RollbackSuccessful, None),
+                Err(Some(reason)) => (InstanceRefreshStatus::RollbackFailed, Some(reason)),
+                Err(None) => return,
+            };
+        }
         // Instances that already left (scale-in, another termination) need no replacing.
         let batch: Vec<String> = queue
             .by_ref()
@@ -66,7 +73,7 @@ pub(super) async fn run(shared: Weak<Shared>, plan: Plan) {
             break (InstanceRefreshStatus::Successful, None);
         }
         let step = if plan.launch_first {
-            match launch(&shared, &plan, batch.len()).await {
+            match launch(&shared, &plan, batch.len(), plan.launch_template.clone()).await {
                 // A cancel leaves the new instances in service and the old ones running.
                 Ok(()) if cancelling(&shared, &plan.id) => Ok(()),
                 Ok(()) => terminate(&shared, &plan, &batch).await,
@@ -76,7 +83,7 @@ pub(super) async fn run(shared: Weak<Shared>, plan: Plan) {
             // The replacements of a terminated batch launch even when cancelling, so the
             // group gets its capacity back.
             match terminate(&shared, &plan, &batch).await {
-                Ok(()) => launch(&shared, &plan, batch.len()).await,
+                Ok(()) => launch(&shared, &plan, batch.len(), plan.launch_template.clone()).await,
                 Err(reason) => Err(reason),
             }
         };
@@ -104,6 +111,35 @@ fn cancelling(shared: &Weak<Shared>, id: &str) -> bool {
     })
 }
 
+fn rolling_back(shared: &Weak<Shared>, id: &str) -> bool {
+    shared.upgrade().is_some_and(|shared| {
+        record_mut(&mut lock(&shared.autoscaling.state), id)
+            .is_some_and(|r| r.view.status == InstanceRefreshStatus::RollbackInProgress)
+    })
+}
+
+/// A rollback (`RollbackInstanceRefresh`): each instance the refresh launched is replaced,
+/// one at a time and launch first, by one of the configuration the group had before the
+/// refresh (the group's own, which only a successful refresh changes); the outdated
+/// instances the refresh had not reached stay as they are.
+async fn roll_back(shared: &Weak<Shared>, plan: &Plan) -> StepResult {
+    let launched = {
+        let shared = shared.upgrade().ok_or(None)?;
+        let mut state = lock(&shared.autoscaling.state);
+        record_mut(&mut state, &plan.id)
+            .map(|r| r.view.launched_instance_ids.clone())
+            .unwrap_or_default()
+    };
+    for instance_id in launched {
+        if lifecycle_state(shared, &plan.group_name, &instance_id).as_deref() != Some("InService") {
+            continue;
+        }
+        launch(shared, plan, 1, None).await?;
+        terminate(shared, plan, std::slice::from_ref(&instance_id)).await?;
+    }
+    Ok(())
+}
+
 fn set_in_progress(shared: &Weak<Shared>, plan: &Plan) -> bool {
     let Some(shared) = shared.upgrade() else {
         return false;
@@ -117,19 +153,20 @@ fn set_in_progress(shared: &Weak<Shared>, plan: &Plan) -> bool {
     true
 }
 
-/// Launches `count` instances and waits until each is in service, then the warmup.
-async fn launch(shared: &Weak<Shared>, plan: &Plan, count: usize) -> StepResult {
+/// Launches `count` instances of `template` (the group's own when `None`) and waits until
+/// each is in service, then the warmup.
+async fn launch(
+    shared: &Weak<Shared>,
+    plan: &Plan,
+    count: usize,
+    template: Option<FakeLaunchTemplate>,
+) -> StepResult {
     let mut launched = Vec::with_capacity(count);
     {
         let shared = shared.upgrade().ok_or(None)?;
         for _ in 0..count {
-            let instance = launch_new_instance(
-                &shared,
-                &plan.group_name,
-                None,
-                plan.launch_template.clone(),
-            )
-            .map_err(|e| Some(e.to_string()))?;
+            let instance = launch_new_instance(&shared, &plan.group_name, None, template.clone())
+                .map_err(|e| Some(e.to_string()))?;
             if let Some(record) = record_mut(&mut lock(&shared.autoscaling.state), &plan.id) {
                 record
                     .view
@@ -247,6 +284,12 @@ fn finish(
     let detail_type = match status {
         InstanceRefreshStatus::Successful => "EC2 Auto Scaling Instance Refresh Succeeded",
         InstanceRefreshStatus::Cancelled => "EC2 Auto Scaling Instance Refresh Cancelled",
+        InstanceRefreshStatus::RollbackSuccessful => {
+            "EC2 Auto Scaling Instance Refresh Rollback Succeeded"
+        }
+        InstanceRefreshStatus::RollbackFailed => {
+            "EC2 Auto Scaling Instance Refresh Rollback Failed"
+        }
         _ => "EC2 Auto Scaling Instance Refresh Failed",
     };
     emit(&shared, plan, detail_type);
