@@ -34,8 +34,8 @@ impl RebalanceAction {
 pub struct NoticeSettings {
     /// `REBALANCE_ACTION` (`cordon`).
     pub rebalance_action: RebalanceAction,
-    /// `REBALANCE_UNDO_SECONDS` (1800): a rebalance cordon that no termination followed
-    /// within this time is undone by the sweep.
+    /// `REBALANCE_UNDO_SECONDS` (1800): a rebalance cordon or drain that no interruption or
+    /// termination followed within this time is undone by the sweep.
     pub rebalance_undo_after: Duration,
     /// `MAINTENANCE_DRAIN_MARGIN_SECONDS` (3600): how long before a scheduled maintenance's
     /// start its instance's node is drained.
