@@ -434,3 +434,33 @@ async fn reconcile_a_refresh_rolling_back_leaves_its_outdated_nodes_schedulable(
         "decided while the rollback still ran"
     );
 }
+
+// Issue #43 item 10: a fleet-wide maintenance marks thousands of nodes. The facts used to be
+// asked under one 10 s bound for all of their batches in sequence (40
+// `DescribeAutoScalingInstances` calls here), so with ordinary API latency every fact was
+// `Unknown`, every plan `Unchecked`, and nothing drained. Each call now has its own bound,
+// eight run at once, and the nodes are listed a page at a time.
+#[tokio::test]
+async fn reconcile_two_thousand_marked_nodes_are_all_decided_with_slow_apis() {
+    use node_manager_testkit::bench::sweep::{SWEEP_PERIOD, sweep_at_scale};
+    let row = sweep_at_scale(2000, 2000, 3, Duration::from_millis(400)).await;
+    println!("{row:?}");
+    assert_eq!(row.unchecked, 0, "{row:?}");
+    assert_eq!(row.drained, 3, "every due plan drained: {row:?}");
+    assert!(row.wall < SWEEP_PERIOD, "{row:?}");
+    // A call per batch of the API's size, never one per node.
+    assert_eq!(
+        row.aws_calls["DescribeAutoScalingInstances"],
+        2000usize.div_ceil(50),
+        "{row:?}"
+    );
+    assert_eq!(
+        row.aws_calls["DescribeInstances"] < 2000 / 100,
+        true,
+        "{row:?}"
+    );
+    assert!(
+        row.node_lists >= 4,
+        "listed a page (500 nodes) at a time: {row:?}"
+    );
+}

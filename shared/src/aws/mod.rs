@@ -263,6 +263,16 @@ pub trait InstanceNotices: Send + Sync {
     ) -> impl Future<Output = Result<Vec<ScheduledInstanceEvent>, AwsError>> + Send;
 }
 
+/// How many instance ids one `DescribeInstances` or `DescribeSpotInstanceRequests` call
+/// filters by (EC2 takes at most 200 values per filter).
+pub const INSTANCE_FILTER_BATCH: usize = 200;
+/// How many instance ids one `DescribeInstanceStatus` call takes (at most 100).
+pub const INSTANCE_STATUS_BATCH: usize = 100;
+/// How many instance ids (or group names) one `DescribeAutoScalingInstances` (or
+/// `DescribeAutoScalingGroups`) call takes (the APIs' limits are 50 and 100; one size keeps
+/// it simple).
+pub const AUTO_SCALING_BATCH: usize = 50;
+
 /// EC2 as the reconciler reads it: the same facts as [`InstanceNotices`], for many instances
 /// at once, so that a run costs calls in proportion to the marked nodes, not to the cluster.
 /// The defaults ask one instance at a time (what the in-memory fakes need); the SDK adapter

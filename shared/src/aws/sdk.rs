@@ -500,9 +500,6 @@ fn facts_of(instance: &aws_sdk_ec2::types::Instance) -> InstanceFacts {
     }
 }
 
-/// `DescribeInstanceStatus` takes at most 100 instance ids per call.
-const STATUS_BATCH: usize = 100;
-
 impl SdkInstances {
     /// Every Spot request `filter` selects, page by page.
     async fn spot_requests_where(
@@ -625,7 +622,7 @@ impl InstanceNoticesBatch for SdkInstances {
             .iter()
             .map(|id| (id.clone(), Vec::new()))
             .collect();
-        for batch in instance_ids.chunks(STATUS_BATCH) {
+        for batch in instance_ids.chunks(INSTANCE_STATUS_BATCH) {
             let output = self
                 .client()
                 .describe_instance_status()
@@ -971,22 +968,18 @@ impl Eks for SdkEks {
     }
 }
 
-/// Instance ids per `DescribeAutoScalingInstances` call and group names per
-/// `DescribeAutoScalingGroups` call (the APIs' limits are 50 and 100; one size keeps it simple).
-const DESCRIBE_BATCH: usize = 50;
-
 impl InstanceHealth for SdkAutoScaling {
     async fn describe_group_instances(
         &self,
         instance_ids: &[String],
     ) -> Result<Vec<GroupInstance>, AwsError> {
         let mut out = Vec::new();
-        for batch in instance_ids.chunks(DESCRIBE_BATCH) {
+        for batch in instance_ids.chunks(AUTO_SCALING_BATCH) {
             let instances = self
                 .client()
                 .describe_auto_scaling_instances()
                 .set_instance_ids(Some(batch.to_vec()))
-                .max_records(DESCRIBE_BATCH as i32)
+                .max_records(AUTO_SCALING_BATCH as i32)
                 .into_paginator()
                 .items()
                 .send()
@@ -1010,7 +1003,7 @@ impl InstanceHealth for SdkAutoScaling {
         group_names: &[String],
     ) -> Result<Vec<GroupHealthSettings>, AwsError> {
         let mut out = Vec::new();
-        for batch in group_names.chunks(DESCRIBE_BATCH) {
+        for batch in group_names.chunks(AUTO_SCALING_BATCH) {
             let groups = self
                 .client()
                 .describe_auto_scaling_groups()
@@ -1046,9 +1039,6 @@ impl InstanceHealth for SdkAutoScaling {
             .map_err(|e| classify("SetInstanceHealth", e))
     }
 }
-
-/// Instance ids per `DescribeInstances` filter (EC2 takes at most 200 values per filter).
-const INSTANCE_FILTER_BATCH: usize = 200;
 
 impl SdkInstances {
     /// `visit`s each instance EC2 describes of `instance_ids`, by an `instance-id` filter

@@ -1,22 +1,33 @@
-//! What AWS says now about the marked nodes' instances, asked in batches: one
-//! `DescribeInstances` and one `DescribeAutoScalingInstances` for all of them, one
-//! `DescribeSpotInstanceRequests` for the Spot requests a notice drain needs, one
-//! `DescribeInstanceStatus` per hundred instances with maintenance marks, one
+//! What AWS says now about the marked nodes' instances, asked in batches of the size each
+//! API takes: `DescribeInstances` (200 instances a call), `DescribeAutoScalingInstances`
+//! (50), `DescribeSpotInstanceRequests` (200 requests) for the Spot requests a notice drain
+//! needs, `DescribeInstanceStatus` (100) for the instances with maintenance marks, one
 //! `DescribeInstanceRefreshes` per refresh named by a record. The number of calls grows with
-//! the marked nodes, never with the cluster. Each call is bounded in time; a call that fails
-//! leaves its fact [`Fact::Unknown`] for the nodes it was about, and only those.
+//! the marked nodes, never with the cluster. Each call is bounded in time ([`CALL_BOUND`])
+//! and [`CONCURRENT_CALLS`] run at once, so thousands of marked nodes are asked within a few
+//! bounds, not one per batch; a call that fails leaves its fact [`Fact::Unknown`] for the
+//! instances of its batch, and only those.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use super::desired::{AwsFacts, Fact, may_need_spot_drain};
 use super::marks::NodeMarks;
-use crate::aws::{AwsError, GroupActivity, InstanceFacts, InstanceNoticesBatch};
+use crate::aws::{
+    AUTO_SCALING_BATCH, AwsError, GroupActivity, INSTANCE_FILTER_BATCH, INSTANCE_STATUS_BATCH,
+    InstanceFacts, InstanceNoticesBatch,
+};
 use crate::node_marks::checkpoint::NoticeKind;
 
 /// How long one AWS call of the reconciler may take.
 pub const CALL_BOUND: Duration = Duration::from_secs(10);
+
+/// How many of the reconciler's AWS calls run at once (well under the APIs' request rates:
+/// a run makes a few calls per hundred marked nodes).
+pub const CONCURRENT_CALLS: usize = 8;
 
 /// How many calls of each AWS operation one run made (for its report and the benchmark).
 pub type CallCounts = BTreeMap<&'static str, u32>;
@@ -53,56 +64,67 @@ where
     let mut calls = CallCounts::new();
     let ids: Vec<String> = distinct(nodes.iter().filter_map(|n| n.instance().map(str::to_owned)));
     let instances = match known.filter(|k| ids.iter().all(|id| k.contains_key(id))) {
-        Some(known) => Ok(known.clone()),
+        Some(known) => Answers::all_known(known.clone()),
         None => {
-            ask(&mut calls, "DescribeInstances", !ids.is_empty(), || {
-                ec2.instances_facts(&ids)
-            })
+            ask_batched(
+                &mut calls,
+                "DescribeInstances",
+                &ids,
+                INSTANCE_FILTER_BATCH,
+                |b| async move { ec2.instances_facts(&b).await },
+            )
             .await
         }
     };
-    let states = ask(
-        &mut calls,
-        "DescribeAutoScalingInstances",
-        !ids.is_empty(),
-        || autoscaling.lifecycle_states(&ids),
-    )
-    .await;
-    let spot_ids = match &instances {
-        Ok(known) => distinct(
+    let (states, spot, scheduled) = {
+        let spot_ids = distinct(
             nodes
                 .iter()
                 .filter(|n| needs_spot_status(n))
-                .filter_map(|n| known.get(n.instance()?)?.spot_request_id.clone()),
-        ),
-        Err(_) => Vec::new(),
-    };
-    let spot = ask(
-        &mut calls,
-        "DescribeSpotInstanceRequests",
-        !spot_ids.is_empty(),
-        || ec2.spot_request_statuses(&spot_ids),
-    )
-    .await;
-    // Only instances EC2 just listed: `DescribeInstanceStatus` fails a whole batch on an id
-    // it does not know.
-    let scheduled_ids = match &instances {
-        Ok(known) => distinct(
+                .filter_map(|n| instances.known.get(n.instance()?)?.spot_request_id.clone()),
+        );
+        // Only instances EC2 just listed: `DescribeInstanceStatus` fails a whole batch on an
+        // id it does not know.
+        let scheduled_ids = distinct(
             nodes
                 .iter()
                 .filter(|n| needs_schedule(n))
-                .filter_map(|n| n.instance().filter(|id| known.contains_key(*id)))
+                .filter_map(|n| n.instance().filter(|id| instances.known.contains_key(*id)))
                 .map(str::to_owned),
-        ),
-        Err(_) => Vec::new(),
+        );
+        let mut state_calls = CallCounts::new();
+        let mut spot_calls = CallCounts::new();
+        let mut status_calls = CallCounts::new();
+        let answers = futures::join!(
+            ask_batched(
+                &mut state_calls,
+                "DescribeAutoScalingInstances",
+                &ids,
+                AUTO_SCALING_BATCH,
+                |b| async move { autoscaling.lifecycle_states(&b).await }
+            ),
+            ask_batched(
+                &mut spot_calls,
+                "DescribeSpotInstanceRequests",
+                &spot_ids,
+                INSTANCE_FILTER_BATCH,
+                |b| async move { ec2.spot_request_statuses(&b).await }
+            ),
+            ask_batched(
+                &mut status_calls,
+                "DescribeInstanceStatus",
+                &scheduled_ids,
+                INSTANCE_STATUS_BATCH,
+                |b| async move { ec2.scheduled_events_of(&b).await }
+            ),
+        );
+        for counts in [state_calls, spot_calls, status_calls] {
+            for (operation, count) in counts {
+                *calls.entry(operation).or_default() += count;
+            }
+        }
+        answers
     };
-    let scheduled = ask(
-        &mut calls,
-        "DescribeInstanceStatus",
-        !scheduled_ids.is_empty(),
-        || ec2.scheduled_events_of(&scheduled_ids),
-    )
-    .await;
     let refreshes = refresh_statuses(autoscaling, nodes, &mut calls).await;
     let facts = nodes
         .iter()
@@ -113,18 +135,76 @@ where
 
 type Answer<T> = Result<T, String>;
 
-/// One bounded call, counted; `Ok(default)` without a call when there is nothing to ask.
-async fn ask<T: Default, F: Future<Output = Result<T, AwsError>>>(
+/// The answers of one operation's batched calls: what the calls that answered said, and why
+/// each id of a call that did not answer is unknown.
+#[derive(Debug, Clone, Default)]
+struct Answers<T> {
+    known: BTreeMap<String, T>,
+    failed: BTreeMap<String, String>,
+}
+
+impl<T: Clone> Answers<T> {
+    fn all_known(known: BTreeMap<String, T>) -> Self {
+        Self {
+            known,
+            failed: BTreeMap::new(),
+        }
+    }
+
+    /// The answer about `id`: its value (`None`: the answer did not name it), or why there
+    /// is none.
+    fn about(&self, id: &str) -> Fact<Option<T>> {
+        match self.failed.get(id) {
+            Some(why) => Fact::Unknown(why.clone()),
+            None => Fact::Known(self.known.get(id).cloned()),
+        }
+    }
+}
+
+/// `ids` asked `size` at a time, [`CONCURRENT_CALLS`] calls at once, each bounded and
+/// counted; nothing is asked for no ids.
+async fn ask_batched<T, F>(
     calls: &mut CallCounts,
     operation: &'static str,
-    needed: bool,
-    call: impl FnOnce() -> F,
-) -> Answer<T> {
-    if !needed {
-        return Ok(T::default());
+    ids: &[String],
+    size: usize,
+    call: impl Fn(Vec<String>) -> F,
+) -> Answers<T>
+where
+    F: Future<Output = Result<BTreeMap<String, T>, AwsError>>,
+{
+    let batches: Vec<Vec<String>> = ids.chunks(size.max(1)).map(<[String]>::to_vec).collect();
+    if !batches.is_empty() {
+        *calls.entry(operation).or_default() += u32::try_from(batches.len()).unwrap_or(u32::MAX);
     }
-    *calls.entry(operation).or_default() += 1;
-    match tokio::time::timeout(CALL_BOUND, call()).await {
+    let call = &call;
+    let mut answered = futures::stream::iter(batches)
+        .map(|batch| async move {
+            let answer = bounded(operation, call(batch.clone())).await;
+            (batch, answer)
+        })
+        .buffer_unordered(CONCURRENT_CALLS);
+    let mut answers = Answers {
+        known: BTreeMap::new(),
+        failed: BTreeMap::new(),
+    };
+    while let Some((batch, answer)) = answered.next().await {
+        match answer {
+            Ok(known) => answers.known.extend(known),
+            Err(why) => answers
+                .failed
+                .extend(batch.iter().map(|id| (id.clone(), why.clone()))),
+        }
+    }
+    answers
+}
+
+/// One call within [`CALL_BOUND`]; why it gave no answer, logged.
+async fn bounded<T>(
+    operation: &'static str,
+    call: impl Future<Output = Result<T, AwsError>>,
+) -> Answer<T> {
+    match tokio::time::timeout(CALL_BOUND, call).await {
         Ok(Ok(answer)) => Ok(answer),
         Ok(Err(error)) => {
             tracing::warn!(operation, %error, "the reconciler could not ask AWS: the marks it needed are left as they are this time");
@@ -158,9 +238,11 @@ async fn refresh_statuses<A: GroupActivity>(
         .collect();
     let mut out = BTreeMap::new();
     for (group, id) in named {
-        let status = ask(calls, "DescribeInstanceRefreshes", true, || {
-            autoscaling.instance_refresh_status(&group, &id)
-        })
+        *calls.entry("DescribeInstanceRefreshes").or_default() += 1;
+        let status = bounded(
+            "DescribeInstanceRefreshes",
+            autoscaling.instance_refresh_status(&group, &id),
+        )
         .await;
         out.insert((group, id), status);
     }
@@ -169,21 +251,21 @@ async fn refresh_statuses<A: GroupActivity>(
 
 fn facts_of(
     node: &NodeMarks,
-    instances: &Answer<BTreeMap<String, InstanceFacts>>,
-    states: &Answer<BTreeMap<String, String>>,
-    spot: &Answer<BTreeMap<String, String>>,
-    scheduled: &Answer<BTreeMap<String, Vec<crate::aws::ScheduledInstanceEvent>>>,
+    instances: &Answers<InstanceFacts>,
+    states: &Answers<String>,
+    spot: &Answers<String>,
+    scheduled: &Answers<Vec<crate::aws::ScheduledInstanceEvent>>,
     refreshes: &BTreeMap<(String, String), Answer<Option<String>>>,
 ) -> AwsFacts {
     let id = node.instance().unwrap_or_default();
-    let instance = fact(instances, |m| m.get(id).cloned());
+    let instance = instances.about(id);
     let spot_request = match &instance {
         Fact::Known(Some(facts)) => facts.spot_request_id.clone(),
         _ => None,
     };
     let spot_status = match (&instance, spot_request) {
         (Fact::Unknown(why), _) => Fact::Unknown(why.clone()),
-        (_, Some(request)) if needs_spot_status(node) => fact(spot, |m| m.get(&request).cloned()),
+        (_, Some(request)) if needs_spot_status(node) => spot.about(&request),
         _ => Fact::Known(None),
     };
     let refresh_status = match &node.refresh {
@@ -194,27 +276,23 @@ fn facts_of(
                 r.instance_refresh_id.clone(),
             );
             match refreshes.get(&key) {
-                Some(answer) => fact(answer, Clone::clone),
+                Some(Ok(status)) => Fact::Known(status.clone()),
+                Some(Err(why)) => Fact::Unknown(why.clone()),
                 None => Fact::Known(None),
             }
         }
     };
+    let scheduled = match (&instance, scheduled.about(id)) {
+        (Fact::Unknown(why), _) => Fact::Unknown(why.clone()),
+        (_, Fact::Unknown(why)) => Fact::Unknown(why),
+        (_, Fact::Known(events)) => Fact::Known(events.unwrap_or_default()),
+    };
     AwsFacts {
-        scheduled: match &instance {
-            Fact::Unknown(why) => Fact::Unknown(why.clone()),
-            _ => fact(scheduled, |m| m.get(id).cloned().unwrap_or_default()),
-        },
-        lifecycle_state: fact(states, |m| m.get(id).cloned()),
+        scheduled,
+        lifecycle_state: states.about(id),
         instance,
         spot_status,
         refresh_status,
-    }
-}
-
-fn fact<T, U>(answer: &Answer<T>, pick: impl FnOnce(&T) -> U) -> Fact<U> {
-    match answer {
-        Ok(value) => Fact::Known(pick(value)),
-        Err(why) => Fact::Unknown(why.clone()),
     }
 }
 

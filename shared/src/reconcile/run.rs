@@ -2,7 +2,7 @@
 //! drains it decides on are handed back to the caller (the terminating hook's sweep), which
 //! runs them within its invocation.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -26,7 +26,7 @@ pub const NODE_BOUND: Duration = Duration::from_secs(30);
 /// How long reconciling one node after an event may take in all.
 pub const AFTER_EVENT_BOUND: Duration = Duration::from_secs(20);
 
-/// How long one list of nodes may take.
+/// How long one list request (a page) may take.
 const LIST_BOUND: Duration = Duration::from_secs(30);
 
 /// What one action on one node came to.
@@ -66,7 +66,8 @@ pub struct Reconciled {
     pub maintenance_covered: BTreeSet<String>,
 }
 
-/// Lists the marked nodes, asks AWS about them, converges their marks.
+/// Lists the marked nodes a page at a time ([`PAGE`]), asks AWS about each page's
+/// instances, converges their marks: memory holds one page, whatever the cluster's size.
 pub async fn reconcile_marks<E, A>(
     client: &kube::Client,
     ec2: &E,
@@ -77,23 +78,22 @@ where
     E: InstanceNoticesBatch,
     A: GroupActivity,
 {
-    let (marked, lists) = list_marked(client).await?;
-    let (facts, aws_calls) = gather(ec2, autoscaling, &marked).await;
-    let now = Timestamp::now();
-    let mut reconciled = Reconciled {
-        aws_calls,
-        lists,
-        nodes: marked.len(),
-        ..Reconciled::default()
-    };
-    for (marks, facts) in marked.into_iter().zip(facts) {
-        if marks.covers_maintenance()
-            && let Some(instance) = marks.instance()
-        {
-            reconciled.maintenance_covered.insert(instance.to_owned());
+    let mut reconciled = Reconciled::default();
+    for (selector, required) in marked_selectors() {
+        let mut pages = MarkedPages::new(client, &selector);
+        loop {
+            let page = match pages.next().await {
+                Ok(Some(page)) => page,
+                Ok(None) => break,
+                Err(error) if !required => {
+                    tracing::warn!(selector, %error, "could not list the nodes marked before the common label: they are looked at next run");
+                    break;
+                }
+                Err(error) => return Err(error),
+            };
+            reconciled.lists += 1;
+            reconcile_page(client, ec2, autoscaling, &policy, page, &mut reconciled).await;
         }
-        let actions = desired(&marks, &facts, &policy, now);
-        converge_node(client, marks, actions, &mut reconciled).await;
     }
     tracing::info!(
         step = "reconciled",
@@ -104,6 +104,35 @@ where
         "marks reconciled with what AWS says now"
     );
     Ok(reconciled)
+}
+
+/// One page of marked nodes: their facts asked, their marks decided and converged.
+async fn reconcile_page<E, A>(
+    client: &kube::Client,
+    ec2: &E,
+    autoscaling: &A,
+    policy: &Policy,
+    marked: Vec<NodeMarks>,
+    reconciled: &mut Reconciled,
+) where
+    E: InstanceNoticesBatch,
+    A: GroupActivity,
+{
+    let (facts, aws_calls) = gather(ec2, autoscaling, &marked).await;
+    for (operation, count) in aws_calls {
+        *reconciled.aws_calls.entry(operation).or_default() += count;
+    }
+    reconciled.nodes += marked.len();
+    let now = Timestamp::now();
+    for (marks, facts) in marked.into_iter().zip(facts) {
+        if marks.covers_maintenance()
+            && let Some(instance) = marks.instance()
+        {
+            reconciled.maintenance_covered.insert(instance.to_owned());
+        }
+        let actions = desired(&marks, &facts, policy, now);
+        converge_node(client, marks, actions, reconciled).await;
+    }
 }
 
 /// Reconciles node `name` alone, right after an event about it was handled, so a stale mark
@@ -275,42 +304,72 @@ async fn converge_node(
     }
 }
 
-/// The nodes carrying any mark of ours: those with [`MARKED_LABEL`], and, for marks written
-/// before the label existed, those with the load-balancer exclusion label (every drain record
-/// and refresh record comes with it) or the maintenance label. A list that fails fails the
-/// run only if it is the common label's.
-async fn list_marked(client: &kube::Client) -> Result<(Vec<NodeMarks>, u32), kube::Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let mut found: BTreeMap<String, NodeMarks> = BTreeMap::new();
-    let mut lists = 0;
-    for (selector, required) in [
-        (MARKED_LABEL, true),
-        (EXCLUDE_FROM_LOAD_BALANCERS_LABEL, false),
-        (MAINTENANCE_LABEL, false),
-    ] {
-        lists += 1;
-        let listed = tokio::time::timeout(
-            LIST_BOUND,
-            nodes.list(&ListParams::default().labels(selector)),
-        )
-        .await
-        .unwrap_or_else(|_| Err(list_timeout(selector)));
-        let listed = match listed {
-            Ok(listed) => listed,
-            Err(error) if !required => {
-                tracing::warn!(selector, %error, "could not list the nodes marked before the common label: they are looked at next run");
-                continue;
-            }
-            Err(error) => return Err(error),
-        };
-        for node in &listed.items {
-            let marks = NodeMarks::of(node);
-            if marks.any() || marks.labelled {
-                found.insert(marks.node.clone(), marks);
-            }
+/// How many nodes one list request returns: the memory of a run is about one page of
+/// marked nodes and their facts.
+pub const PAGE: u32 = 500;
+
+/// The label selectors that find every node carrying a mark of ours, each node once, and
+/// whether a failure of that list fails the run: the common label ([`MARKED_LABEL`]); for
+/// marks written before it existed, the load-balancer exclusion label (every drain record and
+/// refresh record comes with it), then the maintenance label, each without the labels
+/// listed before it.
+fn marked_selectors() -> [(String, bool); 3] {
+    [
+        (MARKED_LABEL.to_owned(), true),
+        (
+            format!("!{MARKED_LABEL},{EXCLUDE_FROM_LOAD_BALANCERS_LABEL}"),
+            false,
+        ),
+        (
+            format!("!{MARKED_LABEL},!{EXCLUDE_FROM_LOAD_BALANCERS_LABEL},{MAINTENANCE_LABEL}"),
+            false,
+        ),
+    ]
+}
+
+/// The marked nodes of one selector, a page at a time (each request bounded by
+/// [`LIST_BOUND`]).
+struct MarkedPages<'a> {
+    nodes: Api<Node>,
+    selector: &'a str,
+    continue_token: Option<String>,
+    done: bool,
+}
+
+impl<'a> MarkedPages<'a> {
+    fn new(client: &kube::Client, selector: &'a str) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            selector,
+            continue_token: None,
+            done: false,
         }
     }
-    Ok((found.into_values().collect(), lists))
+
+    /// The next page's nodes that carry a mark of ours or the common label; `None` after the
+    /// last page.
+    async fn next(&mut self) -> Result<Option<Vec<NodeMarks>>, kube::Error> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut params = ListParams::default().labels(self.selector).limit(PAGE);
+        if let Some(token) = self.continue_token.take() {
+            params = params.continue_token(&token);
+        }
+        let listed = tokio::time::timeout(LIST_BOUND, self.nodes.list(&params))
+            .await
+            .unwrap_or_else(|_| Err(list_timeout(self.selector)))?;
+        self.continue_token = listed.metadata.continue_.filter(|t| !t.is_empty());
+        self.done = self.continue_token.is_none();
+        Ok(Some(
+            listed
+                .items
+                .iter()
+                .map(NodeMarks::of)
+                .filter(|marks| marks.any() || marks.labelled)
+                .collect(),
+        ))
+    }
 }
 
 fn list_timeout(selector: &str) -> kube::Error {

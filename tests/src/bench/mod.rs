@@ -14,6 +14,7 @@ pub mod notice_calls;
 pub mod pdb_paced;
 pub mod refresh;
 pub mod spot;
+pub mod sweep;
 pub mod timeline;
 
 use std::time::Duration;
@@ -28,6 +29,7 @@ pub use notice_calls::{EventCost, NoticeCalls, notice_calls};
 pub use pdb_paced::{MassFigures, PacedFigures, mass_scale_in, mass_throttle, pdb_paced_drain};
 pub use refresh::{RefreshRow, instance_refresh};
 pub use spot::{SpotFigures, spot_interruption};
+pub use sweep::{SweepRow, sweep_at_scale};
 
 /// How much to run: `quick` keeps CI fast (it only proves the suite still works), `full`
 /// produces the figures in `BENCHMARKS.md`.
