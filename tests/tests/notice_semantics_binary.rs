@@ -422,7 +422,10 @@ async fn after_a_completed_reboot_an_unrelated_pending_event_keeps_no_cordon() {
     assert!(!is_cordoned(&node(&w, &w.node)));
     // The later reboot is planned by the next sweep, not drained now.
     let outcomes = sweep(&w).await;
-    assert!(outcomes.contains(&"MaintenancePlanned".to_owned()), "{outcomes:?}");
+    assert!(
+        outcomes.contains(&"MaintenancePlanned".to_owned()),
+        "{outcomes:?}"
+    );
     assert!(!is_cordoned(&node(&w, &w.node)));
 }
 

@@ -124,7 +124,9 @@ async fn sweep(mode: Mode) -> Result<(), String> {
     let mut failures = Vec::new();
     for &latency in latencies {
         for &nodes in sizes {
-            for marked in [0, 100.min(nodes), nodes] {
+            let mut counts = vec![0, 100.min(nodes), nodes];
+            counts.dedup();
+            for marked in counts {
                 let due = 5.min(marked);
                 let row = sweep_at_scale(nodes, marked, due, Duration::from_millis(latency)).await;
                 let calls: Vec<String> = SWEEP_OPERATIONS

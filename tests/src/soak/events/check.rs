@@ -29,12 +29,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::{GroupActivity, InstanceFacts, InstanceNotices, ScheduledInstanceEvent};
 use node_manager::lifecycle::node::is_ready;
 use node_manager::node_marks::checkpoint::{DrainCheckpoint, NoticeKind};
-use node_manager::node_marks::maintenance::announced_event;
+use node_manager::node_marks::maintenance::ScheduledEventRef;
 use node_manager::reconcile::NodeMarks;
-use node_manager::reconcile::desired::refresh_in_progress;
 
 use super::plan::{Fate, Member};
-use super::world::{EventWorld, MAINTENANCE_MARGIN};
+use super::world::{EventWorld, MAINTENANCE_MARGIN, REBALANCE_UNDO};
 
 pub const MARK_WITHOUT_REASON: &str = "mark-without-reason";
 pub const CORDON_WITHOUT_LEAVING: &str = "cordon-without-leaving";
@@ -90,6 +89,17 @@ impl Now {
             .any(ScheduledInstanceEvent::is_pending)
     }
 
+    /// Whether EC2 lists the event a record names as pending (by its id), starting after
+    /// `after` when given. EC2's own schedule is the reason, not the code's matching rule.
+    fn lists_pending(&self, event: &ScheduledEventRef, after: Option<Timestamp>) -> bool {
+        self.scheduled.iter().any(|e| {
+            e.id == event.id
+                && e.code == event.code
+                && e.is_pending()
+                && after.is_none_or(|t| e.not_before.is_none_or(|at| at > t))
+        })
+    }
+
     fn maintenance_due(&self, now: Timestamp) -> bool {
         self.scheduled.iter().filter(|e| e.is_pending()).any(|e| {
             e.not_before
@@ -141,7 +151,14 @@ async fn refresh_runs(world: &EventWorld, marks: &NodeMarks) -> Option<bool> {
         .await
         .ok()
         .flatten();
-    Some(status.as_deref().is_some_and(refresh_in_progress))
+    Some(status.as_deref().is_some_and(replaces_outdated_instances))
+}
+
+/// Auto Scaling's documented refresh statuses in which it still replaces outdated
+/// instances (a rollback replaces the new ones and keeps the outdated: their marks have no
+/// reason left).
+fn replaces_outdated_instances(status: &str) -> bool {
+    matches!(status, "Pending" | "InProgress" | "Cancelling" | "Baking")
 }
 
 /// Checks every invariant; `evicted_from` maps each pod the soak saw to its node, and
@@ -237,8 +254,10 @@ fn marks_have_reasons(
         ));
     }
     if let Some(plan) = &marks.maintenance {
-        let stands = announced_event(&aws.scheduled, &plan.type_code, Some(plan.starts_at))
-            .is_some_and(|e| e.not_before.unwrap_or(plan.starts_at) > now);
+        let stands = plan
+            .event
+            .as_ref()
+            .is_some_and(|event| aws.lists_pending(event, Some(now)));
         if !stands {
             out.push(violation(
                 MARK_WITHOUT_REASON,
@@ -271,14 +290,19 @@ fn record_without_reason(
         NoticeKind::SpotInterruption => aws.spot_marked() || !aws.running(),
         NoticeKind::InstanceStopping => !aws.running(),
         NoticeKind::ScheduledMaintenance => {
-            aws.maintenance_pending()
+            notice
+                .scheduled_event
+                .as_ref()
+                .is_none_or(|event| aws.lists_pending(event, None))
                 || !aws.running()
                 || (checkpoint.completed_at.is_some() && !marks.ready)
         }
-        NoticeKind::RebalanceRecommendation if notice.cordon_only => {
-            now < checkpoint.deadline || aws.leaving() || refresh_runs == Some(true)
+        // AWS: an interruption may never follow a recommendation. It keeps the node out of
+        // service (cordoned or drained) for REBALANCE_UNDO, then only while the instance is
+        // leaving, or an instance refresh that replaces it still runs.
+        NoticeKind::RebalanceRecommendation => {
+            rebalance_holds(notice.received_at, now) || aws.leaving() || refresh_runs == Some(true)
         }
-        NoticeKind::RebalanceRecommendation => true,
     };
     (!stands).then(|| {
         format!(
@@ -316,10 +340,11 @@ fn cordon_is_ours_and_leaving(
             format!("{name}: cordoned, and no record of ours says so"),
         ));
     }
-    let rebalance_holds = marks
-        .checkpoint
-        .as_ref()
-        .is_some_and(|c| c.notice.as_ref().is_some_and(|n| n.cordon_only) && now < c.deadline);
+    let rebalance_holds = marks.checkpoint.as_ref().is_some_and(|c| {
+        c.notice.as_ref().is_some_and(|n| {
+            n.kind == NoticeKind::RebalanceRecommendation && rebalance_holds(n.received_at, now)
+        })
+    });
     let maintenance_not_over = marks.checkpoint.as_ref().is_some_and(|c| {
         c.notice
             .as_ref()
@@ -332,6 +357,14 @@ fn cordon_is_ours_and_leaving(
         CORDON_WITHOUT_LEAVING,
         format!("{name}: cordoned by us, its instance stays"),
     ))
+}
+
+/// Whether a rebalance recommendation received at `received_at` still keeps its node out of
+/// service at `now`.
+fn rebalance_holds(received_at: Timestamp, now: Timestamp) -> bool {
+    now < received_at
+        .checked_add(REBALANCE_UNDO)
+        .unwrap_or(received_at)
 }
 
 /// Pods on `node` a drain must evict: running, not being deleted.
@@ -497,7 +530,9 @@ fn evictions_from_replaced_nodes(
         let repaired = member.is_some_and(|m| {
             m.fate == Fate::Unhealthy && world.health.marked_unhealthy().contains(&m.instance_id)
         });
-        if !repaired && !fate.is_some_and(Fate::may_be_drained) {
+        let rebalance_drain =
+            world.rebalance_drains && fate.is_some_and(Fate::gets_rebalance_recommendation);
+        if !repaired && !rebalance_drain && !fate.is_some_and(Fate::may_be_drained) {
             out.push(violation(
                 EVICTION_FROM_KEPT_NODE,
                 format!("pod {pod} evicted from {node} ({fate:?}), which nobody replaces"),

@@ -69,7 +69,8 @@ pub async fn run_seed(seed: u64) -> SeedReport {
             plan.skip_matching, plan.steps
         );
     }
-    let mut world = EventWorld::start(plan.fleet.clone()).await;
+    // Odd seeds drain on a rebalance recommendation, even ones cordon (the default).
+    let mut world = EventWorld::start_with(plan.fleet.clone(), seed % 2 == 1).await;
     world.skip_matching = plan.skip_matching;
     let watcher = PodWatcher::start(world.server.store().clone());
     let mut player = Player::new(&world, seed);

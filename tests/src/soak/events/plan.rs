@@ -66,6 +66,20 @@ impl Fate {
         )
     }
 
+    /// Whether EC2 sends it a rebalance recommendation (with `REBALANCE_ACTION=drain` its
+    /// node may be drained).
+    pub fn gets_rebalance_recommendation(&self) -> bool {
+        matches!(
+            self,
+            Self::Rebalanced
+                | Self::RebalancedThenInterrupted
+                | Self::Refreshed {
+                    rebalanced: true,
+                    ..
+                }
+        )
+    }
+
     /// Whether Auto Scaling starts a terminating lifecycle action for it.
     pub fn has_lifecycle_action(&self) -> bool {
         matches!(

@@ -78,6 +78,8 @@ pub struct EventWorld {
     /// Whether the refresh skips matching instances (default): only the refreshed instances
     /// are outdated; without, every instance launched before the start is.
     pub skip_matching: bool,
+    /// `REBALANCE_ACTION=drain` (odd seeds): a rebalance recommendation drains its node.
+    pub rebalance_drains: bool,
     /// The group's configuration as the soak sets it (read without the fakes' faults).
     group: std::sync::Mutex<GroupConfiguration>,
     pub fleet: Vec<Member>,
@@ -104,8 +106,9 @@ fn configured(member: &Member) -> ConfiguredInstance {
     }
 }
 
-/// The terminating hook's settings in the soak: scaled-down timings, no force.
-fn settings() -> DrainSettings {
+/// The terminating hook's settings in the soak: scaled-down timings, no force;
+/// `REBALANCE_ACTION=drain` when `rebalance_drains`, else the default (`cordon`).
+fn settings(rebalance_drains: bool) -> DrainSettings {
     let undo = REBALANCE_UNDO.as_secs().to_string();
     let lease = LEASE.as_secs().to_string();
     let margin = MAINTENANCE_MARGIN.as_secs().to_string();
@@ -119,6 +122,10 @@ fn settings() -> DrainSettings {
         ("HAND_OVER_MARGIN_SECONDS", "0"),
         ("REBALANCE_UNDO_SECONDS", &undo),
         ("MAINTENANCE_DRAIN_MARGIN_SECONDS", &margin),
+        (
+            "REBALANCE_ACTION",
+            if rebalance_drains { "drain" } else { "cordon" },
+        ),
     ];
     // The soak's own constants: a failure here is a bug of the soak.
     DrainSettings::from_source(env.as_slice()).unwrap_or_else(|e| panic!("soak settings: {e}"))
@@ -183,8 +190,14 @@ async fn launcher(
 }
 
 impl EventWorld {
-    /// The cluster of `fleet`, every node Ready and the workload running.
+    /// The cluster of `fleet`, every node Ready and the workload running (rebalance
+    /// recommendations cordon).
     pub async fn start(fleet: Vec<Member>) -> Self {
+        Self::start_with(fleet, false).await
+    }
+
+    /// [`Self::start`], with `REBALANCE_ACTION=drain` when `rebalance_drains`.
+    pub async fn start_with(fleet: Vec<Member>, rebalance_drains: bool) -> Self {
         let server = FakeApiServer::builder()
             .cluster_name(CLUSTER)
             .start()
@@ -204,7 +217,7 @@ impl EventWorld {
             autoscaling.clone(),
             instances.clone(),
             notifications.clone(),
-            settings(),
+            settings(rebalance_drains),
         );
         let launcher = launcher(&server, &autoscaling, &instances).await;
         let refreshes = InMemoryInstanceRefreshes::default();
@@ -238,6 +251,7 @@ impl EventWorld {
             repair,
             group: std::sync::Mutex::default(),
             skip_matching: true,
+            rebalance_drains,
             fleet,
         };
         world.configure_group();
