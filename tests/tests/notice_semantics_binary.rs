@@ -23,7 +23,14 @@ const INSTANCE: &str = "i-0d1e2f3a4b5c6d7e8";
 const LB_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
 async fn world() -> FunctionWorld {
-    let w = FunctionWorld::builder()
+    let w = world_with(&[]).await;
+    fixtures::create_eks_system_workloads(w.server.store()).unwrap();
+    w
+}
+
+/// The terminating hook on a Spot [`INSTANCE`], with scaled-down timings and `env` on top.
+async fn world_with(env: &[(&str, &str)]) -> FunctionWorld {
+    let mut builder = FunctionWorld::builder()
         .functions(&[Target::TerminatingHook])
         .instance(INSTANCE)
         .spot()
@@ -31,11 +38,25 @@ async fn world() -> FunctionWorld {
         .env("EVICTION_BACKOFF_SECONDS", "0.05")
         .env("DRAIN_TIMEOUT_SECONDS", "20")
         .env("HAND_OVER_MARGIN_SECONDS", "5")
-        .env("DRAIN_LEASE_SECONDS", "2")
-        .start()
-        .await;
-    fixtures::create_eks_system_workloads(w.server.store()).unwrap();
-    w
+        .env("DRAIN_LEASE_SECONDS", "2");
+    for (key, value) in env {
+        builder = builder.env(key, value);
+    }
+    builder.start().await
+}
+
+/// EC2 schedules `code` for [`INSTANCE`] from `in_seconds` from now, for an hour; AWS
+/// Health's event announcing it.
+fn schedule(w: &FunctionWorld, code: ScheduledEventCode, in_seconds: u64) -> Value {
+    w.aws
+        .interruptions()
+        .schedule_maintenance(
+            INSTANCE,
+            code,
+            at(Duration::from_secs(in_seconds)),
+            at(Duration::from_secs(in_seconds + 3600)),
+        )
+        .unwrap()
 }
 
 fn node(w: &FunctionWorld, name: &str) -> Node {
@@ -169,17 +190,11 @@ fn create_do_not_disrupt_pod(w: &FunctionWorld) {
 
 #[tokio::test]
 async fn a_rebalance_drain_still_holds_a_do_not_disrupt_pod() {
-    let w = FunctionWorld::builder()
-        .functions(&[Target::TerminatingHook])
-        .instance(INSTANCE)
-        .spot()
-        .env("REBALANCE_ACTION", "drain")
-        .env("SETTLE_SECONDS", "0.1")
-        .env("DRAIN_TIMEOUT_SECONDS", "3")
-        .env("HAND_OVER_MARGIN_SECONDS", "5")
-        .env("DRAIN_LEASE_SECONDS", "2")
-        .start()
-        .await;
+    let w = world_with(&[
+        ("REBALANCE_ACTION", "drain"),
+        ("DRAIN_TIMEOUT_SECONDS", "3"),
+    ])
+    .await;
     create_do_not_disrupt_pod(&w);
     let rebalance = w
         .aws
@@ -263,14 +278,7 @@ async fn a_health_event_is_acted_on_at_its_own_ec2_events_time() {
 async fn drained_then_rebooted(w: &FunctionWorld) -> Value {
     let lambda = w.function(Target::TerminatingHook);
     let interruptions = w.aws.interruptions();
-    let scheduled = interruptions
-        .schedule_maintenance(
-            INSTANCE,
-            ScheduledEventCode::SystemReboot,
-            at(Duration::from_secs(600)),
-            at(Duration::from_secs(4200)),
-        )
-        .unwrap();
+    let scheduled = schedule(w, ScheduledEventCode::SystemReboot, 600);
     let answer = lambda.response_to(&scheduled).await;
     assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
     assert!(is_cordoned(&node(w, &w.node)));
@@ -338,18 +346,11 @@ async fn sweep(w: &FunctionWorld) -> Vec<String> {
 // out of load balancers while its instance ran on, billed and unused.
 #[tokio::test]
 async fn a_rebalance_drain_no_interruption_followed_is_undone_by_the_sweep() {
-    let w = FunctionWorld::builder()
-        .functions(&[Target::TerminatingHook])
-        .instance(INSTANCE)
-        .spot()
-        .env("REBALANCE_ACTION", "drain")
-        .env("REBALANCE_UNDO_SECONDS", "3")
-        .env("SETTLE_SECONDS", "0.1")
-        .env("DRAIN_TIMEOUT_SECONDS", "20")
-        .env("HAND_OVER_MARGIN_SECONDS", "5")
-        .env("DRAIN_LEASE_SECONDS", "2")
-        .start()
-        .await;
+    let w = world_with(&[
+        ("REBALANCE_ACTION", "drain"),
+        ("REBALANCE_UNDO_SECONDS", "3"),
+    ])
+    .await;
     let rebalance = w
         .aws
         .interruptions()
@@ -392,14 +393,7 @@ async fn after_a_completed_reboot_an_unrelated_pending_event_keeps_no_cordon() {
     let w = world().await;
     let lambda = w.function(Target::TerminatingHook);
     let interruptions = w.aws.interruptions();
-    let reboot = interruptions
-        .schedule_maintenance(
-            INSTANCE,
-            ScheduledEventCode::InstanceReboot,
-            at(Duration::from_secs(600)),
-            at(Duration::from_secs(4200)),
-        )
-        .unwrap();
+    let reboot = schedule(&w, ScheduledEventCode::InstanceReboot, 600);
     let answer = lambda.response_to(&reboot).await;
     assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
     let _lost = interruptions
@@ -437,24 +431,10 @@ async fn another_events_end_does_not_put_a_node_drained_for_a_retirement_back() 
     let w = world().await;
     let lambda = w.function(Target::TerminatingHook);
     let interruptions = w.aws.interruptions();
-    let retirement = interruptions
-        .schedule_maintenance(
-            INSTANCE,
-            ScheduledEventCode::InstanceRetirement,
-            at(Duration::from_secs(600)),
-            at(Duration::from_secs(4200)),
-        )
-        .unwrap();
+    let retirement = schedule(&w, ScheduledEventCode::InstanceRetirement, 600);
     let answer = lambda.response_to(&retirement).await;
     assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
-    interruptions
-        .schedule_maintenance(
-            INSTANCE,
-            ScheduledEventCode::SystemReboot,
-            at(Duration::from_secs(300)),
-            at(Duration::from_secs(900)),
-        )
-        .unwrap();
+    schedule(&w, ScheduledEventCode::SystemReboot, 300);
     let closed = interruptions
         .complete_maintenance(INSTANCE, ScheduledEventCode::SystemReboot)
         .unwrap();
@@ -489,16 +469,7 @@ async fn every_documented_health_type_code_is_matched_to_ec2s_schedule() {
         "AWS_EC2_INSTANCE_RETIREMENT_EXPEDITED",
     ] {
         let w = world().await;
-        let mut event = w
-            .aws
-            .interruptions()
-            .schedule_maintenance(
-                INSTANCE,
-                ScheduledEventCode::InstanceRetirement,
-                at(Duration::from_secs(600)),
-                at(Duration::from_secs(4200)),
-            )
-            .unwrap();
+        let mut event = schedule(&w, ScheduledEventCode::InstanceRetirement, 600);
         event["detail"]["eventTypeCode"] = type_code.into();
         let answer = w
             .function(Target::TerminatingHook)
@@ -516,27 +487,9 @@ async fn every_documented_health_type_code_is_matched_to_ec2s_schedule() {
 // voluntary, and a `karpenter.sh/do-not-disrupt` pod stays (it used to be evicted).
 #[tokio::test]
 async fn network_maintenance_leaves_a_do_not_disrupt_pod_in_place() {
-    let w = FunctionWorld::builder()
-        .functions(&[Target::TerminatingHook])
-        .instance(INSTANCE)
-        .spot()
-        .env("SETTLE_SECONDS", "0.1")
-        .env("DRAIN_TIMEOUT_SECONDS", "3")
-        .env("HAND_OVER_MARGIN_SECONDS", "5")
-        .env("DRAIN_LEASE_SECONDS", "2")
-        .start()
-        .await;
+    let w = world_with(&[("DRAIN_TIMEOUT_SECONDS", "3")]).await;
     create_do_not_disrupt_pod(&w);
-    let network = w
-        .aws
-        .interruptions()
-        .schedule_maintenance(
-            INSTANCE,
-            ScheduledEventCode::SystemMaintenance,
-            at(Duration::from_secs(600)),
-            at(Duration::from_secs(4200)),
-        )
-        .unwrap();
+    let network = schedule(&w, ScheduledEventCode::SystemMaintenance, 600);
     assert_eq!(
         network["detail"]["eventTypeCode"],
         "AWS_EC2_INSTANCE_NETWORK_MAINTENANCE_SCHEDULED"
@@ -551,16 +504,7 @@ async fn network_maintenance_leaves_a_do_not_disrupt_pod_in_place() {
     // Power maintenance reboots the instance: the same pod is evicted.
     let w = world().await;
     create_do_not_disrupt_pod(&w);
-    let mut power = w
-        .aws
-        .interruptions()
-        .schedule_maintenance(
-            INSTANCE,
-            ScheduledEventCode::SystemMaintenance,
-            at(Duration::from_secs(600)),
-            at(Duration::from_secs(4200)),
-        )
-        .unwrap();
+    let mut power = schedule(&w, ScheduledEventCode::SystemMaintenance, 600);
     power["detail"]["eventTypeCode"] = "AWS_EC2_INSTANCE_POWER_MAINTENANCE_SCHEDULED".into();
     let answer = w
         .function(Target::TerminatingHook)

@@ -129,6 +129,20 @@ fn mark(
         .unwrap();
 }
 
+/// The seeded node marked by instance refresh `refresh_id` (cordoned, out of load
+/// balancers) at `marked_at` seconds from now (negative: in the past), with `labels` too.
+fn mark_refreshed(w: &FunctionWorld, refresh_id: &str, labels: &[(&str, &str)], marked_at: i64) {
+    let record = json!({
+        "instanceRefreshId": refresh_id, "autoScalingGroupName": GROUP, "instanceId": INSTANCE,
+        "markedAt": at(marked_at).to_string(),
+        "outOfService": {"labelled": true, "cordoned": true},
+    })
+    .to_string();
+    let mut all = vec![(REFRESH_LABEL, refresh_id), (EXCLUDED, "true")];
+    all.extend_from_slice(labels);
+    mark(w, &w.node, &all, &[(REFRESH_ANNOTATION, record)], true);
+}
+
 // Issue 35 item 7.
 #[tokio::test]
 async fn reconcile_a_cancelled_maintenance_is_not_drained_and_a_rescheduled_one_is_moved() {
@@ -200,19 +214,7 @@ async fn reconcile_refresh_marks_whose_refresh_auto_scaling_no_longer_reports_ar
     let lambda = w.function(Target::TerminatingHook);
     // A refresh marked the node; its end event was lost, and Auto Scaling no longer knows it.
     let refresh_id = "0d4a5c7e-1111-4222-8333-944445555666";
-    let record = json!({
-        "instanceRefreshId": refresh_id, "autoScalingGroupName": GROUP, "instanceId": INSTANCE,
-        "markedAt": at(-3600).to_string(),
-        "outOfService": {"labelled": true, "cordoned": true},
-    })
-    .to_string();
-    mark(
-        &w,
-        &w.node,
-        &[(REFRESH_LABEL, refresh_id), (EXCLUDED, "true")],
-        &[(REFRESH_ANNOTATION, record)],
-        true,
-    );
+    mark_refreshed(&w, refresh_id, &[], -3600);
     let answer = lambda.response_to(&fixtures::schedule_tick()).await;
     // Marked before the common label existed: found by the load-balancer label.
     assert_eq!(outcomes(&answer), ["RefreshMarksRemoved"], "{answer}");
@@ -381,23 +383,7 @@ async fn reconcile_a_refresh_rolling_back_leaves_its_outdated_nodes_schedulable(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The refresh function marked the outdated node; then the rollback's event is lost.
-    let record = json!({
-        "instanceRefreshId": refresh_id, "autoScalingGroupName": GROUP, "instanceId": INSTANCE,
-        "markedAt": at(-60).to_string(),
-        "outOfService": {"labelled": true, "cordoned": true},
-    })
-    .to_string();
-    mark(
-        &w,
-        &w.node,
-        &[
-            (REFRESH_LABEL, &refresh_id),
-            (EXCLUDED, "true"),
-            (MARKED, "true"),
-        ],
-        &[(REFRESH_ANNOTATION, record)],
-        true,
-    );
+    mark_refreshed(&w, &refresh_id, &[(MARKED, "true")], -60);
     let _lost = autoscaling.rollback_instance_refresh(GROUP).unwrap();
     assert_eq!(
         autoscaling

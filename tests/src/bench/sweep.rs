@@ -172,26 +172,30 @@ fn seed(w: &FunctionWorld, nodes: usize, marked: usize, due: usize) {
                         .map(|e| e.instance_event_id.clone())
                 })
                 .unwrap_or_default();
-            mark_planned(&mut node, &instance, &event_id, starts_at);
+            mark_planned(&mut node, &instance, Some(&event_id), starts_at);
         }
         store.create(&node).expect("a new node");
     }
 }
 
-/// The maintenance plan the terminating hook writes, on `node`.
-fn mark_planned(
+/// The maintenance plan the terminating hook writes for a retirement of `instance` starting
+/// at `starts_at` (EC2's event `event_id`; `None`: a plan written before plans named their
+/// event), on `node`.
+pub fn mark_planned(
     node: &mut k8s_openapi::api::core::v1::Node,
     instance: &str,
-    event_id: &str,
+    event_id: Option<&str>,
     starts_at: jiff::Timestamp,
 ) {
-    let record = json!({
+    let mut record = json!({
         "typeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", "instanceId": instance,
         "autoScalingGroupName": GROUP, "startsAt": starts_at.to_string(),
         "drainFrom": (starts_at - jiff::SignedDuration::from_hours(1)).to_string(),
-        "event": {"id": event_id, "code": "instance-retirement",
-                  "healthTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"},
     });
+    if let Some(id) = event_id {
+        record["event"] = json!({"id": id, "code": "instance-retirement",
+                                 "healthTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED"});
+    }
     let labels = node.metadata.labels.get_or_insert_default();
     labels.insert("open-node-manager.io/maintenance".into(), "planned".into());
     labels.insert("open-node-manager.io/marked".into(), "true".into());

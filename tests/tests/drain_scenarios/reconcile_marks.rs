@@ -318,18 +318,7 @@ async fn cost_of_a_run(nodes: usize, marked: usize) -> (usize, u32, Duration) {
             &format!("aws:///eu-west-1a/{instance}"),
         );
         if i < marked {
-            let record = json!({
-                "typeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED", "instanceId": instance,
-                "autoScalingGroupName": GROUP, "startsAt": plan_from.to_string(),
-                "drainFrom": (plan_from - jiff::SignedDuration::from_hours(1)).to_string(),
-            });
-            let labels = node.metadata.labels.get_or_insert_default();
-            labels.insert("open-node-manager.io/maintenance".into(), "planned".into());
-            labels.insert("open-node-manager.io/marked".into(), "true".into());
-            node.metadata.annotations.get_or_insert_default().insert(
-                "open-node-manager.io/maintenance".into(),
-                record.to_string(),
-            );
+            node_manager_testkit::bench::sweep::mark_planned(&mut node, &instance, None, plan_from);
             s.instances.notices.set_facts(
                 &instance,
                 InstanceFacts {
