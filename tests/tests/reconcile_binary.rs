@@ -446,3 +446,65 @@ async fn reconcile_two_thousand_marked_nodes_are_all_decided_with_slow_apis() {
         "listed a page (500 nodes) at a time: {row:?}"
     );
 }
+
+// Issue #43 item 8: a drain for a reboot used to take the running refresh's record over, and
+// putting the node back in service after the reboot then lifted the refresh's cordon while
+// the refresh still ran: the next refresh event marked it again and its pods moved twice.
+#[tokio::test]
+async fn reconcile_the_end_of_a_reboot_leaves_a_running_refreshs_cordon() {
+    let w = world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    let autoscaling = w.aws.autoscaling();
+    // Launch first: the replacement waits in its launching hook, so the refresh runs on.
+    let refresh_id = autoscaling
+        .start_instance_refresh(
+            GROUP,
+            node_manager_testkit::aws::FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200),
+        )
+        .unwrap();
+    mark_refreshed(&w, &refresh_id, &[(MARKED, "true")], -60);
+    let interruptions = w.aws.interruptions();
+    let soon = at(600);
+    let reboot = interruptions
+        .schedule_maintenance(
+            INSTANCE,
+            ScheduledEventCode::InstanceReboot,
+            soon,
+            soon + jiff::SignedDuration::from_hours(1),
+        )
+        .unwrap();
+    let answer = lambda.response_to(&reboot).await;
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    assert!(
+        annotations(&node(&w, &w.node)).contains_key(REFRESH_ANNOTATION),
+        "the refresh's record stays the refresh's"
+    );
+    let closed = interruptions
+        .complete_maintenance(INSTANCE, ScheduledEventCode::InstanceReboot)
+        .unwrap();
+    let answer = lambda.response_to(&closed).await;
+    assert_eq!(
+        answer["instances"][0]["outcome"], "RestoredAfterMaintenance",
+        "{answer}"
+    );
+    let after = node(&w, &w.node);
+    assert!(
+        !annotations(&after).contains_key("open-node-manager.io/drain"),
+        "the drain's record is gone"
+    );
+    assert!(
+        is_cordoned(&after),
+        "the refresh's cordon stays while it runs"
+    );
+    assert!(labels(&after).contains_key(EXCLUDED));
+    assert!(annotations(&after).contains_key(REFRESH_ANNOTATION));
+    assert_eq!(
+        autoscaling
+            .instance_refresh(&refresh_id)
+            .unwrap()
+            .status
+            .as_str(),
+        "InProgress"
+    );
+}

@@ -172,14 +172,13 @@ fn checkpoint_to_write(
             // recorded (a resumed drain, or one replacing the checkpoint of an earlier
             // scale-in whose changes are still on the node): a node back from a warm
             // pool gets exactly that undone.
-            // An instance refresh's marks become the drain's: the refresh's end must not
-            // lift the cordon of a node being drained, and a return from a warm pool
+            // An instance refresh's marks become the drain's when the node goes with its
+            // instance (see `DrainCheckpoint::takes_over_refresh`): the refresh's end must
+            // not lift the cordon of a node being drained, and a return from a warm pool
             // undoes them with the drain's own.
-            // A cordon-only notice (a rebalance recommendation) drains nothing: the
-            // refresh's record stays the refresh's, for its end to undo.
             let earlier = existing.and_then(|e| e.out_of_service).unwrap_or_default();
             let refreshed = refresh_marks_of(node)
-                .filter(|_| !is_cordon_only(&checkpoint))
+                .filter(|_| checkpoint.takes_over_refresh())
                 .map(|m| m.out_of_service)
                 .unwrap_or_default();
             checkpoint.out_of_service = Some(earlier.union(&refreshed).union(&steps.record()));
@@ -338,7 +337,7 @@ async fn write(
     if let Some(steps) = steps {
         steps.add_to_patch(&mut patch, read);
         patch["metadata"]["labels"][MARKED_LABEL] = json!("true");
-        if refresh_marks_of(read).is_some() && !is_cordon_only(checkpoint) {
+        if refresh_marks_of(read).is_some() && checkpoint.takes_over_refresh() {
             add_record_removal_to_patch(&mut patch, read);
         }
     }
@@ -354,10 +353,6 @@ async fn write(
 }
 
 /// Whether `checkpoint` only takes the node out of service (`REBALANCE_ACTION=cordon`).
-fn is_cordon_only(checkpoint: &DrainCheckpoint) -> bool {
-    checkpoint.notice.as_ref().is_some_and(|n| n.cordon_only)
-}
-
 async fn get(nodes: &Api<Node>, name: &str) -> Result<Option<Node>, kube::Error> {
     nodes.get_opt(name).await
 }

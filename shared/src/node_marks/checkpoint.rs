@@ -541,6 +541,26 @@ impl DrainCheckpoint {
         (next != *self).then_some(next)
     }
 
+    /// Whether this drain takes an instance refresh's marks on its node over: only a drain
+    /// whose node goes with its instance (a lifecycle drain, a Spot interruption, a scheduled
+    /// retirement or stop). A drain the reconciler undoes when the instance stays (a reboot or
+    /// maintenance, a stopped instance started again, a rebalance recommendation) leaves the
+    /// refresh's record the refresh's: undoing the drain never lifts the refresh's cordon
+    /// while the refresh runs (its pods would move twice).
+    pub fn takes_over_refresh(&self) -> bool {
+        let Some(notice) = self.notice.as_ref().filter(|_| self.action.is_notice()) else {
+            return true;
+        };
+        match notice.kind {
+            NoticeKind::SpotInterruption => true,
+            NoticeKind::ScheduledMaintenance => notice
+                .scheduled_event
+                .as_ref()
+                .is_none_or(|event| !event.effect().comes_back()),
+            NoticeKind::InstanceStopping | NoticeKind::RebalanceRecommendation => false,
+        }
+    }
+
     /// The same checkpoint with the lease renewed by `holder`.
     pub fn renewed(&self, holder: &str, now: Timestamp, lease_duration: Duration) -> Self {
         let mut next = self.clone();
@@ -1304,5 +1324,43 @@ mod tests {
         let json = cp.to_json();
         assert!(json.contains("\"durationMillis\":250"), "{json}");
         assert!(json.contains("\"token\":\"t\""), "{json}");
+    }
+
+    // Issue #43 item 8: only a drain whose node goes with its instance takes a running
+    // refresh's record over; one undone when the instance stays leaves it the refresh's.
+    #[test]
+    fn only_a_drain_whose_node_goes_takes_a_refresh_over() {
+        let lifecycle = DrainCheckpoint::start(&action("t"), at(0), TIMEOUT, "req-1", LEASE);
+        assert!(lifecycle.takes_over_refresh());
+        let notice_drain = |kind, code: Option<&str>| {
+            let mut drain =
+                DrainCheckpoint::start(&notice_of_instance(), at(0), TIMEOUT, "req-n", LEASE);
+            drain.notice = Some(InstanceNotice {
+                kind,
+                received_at: at(0),
+                instance_ends_at: None,
+                cordon_only: false,
+                scheduled_event: code.map(|code| ScheduledEventRef {
+                    id: Some("instance-event-1".into()),
+                    code: code.into(),
+                    health_type_code: None,
+                }),
+            });
+            drain
+        };
+        assert!(notice_drain(NoticeKind::SpotInterruption, None).takes_over_refresh());
+        let retirement = Some("instance-retirement");
+        assert!(notice_drain(NoticeKind::ScheduledMaintenance, retirement).takes_over_refresh());
+        for (kind, code) in [
+            (NoticeKind::ScheduledMaintenance, Some("instance-reboot")),
+            (NoticeKind::ScheduledMaintenance, Some("system-maintenance")),
+            (NoticeKind::InstanceStopping, None),
+            (NoticeKind::RebalanceRecommendation, None),
+        ] {
+            assert!(
+                !notice_drain(kind, code).takes_over_refresh(),
+                "{kind:?} {code:?}"
+            );
+        }
     }
 }
