@@ -143,6 +143,32 @@ fn mark_refreshed(w: &FunctionWorld, refresh_id: &str, labels: &[(&str, &str)], 
     mark(w, &w.node, &all, &[(REFRESH_ANNOTATION, record)], true);
 }
 
+/// Starts a refresh of the group, launch before terminate, and returns its id once its first
+/// replacement launched: that replacement waits in its launching hook (no launching-hook
+/// function here), so the refresh (or its rollback) is still running afterwards.
+async fn start_refresh_that_runs_on(w: &FunctionWorld) -> String {
+    let autoscaling = w.aws.autoscaling();
+    let refresh_id = autoscaling
+        .start_instance_refresh(
+            GROUP,
+            node_manager_testkit::aws::FakeRefreshPreferences::default()
+                .healthy_percentage(100, 200),
+        )
+        .unwrap();
+    let started = std::time::Instant::now();
+    while autoscaling
+        .instance_refresh(&refresh_id)
+        .is_none_or(|r| r.launched_instance_ids.is_empty())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no replacement launched"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    refresh_id
+}
+
 // Issue 35 item 7.
 #[tokio::test]
 async fn reconcile_a_cancelled_maintenance_is_not_drained_and_a_rescheduled_one_is_moved() {
@@ -362,26 +388,7 @@ async fn reconcile_one_node_that_cannot_be_written_does_not_stop_the_others() {
 async fn reconcile_a_refresh_rolling_back_leaves_its_outdated_nodes_schedulable() {
     let w = world(&[]).await;
     let autoscaling = w.aws.autoscaling();
-    // Launch before terminate: the first replacement waits in its launching hook (no
-    // launching-hook function here), so the rollback is still in progress below.
-    let refresh_id = autoscaling
-        .start_instance_refresh(
-            GROUP,
-            node_manager_testkit::aws::FakeRefreshPreferences::default()
-                .healthy_percentage(100, 200),
-        )
-        .unwrap();
-    let started = std::time::Instant::now();
-    while autoscaling
-        .instance_refresh(&refresh_id)
-        .is_none_or(|r| r.launched_instance_ids.is_empty())
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no replacement launched"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let refresh_id = start_refresh_that_runs_on(&w).await;
     // The refresh function marked the outdated node; then the rollback's event is lost.
     mark_refreshed(&w, &refresh_id, &[(MARKED, "true")], -60);
     let _lost = autoscaling.rollback_instance_refresh(GROUP).unwrap();
@@ -455,14 +462,7 @@ async fn reconcile_the_end_of_a_reboot_leaves_a_running_refreshs_cordon() {
     let w = world(&[]).await;
     let lambda = w.function(Target::TerminatingHook);
     let autoscaling = w.aws.autoscaling();
-    // Launch first: the replacement waits in its launching hook, so the refresh runs on.
-    let refresh_id = autoscaling
-        .start_instance_refresh(
-            GROUP,
-            node_manager_testkit::aws::FakeRefreshPreferences::default()
-                .healthy_percentage(100, 200),
-        )
-        .unwrap();
+    let refresh_id = start_refresh_that_runs_on(&w).await;
     mark_refreshed(&w, &refresh_id, &[(MARKED, "true")], -60);
     let interruptions = w.aws.interruptions();
     let soon = at(600);
