@@ -231,6 +231,12 @@ pub const SPOT_INTERRUPTION_CODES: [&str; 3] = [
     "marked-for-hibernation",
 ];
 
+/// Whether a Spot request status code says EC2 is about to interrupt the instance (one of
+/// [`SPOT_INTERRUPTION_CODES`]).
+pub fn marked_for_interruption(status: &str) -> bool {
+    status.starts_with("marked-for-")
+}
+
 /// The codes of EC2's scheduled events that drain an instance (what AWS Health's scheduled
 /// changes for EC2 announce): a lost Health event is found again by these.
 pub const SCHEDULED_EVENT_CODES: [&str; 5] = [

@@ -22,7 +22,7 @@ use super::settings::RebalanceAction;
 use super::sweep::sweep;
 use crate::aws::{
     AwsError, GroupActivity, InstanceFacts, InstanceNotices, InstanceNoticesBatch,
-    ScheduledInstanceEvent,
+    ScheduledInstanceEvent, marked_for_interruption,
 };
 use crate::cluster::ClusterAccessError;
 use crate::cluster::connection::KubeConnection;
@@ -39,7 +39,7 @@ use crate::node_marks::maintenance::{
     plan_maintenance,
 };
 use crate::reconcile::run::reconcile_node;
-use crate::reconcile::{KnownInstances, NodeMarks, Policy, after_event};
+use crate::reconcile::{KnownInstances, NodeMarks, after_event};
 
 /// How long EC2 calls that prove a notice may take in all: the drain they gate has two
 /// minutes.
@@ -278,15 +278,6 @@ where
         Ok(outcome(name, detail))
     }
 
-    /// The reconciler's settings.
-    fn policy(&self) -> Policy {
-        let notices = &self.drainer.context.settings.notices;
-        Policy {
-            maintenance_margin: notices.maintenance_margin,
-            rebalance_undo: notices.rebalance_undo_after,
-        }
-    }
-
     /// The node's other marks checked right after the event, not at the next scheduled
     /// run; the instance's facts the event just read are not asked again.
     async fn reconcile_after(
@@ -298,7 +289,7 @@ where
     ) {
         let context = &self.drainer.context;
         let (instances, autoscaling) = (&context.instances, &context.autoscaling);
-        let policy = self.policy();
+        let policy = context.settings.notices.reconcile_policy();
         after_event(
             client,
             instances,
@@ -327,7 +318,7 @@ where
             client,
             instances,
             autoscaling,
-            self.policy(),
+            context.settings.notices.reconcile_policy(),
             &found.node,
             known,
         )
@@ -584,6 +575,11 @@ where
                 starts_at,
                 closed,
             } => {
+                // A change AWS Health closed is the reconciler's to check (it asks EC2's
+                // schedule itself).
+                if *closed {
+                    return Ok(Plan::OnNode(NodePlan::Reconcile));
+                }
                 let scheduled = self
                     .drainer
                     .context
@@ -591,11 +587,9 @@ where
                     .scheduled_events(instance_id)
                     .await
                     .map_err(aws_error(instance_id))?;
-                Ok(if *closed {
-                    Plan::OnNode(NodePlan::Reconcile)
-                } else {
-                    maintenance_plan(&scheduled, type_code, *starts_at, settings, now)
-                })
+                Ok(maintenance_plan(
+                    &scheduled, type_code, *starts_at, settings, now,
+                ))
             }
         }
     }
@@ -619,10 +613,7 @@ where
             .spot_request_status(request)
             .await
             .map_err(aws_error(instance_id))?;
-        if status
-            .as_deref()
-            .is_some_and(|s| s.starts_with("marked-for-"))
-        {
+        if status.as_deref().is_some_and(marked_for_interruption) {
             return Ok(());
         }
         Err(unconfirmed(

@@ -46,6 +46,14 @@ pub struct NoticeSettings {
 }
 
 impl NoticeSettings {
+    /// The settings the reconciler decides with.
+    pub fn reconcile_policy(&self) -> crate::reconcile::Policy {
+        crate::reconcile::Policy {
+            maintenance_margin: self.maintenance_margin,
+            rebalance_undo: self.rebalance_undo_after,
+        }
+    }
+
     pub fn from_source(source: &(impl SettingsSource + ?Sized)) -> Result<Self, SettingsError> {
         let rebalance_action = match source.value("REBALANCE_ACTION") {
             None => RebalanceAction::Cordon,

@@ -31,8 +31,8 @@ use crate::cluster::connection::KubeConnection;
 use crate::drain::Drainer;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::maintenance::health_type_code;
+use crate::reconcile::Action;
 use crate::reconcile::run::{DueDrain, Reconciled, reconcile_marks};
-use crate::reconcile::{Action, Policy};
 
 pub(super) async fn sweep<C: HookClients>(
     drainer: &Drainer<C>,
@@ -44,10 +44,7 @@ where
 {
     let client = drainer.context.kube.client().await?;
     let context = &drainer.context;
-    let policy = Policy {
-        maintenance_margin: context.settings.notices.maintenance_margin,
-        rebalance_undo: context.settings.notices.rebalance_undo_after,
-    };
+    let policy = context.settings.notices.reconcile_policy();
     let reconciled = reconcile_marks(&client, &context.instances, &context.autoscaling, policy)
         .await
         .map_err(|source| kube_error("", source))?;

@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use serde::Serialize;
 
 use super::marks::NodeMarks;
-use crate::aws::{InstanceFacts, ScheduledInstanceEvent};
+use crate::aws::{InstanceFacts, ScheduledInstanceEvent, marked_for_interruption};
 use crate::instance_notice::event::SPOT_NOTICE;
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
 use crate::node_marks::maintenance::{MaintenanceRecord, ScheduledEventRef};
@@ -402,7 +402,7 @@ fn spot_interruption(marks: &NodeMarks, facts: &AwsFacts, now: Timestamp) -> Opt
         }
         Ok(status) => status.as_deref()?,
     };
-    if !status.starts_with("marked-for-") {
+    if !marked_for_interruption(status) {
         return None;
     }
     let group = instance.auto_scaling_group.clone().or_else(|| {
@@ -555,7 +555,7 @@ fn reason_stands(
         .unwrap_or_else(|| "unknown".to_owned());
     Ok(match notice.kind {
         NoticeKind::SpotInterruption => match facts.spot_status.known()? {
-            Some(status) if status.starts_with("marked-for-") => Ok(()),
+            Some(status) if marked_for_interruption(status) => Ok(()),
             _ if state != "running" => Ok(()),
             status => Err(format!(
                 "the Spot request is {}, no longer marked for interruption",
@@ -579,7 +579,7 @@ fn reason_stands(
                 .spot_status
                 .known()?
                 .as_deref()
-                .is_some_and(|s| s.starts_with("marked-for-"));
+                .is_some_and(marked_for_interruption);
             if now < until || interrupted || leaving(facts)? {
                 Ok(())
             } else {

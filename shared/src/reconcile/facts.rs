@@ -32,6 +32,13 @@ pub const CONCURRENT_CALLS: usize = 8;
 /// How many calls of each AWS operation one run made (for its report and the benchmark).
 pub type CallCounts = BTreeMap<&'static str, u32>;
 
+/// Adds `count` calls of `operation` to `calls` (nothing for none).
+pub fn add_calls(calls: &mut CallCounts, operation: &'static str, count: u32) {
+    if count > 0 {
+        *calls.entry(operation).or_default() += count;
+    }
+}
+
 /// What `DescribeInstances` answered moments ago (an event's own proof), reused instead of
 /// asking again.
 pub type KnownInstances = BTreeMap<String, InstanceFacts>;
@@ -66,65 +73,55 @@ where
     let instances = match known.filter(|k| ids.iter().all(|id| k.contains_key(id))) {
         Some(known) => Answers::all_known(known.clone()),
         None => {
-            ask_batched(
-                &mut calls,
+            let asked = ask_batched(
                 "DescribeInstances",
                 &ids,
                 INSTANCE_FILTER_BATCH,
                 |b| async move { ec2.instances_facts(&b).await },
             )
-            .await
+            .await;
+            add_calls(&mut calls, "DescribeInstances", asked.calls);
+            asked
         }
     };
-    let (states, spot, scheduled) = {
-        let spot_ids = distinct(
-            nodes
-                .iter()
-                .filter(|n| needs_spot_status(n))
-                .filter_map(|n| instances.known.get(n.instance()?)?.spot_request_id.clone()),
-        );
-        // Only instances EC2 just listed: `DescribeInstanceStatus` fails a whole batch on an
-        // id it does not know.
-        let scheduled_ids = distinct(
-            nodes
-                .iter()
-                .filter(|n| needs_schedule(n))
-                .filter_map(|n| n.instance().filter(|id| instances.known.contains_key(*id)))
-                .map(str::to_owned),
-        );
-        let mut state_calls = CallCounts::new();
-        let mut spot_calls = CallCounts::new();
-        let mut status_calls = CallCounts::new();
-        let answers = futures::join!(
-            ask_batched(
-                &mut state_calls,
-                "DescribeAutoScalingInstances",
-                &ids,
-                AUTO_SCALING_BATCH,
-                |b| async move { autoscaling.lifecycle_states(&b).await }
-            ),
-            ask_batched(
-                &mut spot_calls,
-                "DescribeSpotInstanceRequests",
-                &spot_ids,
-                INSTANCE_FILTER_BATCH,
-                |b| async move { ec2.spot_request_statuses(&b).await }
-            ),
-            ask_batched(
-                &mut status_calls,
-                "DescribeInstanceStatus",
-                &scheduled_ids,
-                INSTANCE_STATUS_BATCH,
-                |b| async move { ec2.scheduled_events_of(&b).await }
-            ),
-        );
-        for counts in [state_calls, spot_calls, status_calls] {
-            for (operation, count) in counts {
-                *calls.entry(operation).or_default() += count;
-            }
-        }
-        answers
-    };
+    let spot_ids = distinct(
+        nodes
+            .iter()
+            .filter(|n| needs_spot_status(n))
+            .filter_map(|n| instances.known.get(n.instance()?)?.spot_request_id.clone()),
+    );
+    // Only instances EC2 just listed: `DescribeInstanceStatus` fails a whole batch on an id
+    // it does not know.
+    let scheduled_ids = distinct(
+        nodes
+            .iter()
+            .filter(|n| needs_schedule(n))
+            .filter_map(|n| n.instance().filter(|id| instances.known.contains_key(*id)))
+            .map(str::to_owned),
+    );
+    let (states, spot, scheduled) = futures::join!(
+        ask_batched(
+            "DescribeAutoScalingInstances",
+            &ids,
+            AUTO_SCALING_BATCH,
+            |b| { async move { autoscaling.lifecycle_states(&b).await } }
+        ),
+        ask_batched(
+            "DescribeSpotInstanceRequests",
+            &spot_ids,
+            INSTANCE_FILTER_BATCH,
+            |b| { async move { ec2.spot_request_statuses(&b).await } }
+        ),
+        ask_batched(
+            "DescribeInstanceStatus",
+            &scheduled_ids,
+            INSTANCE_STATUS_BATCH,
+            |b| { async move { ec2.scheduled_events_of(&b).await } }
+        ),
+    );
+    add_calls(&mut calls, "DescribeAutoScalingInstances", states.calls);
+    add_calls(&mut calls, "DescribeSpotInstanceRequests", spot.calls);
+    add_calls(&mut calls, "DescribeInstanceStatus", scheduled.calls);
     let refreshes = refresh_statuses(autoscaling, nodes, &mut calls).await;
     let facts = nodes
         .iter()
@@ -135,12 +132,13 @@ where
 
 type Answer<T> = Result<T, String>;
 
-/// The answers of one operation's batched calls: what the calls that answered said, and why
-/// each id of a call that did not answer is unknown.
+/// The answers of one operation's batched calls: what the calls that answered said, why
+/// each id of a call that did not answer is unknown, and how many calls were made.
 #[derive(Debug, Clone, Default)]
 struct Answers<T> {
     known: BTreeMap<String, T>,
     failed: BTreeMap<String, String>,
+    calls: u32,
 }
 
 impl<T: Clone> Answers<T> {
@@ -148,6 +146,7 @@ impl<T: Clone> Answers<T> {
         Self {
             known,
             failed: BTreeMap::new(),
+            calls: 0,
         }
     }
 
@@ -164,7 +163,6 @@ impl<T: Clone> Answers<T> {
 /// `ids` asked `size` at a time, [`CONCURRENT_CALLS`] calls at once, each bounded and
 /// counted; nothing is asked for no ids.
 async fn ask_batched<T, F>(
-    calls: &mut CallCounts,
     operation: &'static str,
     ids: &[String],
     size: usize,
@@ -174,9 +172,7 @@ where
     F: Future<Output = Result<BTreeMap<String, T>, AwsError>>,
 {
     let batches: Vec<Vec<String>> = ids.chunks(size.max(1)).map(<[String]>::to_vec).collect();
-    if !batches.is_empty() {
-        *calls.entry(operation).or_default() += u32::try_from(batches.len()).unwrap_or(u32::MAX);
-    }
+    let calls = u32::try_from(batches.len()).unwrap_or(u32::MAX);
     let call = &call;
     let mut answered = futures::stream::iter(batches)
         .map(|batch| async move {
@@ -187,6 +183,7 @@ where
     let mut answers = Answers {
         known: BTreeMap::new(),
         failed: BTreeMap::new(),
+        calls,
     };
     while let Some((batch, answer)) = answered.next().await {
         match answer {
@@ -238,7 +235,7 @@ async fn refresh_statuses<A: GroupActivity>(
         .collect();
     let mut out = BTreeMap::new();
     for (group, id) in named {
-        *calls.entry("DescribeInstanceRefreshes").or_default() += 1;
+        add_calls(calls, "DescribeInstanceRefreshes", 1);
         let status = bounded(
             "DescribeInstanceRefreshes",
             autoscaling.instance_refresh_status(&group, &id),

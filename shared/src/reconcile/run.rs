@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::converge;
 use super::desired::{Action, Policy, desired};
-use super::facts::{CallCounts, KnownInstances, gather, gather_knowing};
+use super::facts::{CallCounts, KnownInstances, add_calls, gather, gather_knowing};
 use super::marks::NodeMarks;
 use crate::aws::{GroupActivity, InstanceNoticesBatch};
 use crate::node_marks::maintenance::MAINTENANCE_LABEL;
@@ -120,7 +120,7 @@ async fn reconcile_page<E, A>(
 {
     let (facts, aws_calls) = gather(ec2, autoscaling, &marked).await;
     for (operation, count) in aws_calls {
-        *reconciled.aws_calls.entry(operation).or_default() += count;
+        add_calls(&mut reconciled.aws_calls, operation, count);
     }
     reconciled.nodes += marked.len();
     let now = Timestamp::now();
