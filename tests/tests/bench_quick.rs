@@ -22,6 +22,7 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## aws-auth under concurrency",
         "## Spot interruption",
         "## Instance notices: calls per event",
+        "## The instance-refresh function's memory on a big cluster",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }

@@ -2,7 +2,8 @@
 //! Runtime API, against the fake EC2 (Spot requests, scheduled events, the instance's group
 //! tag), Auto Scaling and SNS that the unmodified SDK clients talk to, and the fake API
 //! server with the shipped RBAC: a Spot interruption with a terminating hook drains once and
-//! completes the action; scheduled maintenance is planned; other clusters' instances are left.
+//! completes the action; a warning whose lifecycle drain lost its invocation drains in its
+//! stead; scheduled maintenance is planned; other clusters' instances are left.
 //!
 //! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing it.
 #![allow(clippy::unwrap_used)]
@@ -10,10 +11,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use node_manager_testkit::aws::{FakeInstance, ScheduledEventCode, SpotInterruptionAction};
-use node_manager_testkit::e2e::{FunctionWorld, Target};
+use node_manager_testkit::e2e::{FunctionWorld, RunningFunction, Target};
 use node_manager_testkit::fixtures::{self, Workload};
+use node_manager_testkit::lambda_api::InvocationOutcome;
 use serde_json::{Value, json};
 
 const INSTANCE: &str = "i-0b1c2d3e4f5061728";
@@ -174,4 +177,101 @@ async fn scheduled_maintenance_is_planned_on_the_node_and_other_clusters_instanc
     let (kind, message) = lambda.error_from(&forged).await;
     assert_eq!(kind, "InstanceEventUnconfirmed", "{message}");
     assert!(!is_cordoned(&w));
+}
+
+/// Pods of the workload still on the node and not terminating.
+fn workload_pods_left(w: &FunctionWorld) -> usize {
+    w.server
+        .store()
+        .list::<Pod>()
+        .iter()
+        .filter(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(w.node.as_str())
+                && p.metadata.deletion_timestamp.is_none()
+                && p.metadata.namespace.as_deref() == Some("default")
+        })
+        .count()
+}
+
+#[tokio::test]
+async fn a_spot_warning_runs_the_drain_of_a_crashed_lifecycle_invocation_and_its_retry_completes_it()
+ {
+    let w = spot_world().await;
+    let RunningFunction { runtime, .. } = w.function(Target::TerminatingHook);
+    let mut topic = w.aws.sns().subscribe(&w.topic).unwrap();
+    let interruption = w
+        .aws
+        .interruptions()
+        .spot_interruption_carried_out(
+            INSTANCE,
+            SpotInterruptionAction::Terminate,
+            Duration::from_secs(120),
+        )
+        .unwrap();
+    let notification = topic.next_event(Duration::from_secs(5)).await.unwrap();
+
+    // The hook's invocation crashes as soon as it has taken the drain: its lease (2 s) is on
+    // the node and Lambda's retry is minutes away.
+    let crashed = async {
+        let until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while checkpoint_on_node(&w).is_none() {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "the drain was never taken"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        runtime.kill().await
+    };
+    let (_, _) = tokio::join!(
+        runtime.invoke(&notification, Duration::from_secs(30)),
+        crashed
+    );
+    assert!(w.aws.autoscaling().completions().is_empty());
+
+    // The warning, inside the dead lease: it waits the lease out and drains in its stead.
+    let started = tokio::time::Instant::now();
+    let answer = match runtime
+        .invoke(&interruption.warning, Duration::from_secs(60))
+        .await
+    {
+        Ok(InvocationOutcome::Response(answer)) => answer,
+        other => panic!("{other:?}\n{}", runtime.output()),
+    };
+    assert_eq!(answer["instances"][0]["outcome"], "Drained", "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(115),
+        "within the warning's time"
+    );
+    assert_eq!(workload_pods_left(&w), 0, "the node is empty");
+    let record = checkpoint_on_node(&w).unwrap();
+    assert!(
+        !record.action.is_notice(),
+        "the record stays the action's: {record:?}"
+    );
+    assert_eq!(record.completed_at, None);
+    assert_eq!(record.lease.holder, None, "the stand-in let go");
+    assert!(
+        w.aws.autoscaling().completions().is_empty(),
+        "a notice completes no lifecycle action"
+    );
+
+    // Lambda's retry of the hook's invocation: it takes the drain over and completes it, with
+    // no pod evicted again.
+    let sent = evictions(&w);
+    let answer = match runtime.invoke(&notification, Duration::from_secs(30)).await {
+        Ok(InvocationOutcome::Response(answer)) => answer,
+        other => panic!("{other:?}\n{}", runtime.output()),
+    };
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    assert_eq!(completions[0].result.as_str(), "CONTINUE");
+    assert_eq!(evictions(&w), sent, "no pod evicted again");
+}
+
+fn checkpoint_on_node(w: &FunctionWorld) -> Option<DrainCheckpoint> {
+    let node = w.server.store().get::<Node>("", &w.node).ok()?;
+    let annotations = node.metadata.annotations?;
+    DrainCheckpoint::parse(annotations.get(CHECKPOINT_ANNOTATION)?).ok()
 }

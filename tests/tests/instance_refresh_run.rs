@@ -16,7 +16,7 @@ use node_manager::aws::{
 use node_manager::instance_refresh::handler::{self, RefreshContext, RefreshError};
 use node_manager::instance_refresh::settings::RefreshSettings;
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
-use node_manager::node_marks::refresh::{REFRESH_LABEL, refresh_marks_of};
+use node_manager::node_marks::refresh::{MarkAs, REFRESH_LABEL, mark_node, refresh_marks_of};
 use node_manager_testkit::fixtures::{make_ready_by_hand, running_pod};
 use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
 use node_manager_testkit::soak::corpus;
@@ -532,6 +532,67 @@ async fn a_leaving_nodes_pods_claim_room_before_outdated_nodes_are_marked() {
     assert_eq!(report.marked.len(), 1, "{report:?}");
     assert!(!cordoned(&world.node(3)), "not the refresh's to mark");
     assert!(refresh_marks_of(&world.node(3)).is_none());
+}
+
+/// Two groups refreshing at once count the room once (issue #43 item 9): a node another
+/// group's refresh marked outdated is no room (it goes too), and the pods of a node it took
+/// out of service claim room first. Before, the other group's kept node counted as room
+/// and its leaving node's pods as needing none: both refreshes marked on the same room, and
+/// with both terminate first, pods went Pending.
+#[tokio::test]
+async fn two_groups_refreshing_at_once_count_the_same_room_once() {
+    let world = World::start(3).await;
+    world.pods_on_each_node(3, 2);
+    world.refresh("InProgress", 75, 100);
+    // A stable group's node with room for one outdated node's pods.
+    world.register_room_node(10, "i-0stable00000000a", 2);
+    // Another group's outdated node, marked outdated only by its own refresh, with room for
+    // four pods: not room for ours.
+    world.register_room_node(11, "i-0other0000000000b", 6);
+    for p in 0..2 {
+        let pod = running_pod("default", &format!("b-{p}"), &node_name(11), &[]);
+        world.server.store().create(&pod).unwrap();
+    }
+    let nodes: kube::Api<Node> = kube::Api::all(world.client.clone());
+    let other = |mark_as| {
+        mark_node(
+            &nodes,
+            world
+                .server
+                .store()
+                .find::<Node>("", &node_name(11))
+                .unwrap(),
+            "0d1e2f30-4a5b-4c6d-8e9f-a0b1c2d3e4f5",
+            "eks-theirs",
+            "i-0other0000000000b",
+            mark_as,
+        )
+    };
+    other(MarkAs::Outdated).await.unwrap();
+    let report = world.send("Started").await.unwrap();
+    assert_eq!(
+        report.marked,
+        vec![node_name(0)],
+        "only the stable room counts: {report:?}"
+    );
+
+    // Undo ours; the other refresh now takes its node out of service: its two pods claim
+    // the stable node's room before any of ours.
+    world.refresh("Cancelled", 75, 100);
+    world.send("Cancelled").await.unwrap();
+    assert!((0..3).all(|i| !cordoned(&world.node(i))));
+    other(MarkAs::OutOfService { taint: None }).await.unwrap();
+    world.refresh("InProgress", 75, 100);
+    let report = world.send("Started").await.unwrap();
+    assert!(
+        report.marked.is_empty(),
+        "the other group's pods hold the room: {report:?}"
+    );
+    assert!((0..3).all(|i| !cordoned(&world.node(i))));
+    assert!(
+        cordoned(&world.node(11)),
+        "the other refresh's mark is not ours to touch"
+    );
 }
 
 /// An instance event of a group with no refresh in progress plans nothing and writes

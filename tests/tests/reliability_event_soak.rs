@@ -155,7 +155,7 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
     let kept = member(1, Fate::Stays);
     let spot = member(2, Fate::SpotInterrupted { terminated: false });
     let scaled = member(3, Fate::ScaleIn);
-    let pooled = member(4, Fate::WarmPoolReturn);
+    let pooled = member(4, Fate::WarmPoolReturn { launch_lost: false });
     let world = EventWorld::start(vec![
         kept.clone(),
         spot.clone(),

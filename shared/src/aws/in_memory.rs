@@ -114,6 +114,11 @@ impl InMemoryAutoScaling {
             .insert(key(action), action.token.clone());
     }
 
+    /// Ends `action` as its hook's timeout does: no completion recorded, nothing pending.
+    pub fn time_out_action(&self, action: &LifecycleActionRef) {
+        lock(&self.state).pending.remove(&key(action));
+    }
+
     pub fn completions(&self) -> Vec<RecordedCompletion> {
         lock(&self.state).completions.clone()
     }

@@ -49,7 +49,8 @@ pub enum Claim {
         cordon: CordonReport,
     },
     /// Another invocation holds it: exit quietly. `notice_drain`: the holder drains for an
-    /// instance notice (a lifecycle drain waits for it to end, then takes its drain over).
+    /// instance notice, or stands in for this action's drain for one (a lifecycle drain waits
+    /// for it to end, then takes its drain over).
     HeldByOther {
         holder: String,
         until: Timestamp,
@@ -185,7 +186,9 @@ fn checkpoint_to_write(
             ControlFlow::Continue((checkpoint, resumed))
         }
         LeaseDecision::HeldByOther { holder, until } => {
-            let notice_drain = existing.is_some_and(|e| e.action.is_notice());
+            // A notice standing in for this action's drain ends with its notice, like a
+            // notice drain: the action's invocation waits for it, then takes the drain over.
+            let notice_drain = existing.is_some_and(|e| e.action.is_notice() || e.notice_stands_in);
             ControlFlow::Break(Claim::HeldByOther {
                 holder,
                 until,

@@ -20,7 +20,7 @@ use serde_json::json;
 
 use super::drainer::{Drainer, kube_error};
 use super::events::{DrainEvents, reason};
-use super::lease::{self, Claim, LeaseHolder, NodeLease, Update};
+use super::lease::{self, Claim, LeaseHolder, NodeLease, Update, lease_wait};
 use super::report::DrainError;
 use super::session::{DrainSession, SessionEnd};
 use crate::aws::LifecycleActionRef;
@@ -31,6 +31,9 @@ use crate::node_marks::checkpoint::{
 };
 use crate::node_marks::out_of_service::CordonReport;
 use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
+
+/// Time kept back, after outwaiting a lifecycle drain's lease, to claim the drain and start it.
+const LOOK_AGAIN_ALLOWANCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What became of a notice's drain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +108,21 @@ impl<C: HookClients> Drainer<C> {
             id: request.invocation.request_id.clone(),
             lease_duration: self.settings().lease_duration,
         };
-        let claimed = match self.claim_for_notice(&request, &nodes, &holder).await? {
+        let mut claim = self.claim_for_notice(&request, &nodes, &holder).await?;
+        if let ControlFlow::Break(NoticeDrainOutcome::JoinedLifecycleDrain) = claim
+            && let Some(wait) = lifecycle_lease_to_outwait(&request)
+        {
+            // The lifecycle invocation's lease may be a crashed one's: outwaited once, it is
+            // renewed by a live invocation (joined, done) or lapses (this notice stands in).
+            tracing::info!(
+                step = "lifecycle_drain_wait",
+                wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                "joined the lifecycle drain: looking again when its lease ends whether it still runs"
+            );
+            tokio::time::sleep(wait).await;
+            claim = self.claim_for_notice(&request, &nodes, &holder).await?;
+        }
+        let claimed = match claim {
             ControlFlow::Continue(claimed) => claimed,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
@@ -208,6 +225,7 @@ impl<C: HookClients> Drainer<C> {
         request: &NoticeDrainRequest<'_>,
     ) -> Result<NoticeDrainOutcome, DrainError> {
         let settings = self.session_settings();
+        let stands_in = checkpoint.notice_stands_in;
         let mut session = DrainSession::start(
             request.client,
             node,
@@ -245,8 +263,18 @@ impl<C: HookClients> Drainer<C> {
             }
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
-        Ok(record_end(lease, budget.closing_write_bound(), outcome).await)
+        Ok(record_end(lease, budget.closing_write_bound(), outcome, stands_in).await)
     }
+}
+
+/// How long to wait for the lease of the lifecycle drain a notice joined to end, when that is
+/// before the notice's deadline and this invocation's hand-over; `None` when it is not.
+fn lifecycle_lease_to_outwait(request: &NoticeDrainRequest<'_>) -> Option<std::time::Duration> {
+    let until = checkpoint_of(&request.node)?.lease.expires_at();
+    let wait = lease_wait(until);
+    let then = Timestamp::now().checked_add(wait).ok()?;
+    let in_time = wait + LOOK_AGAIN_ALLOWANCE < request.invocation.budget.remaining();
+    (in_time && then < request.deadline).then_some(wait)
 }
 
 /// Logs and records as Events that the node was taken out of service and, for a new drain,
@@ -275,6 +303,15 @@ fn announce(request: &NoticeDrainRequest<'_>, name: &str, claimed: &ClaimedNotic
         .notice
         .as_ref()
         .is_some_and(|n| n.cordon_only);
+    if claimed.checkpoint.notice_stands_in {
+        tracing::info!(step = "stands_in", notice = kind, deadline = %claimed.checkpoint.deadline, "no invocation runs the lifecycle drain on this node: draining it for the notice until the action's next invocation takes it over");
+        request.events.normal(
+            &node_reference,
+            reason::DRAIN_STARTED,
+            format!("Draining node {name} for the {kind} of instance {}: its lifecycle drain had no running invocation (deadline {})", request.action.instance_id, claimed.checkpoint.deadline),
+        );
+        return;
+    }
     if claimed.resumed || is_cordon_only {
         return;
     }
@@ -365,17 +402,26 @@ impl SessionReport<'_> {
 /// The notice's drain is over: marks it so, with how it left the node (a repeated notice
 /// then has nothing to do if it drained it), and lets go of the lease at once, so a
 /// lifecycle drain waiting for it takes the node over now rather than when the lease would
-/// lapse.
+/// lapse. A stand-in only stands down: the drain is the lifecycle action's, whose next
+/// invocation completes it ([`DrainCheckpoint::stood_down`]).
 async fn record_end(
     lease: &mut NodeLease,
     bound: std::time::Duration,
     outcome: NoticeDrainOutcome,
+    stands_in: bool,
 ) -> NoticeDrainOutcome {
     let left = match outcome {
         NoticeDrainOutcome::Drained { .. } => DrainResult::Drained,
         _ => DrainResult::PodsLeft,
     };
-    let finished = tokio::time::timeout(bound, lease.update(|c, now| c.finished(now, left))).await;
+    let end = |c: &DrainCheckpoint, now| {
+        if stands_in {
+            c.stood_down(now)
+        } else {
+            c.finished(now, left)
+        }
+    };
+    let finished = tokio::time::timeout(bound, lease.update(end)).await;
     match finished {
         Ok(Ok(Update::Written(_))) => {}
         Ok(Ok(Update::LeaseLost)) => return NoticeDrainOutcome::TakenOverByLifecycleDrain,

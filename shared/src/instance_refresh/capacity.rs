@@ -202,41 +202,74 @@ pub fn decision_needs_pods(
     })
 }
 
+/// What the pods placed on each node use and what its drain would move, tallied pod by pod
+/// as the pages of a list come in: a cluster's pods are never held at once (150,000 of
+/// them, as objects, would not fit the function's memory; their tallies take a few MB).
+#[derive(Debug, Default)]
+pub struct PodTally {
+    by_node: BTreeMap<String, NodeTally>,
+}
+
+#[derive(Debug, Default)]
+struct NodeTally {
+    /// The requests of every pod that holds a place on the node.
+    used: Resources,
+    /// The requests of the pods its drain would move.
+    to_move: Vec<Resources>,
+}
+
+impl PodTally {
+    /// The tally of `pods`.
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
+        let mut tally = Self::default();
+        pods.into_iter().for_each(|pod| tally.add(pod));
+        tally
+    }
+
+    /// Counts `pod` on its node (a pod bound to no node, or finished, counts nowhere).
+    pub fn add(&mut self, pod: &Pod) {
+        let Some(node) = node_of(pod).filter(|_| holds_a_place(pod)) else {
+            return;
+        };
+        let request = pod_request(pod);
+        let tally = match self.by_node.get_mut(node) {
+            Some(tally) => tally,
+            None => self.by_node.entry(node.to_owned()).or_default(),
+        };
+        tally.used = tally.used.plus(&request);
+        if moves_on_drain(pod) {
+            tally.to_move.push(request);
+        }
+    }
+
+    fn on(&self, node: &str) -> Option<&NodeTally> {
+        self.by_node.get(node)
+    }
+}
+
 /// The room rule's inputs from the cluster: the free capacity of every node that accepts
 /// new pods and is not `outdated` (instance id → launch time), and each outdated node with
 /// a Node, whether it is out of service and the requests of the pods its drain would move.
 pub fn survey(
     nodes: &[Node],
-    pods: &[Pod],
+    pods: &PodTally,
     outdated: &BTreeMap<&str, Option<jiff::Timestamp>>,
 ) -> (Vec<Resources>, Vec<super::room::OutdatedNode>) {
-    let mut on_node: BTreeMap<&str, Vec<&Pod>> = BTreeMap::new();
-    for pod in pods.iter().filter(|p| holds_a_place(p)) {
-        if let Some(node) = node_of(pod) {
-            on_node.entry(node).or_default().push(pod);
-        }
-    }
     let mut room = Vec::new();
     let mut outdated_nodes = Vec::new();
     for node in nodes {
         let name = node.metadata.name.as_deref().unwrap_or_default();
-        let bound = on_node.get(name).map(Vec::as_slice).unwrap_or_default();
+        let tally = pods.on(name);
         let instance = crate::lifecycle::node::node_instance_id(node);
         match instance.and_then(|id| Some((id, outdated.get(id)?))) {
             Some((instance_id, launched)) => outdated_nodes.push(super::room::OutdatedNode {
                 instance_id: instance_id.to_owned(),
                 launched: *launched,
                 out_of_service: out_of_service(node),
-                pods_to_move: bound
-                    .iter()
-                    .filter(|p| moves_on_drain(p))
-                    .map(|p| pod_request(p))
-                    .collect(),
+                pods_to_move: tally.map(|t| t.to_move.clone()).unwrap_or_default(),
             }),
             None if accepts_new_pods(node) => {
-                let used = bound
-                    .iter()
-                    .fold(Resources::default(), |sum, p| sum.plus(&pod_request(p)));
+                let used = tally.map(|t| t.used).unwrap_or_default();
                 room.push(allocatable(node).minus(&used));
             }
             None => {}
@@ -414,7 +447,7 @@ mod tests {
             pod("busy", "cordoned", json!({})),
         ];
         let outdated = BTreeMap::from([("i-0000000000000000a", None)]);
-        let (room, outdated_nodes) = survey(&nodes, &pods, &outdated);
+        let (room, outdated_nodes) = survey(&nodes, &PodTally::of(&pods), &outdated);
         assert_eq!(
             room,
             vec![Resources {

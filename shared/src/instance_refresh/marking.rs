@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{Api, ListParams};
 
-use super::capacity::{decision_needs_pods, survey};
+use super::capacity::{PodTally, decision_needs_pods, survey};
 use super::event::RefreshEvent;
 use super::handler::{RefreshError, RefreshReport, UnmarkedNode};
 use super::plan::MarkPlan;
@@ -98,7 +98,7 @@ pub(super) async fn mark_outdated(
         .iter()
         .map(|id| (id.as_str(), group.launch_times.get(id).copied()))
         .collect();
-    let decision = decide(pods, &listed, &outdated, &group.leaving).await?;
+    let decision = decide(pods, &listed, &outdated, &group.leaving, &event.group_name).await?;
     mark_plan.mark = decision.mark;
     mark_plan.kept = decision.kept;
     let by_instance: BTreeMap<&str, &Node> = listed
@@ -160,33 +160,89 @@ const PLACED_PODS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!
 ///
 /// The nodes of the group's `leaving` instances are no room, and their pods are about to
 /// move too: they claim room first, as the outdated nodes already out of service do, and
-/// the decision names them only if they are outdated.
+/// the decision names them only if they are outdated. The nodes other groups' refreshes
+/// replace count the same way ([`OtherRefreshes`]).
 async fn decide(
     pods: &Api<Pod>,
     listed: &[Node],
     outdated: &BTreeMap<&str, Option<jiff::Timestamp>>,
     leaving: &BTreeSet<&str>,
+    group_name: &str,
 ) -> Result<RoomDecision, RefreshError> {
     let mut moving = outdated.clone();
     for id in leaving {
         moving.entry(id).or_insert(None);
     }
     let placed = if decision_needs_pods(listed, &moving) {
-        list_all(pods, ListParams::default().fields(PLACED_PODS))
-            .await
-            .map_err(RefreshError::ListPods)?
+        tally_placed_pods(pods).await?
     } else {
-        Vec::new()
+        PodTally::default()
     };
+    let others = OtherRefreshes::on(listed, group_name);
+    for id in others.leaving.iter().chain(&others.outdated_only) {
+        moving.entry(id).or_insert(None);
+    }
     let (room, mut moving_nodes) = survey(listed, &placed, &moving);
+    moving_nodes.retain(|node| !others.outdated_only.contains(node.instance_id.as_str()));
     for node in &mut moving_nodes {
-        node.out_of_service |= leaving.contains(node.instance_id.as_str());
+        let id = node.instance_id.as_str();
+        node.out_of_service |= leaving.contains(id) || others.leaving.contains(id);
     }
     let mut decision = choose(room, &moving_nodes);
     let is_outdated = |id: &String| outdated.contains_key(id.as_str());
     decision.mark.retain(is_outdated);
     decision.kept.retain(is_outdated);
     Ok(decision)
+}
+
+/// The nodes that other groups' instance refreshes replace, as their records on the nodes
+/// say. Two groups refreshing at once share the room: the nodes another refresh took out of
+/// service claim room first, as this group's leaving nodes do (their pods move next), and
+/// the ones it only marked outdated are no room (they go too; counting them as room, or
+/// its leaving nodes' pods as needing none, counts the same room twice).
+struct OtherRefreshes<'a> {
+    leaving: BTreeSet<&'a str>,
+    outdated_only: BTreeSet<&'a str>,
+}
+
+impl<'a> OtherRefreshes<'a> {
+    fn on(listed: &'a [Node], group_name: &str) -> Self {
+        let mut others = Self {
+            leaving: BTreeSet::new(),
+            outdated_only: BTreeSet::new(),
+        };
+        for node in listed {
+            let Some(instance_id) = node_instance_id(node) else {
+                continue;
+            };
+            match refresh_marks_of(node) {
+                Some(marks) if marks.auto_scaling_group_name != group_name => {
+                    if marks.outdated_only {
+                        others.outdated_only.insert(instance_id);
+                    } else {
+                        others.leaving.insert(instance_id);
+                    }
+                }
+                _ => {}
+            }
+        }
+        others
+    }
+}
+
+/// Tallies the pods placed on nodes page by page ([`PodTally`]): at most one page of pods
+/// is held at a time.
+async fn tally_placed_pods(pods: &Api<Pod>) -> Result<PodTally, RefreshError> {
+    let mut params = ListParams::default().fields(PLACED_PODS).limit(PAGE_SIZE);
+    let mut tally = PodTally::default();
+    loop {
+        let page = pods.list(&params).await.map_err(RefreshError::ListPods)?;
+        page.items.iter().for_each(|pod| tally.add(pod));
+        match page.metadata.continue_.filter(|t| !t.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(tally),
+        }
+    }
 }
 
 async fn mark_one(

@@ -2,15 +2,17 @@
 //! room that the refresh does not replace can take their pods.
 //!
 //! - **Room** is the free capacity of every node that accepts new pods (Ready, not
-//!   cordoned, no `NoSchedule`/`NoExecute` taint) and that the refresh does not replace:
-//!   the refresh's own replacements, and nodes of other groups. A node's free capacity is
+//!   cordoned, no `NoSchedule`/`NoExecute` taint) and that no refresh replaces: the
+//!   refresh's own replacements, and nodes of other groups (not those another group's
+//!   refresh marked outdated: they go too). A node's free capacity is
 //!   its allocatable minus the requests of the pods bound to it, in CPU, memory and pods.
 //! - **Pods to move** are a node's pods that its drain would move elsewhere (not a
 //!   DaemonSet's, not mirror pods, not finished), with their requests.
 //! - Outdated nodes already out of service (marked, being drained, or cordoned by someone)
 //!   claim room first, and stay marked: the rule never lifts a mark to plan again. (The
-//!   caller passes the nodes of the group's leaving instances the same way: their pods move
-//!   too, and their nodes are no room.)
+//!   caller passes the nodes of the group's leaving instances, and those another group's
+//!   refresh took out of service, the same way: their pods move too, and their nodes are
+//!   no room.)
 //! - Then the other outdated nodes, oldest launch first (then fewest pods to move, then
 //!   instance id): each is marked when every one of its pods can be placed, largest first,
 //!   on a room node where it fits (first fit), on top of the pods placed before. Its pods

@@ -288,6 +288,12 @@ pub struct DrainCheckpoint {
     /// The instance notice this drain answers, if any (see [`InstanceNotice`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notice: Option<InstanceNotice>,
+    /// The lease holder is a notice's invocation running this lifecycle drain because no
+    /// invocation of the action did (one crashed and waits for Lambda's retry): it drains
+    /// for the notice and stands down when done, leaving the action to complete to the
+    /// action's own next invocation ([`DrainCheckpoint::decide_notice`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub notice_stands_in: bool,
 }
 
 /// Whether an invocation may work on a node's drain.
@@ -330,6 +336,7 @@ impl DrainCheckpoint {
             out_of_service: None,
             to_warm_pool_at: None,
             notice: None,
+            notice_stands_in: false,
         }
     }
 
@@ -379,6 +386,7 @@ impl DrainCheckpoint {
         }
         let mut checkpoint = existing.clone();
         checkpoint.lease = Lease::new(holder, now, lease_duration);
+        checkpoint.notice_stands_in = false;
         LeaseDecision::Claim {
             checkpoint,
             resumed: true,
@@ -448,7 +456,10 @@ impl DrainCheckpoint {
     ///
     /// - No checkpoint, or a stale one (another instance under the same node name): a new
     ///   notice drain.
-    /// - A lifecycle drain of the instance, not completed: [`LeaseDecision::JoinLifecycleDrain`].
+    /// - A lifecycle drain of the instance, not completed: [`LeaseDecision::JoinLifecycleDrain`]
+    ///   while an invocation of the action holds it; when none does (it crashed and waits
+    ///   for Lambda's retry, or its retries ran out), a draining notice stands in
+    ///   ([`Self::stood_in_for_by`]): it runs the drain until its end, then stands down.
     /// - A notice drain: busy while another invocation holds it, else resumed with both
     ///   notices merged (a cordon-only rebalance followed by the Spot warning becomes the
     ///   Spot drain).
@@ -493,7 +504,7 @@ impl DrainCheckpoint {
             };
         }
         if !existing.action.is_notice() {
-            return LeaseDecision::JoinLifecycleDrain;
+            return existing.stood_in_for_by(notice, holder, now, deadline, lease_duration);
         }
         if existing.lease.held_by_other(holder, now) {
             return LeaseDecision::HeldByOther {
@@ -520,6 +531,49 @@ impl DrainCheckpoint {
             checkpoint,
             resumed: !was_cordon_only,
         }
+    }
+
+    /// What a `notice` may do about this lifecycle drain, not completed: join it while an
+    /// invocation of its action runs it (or another notice already stands in: a duplicate);
+    /// when nobody runs it and the notice drains (not cordon-only), run it as a stand-in, with
+    /// the notice added and the earlier of both deadlines. The record stays the action's, so
+    /// the action's next invocation waits for the stand-in as for a notice drain and takes the
+    /// drain over where it stopped.
+    fn stood_in_for_by(
+        &self,
+        notice: &InstanceNotice,
+        holder: &str,
+        now: Timestamp,
+        deadline: Timestamp,
+        lease_duration: Duration,
+    ) -> LeaseDecision {
+        let nobody_runs_it = !self.lease.held_by_other(holder, now);
+        if self.notice_stands_in && !nobody_runs_it {
+            return LeaseDecision::HeldByOther {
+                holder: self.lease.holder.clone().unwrap_or_default(),
+                until: self.lease.expires_at(),
+            };
+        }
+        if !nobody_runs_it || notice.cordon_only {
+            return LeaseDecision::JoinLifecycleDrain;
+        }
+        let mut checkpoint = self.joined_by(notice).unwrap_or_else(|| self.clone());
+        checkpoint.deadline = checkpoint.deadline.min(deadline);
+        checkpoint.lease = Lease::new(holder, now, lease_duration);
+        checkpoint.notice_stands_in = true;
+        LeaseDecision::Claim {
+            checkpoint,
+            resumed: true,
+        }
+    }
+
+    /// A stand-in's drain is over ([`Self::stood_in_for_by`]): the lease let go and the record
+    /// the action's again, not completed, so the action's next invocation completes it (with
+    /// the node's drained time kept: it only settles what is left).
+    pub fn stood_down(&self, now: Timestamp) -> Self {
+        let mut next = self.released(now);
+        next.notice_stands_in = false;
+        next
     }
 
     /// A lifecycle drain's checkpoint with a notice about its instance added: the deadline
@@ -953,6 +1007,110 @@ mod tests {
             ),
             LeaseDecision::AlreadyCompleted
         );
+    }
+
+    #[test]
+    fn a_notice_stands_in_for_a_lifecycle_drain_nobody_runs_and_hands_it_back() {
+        // The action's invocation crashed at 5 s; its lease lapsed at 65 s.
+        let lifecycle = DrainCheckpoint::start(&action("t"), at(5), TIMEOUT, "req-1", LEASE);
+        let spot = |holder: &str, now: i64| {
+            DrainCheckpoint::decide_notice(
+                Some(&lifecycle),
+                &notice_of_instance(),
+                &spot_notice(now, now + 120),
+                holder,
+                at(now),
+                at(now + 115),
+                LEASE,
+            )
+        };
+        assert_eq!(spot("req-n", 64), LeaseDecision::JoinLifecycleDrain);
+        let (standing_in, resumed) = claimed(spot("req-n", 66));
+        assert!(resumed, "the drain goes on where it was");
+        assert!(standing_in.notice_stands_in);
+        assert_eq!(
+            standing_in.action, lifecycle.action,
+            "the record stays the action's"
+        );
+        assert_eq!(
+            standing_in.deadline,
+            at(181),
+            "the notice's deadline comes first"
+        );
+        assert_eq!(standing_in.started_at, at(5));
+        assert!(standing_in.is_held_by("req-n", at(67)));
+        // A cordon-only notice never runs a drain.
+        let mut rebalance = spot_notice(66, 0);
+        rebalance.cordon_only = true;
+        rebalance.instance_ends_at = None;
+        assert_eq!(
+            DrainCheckpoint::decide_notice(
+                Some(&lifecycle),
+                &notice_of_instance(),
+                &rebalance,
+                "req-r",
+                at(66),
+                at(400),
+                LEASE
+            ),
+            LeaseDecision::JoinLifecycleDrain
+        );
+        // A duplicate of the notice meanwhile is turned away, and the action's own next
+        // invocation waits for the stand-in (the drainer sees a notice drain's holder).
+        for decision in [
+            DrainCheckpoint::decide_notice(
+                Some(&standing_in),
+                &notice_of_instance(),
+                &spot_notice(70, 190),
+                "req-n2",
+                at(70),
+                at(185),
+                LEASE,
+            ),
+            DrainCheckpoint::decide(
+                Some(&standing_in),
+                &action("t"),
+                "req-2",
+                at(70),
+                TIMEOUT,
+                LEASE,
+            ),
+        ] {
+            assert!(
+                matches!(&decision, LeaseDecision::HeldByOther { holder, .. } if holder == "req-n"),
+                "{decision:?}"
+            );
+        }
+        // Stood down with the node drained: the action's next invocation resumes the drain,
+        // keeps when the node was drained (it only settles what is left) and completes it.
+        let mut drained = standing_in.clone();
+        drained.drained_at = Some(at(90));
+        let stood_down = drained.stood_down(at(92));
+        assert!(!stood_down.notice_stands_in);
+        assert_eq!(stood_down.completed_at, None, "the action is not completed");
+        let (resumed_drain, resumed) = claimed(DrainCheckpoint::decide(
+            Some(&stood_down),
+            &action("t"),
+            "req-2",
+            at(93),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(resumed);
+        assert_eq!(resumed_drain.drained_at, Some(at(90)));
+        assert!(resumed_drain.is_held_by("req-2", at(94)));
+        // Taken over while the stand-in still ran (its lease lapsed): the flag goes too.
+        let (taken, _) = claimed(DrainCheckpoint::decide(
+            Some(&standing_in),
+            &action("t"),
+            "req-2",
+            at(127),
+            TIMEOUT,
+            LEASE,
+        ));
+        assert!(!taken.notice_stands_in);
+        let round_trip = DrainCheckpoint::parse(&standing_in.to_json()).unwrap();
+        assert_eq!(round_trip, standing_in);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod launch_lookup;
 pub mod notice_calls;
 pub mod pdb_paced;
 pub mod refresh;
+pub mod refresh_memory;
 pub mod spot;
 pub mod sweep;
 pub mod timeline;

@@ -23,7 +23,7 @@ struct Args {
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
     /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls,
-    /// event-soak, sweep, token.
+    /// event-soak, sweep, refresh-memory, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -96,6 +96,9 @@ async fn main() -> ExitCode {
     if wanted("sweep") {
         report(sweep(mode).await);
     }
+    if wanted("refresh-memory") {
+        report(refresh_memory(mode).await);
+    }
     if failed {
         ExitCode::FAILURE
     } else {
@@ -156,6 +159,45 @@ async fn sweep(mode: Mode) -> Result<(), String> {
     } else {
         Err(format!(
             "the sweep left plans undecided or ran past its period: {failures:?}"
+        ))
+    }
+}
+
+/// The instance-refresh function's peak memory when its plan lists a big cluster's pods
+/// (issue #43 item 10): 30,000 and 150,000 pods on 100 pods a node; quick mode 5,000. The
+/// bound is 200 MiB at any size (the function is given 256 MB).
+async fn refresh_memory(mode: Mode) -> Result<(), String> {
+    use node_manager_testkit::bench::refresh_memory::refresh_plan_memory;
+    const BOUND_MIB: u64 = 200;
+    let sizes: &[usize] = match mode {
+        Mode::Full => &[30_000, 150_000],
+        Mode::Quick => &[5_000],
+    };
+    println!("## The instance-refresh function's memory on a big cluster\n");
+    println!("| pods | nodes | pages of pods | plan | peak RSS | nodes marked |");
+    println!("|---|---|---|---|---|---|");
+    let mut failures = Vec::new();
+    for &pods in sizes {
+        let nodes = pods / 100;
+        let row = refresh_plan_memory(nodes, pods).await?;
+        let peak_mib = row.peak_rss_kib.map(|k| k / 1024);
+        println!(
+            "| {pods} | {nodes} | {} | {:.1} s | {} MiB | {} |",
+            row.pod_pages,
+            row.wall.as_secs_f64(),
+            peak_mib.map_or("?".to_owned(), |m| m.to_string()),
+            row.marked,
+        );
+        if peak_mib.is_none_or(|m| m >= BOUND_MIB) {
+            failures.push(format!("{pods} pods: {peak_mib:?} MiB"));
+        }
+    }
+    println!();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the refresh function passed {BOUND_MIB} MiB: {failures:?}"
         ))
     }
 }

@@ -7,6 +7,7 @@
 //! compare-and-swap would order them.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -402,7 +403,6 @@ impl State {
         let namespace = namespace.filter(|_| resource.namespaced);
         let mut items = Vec::new();
         let mut last_key = None;
-        let mut remaining = 0usize;
         let Some(bucket) = self.bucket(resource) else {
             return Ok(ListPage {
                 items,
@@ -411,25 +411,37 @@ impl State {
                 remaining: None,
             });
         };
-        for (key, object) in bucket {
-            if namespace.is_some_and(|ns| ns != key.0) {
-                continue;
-            }
-            if start.as_ref().is_some_and(|s| key <= s) {
-                continue;
-            }
+        // Read from the continue key on, as etcd does: a page costs its own items, not the
+        // whole collection (a 150,000-pod list in pages of 500 must not scan it 300 times).
+        let after = match &start {
+            Some(key) => bucket.range((Bound::Excluded(key.clone()), Bound::Unbounded)),
+            None => bucket.range::<Key, _>(..),
+        };
+        let mut in_scope = after.filter(|(key, _)| namespace.is_none_or(|ns| ns == key.0));
+        for (key, object) in in_scope.by_ref() {
             let object = view(resource, object.clone());
             if !labels.matches(&labels_of(&object)) || !fields.matches(resource, &object) {
                 continue;
             }
-            if limit.is_some_and(|l| items.len() >= l) {
-                remaining += 1;
-                continue;
-            }
             last_key = Some(key.clone());
             items.push(object);
+            if limit.is_some_and(|l| items.len() >= l) {
+                break;
+            }
         }
-        let continue_token = if remaining > 0 {
+        // As kube-apiserver: a full page with keys after it gets a continue token, whether
+        // or not they match (the next page may come back empty); `remainingItemCount` is
+        // given only without selectors, since counting matches would mean reading them all.
+        let selected = labels != &LabelQuery::everything() || !fields.is_empty();
+        let (more, remaining) = match limit.filter(|l| items.len() >= *l) {
+            None => (false, None),
+            Some(_) if selected => (in_scope.next().is_some(), None),
+            Some(_) => {
+                let left = in_scope.count();
+                (left > 0, Some(left))
+            }
+        };
+        let continue_token = if more {
             last_key.map(|k| continue_token(self.rv, &k))
         } else {
             None
@@ -437,7 +449,7 @@ impl State {
         Ok(ListPage {
             items,
             resource_version: self.rv,
-            remaining: continue_token.as_ref().map(|_| remaining),
+            remaining: remaining.filter(|_| continue_token.is_some()),
             continue_token,
         })
     }

@@ -196,7 +196,7 @@ pub async fn check(
             }
         }
         found.extend(lifecycle_drained(world, member));
-        if member.fate == Fate::WarmPoolReturn {
+        if member.fate.is_warm_pool_return() {
             found.extend(back_from_the_pool(world, member, nodes.get(&member.node)));
         }
     }
@@ -455,11 +455,17 @@ fn back_from_the_pool(world: &EventWorld, member: &Member, node: Option<&Node>) 
     let launched = launches
         .iter()
         .all(|c| c.result == node_manager::aws::LifecycleActionResult::Continue);
-    if launches.len() != 1 || !launched || world.autoscaling.is_pending(&action) {
+    // A lost launch is ended by the hook's timeout, not by a completion.
+    let expected = if member.fate == (Fate::WarmPoolReturn { launch_lost: true }) {
+        0
+    } else {
+        1
+    };
+    if launches.len() != expected || !launched || world.autoscaling.is_pending(&action) {
         return vec![violation(
             MARK_AFTER_WARM_POOL,
             format!(
-                "{}: {} completions of its launch out of the warm pool, 1 with CONTINUE expected: {launches:?}",
+                "{}: {} completions of its launch out of the warm pool, {expected} with CONTINUE expected: {launches:?}",
                 member.instance_id,
                 launches.len()
             ),

@@ -240,7 +240,7 @@ impl<'w> Player<'w> {
             if hook == LAUNCH_HOOK {
                 self.world
                     .set_group_state(&member.instance_id, Some("InService"));
-            } else if member.fate == Fate::WarmPoolReturn {
+            } else if member.fate.is_warm_pool_return() {
                 self.send_to_pool(&member);
             } else {
                 self.terminate(&member).await;
@@ -464,7 +464,8 @@ impl Player<'_> {
     /// Every pooled instance is launched out of the warm pool: it runs again, its kubelet
     /// re-registers the node under its old name (Ready a moment later), and Auto Scaling's
     /// launching notification (`WarmPool -> AutoScalingGroup`) reaches the launching hook,
-    /// once or twice at once.
+    /// once or twice at once; or, when the launch is lost, never: the hook's timeout puts
+    /// the instance in service with its default result.
     async fn return_from_pool(&mut self) {
         use rand::Rng;
         for member in std::mem::take(&mut self.pooled) {
@@ -479,6 +480,12 @@ impl Player<'_> {
             let _ = w
                 .server
                 .restart_node(&member.node, &member.provider_id(), Some(ready_after));
+            if member.fate == (Fate::WarmPoolReturn { launch_lost: true }) {
+                w.autoscaling.time_out_action(&action);
+                w.set_group_state(&member.instance_id, Some("InService"));
+                self.after_step().await;
+                continue;
+            }
             let event = with_route(
                 &lifecycle_notification(Target::LaunchingHook, &action),
                 "WarmPool",
@@ -553,7 +560,7 @@ impl Player<'_> {
             Truth::Terminating(id) => {
                 if let Some(m) = member(id) {
                     w.autoscaling.start_action(&m.action());
-                    let state = if m.fate == Fate::WarmPoolReturn {
+                    let state = if m.fate.is_warm_pool_return() {
                         "Warmed:Pending:Wait"
                     } else {
                         "Terminating:Wait"
@@ -652,7 +659,7 @@ impl Player<'_> {
             Delivery::Lifecycle(id) => {
                 let member = w.member(id)?;
                 let event = lifecycle_notification(Target::TerminatingHook, &member.action());
-                if member.fate == Fate::WarmPoolReturn {
+                if member.fate.is_warm_pool_return() {
                     with_route(&event, "AutoScalingGroup", "WarmPool")
                 } else {
                     event

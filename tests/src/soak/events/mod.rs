@@ -76,11 +76,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
     let mut player = Player::new(&world, seed);
     player.play(&plan.steps).await;
     // Auto Scaling terminates what it completed the action of.
-    for member in world
-        .fleet
-        .iter()
-        .filter(|m| m.fate != Fate::WarmPoolReturn)
-    {
+    for member in world.fleet.iter().filter(|m| !m.fate.is_warm_pool_return()) {
         let done = world
             .autoscaling
             .completions()

@@ -43,7 +43,10 @@ pub enum Fate {
     /// `AutoScalingGroup -> WarmPool`, with a full drain), stopped there, then launched out of
     /// the pool again (a launching lifecycle action, `WarmPool -> AutoScalingGroup`): its
     /// node comes back under its name and must carry none of our marks once Ready.
-    WarmPoolReturn,
+    /// `launch_lost`: the launching notification never reaches the launching hook (lost, or
+    /// every retry failed), so Auto Scaling's hook timeout puts the instance in service with
+    /// the hook's default result `CONTINUE`; the reconciler must clear the node.
+    WarmPoolReturn { launch_lost: bool },
     /// Its kubelet dies (the node NotReady past node repair's wait): node repair, on its
     /// schedule, marks the instance unhealthy within EKS's limits, and the group replaces it
     /// (a terminating lifecycle action, drained like any other).
@@ -84,8 +87,13 @@ impl Fate {
     pub fn has_lifecycle_action(&self) -> bool {
         matches!(
             self,
-            Self::ScaleIn | Self::WarmPoolReturn | Self::Refreshed { replaced: true, .. }
+            Self::ScaleIn | Self::WarmPoolReturn { .. } | Self::Refreshed { replaced: true, .. }
         )
+    }
+
+    /// Whether it goes to the warm pool and comes back.
+    pub fn is_warm_pool_return(&self) -> bool {
+        matches!(self, Self::WarmPoolReturn { .. })
     }
 
     /// Whether the instance refresh replaces it (its node may carry the refresh's marks).
@@ -254,7 +262,9 @@ fn fate(rng: &mut StdRng) -> Fate {
             replaced: rng.random_bool(0.6),
             rebalanced: rng.random_bool(0.3),
         },
-        8 => Fate::WarmPoolReturn,
+        8 => Fate::WarmPoolReturn {
+            launch_lost: rng.random_bool(0.3),
+        },
         9 => Fate::Unhealthy,
         _ => Fate::Stays,
     }
@@ -312,7 +322,7 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
     let later = t + rng.random_range(1..10u32);
     let mut steps = match &member.fate {
         Fate::Stays => vec![],
-        Fate::ScaleIn | Fate::WarmPoolReturn => vec![
+        Fate::ScaleIn | Fate::WarmPoolReturn { .. } => vec![
             (t, Step::Truth(T::Terminating(id.clone()))),
             (t, Step::Deliver(D::Lifecycle(id.clone()))),
         ],
