@@ -281,7 +281,7 @@ fn for_checkpoint(
         return came_back(checkpoint, notice, marks, facts, policy, now);
     }
     if notice.cordon_only {
-        rebalance_cordon(checkpoint, marks, facts, now)
+        rebalance_cordon(checkpoint, notice, marks, facts, policy, now)
     } else {
         abandoned_notice_drain(checkpoint, notice, facts, policy, now)
     }
@@ -438,23 +438,27 @@ fn spot_interruption(marks: &NodeMarks, facts: &AwsFacts, now: Timestamp) -> Opt
     })
 }
 
-/// A rebalance cordon past its time is undone unless the instance is leaving, or an
-/// instance refresh still running has marked the node too (the refresh's end, or its
-/// drain, decides then).
+/// A rebalance cordon is undone when its recommendation no longer stands (the one rule for
+/// rebalance records, cordon or drain: [`reason_stands`]), unless an instance refresh still
+/// running has marked the node too (the refresh's end, or its drain, decides then).
 fn rebalance_cordon(
     checkpoint: &DrainCheckpoint,
+    notice: &InstanceNotice,
     marks: &NodeMarks,
     facts: &AwsFacts,
+    policy: &Policy,
     now: Timestamp,
 ) -> Option<Action> {
-    if now < checkpoint.deadline {
-        return None;
-    }
     let unchecked = |why| {
         Some(Action::Unchecked {
             mark: "rebalance-cordon",
             why,
         })
+    };
+    let why = match reason_stands(notice, facts, policy, now) {
+        Err(why) => return unchecked(why),
+        Ok(Ok(())) => return None,
+        Ok(Err(why)) => why,
     };
     // A refresh that only marked the node outdated did not cordon it: the rebalance cordon
     // is the only reason it is cordoned.
@@ -465,14 +469,10 @@ fn rebalance_cordon(
             Ok(_) => {}
         }
     }
-    match leaving(facts) {
-        Err(why) => unchecked(why),
-        Ok(true) => None,
-        Ok(false) => Some(Action::UndoDrainRecord {
-            record: Box::new(checkpoint.clone()),
-            why: "no termination followed the rebalance recommendation".to_owned(),
-        }),
-    }
+    Some(Action::UndoDrainRecord {
+        record: Box::new(checkpoint.clone()),
+        why,
+    })
 }
 
 /// Whether the instance is on its way out: EC2 does not know it, it is not running, or its
