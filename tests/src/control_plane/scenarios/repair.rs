@@ -83,9 +83,10 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         format!("after {took:?}: {answer}"),
     );
     let pods = nginx_pods(&admin).await;
+    let on_dead_node: Vec<_> = pods.iter().filter(|p| p.node == w.node).collect();
     played.expect(
-        "its pods evicted and left Terminating (nothing else removes a dead kubelet's pods)",
-        pods.iter().any(|p| p.node == w.node && p.terminating),
+        "every one of its pods evicted and left Terminating (nothing else removes a dead kubelet's pods)",
+        !on_dead_node.is_empty() && on_dead_node.iter().all(|p| p.terminating),
         format!("{pods:#?}"),
     );
     Ok(played)
