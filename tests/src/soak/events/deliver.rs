@@ -605,13 +605,12 @@ impl Player<'_> {
                 self.starts.insert(instance.clone(), starts);
                 w.instances
                     .notices
-                    .set_schedule(instance, vec![retirement(starts, "")]);
+                    .set_schedule(instance, self.schedule_of(instance, starts, ""));
             }
             Truth::Cancelled(id) => {
                 if let Some(starts) = self.starts.get(id) {
-                    w.instances
-                        .notices
-                        .set_schedule(id, vec![retirement(*starts, "[Canceled] ")]);
+                    let schedule = self.schedule_of(id, *starts, "[Canceled] ");
+                    w.instances.notices.set_schedule(id, schedule);
                 }
             }
             Truth::RefreshRuns => {
@@ -625,6 +624,32 @@ impl Player<'_> {
                 w.set_refresh(status, self.refresh_started.unwrap_or_else(now_second));
             }
         }
+    }
+
+    /// EC2's schedule for `instance`: its retirement at `starts` (`prefix` `[Canceled] ` once
+    /// cancelled) and, for a member with `another`, an unrelated reboot ten days after it
+    /// that stays pending.
+    fn schedule_of(
+        &self,
+        instance: &str,
+        starts: Timestamp,
+        prefix: &str,
+    ) -> Vec<ScheduledInstanceEvent> {
+        let mut events = vec![retirement(starts, prefix)];
+        let another = self
+            .world
+            .member(instance)
+            .is_some_and(|m| matches!(m.fate, Fate::Maintenance { another: true, .. }));
+        if another {
+            let later = Timestamp::from_second(starts.as_second() + 10 * 86_400).unwrap_or(starts);
+            events.push(ScheduledInstanceEvent {
+                id: Some(format!("instance-event-{}", &instance[2..])),
+                code: "instance-reboot".into(),
+                not_before: Some(later),
+                description: "The instance is scheduled for a reboot".into(),
+            });
+        }
+        events
     }
 
     fn set_state(&self, id: &str, state: &str) {

@@ -24,8 +24,14 @@ pub enum Fate {
     RebalancedThenInterrupted,
     /// Stopped; started again later or not.
     Stopped { started_again: bool },
-    /// A scheduled maintenance (`soon`: within the drain margin), cancelled later or not.
-    Maintenance { soon: bool, cancelled: bool },
+    /// A scheduled maintenance (`soon`: within the drain margin), cancelled later or not;
+    /// `another`: EC2 also lists an unrelated event of another code ten days ahead, which
+    /// neither keeps this one's drain nor is ended by this one's end.
+    Maintenance {
+        soon: bool,
+        cancelled: bool,
+        another: bool,
+    },
     /// Outdated when an instance refresh of its group runs (marked by the instance refresh
     /// function); the refresh ends or still runs at the end; `replaced`: the refresh launches
     /// its replacement and then terminates it (a terminating lifecycle action);
@@ -256,6 +262,7 @@ fn fate(rng: &mut StdRng) -> Fate {
         6 => Fate::Maintenance {
             soon: rng.random_bool(0.5),
             cancelled: rng.random_bool(0.4),
+            another: rng.random_bool(0.4),
         },
         7 => Fate::Refreshed {
             ended: rng.random_bool(0.6),
@@ -352,7 +359,9 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
             }
             s
         }
-        Fate::Maintenance { soon, cancelled } => {
+        Fate::Maintenance {
+            soon, cancelled, ..
+        } => {
             let mut s = vec![
                 (
                     t,
@@ -448,10 +457,13 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
                 }
             )
         });
-        let (status, detail) = match rng.random_range(0..3u32) {
+        let (status, detail) = match rng.random_range(0..4u32) {
             0 if every_one => ("Successful", "Succeeded"),
             0 | 1 => ("Cancelled", "Cancelled"),
-            _ => ("Failed", "Failed"),
+            2 => ("Failed", "Failed"),
+            // A rollback: Auto Scaling keeps the outdated instances (the soak does not model
+            // its replacing the new ones), so their marks lose their reason at its start.
+            _ => ("RollbackInProgress", "Rollback Started"),
         };
         let end = last + rng.random_range(1..8u32);
         // Sometimes the event runs ahead of `DescribeInstanceRefreshes`: Auto Scaling reports
@@ -459,6 +471,14 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
         let reported = end + u32::from(rng.random_bool(0.3));
         steps.push((reported, Step::Truth(Truth::RefreshOver(status))));
         steps.push((end, Step::Deliver(Delivery::RefreshEnd(detail))));
+        if status == "RollbackInProgress" && rng.random_bool(0.5) {
+            let over = reported + rng.random_range(1..4u32);
+            steps.push((over, Step::Truth(Truth::RefreshOver("RollbackSuccessful"))));
+            steps.push((
+                over,
+                Step::Deliver(Delivery::RefreshEnd("Rollback Succeeded")),
+            ));
+        }
     }
     steps
 }
