@@ -25,21 +25,38 @@
 # k8s.io/kubernetes and replaces each staging module with its published v0.36.3, and its go.sum
 # pins every module. Go 1.26 is required (a Go 1.27 build served a broken /openapi/v2).
 #
-# The binaries go to a cache outside the clone, keyed by the version and go.sum's hash:
+# The binaries go to a cache outside the clone, keyed by what decides their bytes: the version,
+# go.mod and go.sum, the Go toolchain and the build flags:
 #   ${ONM_CONTROL_PLANE_CACHE:-$HOME/.cache/open-node-manager/control-plane}/<key>/bin
-# Tests find them there (or in ONM_CONTROL_PLANE_BIN). kube-apiserver takes ~8 minutes and
-# ~2 GB of memory on 2 cores; each other binary about a minute more.
+# Tests ask this script for that folder (`bin-dir`, so the key has one home) or use
+# ONM_CONTROL_PLANE_BIN; they check each binary's version against the pin and print its
+# SHA-256 (also written here, to `SHA256SUMS`, when it is built). kubectl is built from the same
+# module, for the comparisons with `kubectl drain`. kube-apiserver takes ~8 minutes and ~2 GB of
+# memory on 2 cores; each other binary about a minute more.
 set -euo pipefail
 
 KUBERNETES_VERSION=v1.36.3
 REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODULE_DIR="$REPO_ROOT/tests/control-plane"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+VERSION_PKG=k8s.io/component-base/version
+
+# The linker flags: the version the binaries report (`--version`, `/version`).
+ldflags() {
+    local minor=${KUBERNETES_VERSION#v1.}
+    minor=${minor%%.*}
+    echo "-s -w -X $VERSION_PKG.gitVersion=$KUBERNETES_VERSION -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=$minor -X $VERSION_PKG.gitTreeState=clean"
+}
+
+# Everything else handed to `go build`.
+BUILD_FLAGS="-p 2 -trimpath -buildvcs=false"
+BUILD_ENV="CGO_ENABLED=0 GOFLAGS=-mod=readonly"
 
 cache_key() {
-    # The hash of go.mod then go.sum, byte for byte (the test kit computes the same key).
+    # go.mod and go.sum byte for byte, then the toolchain and the flags.
     local sum
-    sum=$(cat "$MODULE_DIR/go.mod" "$MODULE_DIR/go.sum" | sha256sum | cut -c1-12)
+    sum=$( (cat "$MODULE_DIR/go.mod" "$MODULE_DIR/go.sum"; go env GOVERSION; echo "$BUILD_ENV $BUILD_FLAGS $(ldflags)") \
+        | sha256sum | cut -c1-12)
     echo "$KUBERNETES_VERSION-$sum"
 }
 
@@ -74,11 +91,6 @@ build() {
     out=$(bin_dir)
     mkdir -p "$out"
     require_go_1_26
-    local minor=${KUBERNETES_VERSION#v1.}
-    minor=${minor%%.*}
-    local version_pkg=k8s.io/component-base/version
-    local ldflags="-s -w -X $version_pkg.gitVersion=$KUBERNETES_VERSION -X $version_pkg.gitMajor=1"
-    ldflags+=" -X $version_pkg.gitMinor=$minor -X $version_pkg.gitTreeState=clean"
     for binary in "${BINARIES[@]}"; do
         if [[ -x "$out/$binary" ]]; then
             echo "control-plane: $binary is built ($out)"
@@ -86,12 +98,14 @@ build() {
         fi
         echo "control-plane: building $binary $KUBERNETES_VERSION into $out"
         local started=$SECONDS
-        (cd "$MODULE_DIR" && CGO_ENABLED=0 GOFLAGS=-mod=readonly GOMAXPROCS=${GOMAXPROCS:-2} \
-            nice -n 10 go build -p 2 -trimpath -buildvcs=false -ldflags "$ldflags" -o "$out/$binary.partial" \
+        # shellcheck disable=SC2086 # the flags are words on purpose
+        (cd "$MODULE_DIR" && env $BUILD_ENV GOMAXPROCS=${GOMAXPROCS:-2} \
+            nice -n 10 go build $BUILD_FLAGS -ldflags "$(ldflags)" -o "$out/$binary.partial" \
             "$(package_of "$binary")")
         mv "$out/$binary.partial" "$out/$binary"
         echo "control-plane: built $binary in $((SECONDS - started)) s"
     done
+    (cd "$out" && sha256sum "${BINARIES[@]}" > SHA256SUMS && cat SHA256SUMS)
 }
 
 free_port() {

@@ -21,7 +21,7 @@ use node_manager_testkit::control_plane::scenarios::identity::{eks_token, status
 use node_manager_testkit::control_plane::scenarios::nginx::{OTHER_NODE, REPLICAS};
 use node_manager_testkit::control_plane::scenarios::{RealScenario, play_as_test};
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
-use node_manager_testkit::control_plane::{KUBERNETES_VERSION, binaries_or_skip};
+use node_manager_testkit::control_plane::{KUBERNETES_VERSION, binaries_or_skip, provenance_of};
 use node_manager_testkit::e2e::{CLUSTER, GROUP, Target};
 use node_manager_testkit::fixtures::{self, Workload};
 use node_manager_testkit::soak::corpus::repository_root;
@@ -40,6 +40,52 @@ fn the_test_kit_and_the_build_script_pin_the_same_kubernetes_version() {
     let module =
         std::fs::read_to_string(repository_root().join("tests/control-plane/go.mod")).unwrap();
     assert!(module.contains(&format!("k8s.io/kubernetes {KUBERNETES_VERSION}")));
+}
+
+/// The provenance check refuses a binary that is not the pinned one (planted: a folder of
+/// stand-ins, one reporting another Kubernetes release), and names it; it needs no plane.
+#[test]
+fn a_control_plane_binary_of_another_release_is_refused() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("onm-provenance-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = std::fs::read_to_string(repository_root().join("tests/control-plane/go.mod"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("go.etcd.io/etcd/server/v3 v")
+                .map(|v| v.split_whitespace().next().unwrap_or_default().to_owned())
+        })
+        .unwrap();
+    let write = |name: &str, says: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\necho '{says}'\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write("etcd", &format!("etcd Version: {etcd}"));
+    write(
+        "kube-apiserver",
+        &format!("Kubernetes {KUBERNETES_VERSION}"),
+    );
+    write(
+        "kube-controller-manager",
+        &format!("Kubernetes {KUBERNETES_VERSION}"),
+    );
+    write("kube-scheduler", "Kubernetes v1.35.0");
+    write("kubectl", &format!("Client Version: {KUBERNETES_VERSION}"));
+    let refused = provenance_of(&dir).unwrap_err();
+    assert!(refused.contains("kube-scheduler reports"), "{refused}");
+    write(
+        "kube-scheduler",
+        &format!("Kubernetes {KUBERNETES_VERSION}"),
+    );
+    write("kubectl", "Client Version: v1.32.4");
+    let refused = provenance_of(&dir).unwrap_err();
+    assert!(refused.contains("kubectl reports"), "{refused}");
+    write("kubectl", &format!("Client Version: {KUBERNETES_VERSION}"));
+    assert_eq!(provenance_of(&dir), Ok(()));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// The drain (`control_plane::scenarios::drain`): label and cordon before the evictions,

@@ -189,11 +189,12 @@ async fn drain_with_the_hook(w: &RealFunctionWorld, instance: &str) -> Figure {
     }
 }
 
-/// `kubectl drain` of `node`, as the admin.
-async fn drain_with_kubectl(w: &RealFunctionWorld, node: &str) -> Figure {
+/// `kubectl drain` of `node`, as the admin, with the kubectl built from the plane's own module
+/// (`bin`): the same version as the API server.
+async fn drain_with_kubectl(w: &RealFunctionWorld, bin: &std::path::Path, node: &str) -> Figure {
     let from = w.plane.audit().len();
     let started = Instant::now();
-    let output = tokio::process::Command::new("kubectl")
+    let output = tokio::process::Command::new(bin.join("kubectl"))
         .env("KUBECONFIG", w.plane.admin_kubeconfig())
         .args([
             "drain",
@@ -268,7 +269,7 @@ async fn the_110_pod_drain_against_kubectl_drain_on_the_real_plane() {
             budgets,
         )
         .await;
-        let kubectl = drain_with_kubectl(&w, &nodes[theirs]).await;
+        let kubectl = drain_with_kubectl(&w, &bin, &nodes[theirs]).await;
         println!(
             "{PODS} pods, PDBs: {budgets}: terminating hook {:?}, {} requests ({} refused); kubectl drain {:?}, {} requests ({} refused); kubectl / ours {:.1}x",
             hook.took,

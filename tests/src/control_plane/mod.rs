@@ -48,6 +48,15 @@ pub const BINARIES: [&str; 4] = [
     "kube-controller-manager",
     "kube-scheduler",
 ];
+/// Every binary the build script builds: the plane's, and kubectl from the same module (for
+/// the comparisons with `kubectl drain`, within the supported version skew).
+pub const BUILT: [&str; 5] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+];
 /// How long the whole plane may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(45);
 
@@ -88,36 +97,103 @@ impl ControlPlaneError {
     }
 }
 
-/// The folder the binaries are read from: [`BIN_VARIABLE`], else the script's cache folder
-/// for this version and this build module (`<cache>/<version>-<hash of go.mod, go.sum>/bin`).
+/// The folder the binaries are read from: [`BIN_VARIABLE`], else the one the build script
+/// names (`scripts/control-plane.sh bin-dir`: its cache key covers the version, the build
+/// module, the Go toolchain and the flags, and has its home there). Asked once per process;
+/// a script that cannot answer (no Go on PATH) leaves a folder that holds nothing.
 pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os(BIN_VARIABLE) {
         return PathBuf::from(dir);
     }
-    let cache = std::env::var_os(CACHE_VARIABLE)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/open-node-manager/control-plane")
-        });
-    cache.join(cache_key()).join("bin")
+    static FROM_SCRIPT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    FROM_SCRIPT
+        .get_or_init(|| {
+            let script = crate::soak::corpus::repository_root().join("scripts/control-plane.sh");
+            Command::new("bash")
+                .arg(&script)
+                .arg("bin-dir")
+                .output()
+                .ok()
+                .filter(|out| out.status.success())
+                .map(|out| PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+                .unwrap_or_else(|| PathBuf::from("/nonexistent/control-plane-bin-dir-unknown"))
+        })
+        .clone()
 }
 
-/// `<version>-<first 12 hex digits of sha256(go.mod ++ go.sum)>`, as the script computes it.
-fn cache_key() -> String {
-    let module = crate::soak::corpus::repository_root().join("tests/control-plane");
-    let mut hasher = sha2::Sha256::new();
-    for file in ["go.mod", "go.sum"] {
-        hasher.update(std::fs::read(module.join(file)).unwrap_or_default());
+/// What the binaries in `dir` are, checked once per process against the pins: each
+/// Kubernetes binary reports [`KUBERNETES_VERSION`] (`--version`), etcd the version the build
+/// module requires; the SHA-256 of each is printed with the test output. `Err` says which
+/// binary is not what the tests were written against.
+pub fn check_provenance(dir: &Path) -> Result<(), ControlPlaneError> {
+    static CHECKED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    CHECKED
+        .get_or_init(|| provenance_of(dir))
+        .clone()
+        .map_err(|detail| ControlPlaneError::Setup {
+            what: format!("checking the binaries in {}", dir.display()),
+            detail,
+        })
+}
+
+/// [`check_provenance`] for `dir`, not remembered: `Err` names the first binary that is not
+/// the pinned one.
+pub fn provenance_of(dir: &Path) -> Result<(), String> {
+    let etcd_pin = etcd_version_required()?;
+    for binary in BUILT {
+        let path = dir.join(binary);
+        let mut args = vec!["--version"];
+        if binary == "kubectl" {
+            args = vec!["version", "--client"];
+        }
+        let output = Command::new(&path)
+            .args(&args)
+            .output()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let reported = String::from_utf8_lossy(&output.stdout);
+        let expected = match binary {
+            "etcd" => format!("etcd Version: {etcd_pin}"),
+            "kubectl" => format!("Client Version: {KUBERNETES_VERSION}"),
+            _ => format!("Kubernetes {KUBERNETES_VERSION}"),
+        };
+        if !reported.lines().any(|l| l.trim() == expected) {
+            return Err(format!(
+                "{binary} reports {:?}, expected {expected:?}: rebuild with `scripts/control-plane.sh build`",
+                reported.trim()
+            ));
+        }
+        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        println!(
+            "control plane binary {binary} ({}): sha256 {}",
+            expected,
+            hex::encode(sha2::Sha256::digest(&bytes))
+        );
     }
-    let digest = hex::encode(hasher.finalize());
-    format!("{KUBERNETES_VERSION}-{}", &digest[..12])
+    Ok(())
+}
+
+/// The etcd release the build module requires (`go.etcd.io/etcd/server/v3 vX.Y.Z` in its
+/// go.mod): the one pin for etcd.
+fn etcd_version_required() -> Result<String, String> {
+    let go_mod = crate::soak::corpus::repository_root().join("tests/control-plane/go.mod");
+    let text =
+        std::fs::read_to_string(&go_mod).map_err(|e| format!("{}: {e}", go_mod.display()))?;
+    text.lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next() == Some("go.etcd.io/etcd/server/v3"))
+                .then(|| words.next())
+                .flatten()
+                .and_then(|v| v.strip_prefix('v'))
+                .map(str::to_owned)
+        })
+        .ok_or_else(|| format!("{} requires no go.etcd.io/etcd/server/v3", go_mod.display()))
 }
 
 /// The binaries' folder when every binary is there.
 pub fn built_binaries() -> Result<PathBuf, ControlPlaneError> {
     let dir = bin_dir();
-    match BINARIES.iter().map(|b| dir.join(b)).find(|p| !p.is_file()) {
+    match BUILT.iter().map(|b| dir.join(b)).find(|p| !p.is_file()) {
         Some(missing) => Err(ControlPlaneError::NotBuilt(missing)),
         None => Ok(dir),
     }
@@ -214,6 +290,7 @@ impl RealControlPlane {
         webhook: WebhookSettings,
         apiserver_flags: &[String],
     ) -> Result<RealControlPlane, ControlPlaneError> {
+        check_provenance(bin)?;
         let started = Instant::now();
         let dir = std::env::temp_dir().join(format!(
             "onm-control-plane-{}-{}",
@@ -252,6 +329,7 @@ impl RealControlPlane {
         apiserver_args.extend_from_slice(apiserver_flags);
         plane.spawn(bin, "kube-apiserver", &apiserver_args)?;
         plane.wait_ready(&admin_client, started).await?;
+        check_served_version(&admin_client).await?;
         plane.spawn(
             bin,
             "kube-controller-manager",
@@ -655,6 +733,24 @@ async fn client_config(
     .map_err(|e| setup("kubeconfig", e))?;
     config.default_retry = false;
     Ok(config)
+}
+
+/// `GET /version` must report [`KUBERNETES_VERSION`]: the plane under test is the pinned one.
+async fn check_served_version(client: &kube::Client) -> Result<(), ControlPlaneError> {
+    let info = client
+        .apiserver_version()
+        .await
+        .map_err(|e| setup("GET /version", e))?;
+    if info.git_version != KUBERNETES_VERSION {
+        return Err(setup(
+            "GET /version",
+            format!(
+                "kube-apiserver serves {}, the pin is {KUBERNETES_VERSION}",
+                info.git_version
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `GET /readyz`: `Err` says why it is not ready (yet).
