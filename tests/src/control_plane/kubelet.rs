@@ -1,8 +1,10 @@
 //! The kubelets of a real control plane, played by the test kit: nodes registered Ready with
 //! room for pods, their Leases heartbeated, pods bound to them (by kube-scheduler) made
-//! Running and Ready through `pods/status`, graceful deletions finished with grace 0 (on
-//! a real cluster nothing else removes an evicted pod: it stays `Terminating` until its
-//! kubelet deletes it), and the images a node pulled listed in its `status.images` (which
+//! Running and Ready through `pods/status`, graceful deletions finished with grace 0 once the
+//! deletion's grace period (the eviction's, or the pod's own) has passed (on a real cluster
+//! nothing else removes an evicted pod: it stays `Terminating` until its kubelet deletes it,
+//! after its containers stopped, at the latest at the end of that period; these containers
+//! take all of it, the slowest a drain meets), and the images a node pulled listed in its `status.images` (which
 //! kube-scheduler's ImageLocality score reads).
 
 use std::collections::BTreeSet;
@@ -276,7 +278,12 @@ async fn serve_pod(client: &kube::Client, pod: &Pod) -> Result<(), kube::Error> 
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let name = pod.metadata.name.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    if pod.metadata.deletion_timestamp.is_some() {
+    if let Some(deleted_at) = &pod.metadata.deletion_timestamp {
+        // The API server sets the deletion timestamp to the request's time plus its grace
+        // period: until then the containers are still stopping.
+        if jiff::Timestamp::now() < deleted_at.0 {
+            return Ok(());
+        }
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {

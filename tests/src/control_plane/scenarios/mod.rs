@@ -252,11 +252,17 @@ pub async fn response(
     function: &RunningFunction,
     event: &Value,
 ) -> Result<Value, ControlPlaneError> {
-    match function
-        .runtime
-        .invoke(event, RunningFunction::INVOKE_TIMEOUT)
-        .await
-    {
+    response_within(function, event, RunningFunction::INVOKE_TIMEOUT).await
+}
+
+/// [`response`] with the function's timeout `timeout` (a drain that waits out real grace
+/// periods needs the template's, not a test's).
+pub async fn response_within(
+    function: &RunningFunction,
+    event: &Value,
+    timeout: Duration,
+) -> Result<Value, ControlPlaneError> {
+    match function.runtime.invoke(event, timeout).await {
         Ok(InvocationOutcome::Response(value)) => Ok(value),
         other => Err(ControlPlaneError::setup(
             function.target.function_name(),

@@ -1,13 +1,15 @@
 //! A Spot interruption: the warning (two minutes ahead) drains the node within its two
-//! minutes, the pods' 300 s grace periods cut to fit; the terminating hook's notification
-//! that follows does not drain again and completes the lifecycle action once.
+//! minutes on the wall clock, the pods' 300 s grace periods cut to fit and honoured by the
+//! kubelets (each pod stays `Terminating` until its cut grace period has passed); the
+//! terminating hook's notification that follows does not drain again and completes the
+//! lifecycle action once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::nginx::{AvailabilityWatch, seed_nginx};
-use super::{Played, QUICK_DRAIN, next_notification, response};
+use super::{Played, QUICK_DRAIN, next_notification, response, response_within};
 use crate::aws::SpotInterruptionAction;
 use crate::control_plane::ControlPlaneError;
 use crate::control_plane::workload::accepted_evictions;
@@ -17,6 +19,8 @@ use crate::kube::AuditEvent;
 
 /// The pods' grace period, longer than the warning leaves.
 const GRACE_SECONDS: i64 = 300;
+/// The terminating hook's timeout in the template.
+const FUNCTION_TIMEOUT: Duration = Duration::from_secs(900);
 
 pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
     let w = RealFunctionWorld::builder()
@@ -48,11 +52,19 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
     let notification = next_notification(&mut topic).await?;
     let hook = w.function(Target::TerminatingHook);
     played.line(format!("Spot interruption warning for {}", w.instance));
-    let answer = response(hook, &interruption.warning).await?;
+    let warned = Instant::now();
+    // The template's timeout for the function: the drain waits out the cut grace periods.
+    let answer = response_within(hook, &interruption.warning, FUNCTION_TIMEOUT).await?;
+    let took = warned.elapsed();
     played.expect(
         "the warning drained the node",
         answer["instances"][0]["outcome"] == "Drained",
         &answer,
+    );
+    played.expect(
+        "within the warning's two minutes on the wall clock",
+        took < Duration::from_secs(120),
+        format!("{took:?}"),
     );
     played.line("the terminating hook's notification");
     let answer = response(hook, &notification).await?;
