@@ -237,8 +237,36 @@ async fn the_same_drain_on_the_fake_api_server_for_comparison() {
         .response_to(&event)
         .await;
     let took = started.elapsed();
-    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    // Completed after a drain that emptied the node (not at its deadline), each replica
+    // evicted once.
+    let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
+    assert!(
+        summary.starts_with("completed CONTINUE (Drained,"),
+        "{answer}"
+    );
     assert_eq!(w.aws.autoscaling().completions().len(), 1);
+    let left = store
+        .list::<Pod>()
+        .iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&node))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| p.metadata.namespace.as_deref() == Some("default"))
+        .count();
+    assert_eq!(left, 0, "pods left on the drained node");
+    let accepted: Vec<String> = w
+        .server
+        .audit()
+        .subresource_requests("pods", "eviction")
+        .iter()
+        .filter(|e| e.code() == 201)
+        .map(|e| e.name().to_owned())
+        .collect();
+    let once: std::collections::BTreeSet<&String> = accepted.iter().collect();
+    assert_eq!(
+        (accepted.len(), once.len()),
+        (REPLICAS, REPLICAS),
+        "{accepted:?}"
+    );
     let requests = w.server.audit().by_user("terminating-hook");
     let rejected = requests
         .iter()
