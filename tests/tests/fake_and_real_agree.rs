@@ -642,6 +642,77 @@ async fn fake_a_node_takes_only_what_fits() {
     check_a_node_takes_only_what_fits(&fake_cluster(&w).await).await;
 }
 
+// --- (8) List pages -------------------------------------------------------------------------
+
+/// Paged lists as the code reads them (the refresh function's pods, the reconciler's nodes):
+/// five Roles `page-1`..`page-5` in a namespace of their own (nothing else creates Roles
+/// there, as the controllers do ConfigMaps and ServiceAccounts), `paging=yes` on 1, 2 and 4.
+/// - No selector, `limit=2`: two items, a continue token, `remainingItemCount` 3.
+/// - `paging=yes`, `limit=2`: `page-1`, `page-2` and a token, no `remainingItemCount` (the
+///   server would have to read every key to count matches); the next page `page-4` and no
+///   token (the keys after it do not match, and the page is not full).
+async fn check_list_pages(cluster: &Cluster<'_>) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(cluster.admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "paging"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> =
+        Api::namespaced(cluster.admin.clone(), "paging");
+    for (i, selected) in [(1, "yes"), (2, "yes"), (3, "no"), (4, "yes"), (5, "no")] {
+        let role = serde_json::from_value(json!({
+            "metadata": {"name": format!("page-{i}"), "labels": {"paging": selected}},
+            "rules": [],
+        }))
+        .unwrap();
+        roles.create(&PostParams::default(), &role).await.unwrap();
+    }
+    let names = |list: &kube::core::ObjectList<k8s_openapi::api::rbac::v1::Role>| {
+        list.items
+            .iter()
+            .filter_map(|s| s.metadata.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let all = roles.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(names(&all), ["page-1", "page-2"], "{}", cluster.name);
+    assert!(all.metadata.continue_.is_some(), "{}", cluster.name);
+    assert_eq!(
+        all.metadata.remaining_item_count,
+        Some(3),
+        "{}",
+        cluster.name
+    );
+    let selected = ListParams::default().labels("paging=yes").limit(2);
+    let first = roles.list(&selected).await.unwrap();
+    assert_eq!(names(&first), ["page-1", "page-2"], "{}", cluster.name);
+    assert_eq!(
+        first.metadata.remaining_item_count, None,
+        "{}",
+        cluster.name
+    );
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    let second = roles
+        .list(&selected.clone().continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(names(&second), ["page-4"], "{}", cluster.name);
+    assert_eq!(
+        second.metadata.continue_.filter(|t| !t.is_empty()),
+        None,
+        "{}",
+        cluster.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_list_pages_as_kube_apiserver_does() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_list_pages(&fake_cluster(&w).await).await;
+}
+
 // --- All of them on the real control plane --------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -660,6 +731,7 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     check_session_templates_resolve(&cluster).await;
     check_a_watch_is_one_request(&cluster).await;
     check_pods_need_their_service_account(&cluster).await;
+    check_list_pages(&cluster).await;
     let lagged = check_budget_status_lags(&cluster).await;
     // Last: they cordon every node the other checks use.
     check_placement_weighs_image_against_spread(&cluster).await;
