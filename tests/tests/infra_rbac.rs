@@ -247,6 +247,10 @@ fn the_terminating_hook_gets_exactly_what_it_uses() {
             grant("*", "policy", "poddisruptionbudgets", &["list"], &[]),
             // PDB-paced drains: retry when the refusing budget allows (issue #20).
             grant("*", "policy", "poddisruptionbudgets", &["watch"], &[]),
+            // The wait for the node's volumes (issue #45): a list, no watch; the claims of
+            // the pods that stay.
+            grant("*", "storage.k8s.io", "volumeattachments", &["list"], &[]),
+            grant("*", "", "persistentvolumeclaims", &["get"], &[]),
             grant("*", "events.k8s.io", "events", &["create", "patch"], &[]),
         ],
     );

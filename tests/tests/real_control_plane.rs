@@ -278,6 +278,17 @@ async fn the_same_drain_on_the_fake_api_server_for_comparison() {
     );
 }
 
+/// The wait for volumes (`control_plane::scenarios::volumes`): the action is completed once
+/// the drained pods' volumes are detached, not waiting for the volume of a pod that stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waits_for_its_pods_volumes_to_detach_on_a_real_cluster() {
+    play_as_test(
+        "a_drain_waits_for_its_pods_volumes_to_detach_on_a_real_cluster",
+        RealScenario::Volumes,
+    )
+    .await;
+}
+
 /// A Spot interruption (`control_plane::scenarios::spot`): the warning drains once within
 /// its two minutes, the notification completes the action once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -361,7 +372,7 @@ fn the_sandbox_refuses_an_unknown_real_plane_scenario() {
     let (code, output) = run_sandbox(&["--real-control-plane", "--only", "drain,drian"]);
     assert_eq!(code, Some(2), "{output}");
     assert!(
-        output.contains("unknown scenario `drian`; the scenarios are nodegroup-auth, drain, spot, warm-pool, repair, refresh"),
+        output.contains("unknown scenario `drian`; the scenarios are nodegroup-auth, drain, volumes, spot, warm-pool, repair, refresh"),
         "{output}"
     );
     let (code, output) = run_sandbox(&["--only", "drain"]);

@@ -2,7 +2,7 @@
 //! is split into single grants (one role, API group, resource and verb), and for each one a
 //! manifest without just that grant is loaded into fresh fake API servers and the end-to-end
 //! flows of the functions that hold the role run as those functions' own identities (drain,
-//! forced drain, PDB-paced drain, launch, aws-auth update, aws-auth creation, node repair,
+//! forced drain, PDB-paced drain, drain waiting for volumes, launch, aws-auth update, aws-auth creation, node repair,
 //! in process with the real handlers). At least one of them must break: a 403 in the audit
 //! log AND the flow's effect missing (or the function reporting an error). Another
 //! function's flow never counts, so a verb one function needs cannot excuse the same verb in
@@ -195,6 +195,7 @@ enum Flow {
     Drain,
     ForcedDrain,
     PacedDrain,
+    VolumeDrain,
     Launch,
     AwsAuthUpdate,
     AwsAuthCreation,
@@ -203,10 +204,11 @@ enum Flow {
 }
 
 impl Flow {
-    const ALL: [Flow; 8] = [
+    const ALL: [Flow; 9] = [
         Flow::Drain,
         Flow::ForcedDrain,
         Flow::PacedDrain,
+        Flow::VolumeDrain,
         Flow::Launch,
         Flow::AwsAuthUpdate,
         Flow::AwsAuthCreation,
@@ -217,7 +219,9 @@ impl Flow {
     /// The Kubernetes groups of the identity the flow runs as.
     fn groups(self) -> &'static [&'static str] {
         match self {
-            Flow::Drain | Flow::PacedDrain => &["open-node-manager:terminating-hook"],
+            Flow::Drain | Flow::PacedDrain | Flow::VolumeDrain => {
+                &["open-node-manager:terminating-hook"]
+            }
             Flow::ForcedDrain => &[
                 "open-node-manager:terminating-hook",
                 "open-node-manager:force-delete",
@@ -239,6 +243,7 @@ impl Flow {
             Flow::Drain => drain_flow(documents, false).await,
             Flow::ForcedDrain => drain_flow(documents, true).await,
             Flow::PacedDrain => paced_drain_flow(documents).await,
+            Flow::VolumeDrain => volume_drain_flow(documents).await,
             Flow::Launch => launch_flow(documents).await,
             Flow::AwsAuthUpdate => aws_auth_flow(documents, true).await,
             Flow::AwsAuthCreation => aws_auth_flow(documents, false).await,
@@ -264,14 +269,23 @@ async fn cluster(documents: &[Value]) -> FakeApiServer {
 
 /// [`cluster`] whose scheduled pods are Ready after `pod_start`.
 async fn cluster_with_pod_start(documents: &[Value], pod_start: Duration) -> FakeApiServer {
-    let server = FakeApiServer::builder()
-        .cluster_name(CLUSTER)
-        .simulation(SimulationTimings {
+    cluster_with(
+        documents,
+        SimulationTimings {
             grace_period_scale: 0.002,
             pod_start_delay: pod_start,
             node_ready_after: Duration::ZERO,
             ..SimulationTimings::default()
-        })
+        },
+    )
+    .await
+}
+
+/// [`cluster`] moving at `timings`.
+async fn cluster_with(documents: &[Value], timings: SimulationTimings) -> FakeApiServer {
+    let server = FakeApiServer::builder()
+        .cluster_name(CLUSTER)
+        .simulation(timings)
         .start()
         .await
         .unwrap();
@@ -437,6 +451,100 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
             && cordoned
             && emptied
             && events
+            && autoscaling.completions().len() == 1,
+        forbidden: forbidden(&server, "terminating-hook"),
+    }
+}
+
+/// Drain of a node with a pod whose volume detaches 600 ms after the pod is gone, next to a
+/// DaemonSet pod whose shared volume stays: the action must be completed only once the
+/// drained pod's volume is detached (listing the attachments), and long before the wait's
+/// bound (reading the staying pod's claim to leave its volume out).
+async fn volume_drain_flow(documents: &[Value]) -> FlowResult {
+    let server = cluster_with(
+        documents,
+        SimulationTimings {
+            grace_period_scale: 0.002,
+            pod_start_delay: Duration::from_millis(20),
+            node_ready_after: Duration::ZERO,
+            volume_detach_delay: Duration::from_millis(600),
+            ..SimulationTimings::default()
+        },
+    )
+    .await;
+    let yaml = format!(
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: data, namespace: default}}\nspec: {{volumeName: pv-data}}\n---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: logs, namespace: default}}\nspec: {{volumeName: pv-logs}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: db, namespace: default}}\nspec:\n  nodeName: {NODE}\n  terminationGracePeriodSeconds: 1\n  containers: [{{name: db, image: postgres}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data}}}}]\n---\napiVersion: apps/v1\nkind: DaemonSet\nmetadata: {{name: logs, namespace: default}}\nspec:\n  selector: {{matchLabels: {{app: logs}}}}\n  template:\n    metadata: {{labels: {{app: logs}}}}\n    spec:\n      containers: [{{name: logs, image: fluent-bit}}]\n      volumes: [{{name: logs, persistentVolumeClaim: {{claimName: logs}}}}]\n"
+    );
+    server.store().apply_yaml(&yaml).unwrap();
+    let attached = |s: &node_manager_testkit::kube::Store, volume: &str| {
+        s.list::<k8s_openapi::api::storage::v1::VolumeAttachment>()
+            .iter()
+            .any(|a| {
+                a.spec.node_name == NODE
+                    && a.spec.source.persistent_volume_name.as_deref() == Some(volume)
+            })
+    };
+    server
+        .wait_for("both volumes are attached", Duration::from_secs(5), |s| {
+            attached(s, "pv-data") && attached(s, "pv-logs")
+        })
+        .await
+        .unwrap();
+    let client = client(&server, "terminating-hook", Flow::VolumeDrain.groups()).await;
+    let (autoscaling, action) = fixtures::group_with_pending_action(
+        CLUSTER,
+        GROUP,
+        hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
+        INSTANCE,
+        "5b1d0f4e-2c61-4b0a-9d7e-6f1c2a3b4d5e",
+    );
+    let instances = InMemoryInstances::default();
+    instances.add(INSTANCE, NODE);
+    let settings = DrainSettings::from_source(
+        [
+            ("CLUSTER_NAME", CLUSTER),
+            ("SETTLE_SECONDS", "0"),
+            ("VOLUME_DETACH_SECONDS", "5"),
+            ("DRAIN_TIMEOUT_SECONDS", "2"),
+            ("EVICTION_BACKOFF_SECONDS", "0.05"),
+            ("DRAIN_LEASE_SECONDS", "2"),
+            ("HAND_OVER_MARGIN_SECONDS", "0"),
+        ]
+        .as_slice(),
+    )
+    .unwrap();
+    let drainer = Drainer::new(
+        client,
+        autoscaling.clone(),
+        instances,
+        InMemoryNotifications::default(),
+        settings,
+    );
+    let invocation = Invocation {
+        request_id: "rbac-volumes".into(),
+        function_account: Some("111111111111".into()),
+        budget: InvocationBudget::new(Duration::from_secs(8), Duration::ZERO),
+    };
+    let started = std::time::Instant::now();
+    let result = drainer
+        .handle_invocation(
+            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
+            &invocation,
+        )
+        .await;
+    let took = started.elapsed();
+    let data_detached = !attached(server.store(), "pv-data");
+    if std::env::var("RBAC_DEBUG").is_ok() {
+        println!(
+            "volume drain: {result:?} took={took:?} data_detached={data_detached} completions={:?}",
+            autoscaling.completions()
+        );
+    }
+    FlowResult {
+        name: "drain waiting for volumes",
+        effect: result.is_ok()
+            && data_detached
+            && took < Duration::from_secs(4)
             && autoscaling.completions().len() == 1,
         forbidden: forbidden(&server, "terminating-hook"),
     }

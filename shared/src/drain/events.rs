@@ -43,6 +43,8 @@ pub mod reason {
     pub const LIFECYCLE_ACTION_COMPLETED: &str = "LifecycleActionCompleted";
     /// Pods annotated `karpenter.sh/do-not-disrupt`: never evicted, they hold the drain.
     pub const DO_NOT_DISRUPT: &str = "DoNotDisrupt";
+    /// Volumes still attached to the node when the wait for them reached its bound.
+    pub const VOLUMES_STILL_ATTACHED: &str = "VolumesStillAttached";
 }
 
 /// An Event waiting to be written.

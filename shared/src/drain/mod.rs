@@ -13,7 +13,8 @@
 //!    budget allows ([`budget_watch`]) — and watches them go with one watch — [`node_pods`];
 //! 6. at the deadline, reports the pods and budgets in the way ([`stuck`], [`budgets`]) or
 //!    deletes them ([`force`]), as [`deadline`] decides;
-//! 7. settles, then completes the lifecycle action — [`session`], [`drainer`] (`finish.rs`);
+//! 7. settles and waits for the node's volumes to detach ([`volumes`]), then completes the
+//!    lifecycle action — [`session`], [`drainer`] (`finish.rs`);
 //!    a drain that failed, as `DRAIN_TIMEOUT_RESULT` and the group's instance retention
 //!    say — [`retention`];
 //! 8. before the invocation runs out, hands over to a fresh one
@@ -45,6 +46,7 @@ pub mod report;
 pub mod retention;
 pub mod session;
 pub mod stuck;
+pub mod volumes;
 
 pub use crate::lifecycle::handler::Invocation;
 pub use drainer::{Drainer, FUNCTION_NAME};

@@ -20,6 +20,7 @@ use super::lease::{self, LeaseHolder, Update};
 use super::node_pods::NodePods;
 use super::plan::{DrainPlan, PlanContext, PodKey};
 use super::stuck::StuckPod;
+use super::volumes::VolumeWait;
 use crate::lifecycle::budget::instant_at;
 use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::retry::backoff_delay;
@@ -58,6 +59,8 @@ pub struct SessionSettings {
     pub grace_period_seconds: Option<i64>,
     /// `STUCK_POD_SECONDS`: see [`PlanContext::stuck_after`].
     pub stuck_pod_after: Duration,
+    /// `VOLUME_DETACH_SECONDS`: the bound of the wait for the node's volumes ([`super::volumes`]).
+    pub volume_detach: Duration,
 }
 
 /// One invocation working on one node's drain.
@@ -143,7 +146,8 @@ impl DrainSession<'_> {
             if self.checkpoint.drained_at.is_none() {
                 // The drained time is what a resumed invocation counts the settle period
                 // from; without a settle period there is nothing to resume, so no write on
-                // the way to the completion (which records it).
+                // the way to the completion (which records it); the wait for volumes writes
+                // it when it finds some attached.
                 if !self.settings.settle.is_zero()
                     && let Some(end) = self.mark_drained().await?
                 {
@@ -228,34 +232,43 @@ impl DrainSession<'_> {
         .await
     }
 
-    /// Waits out the settle period, renewing the lease, unless the invocation ends first.
+    /// Waits out the settle period and for the node's volumes to detach (both counted from
+    /// when the node was drained), renewing the lease, unless the invocation ends first.
     pub async fn settle(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
         let drained_at = self.checkpoint.drained_at.unwrap_or_else(Timestamp::now);
-        let mut settled_at = drained_at
-            .checked_add(self.settings.settle)
-            .unwrap_or(Timestamp::MAX);
-        // An instance that stops soon (an instance notice) is not waited for past its end:
-        // the settle is cut to what fits, and the node is reported drained then.
-        if let Some(end) = self.notice_end() {
-            let last_useful = end
-                .checked_sub(super::plan::NOTICE_END_MARGIN)
-                .unwrap_or(end);
-            settled_at = settled_at.min(last_useful.max(drained_at));
-        }
-        let settled_at = instant_at(settled_at);
+        let settled_at = instant_at(self.cut_at_notice_end(drained_at, self.settings.settle));
+        let volumes_bound = self.cut_at_notice_end(drained_at, self.settings.volume_detach);
+        let mut volumes = VolumeWait::until(instant_at(volumes_bound), self.settings.volume_detach);
         if Instant::now() < settled_at {
             tracing::info!(step = "settling", node = %self.node_name, settle_seconds = self.settings.settle.as_secs_f64(), "waiting for load balancers to let go of the node");
         }
         loop {
+            let context = self.plan_context();
+            volumes
+                .check_if_due(self.client, &self.node_name, &context, hand_over_at)
+                .await;
+            // A wait for volumes that a resumed invocation must count from the same time.
+            if volumes.attached()
+                && self.checkpoint.drained_at.is_none()
+                && let Some(end) = self.mark_drained().await?
+            {
+                return Ok(end);
+            }
             let now = Instant::now();
-            if now >= settled_at {
+            if now >= settled_at && !volumes.waiting(now) {
+                self.report_volumes_left(&volumes, now);
                 return Ok(SessionEnd::Settled);
             }
             if now >= hand_over_at {
                 return Ok(SessionEnd::HandOver);
             }
             let renew_at = now + self.renew_interval();
-            let wake = settled_at.min(hand_over_at).min(renew_at);
+            let wake = [Some(hand_over_at), Some(renew_at), volumes.next_wake(now)]
+                .into_iter()
+                .flatten()
+                .chain((settled_at > now).then_some(settled_at))
+                .min()
+                .unwrap_or(renew_at);
             sleep_until(wake).await;
             if wake == renew_at
                 && let Some(end) = self.renew().await
@@ -263,6 +276,40 @@ impl DrainSession<'_> {
                 return Ok(end);
             }
         }
+    }
+
+    /// `drained_at` plus `wait`, cut so that an instance that stops soon (an instance
+    /// notice) is not waited for past its end: the node is reported drained then.
+    fn cut_at_notice_end(&self, drained_at: Timestamp, wait: Duration) -> Timestamp {
+        let until = drained_at.checked_add(wait).unwrap_or(Timestamp::MAX);
+        match self.notice_end() {
+            Some(end) => {
+                let last_useful = end
+                    .checked_sub(super::plan::NOTICE_END_MARGIN)
+                    .unwrap_or(end);
+                until.min(last_useful.max(drained_at))
+            }
+            None => until,
+        }
+    }
+
+    /// Says which volumes were still attached when the wait for them reached its bound.
+    fn report_volumes_left(&self, volumes: &VolumeWait, now: Instant) {
+        let Some(left) = volumes.left_at_bound(now) else {
+            return;
+        };
+        tracing::warn!(step = "volumes_still_attached", node = %self.node_name, volumes = ?left, bound_seconds = self.settings.volume_detach.as_secs_f64(), "volumes are still attached to the node at the bound of the wait; completing anyway");
+        self.events.warning(
+            &self.node_reference(),
+            reason::VOLUMES_STILL_ATTACHED,
+            format!(
+                "{} volume(s) still attached to node {} when the wait for them ended (VOLUME_DETACH_SECONDS {} s from the drain's end): {}; their new pods may wait for the volumes to be released",
+                left.len(),
+                self.node_name,
+                self.settings.volume_detach.as_secs_f64(),
+                left.join(", ")
+            ),
+        );
     }
 
     /// When to renew the lease next: every third of the lease; after failed renewals

@@ -72,6 +72,9 @@ pub struct DrainSettings {
     /// pod being deleted still holds the drain, and how long a node may be NotReady before
     /// its pods being deleted stop holding it (a dead kubelet never confirms a deletion).
     pub stuck_pod_after: Duration,
+    /// `VOLUME_DETACH_SECONDS` (300): how long after the node is empty the drain waits for
+    /// its volumes to detach (no `VolumeAttachment` naming the node); `0` does not wait.
+    pub volume_detach: Duration,
     /// Spot interruptions, rebalance recommendations, scheduled maintenance.
     pub notices: crate::instance_notice::settings::NoticeSettings,
 }
@@ -107,6 +110,7 @@ impl DrainSettings {
             pod_grace_period: optional_seconds(source, "POD_GRACE_PERIOD_SECONDS")?,
             taint: node_taint(source)?,
             stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
+            volume_detach: seconds(source, "VOLUME_DETACH_SECONDS", Duration::from_secs(300))?,
             notices: crate::instance_notice::settings::NoticeSettings::from_source(source)?,
         })
     }
@@ -313,6 +317,7 @@ mod tests {
         assert_eq!(drain.pod_grace_period, None);
         assert_eq!(drain.taint, None);
         assert_eq!(drain.stuck_pod_after, Duration::from_secs(60));
+        assert_eq!(drain.volume_detach, Duration::from_secs(300));
         assert_eq!(drain.lifecycle.hand_over_margin, Duration::from_secs(30));
         assert!(drain.lifecycle.allowed_groups.is_empty());
         let launch = LaunchSettings::from_source(env).unwrap();

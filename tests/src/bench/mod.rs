@@ -17,6 +17,7 @@ pub mod refresh_memory;
 pub mod spot;
 pub mod sweep;
 pub mod timeline;
+pub mod volume_wait;
 
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ pub use pdb_paced::{MassFigures, PacedFigures, mass_scale_in, mass_throttle, pdb
 pub use refresh::{RefreshRow, instance_refresh};
 pub use spot::{SpotFigures, spot_interruption};
 pub use sweep::{SweepRow, sweep_at_scale};
+pub use volume_wait::{VolumeWaitRow, volume_wait};
 
 /// How much to run: `quick` keeps CI fast (it only proves the suite still works), `full`
 /// produces the figures in `BENCHMARKS.md`.

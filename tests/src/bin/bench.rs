@@ -23,7 +23,7 @@ struct Args {
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
     /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls,
-    /// event-soak, sweep, refresh-memory, token.
+    /// event-soak, sweep, refresh-memory, volume-wait, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -98,6 +98,9 @@ async fn main() -> ExitCode {
     }
     if wanted("refresh-memory") {
         report(refresh_memory(mode).await);
+    }
+    if wanted("volume-wait") {
+        report(volume_wait(mode).await);
     }
     if failed {
         ExitCode::FAILURE
@@ -199,6 +202,58 @@ async fn refresh_memory(mode: Mode) -> Result<(), String> {
         Err(format!(
             "the refresh function passed {BOUND_MIB} MiB: {failures:?}"
         ))
+    }
+}
+
+/// The wait for volumes (issue #45 item 2): scale-in of a node with StatefulSet pods and their
+/// volumes, without and with the wait; figures measured and scaled back to a real cluster's
+/// seconds. Fails unless the wait brings the replacements up sooner where nothing else
+/// waits (no settle period).
+async fn volume_wait(mode: Mode) -> Result<(), String> {
+    let rows = bench::volume_wait(mode).await?;
+    let scale = bench::volume_wait::scale(mode);
+    println!(
+        "## Waiting for volumes: scale-in to replacement pods running with their volumes\n\n\
+         3 StatefulSet pods with a ReadWriteOnce volume each on the node; the cluster at {scale} of real time (measured, then / {scale} in a real cluster's seconds)\n"
+    );
+    println!(
+        "| SETTLE_SECONDS | CSI detach | VOLUME_DETACH_SECONDS | action completed after | replacements running after |"
+    );
+    println!("|---|---|---|---|---|");
+    let real = |d: Duration| {
+        format!(
+            "{:.1} s ({:.0} s real)",
+            d.as_secs_f64(),
+            d.as_secs_f64() / scale
+        )
+    };
+    for row in &rows {
+        println!(
+            "| {:.0} | {:.0} s | {:.0} | {} | {} |",
+            row.settle_seconds,
+            row.detach_seconds,
+            row.bound_seconds,
+            real(row.completed_after),
+            row.replacements_running_after
+                .map_or("never".to_owned(), real),
+        );
+    }
+    println!();
+    let unsettled = |bound: f64| {
+        rows.iter()
+            .find(|r| r.settle_seconds == 0.0 && r.bound_seconds == bound)
+            .and_then(|r| r.replacements_running_after)
+    };
+    match (
+        unsettled(0.0),
+        rows.iter()
+            .find(|r| r.settle_seconds == 0.0 && r.bound_seconds > 0.0)
+            .and_then(|r| r.replacements_running_after),
+    ) {
+        (Some(without), Some(with)) if with < without => Ok(()),
+        other => Err(format!(
+            "without a settle period, waiting did not bring the replacements up sooner: {other:?}"
+        )),
     }
 }
 

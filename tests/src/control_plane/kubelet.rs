@@ -5,7 +5,8 @@
 //! nothing else removes an evicted pod: it stays `Terminating` until its kubelet deletes it,
 //! after its containers stopped, at the latest at the end of that period; these containers
 //! take all of it, the slowest a drain meets), and the images a node pulled listed in its `status.images` (which
-//! kube-scheduler's ImageLocality score reads).
+//! kube-scheduler's ImageLocality score reads). The volumes their pods use are attached and
+//! detached by [`super::attacher`].
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -197,6 +198,7 @@ async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
     let pods: Api<Pod> = Api::all(client.clone());
     let mut last_renewal = Instant::now();
     let mut images = NodeImages::default();
+    let mut attacher = super::attacher::Attacher::default();
     loop {
         tokio::time::sleep(POLL).await;
         let served = nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -209,18 +211,19 @@ async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
         let Ok(list) = pods.list(&ListParams::default()).await else {
             continue;
         };
-        for pod in list.items {
+        for pod in &list.items {
             let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
                 continue;
             };
             if !served.contains(&node) {
                 continue;
             }
-            images.pulled(&node, &pod);
+            images.pulled(&node, pod);
             // Errors (a conflict, a pod already gone) are retried on the next round.
-            let _ = serve_pod(&client, &pod).await;
+            let _ = serve_pod(&client, pod).await;
         }
         images.report(&client).await;
+        attacher.round(&client, &list.items, &served).await;
     }
 }
 

@@ -12,6 +12,7 @@
 //! emulation) use `--token-auth-file`. Authorization is `Node,RBAC`. An audit log at level
 //! `Request` records what the code under test did ([`RealControlPlane::audit`]).
 
+pub mod attacher;
 pub mod certs;
 pub mod kubelet;
 pub mod scenarios;
@@ -254,22 +255,40 @@ struct Ports {
 }
 
 impl Ports {
-    /// Free ports, held together while chosen so they differ.
+    /// Free ports, held together while chosen so they differ, below the kernel's ephemeral
+    /// range: a port the kernel picks for `:0` is one it also hands to outgoing connections,
+    /// so between choosing it and etcd binding it, any client (another plane's controllers,
+    /// a function) could take it ("address already in use").
     fn free() -> Result<Self, ControlPlaneError> {
-        let bind = || {
-            std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| ControlPlaneError::Io {
-                what: "choosing a free port".into(),
-                source,
-            })
-        };
-        let held = [bind()?, bind()?, bind()?];
-        let port = |i: usize| held[i].local_addr().map(|a| a.port()).unwrap_or_default();
-        Ok(Self {
-            etcd_client: port(0),
-            etcd_peer: port(1),
-            apiserver: port(2),
+        let below = ephemeral_range_start().clamp(12_000, 65_535);
+        let mut held = Vec::new();
+        for _ in 0..200 {
+            let port = rand::rng().random_range(10_000..below);
+            if let Ok(listener) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                held.push(listener);
+            }
+            if held.len() == 3 {
+                let port = |i: usize| held[i].local_addr().map(|a| a.port()).unwrap_or_default();
+                return Ok(Self {
+                    etcd_client: port(0),
+                    etcd_peer: port(1),
+                    apiserver: port(2),
+                });
+            }
+        }
+        Err(ControlPlaneError::Io {
+            what: format!("choosing free ports between 10000 and {below}"),
+            source: std::io::Error::from(std::io::ErrorKind::AddrInUse),
         })
     }
+}
+
+/// The first port of the kernel's ephemeral range (Linux's default when it cannot be read).
+fn ephemeral_range_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 impl RealControlPlane {

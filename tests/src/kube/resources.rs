@@ -305,6 +305,39 @@ pub static RESOURCES: &[ResourceType] = &[
         REVIEW
     ),
     resource!(
+        "",
+        "v1",
+        "persistentvolumeclaims",
+        "persistentvolumeclaim",
+        "PersistentVolumeClaim",
+        true,
+        &["pvc"],
+        true,
+        "persistentvolumeclaims"
+    ),
+    resource!(
+        "",
+        "v1",
+        "persistentvolumes",
+        "persistentvolume",
+        "PersistentVolume",
+        false,
+        &["pv"],
+        true,
+        "persistentvolumes"
+    ),
+    resource!(
+        "storage.k8s.io",
+        "v1",
+        "volumeattachments",
+        "volumeattachment",
+        "VolumeAttachment",
+        false,
+        &[],
+        true,
+        "volumeattachments.storage.k8s.io"
+    ),
+    resource!(
         "coordination.k8s.io",
         "v1",
         "leases",
@@ -325,6 +358,7 @@ pub static GROUP_VERSIONS: &[(&str, &[&str])] = &[
     ("policy", &["v1"]),
     ("rbac.authorization.k8s.io", &["v1"]),
     ("coordination.k8s.io", &["v1"]),
+    ("storage.k8s.io", &["v1"]),
     ("authentication.k8s.io", &["v1"]),
     ("authorization.k8s.io", &["v1"]),
 ];

@@ -90,6 +90,9 @@ pub struct Timings {
     pub function_timeout_seconds: f64,
     /// The lifecycle hooks' heartbeat timeout, as declared (not scaled).
     pub heartbeat_timeout_seconds: u64,
+    /// A volume no pod on its node uses any more is detached this long after (the CSI
+    /// driver's detach).
+    pub volume_detach_seconds: f64,
 }
 
 impl Default for Timings {
@@ -104,6 +107,7 @@ impl Default for Timings {
             grace_period_scale: 0.02,
             function_timeout_seconds: 60.0,
             heartbeat_timeout_seconds: 300,
+            volume_detach_seconds: 1.0,
         }
     }
 }

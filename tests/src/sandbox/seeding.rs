@@ -241,24 +241,32 @@ impl Sandbox {
                 );
             });
         }));
-        // The cloud node lifecycle controller deletes the Node of a terminated instance on
-        // its next pass, not at once: as long after as a new one takes to register.
+        // A terminated instance's kubelet is gone at once; the cloud node lifecycle controller
+        // deletes its Node on its next pass, not at once: as long after as a new one takes to
+        // register.
         let removal_delay = Duration::from_secs_f64(self.scenario.timings.node_register_seconds);
         autoscaling.on_instance_terminated(Arc::new(move |instance_id: &str| {
             let (store, timeline) = (store.clone(), timeline.clone());
+            let suffix = format!("/{instance_id}");
             let instance_id = instance_id.to_owned();
-            runtime.spawn(async move {
-                tokio::time::sleep(removal_delay).await;
-                let suffix = format!("/{instance_id}");
-                let Some(node) = store.list::<Node>().into_iter().find(|n| {
+            let Some(name) = store
+                .list::<Node>()
+                .into_iter()
+                .find(|n| {
                     n.spec
                         .as_ref()
                         .and_then(|s| s.provider_id.as_deref())
                         .is_some_and(|p| p.ends_with(&suffix))
-                }) else {
-                    return;
-                };
-                let name = node.metadata.name.unwrap_or_default();
+                })
+                .and_then(|n| n.metadata.name)
+            else {
+                return;
+            };
+            if let Err(error) = simulation.kill_kubelet(&name) {
+                tracing::debug!(%error, "the terminated instance's node is gone already");
+            }
+            runtime.spawn(async move {
+                tokio::time::sleep(removal_delay).await;
                 let deleted = store.delete::<Node>("", &name);
                 timeline.record(
                     Source::Note,

@@ -374,6 +374,7 @@ async fn start_api_server(
             node_ready_after: Duration::from_secs_f64(timings.node_ready_seconds),
             grace_period_scale: timings.grace_period_scale,
             prefer_cached_images: scenario.prefer_cached_images,
+            volume_detach_delay: Duration::from_secs_f64(timings.volume_detach_seconds),
             ..SimulationTimings::default()
         })
         .start()

@@ -15,6 +15,7 @@ pub mod nodegroup_auth;
 pub mod refresh;
 pub mod repair;
 pub mod spot;
+pub mod volumes;
 pub mod warm_pool;
 
 use std::fmt::Display;
@@ -39,14 +40,16 @@ pub enum RealScenario {
     WarmPool,
     Repair,
     Refresh,
+    Volumes,
 }
 
 impl RealScenario {
     /// Every scenario, in the order `sandbox --real-control-plane` plays them (a node's life:
-    /// it joins, is drained, interrupted, parked in a warm pool, repaired, replaced).
-    pub const ALL: [Self; 6] = [
+    /// it joins, is drained (its volumes too), interrupted, parked in a warm pool, repaired, replaced).
+    pub const ALL: [Self; 7] = [
         Self::NodegroupAuth,
         Self::Drain,
+        Self::Volumes,
         Self::Spot,
         Self::WarmPool,
         Self::Repair,
@@ -62,6 +65,7 @@ impl RealScenario {
             Self::WarmPool => "warm-pool",
             Self::Repair => "repair",
             Self::Refresh => "refresh",
+            Self::Volumes => "volumes",
         }
     }
 
@@ -82,6 +86,9 @@ impl RealScenario {
             Self::Refresh => {
                 "an instance refresh of 4 nodes, kube-scheduler placing the evicted pods, with and without instance-refresh"
             }
+            Self::Volumes => {
+                "a drain completes once its pods' volumes are detached, not waiting for a DaemonSet's"
+            }
         }
     }
 
@@ -94,6 +101,7 @@ impl RealScenario {
             Self::WarmPool => warm_pool::play(bin).await,
             Self::Repair => repair::play(bin).await,
             Self::Refresh => refresh::play(bin).await,
+            Self::Volumes => volumes::play(bin).await,
         }
     }
 }
@@ -321,7 +329,7 @@ mod tests {
     fn an_unknown_name_is_refused_naming_the_scenarios() {
         let error = "drian".parse::<RealScenario>().expect_err("not a scenario");
         assert!(error.contains("unknown scenario `drian`"), "{error}");
-        assert!(error.contains("nodegroup-auth, drain, spot, warm-pool, repair, refresh"));
+        assert!(error.contains("nodegroup-auth, drain, volumes, spot, warm-pool, repair, refresh"));
     }
 
     #[test]

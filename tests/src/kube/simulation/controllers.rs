@@ -259,7 +259,8 @@ impl Simulation {
         }
         for (set, name) in wanted {
             let namespace = meta_str(&set, "namespace").to_owned();
-            let pod = Self::pod_from_template(&set, "StatefulSet", Some(name));
+            let mut pod = Self::pod_from_template(&set, "StatefulSet", Some(name.clone()));
+            claim_volumes(state, &set, &name, &mut pod);
             if let Err(error) = state.create(pods, &namespace, pod, Origin::Setup) {
                 tracing::debug!(%error, "simulated StatefulSet controller could not create a pod");
             }
@@ -301,6 +302,46 @@ impl Simulation {
             if let Err(error) = state.create(pods, &namespace, pod, Origin::Setup) {
                 tracing::debug!(%error, "simulated DaemonSet controller could not create a pod");
             }
+        }
+    }
+}
+
+/// The claims of a StatefulSet pod from the set's `volumeClaimTemplates`: each named
+/// `<template>-<pod>`, created when missing (bound at once to a volume `pv-<claim>`, standing
+/// in for the provisioner) and mounted into `pod` as a volume named after the template.
+fn claim_volumes(state: &mut State, set: &Value, pod_name: &str, pod: &mut Value) {
+    let claims = resource("", "persistentvolumeclaims");
+    let namespace = meta_str(set, "namespace").to_owned();
+    let templates = set["spec"]["volumeClaimTemplates"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for template in templates {
+        let volume = meta_str(&template, "name").to_owned();
+        let claim_name = format!("{volume}-{pod_name}");
+        if state.get(claims, &namespace, &claim_name).is_err() {
+            let mut spec = template["spec"].clone();
+            spec["volumeName"] = Value::from(format!("pv-{claim_name}"));
+            let claim = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": claim_name, "namespace": namespace},
+                "spec": spec,
+                "status": {"phase": "Bound"},
+            });
+            if let Err(error) = state.create(claims, &namespace, claim, Origin::Setup) {
+                tracing::debug!(%error, "simulated StatefulSet controller could not create a claim");
+            }
+        }
+        if let Some(volumes) = pod["spec"]
+            .as_object_mut()
+            .map(|spec| {
+                spec.entry("volumes")
+                    .or_insert_with(|| Value::Array(Vec::new()))
+            })
+            .and_then(Value::as_array_mut)
+        {
+            volumes.push(serde_json::json!({"name": volume, "persistentVolumeClaim": {"claimName": claim_name}}));
         }
     }
 }

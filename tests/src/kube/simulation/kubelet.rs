@@ -146,7 +146,8 @@ impl Simulation {
         }
     }
 
-    /// Bound Pending pods on Ready nodes become Running and Ready after the start delay.
+    /// Bound Pending pods on Ready nodes become Running and Ready after the start delay,
+    /// counted from when their volumes are attached.
     pub(super) fn kubelet_starts_pods(&self, state: &mut State, memory: &mut Memory, now: Instant) {
         let pods = resource("", "pods");
         let nodes = resource("", "nodes");
@@ -163,6 +164,10 @@ impl Simulation {
                 continue;
             }
             if !ready_nodes.contains(spec_str(pod, "nodeName")) {
+                continue;
+            }
+            // The kubelet mounts the pod's volumes before it starts it.
+            if !super::attach_detach::volumes_attached(state, pod) {
                 continue;
             }
             let uid = meta_str(pod, "uid").to_owned();

@@ -2,16 +2,18 @@
 //! pods whose grace period has passed, turns registered nodes Ready), a scheduler, the
 //! Deployment/ReplicaSet/StatefulSet/DaemonSet controllers (replacements for pods that go
 //! away, so a PDB-blocked drain makes progress as in a real cluster) and the disruption
-//! controller (PDB status, from `kube::disruption`).
+//! controller (PDB status, from `kube::disruption`), and the attach/detach controller with a
+//! CSI attacher (`VolumeAttachment`s of the volumes pods use).
 //!
 //! Each step runs under the store lock, so tests never observe half a step.
 //!
 //! One file per job: `nodes` (nodes registering, stopping, restarting as their instances
 //! do; kubelets dying), `kubelet` (the kubelet's part of a step), `scheduler`,
-//! `controllers` (the workload controllers and their status), `garbage_collector` and
-//! `disruption_controller`. This file holds the type, its timings and memory, the helpers
+//! `controllers` (the workload controllers and their status), `garbage_collector`,
+//! `disruption_controller` and `attach_detach`. This file holds the type, its timings and memory, the helpers
 //! they share, and the loop that runs a step.
 
+mod attach_detach;
 mod controllers;
 mod disruption_controller;
 mod garbage_collector;
@@ -20,6 +22,7 @@ mod nodes;
 mod scheduler;
 mod scoring;
 
+pub use self::attach_detach::ATTACHER;
 pub use self::kubelet::REPORTED_IMAGE_BYTES;
 pub use self::nodes::{NODE_ALLOCATABLE, NODE_CAPACITY, NodeResources, SHUTDOWN_TAINT};
 
@@ -61,6 +64,9 @@ pub struct SimulationTimings {
     /// the default pod start (100 ms here for ~5 s), real time in [`SimulationTimings::real_time`].
     /// An eviction meets the status as it stands, so 429s vary with it as on a real cluster.
     pub pdb_status_lag: Duration,
+    /// From the last pod using a volume on a node being gone to the volume's
+    /// `VolumeAttachment` being deleted (the CSI driver's detach; EBS takes seconds).
+    pub volume_detach_delay: Duration,
 }
 
 impl Default for SimulationTimings {
@@ -75,6 +81,7 @@ impl Default for SimulationTimings {
             enabled: true,
             prefer_cached_images: false,
             pdb_status_lag: Duration::from_millis(50),
+            volume_detach_delay: Duration::from_millis(200),
         }
     }
 }
@@ -91,6 +98,7 @@ impl SimulationTimings {
             enabled: true,
             prefer_cached_images: false,
             pdb_status_lag: Duration::from_secs(1),
+            volume_detach_delay: Duration::from_secs(10),
         }
     }
 
@@ -126,6 +134,8 @@ struct Memory {
     images_rv: u64,
     /// Nodes whose kubelet was stopped ([`Simulation::kill_kubelet`]).
     dead_kubelets: HashSet<String>,
+    /// The attachments whose volume is no longer used on their node, by name.
+    detaching: HashMap<String, attach_detach::Detach>,
 }
 
 /// How long the steps took (each holds the store lock, so every request waits for it).
@@ -291,6 +301,7 @@ impl Simulation {
         self.garbage_collector(&mut state, &mut memory);
         self.kubelet_removes_terminated_pods(&mut state, &memory, now);
         self.kubelet_turns_nodes_ready(&mut state, &mut memory, now);
+        self.attach_detach(&mut state, &mut memory, now);
         self.deployments(&mut state);
         self.replica_sets(&mut state);
         self.stateful_sets(&mut state);

@@ -1,0 +1,192 @@
+//! The built `terminating-hook` binary waits for the drained node's volumes to detach before
+//! it completes the lifecycle action (`VOLUME_DETACH_SECONDS`), on the fake API server whose
+//! emulation plays the attach/detach controller and a CSI attacher: a volume's
+//! `VolumeAttachment` goes a set delay after the last pod using it on the node is gone.
+//!
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing the function.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use node_manager_testkit::e2e::{FunctionWorld, Target};
+use node_manager_testkit::kube::{SimulationTimings, Store};
+use serde_json::Value;
+
+const INSTANCE: &str = "i-0c1d2e3f405162738";
+/// The database pods' volumes, one claim each.
+const DATABASE_VOLUMES: [&str; 3] = ["pv-db-0", "pv-db-1", "pv-db-2"];
+/// The volume every log shipper (a DaemonSet) shares: it stays with the node.
+const SHARED_VOLUME: &str = "pv-logs";
+
+/// The terminating hook with three database pods on the node, each with its own volume, and
+/// a DaemonSet whose pod uses a shared one; the CSI detach takes `detach_delay`.
+async fn volume_world(detach_delay: Duration, settings: &[(&str, &str)]) -> FunctionWorld {
+    let mut builder = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .simulation(SimulationTimings {
+            volume_detach_delay: detach_delay,
+            ..SimulationTimings::default()
+        })
+        .env("SETTLE_SECONDS", "0.1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.05")
+        .env("DRAIN_TIMEOUT_SECONDS", "20")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .json_logs();
+    for (key, value) in settings {
+        builder = builder.env(key, value);
+    }
+    let w = builder.start().await;
+    seed_volumes(w.server.store(), &w.node);
+    let node = w.node.clone();
+    w.server
+        .wait_for(
+            "the volumes are attached",
+            Duration::from_secs(10),
+            |store| {
+                let attached = attached_to(store, &node);
+                DATABASE_VOLUMES
+                    .iter()
+                    .chain([&SHARED_VOLUME])
+                    .all(|v| attached.iter().any(|a| a == v))
+            },
+        )
+        .await
+        .unwrap();
+    w.add_room_node();
+    w
+}
+
+fn seed_volumes(store: &Store, node: &str) {
+    let mut yaml = String::new();
+    for (ordinal, volume) in DATABASE_VOLUMES.iter().enumerate() {
+        yaml.push_str(&format!(
+            r#"---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data-db-{ordinal}, namespace: default}}
+spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}, volumeName: {volume}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: db-{ordinal}, namespace: default, labels: {{app: db}}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 30
+  containers: [{{name: db, image: postgres}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data-db-{ordinal}}}}}]
+"#
+        ));
+    }
+    yaml.push_str(&format!(
+        r#"---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: logs, namespace: default}}
+spec: {{accessModes: [ReadWriteMany], resources: {{requests: {{storage: 1Gi}}}}, volumeName: {SHARED_VOLUME}}}
+---
+apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: log-shipper, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: log-shipper}}}}
+  template:
+    metadata: {{labels: {{app: log-shipper}}}}
+    spec:
+      containers: [{{name: shipper, image: fluent-bit}}]
+      volumes: [{{name: logs, persistentVolumeClaim: {{claimName: logs}}}}]
+"#
+    ));
+    store.apply_yaml(&yaml).unwrap();
+}
+
+/// The volumes attached to `node`, as its `VolumeAttachment`s say.
+fn attached_to(store: &Store, node: &str) -> Vec<String> {
+    store
+        .list::<VolumeAttachment>()
+        .into_iter()
+        .filter(|a| a.spec.node_name == node)
+        .filter_map(|a| a.spec.source.persistent_volume_name)
+        .collect()
+}
+
+/// Terminates the instance, delivers the notification and returns the answer and how long
+/// it took.
+async fn terminate(w: &FunctionWorld) -> (Value, Duration) {
+    let (_, event) = w.start_termination().await;
+    let started = Instant::now();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&event)
+        .await;
+    (answer, started.elapsed())
+}
+
+fn event_notes(w: &FunctionWorld, reason: &str) -> Vec<String> {
+    w.server
+        .store()
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_action_is_completed_once_the_volumes_of_the_drained_pods_are_detached() {
+    let detach = Duration::from_secs(2);
+    let w = volume_world(detach, &[("VOLUME_DETACH_SECONDS", "30")]).await;
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    // Completed after the detach, and without waiting for the shared volume of the pod that
+    // stays (that would take the 30 s bound).
+    let attached = attached_to(w.server.store(), &w.node);
+    assert_eq!(attached, [SHARED_VOLUME], "{answer}");
+    assert!(
+        took >= detach,
+        "completed after {took:?}, before the detach"
+    );
+    assert!(
+        took < Duration::from_secs(15),
+        "took {took:?}: waited for the staying volume"
+    );
+    let output = w.function(Target::TerminatingHook).runtime.output();
+    assert!(output.contains("\"volumes_detached\""), "{output}");
+    assert!(event_notes(&w, "VolumesStillAttached").is_empty());
+}
+
+#[tokio::test]
+async fn without_the_wait_the_instance_goes_with_its_volumes_attached() {
+    // What every drain did before the wait, and still does with it turned off.
+    let w = volume_world(Duration::from_secs(3), &[("VOLUME_DETACH_SECONDS", "0")]).await;
+    let (answer, _) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let attached = attached_to(w.server.store(), &w.node);
+    assert!(
+        DATABASE_VOLUMES
+            .iter()
+            .any(|v| attached.iter().any(|a| a == v)),
+        "{attached:?}"
+    );
+    let lists = w.server.audit().requests("list", "volumeattachments");
+    assert!(lists.is_empty(), "{lists:?}");
+}
+
+#[tokio::test]
+async fn volumes_still_attached_at_the_bound_are_named_and_the_action_completed() {
+    let w = volume_world(Duration::from_secs(120), &[("VOLUME_DETACH_SECONDS", "2")]).await;
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(
+        (Duration::from_secs(2)..Duration::from_secs(12)).contains(&took),
+        "took {took:?}"
+    );
+    let notes = event_notes(&w, "VolumesStillAttached");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    for volume in DATABASE_VOLUMES {
+        assert!(notes[0].contains(volume), "{notes:?}");
+    }
+    assert!(!notes[0].contains(SHARED_VOLUME), "{notes:?}");
+}
