@@ -23,6 +23,7 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## Spot interruption",
         "## Instance notices: calls per event",
         "## The instance-refresh function's memory on a big cluster",
+        "## Waiting for volumes",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }
