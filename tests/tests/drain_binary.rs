@@ -763,3 +763,67 @@ async fn a_drain_shares_one_connection_to_the_api_server() {
     let opened = w.server.connections_accepted() - before;
     assert_eq!(opened, 1, "connections opened by the drain");
 }
+
+/// A drain held by a PodDisruptionBudget that allows nothing and by a do-not-disrupt pod says,
+/// once it has run `DRAIN_BLOCKED_REPORT_SECONDS`, which pods it waits for and why: the
+/// budget by name with the disruptions it allows, the annotation; and again after as long.
+#[tokio::test]
+async fn a_waiting_drain_names_the_pods_it_waits_for_and_what_holds_them() {
+    let w = drain_world(&[
+        ("DRAIN_BLOCKED_REPORT_SECONDS", "1"),
+        ("DRAIN_TIMEOUT_SECONDS", "3.5"),
+    ])
+    .await;
+    let store = w.server.store();
+    store
+        .apply_yaml(
+            &r#"
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata: {name: nginx-all, namespace: default}
+spec:
+  minAvailable: 4
+  selector: {matchLabels: {app: nginx}}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: ledger
+  namespace: default
+  annotations: {karpenter.sh/do-not-disrupt: "true"}
+spec:
+  nodeName: NODE
+  containers: [{name: ledger, image: ledger}]
+"#
+            .replace("NODE", &w.node),
+        )
+        .unwrap();
+    poll(store, "the budget allows nothing", |s| {
+        s.find::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("default", "nginx-all")
+            .and_then(|b| b.status)
+            .is_some_and(|status| {
+                status.observed_generation.is_some() && status.disruptions_allowed == 0
+            })
+    })
+    .await;
+    let answer = terminate_and_answer(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    let notes = event_notes(&w, "DrainBlocked");
+    let first = notes
+        .first()
+        .unwrap_or_else(|| panic!("no DrainBlocked Event: {answer}"));
+    assert!(
+        first.contains("(PodDisruptionBudget nginx-all allows 0 disruption(s))"),
+        "{first}"
+    );
+    assert!(first.contains("default/nginx-"), "{first}");
+    assert!(
+        first.contains("default/ledger (karpenter.sh/do-not-disrupt)"),
+        "{first}"
+    );
+    // Reported again while it waited (the recorder counts repeats of one note into a
+    // series, so the log has one line per report).
+    let output = w.function(Target::TerminatingHook).runtime.output();
+    let reports = output.matches("\"drain_blocked\"").count();
+    assert!(reports >= 2, "{reports} reports:\n{output}");
+}

@@ -150,6 +150,14 @@ impl BudgetWatch {
     }
 
     /// Whether refusals are still paced by the watch (false after RBAC refused it).
+    /// The evictions the last watched status of `budget` allows; `None` when not watched.
+    pub fn allowed(&self, budget: &BudgetKey) -> Option<u32> {
+        self.budgets
+            .get(budget)
+            .filter(|state| state.version.is_some())
+            .map(|state| state.allowed)
+    }
+
     pub fn is_watching(&self) -> bool {
         self.possible
     }

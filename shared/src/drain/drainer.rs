@@ -805,6 +805,7 @@ impl<C: HookClients> Drainer<C> {
             grace_period_seconds: settings.pod_grace_period.map(grace_to_send),
             stuck_pod_after: settings.stuck_pod_after,
             volume_detach: settings.volume_detach,
+            blocked_report: settings.blocked_report,
         }
     }
 

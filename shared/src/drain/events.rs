@@ -43,6 +43,8 @@ pub mod reason {
     pub const LIFECYCLE_ACTION_COMPLETED: &str = "LifecycleActionCompleted";
     /// Pods annotated `karpenter.sh/do-not-disrupt`: never evicted, they hold the drain.
     pub const DO_NOT_DISRUPT: &str = "DoNotDisrupt";
+    /// A drain running longer than `DRAIN_BLOCKED_REPORT_SECONDS`: the pods it waits for.
+    pub const DRAIN_BLOCKED: &str = "DrainBlocked";
     /// Volumes still attached to the node when the wait for them reached its bound.
     pub const VOLUMES_STILL_ATTACHED: &str = "VolumesStillAttached";
 }

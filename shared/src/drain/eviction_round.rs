@@ -14,6 +14,7 @@ use std::time::Duration;
 use kube::Api;
 use tokio::time::{Instant, sleep_until};
 
+use super::blocked;
 use super::budget_watch::{BudgetWatch, Waiting};
 use super::budgets;
 use super::events::{DrainEvents, reason};
@@ -46,6 +47,8 @@ struct EvictionRound {
     reported_multiple: BTreeSet<PodKey>,
     /// The plan of the pods as of a generation of the watch; `None` to plan again.
     planned: Option<(u64, DrainPlan)>,
+    /// When to say next which pods the drain waits for ([`super::blocked`]), if ever.
+    report_blocked_at: Option<Instant>,
 }
 
 impl EvictionRound {
@@ -73,8 +76,24 @@ impl EvictionRound {
             reported_latecomers: BTreeSet::new(),
             reported_multiple: BTreeSet::new(),
             planned: None,
+            report_blocked_at: first_blocked_report(session),
         }
     }
+}
+
+/// When a drain that started at the checkpoint's start first says what it waits for (counted
+/// from the drain's start, so an invocation resuming a long drain says it at once).
+fn first_blocked_report(session: &DrainSession<'_>) -> Option<Instant> {
+    let every = session.settings.blocked_report;
+    if every.is_zero() {
+        return None;
+    }
+    let at = session
+        .checkpoint
+        .started_at
+        .checked_add(every)
+        .unwrap_or(jiff::Timestamp::MAX);
+    Some(instant_at(at))
 }
 
 /// Whether planning again found the node drained.
@@ -220,6 +239,10 @@ impl DrainSession<'_> {
                     round.queue.retry_at(pod, *at);
                 }
             }
+            _ = sleep_until(round.report_blocked_at.unwrap_or(hand_over_at)), if round.report_blocked_at.is_some() => {
+                self.report_blocked(round);
+                round.report_blocked_at = Some(Instant::now() + self.settings.blocked_report);
+            }
             _ = sleep_until(retry_at.unwrap_or(hand_over_at)), if retry_at.is_some() => {}
             // A waited-for deletion becomes stuck: plan again.
             _ = sleep_until(replan_at.unwrap_or(hand_over_at)), if replan_at.is_some() => {
@@ -291,6 +314,25 @@ impl DrainSession<'_> {
                 }
             }
         }
+    }
+
+    /// Says which pods the drain waits for and what holds each (log and Warning Event).
+    fn report_blocked(&self, round: &EvictionRound) {
+        let Some((_, plan)) = &round.planned else {
+            return;
+        };
+        let holding = blocked::holding(plan, &round.queue, &round.budget_watch);
+        if holding.is_empty() {
+            return;
+        }
+        let running_for = jiff::Timestamp::now()
+            .duration_since(self.checkpoint.started_at)
+            .try_into()
+            .unwrap_or_default();
+        let note = blocked::note(&self.node_name, running_for, &holding);
+        tracing::warn!(step = "drain_blocked", node = %self.node_name, pods = holding.len(), "{note}");
+        self.events
+            .warning(&self.node_reference(), reason::DRAIN_BLOCKED, note);
     }
 
     /// The budgets that select `pod`, from its namespace's list; empty when unknown.

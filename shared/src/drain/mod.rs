@@ -11,6 +11,7 @@
 //! 5. evicts them within a concurrency bound, retrying refusals with [`backoff`] —
 //!    [`eviction`], [`eviction_queue`] — retrying pods a PodDisruptionBudget refused when the
 //!    budget allows ([`budget_watch`]) — and watches them go with one watch — [`node_pods`];
+//!    while pods keep it waiting, says which and why ([`blocked`]);
 //! 6. at the deadline, reports the pods and budgets in the way ([`stuck`], [`budgets`]) or
 //!    deletes them ([`force`]), as [`deadline`] decides;
 //! 7. settles and waits for the node's volumes to detach ([`volumes`]), then completes the
@@ -27,6 +28,7 @@
 //! hand-over mechanics — [`crate::lifecycle`].
 
 pub mod backoff;
+pub mod blocked;
 pub mod budget_watch;
 pub mod budgets;
 pub mod deadline;

@@ -61,6 +61,9 @@ pub struct SessionSettings {
     pub stuck_pod_after: Duration,
     /// `VOLUME_DETACH_SECONDS`: the bound of the wait for the node's volumes ([`super::volumes`]).
     pub volume_detach: Duration,
+    /// `DRAIN_BLOCKED_REPORT_SECONDS`: when and how often a waiting drain says why
+    /// ([`super::blocked`]); zero: never.
+    pub blocked_report: Duration,
 }
 
 /// One invocation working on one node's drain.

@@ -75,6 +75,10 @@ pub struct DrainSettings {
     /// `VOLUME_DETACH_SECONDS` (300): how long after the node is empty the drain waits for
     /// its volumes to detach (no `VolumeAttachment` naming the node); `0` does not wait.
     pub volume_detach: Duration,
+    /// `DRAIN_BLOCKED_REPORT_SECONDS` (180): once the drain has run this long with pods
+    /// left, a `DrainBlocked` Event names them and what holds them, then at most this often;
+    /// `0` never.
+    pub blocked_report: Duration,
     /// Spot interruptions, rebalance recommendations, scheduled maintenance.
     pub notices: crate::instance_notice::settings::NoticeSettings,
 }
@@ -111,6 +115,11 @@ impl DrainSettings {
             taint: node_taint(source)?,
             stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
             volume_detach: seconds(source, "VOLUME_DETACH_SECONDS", Duration::from_secs(300))?,
+            blocked_report: seconds(
+                source,
+                "DRAIN_BLOCKED_REPORT_SECONDS",
+                Duration::from_secs(180),
+            )?,
             notices: crate::instance_notice::settings::NoticeSettings::from_source(source)?,
         })
     }
@@ -318,6 +327,7 @@ mod tests {
         assert_eq!(drain.taint, None);
         assert_eq!(drain.stuck_pod_after, Duration::from_secs(60));
         assert_eq!(drain.volume_detach, Duration::from_secs(300));
+        assert_eq!(drain.blocked_report, Duration::from_secs(180));
         assert_eq!(drain.lifecycle.hand_over_margin, Duration::from_secs(30));
         assert!(drain.lifecycle.allowed_groups.is_empty());
         let launch = LaunchSettings::from_source(env).unwrap();

@@ -1,0 +1,157 @@
+//! Why a drain waits: while the node still has pods that must leave, a Warning Event
+//! `DrainBlocked` on the Node names each of them and what holds it (the PodDisruptionBudget
+//! that refused its eviction, with the disruptions its status allows; the do-not-disrupt
+//! annotation; a deletion still under way), once the drain has run for
+//! `DRAIN_BLOCKED_REPORT_SECONDS` and then at most that often, so `kubectl describe node`
+//! answers "why is my drain waiting" long before the deadline's `PodEvictionFailure`.
+
+use std::time::Duration;
+
+use super::budget_watch::{BudgetKey, BudgetWatch};
+use super::eviction::EvictionOutcome;
+use super::eviction_queue::EvictionQueue;
+use super::plan::{DrainPlan, PodKey};
+
+/// Pods named in one Event at most (the note is truncated to the Event's limit anyway).
+const MAX_NAMED: usize = 20;
+
+/// What holds one pod on the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    /// Its eviction was refused by these budgets; `allowed` is what the last status of the
+    /// first one allows, when the drain watches it.
+    Budget {
+        budgets: Vec<String>,
+        allowed: Option<u32>,
+    },
+    /// Its eviction was refused otherwise (the refusal's label).
+    Refused(&'static str),
+    /// Annotated `karpenter.sh/do-not-disrupt`: never evicted.
+    DoNotDisrupt,
+    /// Being deleted: its containers are stopping.
+    Terminating,
+    /// Not refused yet: its eviction is in flight or its tier has not come.
+    Waiting,
+}
+
+impl std::fmt::Display for Holding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Budget { budgets, allowed } => {
+                write!(f, "PodDisruptionBudget {}", budgets.join(", "))?;
+                match allowed {
+                    Some(n) => write!(f, " allows {n} disruption(s)"),
+                    None => write!(f, " refused the eviction"),
+                }
+            }
+            Self::Refused(label) => write!(f, "eviction refused ({label})"),
+            Self::DoNotDisrupt => write!(f, "karpenter.sh/do-not-disrupt"),
+            Self::Terminating => write!(f, "terminating"),
+            Self::Waiting => write!(f, "eviction pending"),
+        }
+    }
+}
+
+/// Each pod that keeps the node from being drained, and what holds it.
+pub fn holding(
+    plan: &DrainPlan,
+    queue: &EvictionQueue,
+    budgets: &BudgetWatch,
+) -> Vec<(PodKey, Holding)> {
+    let refusals: std::collections::BTreeMap<&PodKey, &EvictionOutcome> =
+        queue.refusals().collect();
+    plan.remaining()
+        .map(|pod| {
+            let why = if plan.is_held(pod) {
+                Holding::DoNotDisrupt
+            } else if plan.is_terminating(pod) || queue.is_leaving(pod) {
+                Holding::Terminating
+            } else {
+                match refusals.get(pod) {
+                    Some(EvictionOutcome::BlockedByBudget { budgets: names, .. }) => {
+                        let allowed = names.first().and_then(|name| {
+                            budgets.allowed(&BudgetKey {
+                                namespace: pod.namespace.clone(),
+                                name: name.clone(),
+                            })
+                        });
+                        Holding::Budget {
+                            budgets: names.clone(),
+                            allowed,
+                        }
+                    }
+                    Some(refusal) => Holding::Refused(refusal.label()),
+                    None => Holding::Waiting,
+                }
+            };
+            (pod.clone(), why)
+        })
+        .collect()
+}
+
+/// The Event's note: how long the drain has run, then each pod and what holds it.
+pub fn note(node: &str, running_for: Duration, holding: &[(PodKey, Holding)]) -> String {
+    let named: Vec<String> = holding
+        .iter()
+        .take(MAX_NAMED)
+        .map(|(pod, why)| format!("{pod} ({why})"))
+        .collect();
+    let more = holding.len().saturating_sub(MAX_NAMED);
+    format!(
+        "The drain of node {node} has run {} s and waits for {} pod(s): {}{}",
+        running_for.as_secs(),
+        holding.len(),
+        named.join("; "),
+        if more > 0 {
+            format!("; and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> PodKey {
+        PodKey {
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: name.into(),
+        }
+    }
+
+    #[test]
+    fn the_note_names_each_pod_and_what_holds_it() {
+        let holding = [
+            (
+                key("web-1"),
+                Holding::Budget {
+                    budgets: vec!["web".into()],
+                    allowed: Some(0),
+                },
+            ),
+            (key("db-0"), Holding::DoNotDisrupt),
+            (key("cache-0"), Holding::Terminating),
+        ];
+        let note = note("ip-10-0-1-2", Duration::from_secs(190), &holding);
+        assert_eq!(
+            note,
+            "The drain of node ip-10-0-1-2 has run 190 s and waits for 3 pod(s): shop/web-1 \
+             (PodDisruptionBudget web allows 0 disruption(s)); shop/db-0 \
+             (karpenter.sh/do-not-disrupt); shop/cache-0 (terminating)"
+        );
+    }
+
+    #[test]
+    fn a_long_list_is_cut_with_a_count() {
+        let holding: Vec<_> = (0..25)
+            .map(|i| (key(&format!("p{i}")), Holding::Waiting))
+            .collect();
+        let note = note("n", Duration::from_secs(1), &holding);
+        assert!(note.ends_with("; and 5 more"), "{note}");
+        assert!(note.contains("shop/p19 (eviction pending)"), "{note}");
+        assert!(!note.contains("shop/p20 "), "{note}");
+    }
+}
