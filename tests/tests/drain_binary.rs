@@ -826,4 +826,12 @@ spec:
     let output = w.function(Target::TerminatingHook).runtime.output();
     let reports = output.matches("\"drain_blocked\"").count();
     assert!(reports >= 2, "{reports} reports:\n{output}");
+    // And its metric lines, one per reason.
+    for reason in ["PodDisruptionBudget", "DoNotDisrupt"] {
+        assert!(
+            output.lines().any(|l| l.contains("\"DrainBlockedSeconds\"")
+                && l.contains(&format!("\"Reason\":\"{reason}\""))),
+            "no DrainBlockedSeconds line for {reason}:\n{output}"
+        );
+    }
 }

@@ -3,14 +3,18 @@
 //! that refused its eviction, with the disruptions its status allows; the do-not-disrupt
 //! annotation; a deletion still under way), once the drain has run for
 //! `DRAIN_BLOCKED_REPORT_SECONDS` and then at most that often, so `kubectl describe node`
-//! answers "why is my drain waiting" long before the deadline's `PodEvictionFailure`.
+//! answers "why is my drain waiting" long before the deadline's `PodEvictionFailure`; each
+//! report also writes the metric `DrainBlockedSeconds` per reason, which the template's
+//! `drain-blocked` alarm and dashboard read.
 
 use std::time::Duration;
 
+use super::FUNCTION_NAME;
 use super::budget_watch::{BudgetKey, BudgetWatch};
 use super::eviction::EvictionOutcome;
 use super::eviction_queue::EvictionQueue;
 use super::plan::{DrainPlan, PodKey};
+use crate::telemetry::{MetricSet, Unit};
 
 /// Pods named in one Event at most (the note is truncated to the Event's limit anyway).
 const MAX_NAMED: usize = 20;
@@ -32,6 +36,19 @@ pub enum Holding {
     Terminating,
     /// Not refused yet: its eviction is in flight or its tier has not come.
     Waiting,
+}
+
+impl Holding {
+    /// The `Reason` dimension of the `DrainBlockedSeconds` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Budget { .. } => "PodDisruptionBudget",
+            Self::Refused(_) => "EvictionRefused",
+            Self::DoNotDisrupt => "DoNotDisrupt",
+            Self::Terminating => "Terminating",
+            Self::Waiting => "EvictionPending",
+        }
+    }
 }
 
 impl std::fmt::Display for Holding {
@@ -110,6 +127,30 @@ pub fn note(node: &str, running_for: Duration, holding: &[(PodKey, Holding)]) ->
     )
 }
 
+/// One metric line per reason that holds pods: `DrainBlockedSeconds` (how long the drain has
+/// run) and `PodsBlocked` (how many pods that reason holds), dimensions `Function` and
+/// `Reason`, the node as a property.
+pub fn metrics(node: &str, running_for: Duration, holding: &[(PodKey, Holding)]) -> Vec<MetricSet> {
+    let mut by_reason: std::collections::BTreeMap<&'static str, u32> = Default::default();
+    for (_, why) in holding {
+        *by_reason.entry(why.kind()).or_default() += 1;
+    }
+    by_reason
+        .into_iter()
+        .map(|(reason, pods)| {
+            MetricSet::new(FUNCTION_NAME)
+                .dimension("Reason", reason)
+                .metric(
+                    "DrainBlockedSeconds",
+                    running_for.as_secs_f64(),
+                    Unit::Seconds,
+                )
+                .metric("PodsBlocked", f64::from(pods), Unit::Count)
+                .property("Node", node.to_owned())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +182,49 @@ mod tests {
             "The drain of node ip-10-0-1-2 has run 190 s and waits for 3 pod(s): shop/web-1 \
              (PodDisruptionBudget web allows 0 disruption(s)); shop/db-0 \
              (karpenter.sh/do-not-disrupt); shop/cache-0 (terminating)"
+        );
+    }
+
+    #[test]
+    fn one_metric_line_per_reason_counts_its_pods() {
+        let holding = [
+            (
+                key("web-1"),
+                Holding::Budget {
+                    budgets: vec!["web".into()],
+                    allowed: Some(0),
+                },
+            ),
+            (
+                key("web-2"),
+                Holding::Budget {
+                    budgets: vec!["web".into()],
+                    allowed: Some(0),
+                },
+            ),
+            (key("db-0"), Holding::DoNotDisrupt),
+        ];
+        let lines: Vec<String> = metrics("n", Duration::from_secs(200), &holding)
+            .iter()
+            .map(|m| m.to_json_line(0))
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(
+            lines[0].contains("\"Reason\":\"DoNotDisrupt\""),
+            "{}",
+            lines[0]
+        );
+        assert!(lines[0].contains("\"PodsBlocked\":1.0"), "{}", lines[0]);
+        assert!(
+            lines[1].contains("\"Reason\":\"PodDisruptionBudget\""),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[1].contains("\"PodsBlocked\":2.0"), "{}", lines[1]);
+        assert!(
+            lines[1].contains("\"DrainBlockedSeconds\":200.0"),
+            "{}",
+            lines[1]
         );
     }
 

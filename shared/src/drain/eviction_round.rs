@@ -331,6 +331,9 @@ impl DrainSession<'_> {
             .unwrap_or_default();
         let note = blocked::note(&self.node_name, running_for, &holding);
         tracing::warn!(step = "drain_blocked", node = %self.node_name, pods = holding.len(), "{note}");
+        for metric in blocked::metrics(&self.node_name, running_for, &holding) {
+            metric.emit();
+        }
         self.events
             .warning(&self.node_reference(), reason::DRAIN_BLOCKED, note);
     }
