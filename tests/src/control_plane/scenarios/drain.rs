@@ -18,6 +18,9 @@ use crate::control_plane::world::RealFunctionWorld;
 use crate::e2e::{GROUP, Target};
 use crate::kube::AuditEvent;
 
+/// How long into the drain it first says what it waits for.
+const BLOCKED_REPORT_SECONDS: &str = "2";
+
 /// The label's name as sent (not the code's constant: a typo there must show here).
 const EXCLUDE_FROM_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
@@ -25,6 +28,8 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
     let w = RealFunctionWorld::builder()
         .functions(&[Target::TerminatingHook])
         .envs(&QUICK_DRAIN)
+        // Say what the drain waits for while the budget paces it (its waves take seconds).
+        .env("DRAIN_BLOCKED_REPORT_SECONDS", BLOCKED_REPORT_SECONDS)
         .start(bin)
         .await?;
     let mut played = Played::on(&w);
@@ -61,6 +66,7 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         format!("{completions:?}"),
     );
     expect_the_drain_trail(&mut played, &w.plane.audit(), &seeded, took);
+    expect_it_said_why_it_waited(&mut played, &admin, &w.node).await;
     let moved = wait_for_pods(
         &admin,
         "the replicas Ready on the other node",
@@ -74,6 +80,45 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         moved.err().map(|e| e.to_string()).unwrap_or_default(),
     );
     Ok(played)
+}
+
+/// The `DrainBlocked` Event on the node, written through the real events API under the
+/// shipped RBAC: it names pods of the node and, for each, the budget that refused it (with
+/// what its status allowed) or that it is terminating. (Which one depends on the moment:
+/// the real disruption controller counts a replacement Ready on the other node, so two
+/// seconds in, the evicted pods are often all still terminating, their 5 s grace periods
+/// running, while the budget held.)
+async fn expect_it_said_why_it_waited(played: &mut Played, admin: &kube::Client, node: &str) {
+    use k8s_openapi::api::events::v1::Event;
+    let events: kube::Api<Event> = kube::Api::all(admin.clone());
+    let notes: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("DrainBlocked"))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node))
+        .filter_map(|e| e.note)
+        .collect();
+    if let Some(note) = notes.first() {
+        played.line(format!("DrainBlocked: {note}"));
+    }
+    let explained = |note: &str| {
+        let Some((_, pods)) = note.split_once("pod(s): ") else {
+            return false;
+        };
+        pods.split("; ").all(|pod| {
+            pod.starts_with("default/nginx-")
+                && (pod.ends_with(" (terminating)")
+                    || pod.contains(" (PodDisruptionBudget nginx allows "))
+        })
+    };
+    played.expect(
+        "after 2 s the drain said what it waited for: each nginx pod, held by budget nginx or terminating",
+        !notes.is_empty() && notes.iter().all(|n| explained(n)),
+        format!("{notes:?}"),
+    );
 }
 
 /// From the audit log: the node labelled and cordoned before the first eviction, evictions
