@@ -16,12 +16,15 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use node_manager::aws::in_memory::InMemoryAutoScaling;
 use node_manager::aws::in_memory::{InMemoryEks, InMemoryInstances, InMemoryNotifications};
 use node_manager::aws::{
     AuthenticationMode, ClusterDescription, LifecycleActionResult, LifecycleHook,
     NodegroupDescription,
 };
-use node_manager::drain::{DeliveryOutcome, DrainEnd, Drainer, Invocation};
+use node_manager::drain::{
+    DeliveryOutcome, DrainEnd, DrainError, DrainReport, Drainer, Invocation,
+};
 use node_manager::launch::Launcher;
 use node_manager::lifecycle::budget::InvocationBudget;
 use node_manager::lifecycle::handler::HookHandler;
@@ -344,6 +347,52 @@ struct FlowResult {
     forbidden: Vec<String>,
 }
 
+/// One invocation of the terminating hook, as `flow`'s identity, for a fresh pending
+/// terminating action (`token`) of the instance behind NODE, with `settings` (the cluster's
+/// name added); the answer and the Auto Scaling the action was completed at.
+async fn drain_as(
+    server: &FakeApiServer,
+    flow: Flow,
+    token: &str,
+    settings: &[(&str, &str)],
+) -> (Result<DrainReport, DrainError>, InMemoryAutoScaling) {
+    let client = client(server, "terminating-hook", flow.groups()).await;
+    let (autoscaling, action) = fixtures::group_with_pending_action(
+        CLUSTER,
+        GROUP,
+        hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
+        INSTANCE,
+        token,
+    );
+    let instances = InMemoryInstances::default();
+    instances.add(INSTANCE, NODE);
+    let settings = [("CLUSTER_NAME", CLUSTER)]
+        .iter()
+        .chain(settings)
+        .copied()
+        .collect::<Vec<_>>();
+    let settings = DrainSettings::from_source(settings.as_slice()).unwrap();
+    let drainer = Drainer::new(
+        client,
+        autoscaling.clone(),
+        instances,
+        InMemoryNotifications::default(),
+        settings,
+    );
+    let invocation = Invocation {
+        request_id: format!("rbac-{flow:?}"),
+        function_account: Some("111111111111".into()),
+        budget: InvocationBudget::new(Duration::from_secs(8), Duration::ZERO),
+    };
+    let result = drainer
+        .handle_invocation(
+            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
+            &invocation,
+        )
+        .await;
+    (result, autoscaling)
+}
+
 /// Drain of a node with one ReplicaSet pod (with `force`: behind a PDB that allows nothing,
 /// so only the force DELETE at the deadline empties the node).
 async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
@@ -381,20 +430,12 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
     } else {
         Flow::Drain
     };
-    let client = client(&server, "terminating-hook", flow.groups()).await;
-    let (autoscaling, action) = fixtures::group_with_pending_action(
-        CLUSTER,
-        GROUP,
-        hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
-        INSTANCE,
-        "c613620e-07e2-4ed2-a9e2-ef8258911ade",
-    );
-    let instances = InMemoryInstances::default();
-    instances.add(INSTANCE, NODE);
     let force_setting = if force { "true" } else { "false" };
-    let settings = DrainSettings::from_source(
-        [
-            ("CLUSTER_NAME", CLUSTER),
+    let (result, autoscaling) = drain_as(
+        &server,
+        flow,
+        "c613620e-07e2-4ed2-a9e2-ef8258911ade",
+        &[
             ("SETTLE_SECONDS", "0"),
             ("DRAIN_TIMEOUT_SECONDS", if force { "0.8" } else { "1.5" }),
             ("EVICTION_BACKOFF_SECONDS", "0.05"),
@@ -402,28 +443,9 @@ async fn drain_flow(documents: &[Value], force: bool) -> FlowResult {
             ("DRAIN_LEASE_SECONDS", "2"),
             ("HAND_OVER_MARGIN_SECONDS", "0"),
             ("DRAIN_FORCE", force_setting),
-        ]
-        .as_slice(),
+        ],
     )
-    .unwrap();
-    let drainer = Drainer::new(
-        client,
-        autoscaling.clone(),
-        instances,
-        InMemoryNotifications::default(),
-        settings,
-    );
-    let invocation = Invocation {
-        request_id: "rbac".into(),
-        function_account: Some("111111111111".into()),
-        budget: InvocationBudget::new(Duration::from_secs(8), Duration::ZERO),
-    };
-    let result = drainer
-        .handle_invocation(
-            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
-            &invocation,
-        )
-        .await;
+    .await;
     let node = server.store().get::<Node>("", NODE).unwrap();
     let cordoned = node.spec.and_then(|s| s.unschedulable) == Some(true);
     let emptied = server
@@ -490,48 +512,21 @@ async fn volume_drain_flow(documents: &[Value]) -> FlowResult {
         })
         .await
         .unwrap();
-    let client = client(&server, "terminating-hook", Flow::VolumeDrain.groups()).await;
-    let (autoscaling, action) = fixtures::group_with_pending_action(
-        CLUSTER,
-        GROUP,
-        hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
-        INSTANCE,
+    let started = std::time::Instant::now();
+    let (result, autoscaling) = drain_as(
+        &server,
+        Flow::VolumeDrain,
         "5b1d0f4e-2c61-4b0a-9d7e-6f1c2a3b4d5e",
-    );
-    let instances = InMemoryInstances::default();
-    instances.add(INSTANCE, NODE);
-    let settings = DrainSettings::from_source(
-        [
-            ("CLUSTER_NAME", CLUSTER),
+        &[
             ("SETTLE_SECONDS", "0"),
             ("VOLUME_DETACH_SECONDS", "5"),
             ("DRAIN_TIMEOUT_SECONDS", "2"),
             ("EVICTION_BACKOFF_SECONDS", "0.05"),
             ("DRAIN_LEASE_SECONDS", "2"),
             ("HAND_OVER_MARGIN_SECONDS", "0"),
-        ]
-        .as_slice(),
+        ],
     )
-    .unwrap();
-    let drainer = Drainer::new(
-        client,
-        autoscaling.clone(),
-        instances,
-        InMemoryNotifications::default(),
-        settings,
-    );
-    let invocation = Invocation {
-        request_id: "rbac-volumes".into(),
-        function_account: Some("111111111111".into()),
-        budget: InvocationBudget::new(Duration::from_secs(8), Duration::ZERO),
-    };
-    let started = std::time::Instant::now();
-    let result = drainer
-        .handle_invocation(
-            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
-            &invocation,
-        )
-        .await;
+    .await;
     let took = started.elapsed();
     let data_detached = !attached(server.store(), "pv-data");
     if std::env::var("RBAC_DEBUG").is_ok() {
@@ -593,47 +588,20 @@ async fn paced_drain_flow(documents: &[Value]) -> FlowResult {
         .await
         .unwrap();
     cordon(false);
-    let client = client(&server, "terminating-hook", Flow::PacedDrain.groups()).await;
-    let (autoscaling, action) = fixtures::group_with_pending_action(
-        CLUSTER,
-        GROUP,
-        hook("Terminate-LC-Hook", "autoscaling:EC2_INSTANCE_TERMINATING"),
-        INSTANCE,
+    let (result, _) = drain_as(
+        &server,
+        Flow::PacedDrain,
         "5f0c1a2b-3d4e-4f60-8a9b-0c1d2e3f4a5b",
-    );
-    let instances = InMemoryInstances::default();
-    instances.add(INSTANCE, NODE);
-    let settings = DrainSettings::from_source(
-        [
-            ("CLUSTER_NAME", CLUSTER),
+        &[
             ("SETTLE_SECONDS", "0"),
             ("DRAIN_TIMEOUT_SECONDS", "4"),
             ("EVICTION_BACKOFF_SECONDS", "10"),
             ("EVICTION_BACKOFF_MAX_SECONDS", "10"),
             ("DRAIN_LEASE_SECONDS", "2"),
             ("HAND_OVER_MARGIN_SECONDS", "0"),
-        ]
-        .as_slice(),
+        ],
     )
-    .unwrap();
-    let drainer = Drainer::new(
-        client,
-        autoscaling.clone(),
-        instances,
-        InMemoryNotifications::default(),
-        settings,
-    );
-    let invocation = Invocation {
-        request_id: "rbac-paced".into(),
-        function_account: Some("111111111111".into()),
-        budget: InvocationBudget::new(Duration::from_secs(8), Duration::ZERO),
-    };
-    let result = drainer
-        .handle_invocation(
-            fixtures::lifecycle_notification(corpus::Target::TerminatingHook, &action),
-            &invocation,
-        )
-        .await;
+    .await;
     let drained = result.as_ref().is_ok_and(|report| {
         matches!(
             report.outcomes.as_slice(),
