@@ -363,9 +363,8 @@ fn summary(answer: &Value) -> String {
 fn event_notes(w: &FunctionWorld, reason: &str) -> Vec<String> {
     w.server
         .store()
-        .list::<k8s_openapi::api::events::v1::Event>()
+        .events_with_reason(reason)
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
         .filter_map(|e| e.note)
         .collect()
 }

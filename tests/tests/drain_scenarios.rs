@@ -221,12 +221,7 @@ impl Scenario {
     }
 
     fn events_with_reason(&self, reason: &str) -> Vec<Event> {
-        self.server
-            .store()
-            .list::<Event>()
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .collect()
+        self.server.store().events_with_reason(reason)
     }
 
     fn checkpoint(&self) -> Option<DrainCheckpoint> {

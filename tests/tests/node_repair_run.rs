@@ -134,12 +134,7 @@ impl World {
     }
 
     fn events(&self, reason: &str) -> Vec<Event> {
-        self.server
-            .store()
-            .list::<Event>()
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .collect()
+        self.server.store().events_with_reason(reason)
     }
 
     fn record(&self, i: usize) -> Option<RepairRecord> {

@@ -1112,6 +1112,14 @@ impl Store {
             .collect()
     }
 
+    /// The `events.k8s.io` Events with `reason`, in every namespace.
+    pub fn events_with_reason(&self, reason: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+        self.list::<k8s_openapi::api::events::v1::Event>()
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .collect()
+    }
+
     /// Replaces an object, status included (a set `resourceVersion` must be current).
     pub fn update<K: StoredKind>(&self, object: &K) -> Result<K, StoreError> {
         let resource = resource_of::<K>()?;
