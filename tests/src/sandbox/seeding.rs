@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use node_manager::aws::LifecycleActionResult;
+use node_manager::lifecycle::node::node_instance_id;
 use serde_json::json;
 
 use super::SandboxError;
@@ -186,10 +187,6 @@ impl Sandbox {
                 )
             })
             .collect();
-        let launched_runtime = runtime.clone();
-        let launched_simulation = simulation.clone();
-        let launched_store = store.clone();
-        let launched_timeline = timeline.clone();
         let ec2 = self.aws.ec2();
         let spot_groups: BTreeSet<String> = self
             .scenario
@@ -206,9 +203,9 @@ impl Sandbox {
             {
                 ec2.add_instance(launched.spot());
             }
-            let simulation = launched_simulation.clone();
-            let store = launched_store.clone();
-            let timeline = launched_timeline.clone();
+            let simulation = simulation.clone();
+            let store = store.clone();
+            let timeline = timeline.clone();
             let name = instance.private_dns_name.clone();
             let provider_id = format!(
                 "aws:///{}/{}",
@@ -221,7 +218,7 @@ impl Sandbox {
             let zone = instance.availability_zone.clone();
             let register_after = Duration::from_secs_f64(timings.node_register_seconds);
             let ready_after = Duration::from_secs_f64(timings.node_ready_seconds);
-            launched_runtime.spawn(async move {
+            runtime.spawn(async move {
                 tokio::time::sleep(register_after).await;
                 let registered = simulation
                     .register_node(&name, &provider_id, Some(ready_after))
@@ -241,23 +238,24 @@ impl Sandbox {
                 );
             });
         }));
-        // A terminated instance's kubelet is gone at once; the cloud node lifecycle controller
-        // deletes its Node on its next pass, not at once: as long after as a new one takes to
-        // register.
+        self.follow_terminations();
+    }
+
+    /// A terminated instance's kubelet is gone at once; the cloud node lifecycle controller
+    /// deletes its Node on its next pass, not at once: as long after as a new one takes to
+    /// register.
+    fn follow_terminations(&self) {
+        let runtime = tokio::runtime::Handle::current();
+        let simulation = self.server.simulation().clone();
+        let store = self.server.store().clone();
+        let timeline = self.timeline.clone();
         let removal_delay = Duration::from_secs_f64(self.scenario.timings.node_register_seconds);
-        autoscaling.on_instance_terminated(Arc::new(move |instance_id: &str| {
+        let terminated = move |instance_id: &str| {
             let (store, timeline) = (store.clone(), timeline.clone());
-            let suffix = format!("/{instance_id}");
-            let instance_id = instance_id.to_owned();
             let Some(name) = store
                 .list::<Node>()
                 .into_iter()
-                .find(|n| {
-                    n.spec
-                        .as_ref()
-                        .and_then(|s| s.provider_id.as_deref())
-                        .is_some_and(|p| p.ends_with(&suffix))
-                })
+                .find(|n| node_instance_id(n) == Some(instance_id))
                 .and_then(|n| n.metadata.name)
             else {
                 return;
@@ -265,6 +263,7 @@ impl Sandbox {
             if let Err(error) = simulation.kill_kubelet(&name) {
                 tracing::debug!(%error, "the terminated instance's node is gone already");
             }
+            let instance_id = instance_id.to_owned();
             runtime.spawn(async move {
                 tokio::time::sleep(removal_delay).await;
                 let deleted = store.delete::<Node>("", &name);
@@ -276,7 +275,10 @@ impl Sandbox {
                     },
                 );
             });
-        }));
+        };
+        self.aws
+            .autoscaling()
+            .on_instance_terminated(Arc::new(terminated));
     }
 
     /// The EC2 instance behind `node`, launched at `launched`, in service in node group
