@@ -867,6 +867,13 @@ fn iam_grants_no_wildcard_action_and_resource_star_only_for_reads_without_resour
         "ec2:DescribeSpotInstanceRequests",
         "ec2:DescribeInstanceStatus",
         "ec2:DescribeLaunchTemplates",
+        "elasticloadbalancing:DescribeTargetGroups",
+        "elasticloadbalancing:DescribeLoadBalancers",
+        "elasticloadbalancing:DescribeTags",
+        "elasticloadbalancing:DescribeTargetHealth",
+        "elasticloadbalancing:DescribeInstanceHealth",
+        "elasticloadbalancing:DescribeTargetGroupAttributes",
+        "elasticloadbalancing:DescribeLoadBalancerAttributes",
     ];
     for template in [main_template(), load_template("infra/lifecycle-hooks.yaml")] {
         for (owner, statement) in policy_statements(&template) {

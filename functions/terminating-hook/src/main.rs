@@ -5,6 +5,7 @@
 
 use lambda_runtime::{LambdaEvent, service_fn};
 use node_manager::aws::http_client::load_sdk_config;
+use node_manager::aws::load_balancing::SdkLoadBalancers;
 use node_manager::aws::sdk::{SdkAutoScaling, SdkEks, SdkInstances, SdkNotifications};
 use node_manager::cluster::ClusterAccess;
 use node_manager::cluster::connection::EksConnection;
@@ -35,7 +36,8 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         SdkInstances::new(&sdk_config),
         SdkNotifications::new(&sdk_config),
         settings,
-    );
+    )
+    .with_load_balancers(SdkLoadBalancers::new(&sdk_config));
     let drainer = &drainer;
     lambda_runtime::run(service_fn(move |event: LambdaEvent<Value>| async move {
         let invocation = Invocation::from_context(&event.context, drainer.hand_over_margin());

@@ -1028,3 +1028,91 @@ impl InstanceRefreshes for InMemoryInstanceRefreshes {
         Ok(lock(&self.groups).get(group_name).cloned())
     }
 }
+
+/// The cluster's load balancers as a test sets them: each with its deregistration delay and
+/// how it stands towards each instance (an instance it does not name is not routed).
+#[derive(Debug, Default, Clone)]
+pub struct InMemoryLoadBalancers {
+    state: Arc<Mutex<InMemoryLoadBalancerState>>,
+    pub faults: InMemoryFaults,
+}
+
+#[derive(Debug, Default)]
+struct InMemoryLoadBalancerState {
+    delays: BTreeMap<LoadBalancerRef, Duration>,
+    routing: BTreeMap<(LoadBalancerRef, String), InstanceRouting>,
+    calls: Vec<&'static str>,
+}
+
+impl InMemoryLoadBalancers {
+    /// Adds a load balancer of the cluster.
+    pub fn add(&self, load_balancer: LoadBalancerRef, deregistration_delay: Duration) {
+        lock(&self.state)
+            .delays
+            .insert(load_balancer, deregistration_delay);
+    }
+
+    pub fn set_routing(
+        &self,
+        load_balancer: &LoadBalancerRef,
+        instance_id: &str,
+        routing: InstanceRouting,
+    ) {
+        lock(&self.state)
+            .routing
+            .insert((load_balancer.clone(), instance_id.to_owned()), routing);
+    }
+
+    /// The operations called so far, in order (`ClusterLoadBalancers`, `Routing`,
+    /// `DeregistrationDelay`).
+    pub fn calls(&self) -> Vec<&'static str> {
+        lock(&self.state).calls.clone()
+    }
+
+    fn call(&self, operation: &'static str) -> Result<(), AwsError> {
+        lock(&self.state).calls.push(operation);
+        self.faults.take(operation)
+    }
+}
+
+impl LoadBalancers for InMemoryLoadBalancers {
+    fn cluster_load_balancers<'a>(
+        &'a self,
+        _cluster_name: &'a str,
+    ) -> AwsFuture<'a, Vec<LoadBalancerRef>> {
+        Box::pin(async move {
+            self.call("ClusterLoadBalancers")?;
+            Ok(lock(&self.state).delays.keys().cloned().collect())
+        })
+    }
+
+    fn routing<'a>(
+        &'a self,
+        load_balancer: &'a LoadBalancerRef,
+        instance_id: &'a str,
+    ) -> AwsFuture<'a, InstanceRouting> {
+        Box::pin(async move {
+            self.call("Routing")?;
+            let key = (load_balancer.clone(), instance_id.to_owned());
+            Ok(lock(&self.state)
+                .routing
+                .get(&key)
+                .copied()
+                .unwrap_or(InstanceRouting::NotRouted))
+        })
+    }
+
+    fn deregistration_delay<'a>(
+        &'a self,
+        load_balancer: &'a LoadBalancerRef,
+    ) -> AwsFuture<'a, Duration> {
+        Box::pin(async move {
+            self.call("DeregistrationDelay")?;
+            Ok(lock(&self.state)
+                .delays
+                .get(load_balancer)
+                .copied()
+                .unwrap_or_default())
+        })
+    }
+}

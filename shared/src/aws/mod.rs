@@ -11,6 +11,8 @@ pub mod http_client;
 pub mod iam;
 #[cfg(any(feature = "fakes", all(test, feature = "runtime")))]
 pub mod in_memory;
+#[cfg(feature = "runtime")]
+pub mod load_balancing;
 pub mod partition;
 #[cfg(feature = "runtime")]
 pub mod sdk;
@@ -390,6 +392,87 @@ pub trait InstanceProfiles: Send + Sync {
         &self,
         role_name: &str,
     ) -> impl Future<Output = Result<Vec<String>, AwsError>> + Send;
+}
+
+/// A load balancer of the cluster that may route to an instance: a target group with instance
+/// targets (Elastic Load Balancing v2) or a classic load balancer.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LoadBalancerRef {
+    /// The target group's ARN.
+    TargetGroup(String),
+    /// The classic load balancer's name.
+    Classic(String),
+}
+
+impl std::fmt::Display for LoadBalancerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // `targetgroup/<name>/<id>`: the part of the ARN a person recognises.
+            Self::TargetGroup(arn) => {
+                let short = arn.find("targetgroup/").map_or(arn.as_str(), |i| &arn[i..]);
+                write!(f, "target group {short}")
+            }
+            Self::Classic(name) => write!(f, "classic load balancer {name}"),
+        }
+    }
+}
+
+/// How a load balancer stands towards one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceRouting {
+    /// Registered and not (yet) deregistered: new connections may still come.
+    Registered,
+    /// Deregistered, its connections draining (target `draining`, classic `InService` with
+    /// "Instance deregistration currently in progress").
+    Draining,
+    /// Neither: not registered, its draining over, or the load balancer gone.
+    NotRouted,
+}
+
+/// A future of the [`LoadBalancers`] trait, boxed so that the trait stays dyn-compatible.
+pub type AwsFuture<'a, T> =
+    std::pin::Pin<Box<dyn Future<Output = Result<T, AwsError>> + Send + 'a>>;
+
+/// Elastic Load Balancing (v2 and classic): which of the cluster's load balancers route to an
+/// instance, and until when. Dyn-compatible: only the drain uses it, so it is held as a
+/// trait object instead of joining the client types every hook shares.
+pub trait LoadBalancers: Send + Sync {
+    /// The cluster's target groups with instance targets and its classic load balancers: those
+    /// tagged `elbv2.k8s.aws/cluster` = the cluster (AWS Load Balancer Controller) or with a
+    /// `kubernetes.io/cluster/<cluster>` tag key (the Kubernetes service controller).
+    fn cluster_load_balancers<'a>(
+        &'a self,
+        cluster_name: &'a str,
+    ) -> AwsFuture<'a, Vec<LoadBalancerRef>>;
+
+    /// How `load_balancer` stands towards `instance_id` now.
+    fn routing<'a>(
+        &'a self,
+        load_balancer: &'a LoadBalancerRef,
+        instance_id: &'a str,
+    ) -> AwsFuture<'a, InstanceRouting>;
+
+    /// How long `load_balancer` lets a deregistered instance's connections drain (the target
+    /// group's `deregistration_delay.timeout_seconds`, the classic load balancer's connection
+    /// draining timeout; zero when draining is off).
+    fn deregistration_delay<'a>(
+        &'a self,
+        load_balancer: &'a LoadBalancerRef,
+    ) -> AwsFuture<'a, Duration>;
+}
+
+/// The tag the AWS Load Balancer Controller puts on what it creates, valued with the cluster.
+pub const LOAD_BALANCER_CONTROLLER_CLUSTER_TAG: &str = "elbv2.k8s.aws/cluster";
+
+/// Whether the tags (key, value) of a load balancer or target group say it is `cluster`'s.
+pub fn tagged_for_cluster<'t>(
+    cluster: &str,
+    mut tags: impl Iterator<Item = (&'t str, &'t str)>,
+) -> bool {
+    let owned_key = format!("kubernetes.io/cluster/{cluster}");
+    tags.any(|(key, value)| {
+        key == owned_key || (key == LOAD_BALANCER_CONTROLLER_CLUSTER_TAG && value == cluster)
+    })
 }
 
 /// SNS: hand a notification to a fresh invocation by publishing it again.

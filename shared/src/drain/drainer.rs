@@ -42,10 +42,12 @@ use super::deadline::{DeadlinePolicy, NextStep};
 use super::events::{DrainEvents, reason};
 use super::eviction::grace_to_send;
 use super::lease::{self, Claim, LeaseHolder, NodeLease, lease_wait};
+use super::load_balancers::LoadBalancerTarget;
 use super::metrics::DrainMetrics;
 use super::node_pods::PrefetchedPods;
 use super::report::{DeliveryOutcome, DrainError, DrainReport};
 use super::session::{DrainSession, SessionSettings, SessionStats};
+use crate::aws::LoadBalancers;
 use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::node_marks::out_of_service::CordonReport;
 
@@ -62,6 +64,10 @@ pub struct Drainer<C: HookClients> {
     pub context: HookContext<C, DrainSettings>,
     /// Whether Kubernetes Events are written (off only in tests that count API calls).
     pub record_events: bool,
+    /// Elastic Load Balancing, for the wait until the instance's load balancers let go of it
+    /// ([`super::load_balancers`]); `None`: the settle period only. The drain alone calls
+    /// it, so it stays out of the client types every hook shares.
+    pub load_balancers: Option<Box<dyn LoadBalancers>>,
 }
 
 impl<K, A, I, N> Drainer<Clients<K, A, I, N>>
@@ -81,6 +87,7 @@ where
         Self {
             context: HookContext::new(kube, autoscaling, instances, notifications, settings),
             record_events: true,
+            load_balancers: None,
         }
     }
 }
@@ -88,6 +95,27 @@ where
 impl<C: HookClients> Drainer<C> {
     pub(super) fn settings(&self) -> &DrainSettings {
         &self.context.settings
+    }
+
+    /// Waits, after each drain, for the load balancers `client` reads, unless
+    /// `LOAD_BALANCER_WAIT` is off.
+    pub fn with_load_balancers(mut self, client: impl LoadBalancers + 'static) -> Self {
+        if self.settings().load_balancer_wait {
+            self.load_balancers = Some(Box::new(client));
+        }
+        self
+    }
+
+    /// What the drain of `instance_id`'s node waits for once the node is empty.
+    pub(super) fn load_balancer_target<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> Option<LoadBalancerTarget<'a>> {
+        Some(LoadBalancerTarget {
+            client: self.load_balancers.as_deref()?,
+            cluster: &self.settings().lifecycle.cluster.cluster_name,
+            instance_id,
+        })
     }
 }
 
@@ -742,6 +770,8 @@ impl<C: HookClients> Drainer<C> {
             request.events,
             prefetched,
         );
+        session.load_balancers =
+            self.load_balancer_target(&request.notification.action.instance_id);
         let policy = DeadlinePolicy {
             force: self.settings().force,
             timeout_result: self.settings().timeout_result,

@@ -47,6 +47,8 @@ pub mod reason {
     pub const DRAIN_BLOCKED: &str = "DrainBlocked";
     /// Volumes still attached to the node when the wait for them reached its bound.
     pub const VOLUMES_STILL_ATTACHED: &str = "VolumesStillAttached";
+    /// Load balancers still routing to the instance when the wait for them reached its bound.
+    pub const LOAD_BALANCERS_STILL_ROUTING: &str = "LoadBalancersStillRouting";
 }
 
 /// An Event waiting to be written.

@@ -14,7 +14,9 @@
 //!    while pods keep it waiting, says which and why ([`blocked`]);
 //! 6. at the deadline, reports the pods and budgets in the way ([`stuck`], [`budgets`]) or
 //!    deletes them ([`force`]), as [`deadline`] decides;
-//! 7. settles and waits for the node's volumes to detach ([`volumes`]), then completes the
+//! 7. waits until the cluster's load balancers no longer route to the instance
+//!    ([`load_balancers`]; the settle period when they cannot be read) and for the node's
+//!    volumes to detach ([`volumes`]), then completes the
 //!    lifecycle action — [`session`], [`drainer`] (`finish.rs`);
 //!    a drain that failed, as `DRAIN_TIMEOUT_RESULT` and the group's instance retention
 //!    say — [`retention`];
@@ -40,6 +42,7 @@ mod eviction_round;
 mod finish;
 pub mod force;
 pub mod lease;
+pub mod load_balancers;
 pub mod metrics;
 pub mod node_pods;
 pub mod notice;

@@ -235,6 +235,7 @@ impl<C: HookClients> Drainer<C> {
             request.events,
             None,
         );
+        session.load_balancers = self.load_balancer_target(&request.action.instance_id);
         let budget = request.invocation.budget;
         // A step the API server throttles past its request's bound is tried again, until the
         // hand-over time ([`ThrottledRetries`]).

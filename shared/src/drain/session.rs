@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep_until};
 use super::backoff::Backoff;
 use super::events::{DrainEvents, reason};
 use super::lease::{self, LeaseHolder, Update};
+use super::load_balancers::{LONGEST_DEREGISTRATION_DELAY, LoadBalancerTarget, LoadBalancerWait};
 use super::node_pods::NodePods;
 use super::plan::{DrainPlan, PlanContext, PodKey};
 use super::stuck::StuckPod;
@@ -93,6 +94,9 @@ pub struct DrainSession<'a> {
     /// The watch of the node's pods when it was started before the session (concurrently
     /// with the claim); the session starts its own otherwise.
     pub prefetched_pods: Option<NodePods>,
+    /// The load balancers to wait for once the node is empty ([`super::load_balancers`]);
+    /// `None`: the settle period only.
+    pub load_balancers: Option<LoadBalancerTarget<'a>>,
 }
 
 impl<'a> DrainSession<'a> {
@@ -123,6 +127,7 @@ impl<'a> DrainSession<'a> {
             renew_failures: 0,
             first_listed: None,
             prefetched_pods,
+            load_balancers: None,
         }
     }
 }
@@ -235,13 +240,25 @@ impl DrainSession<'_> {
         .await
     }
 
-    /// Waits out the settle period and for the node's volumes to detach (both counted from
-    /// when the node was drained), renewing the lease, unless the invocation ends first.
+    /// Waits until the load balancers let go of the instance (or the settle period passes,
+    /// when they cannot be read) and for the node's volumes to detach, all counted from when
+    /// the node was drained, renewing the lease, unless the invocation ends first.
     pub async fn settle(&mut self, hand_over_at: Instant) -> Result<SessionEnd, kube::Error> {
         let drained_at = self.checkpoint.drained_at.unwrap_or_else(Timestamp::now);
         let settled_at = instant_at(self.cut_at_notice_end(drained_at, self.settings.settle));
         let volumes_bound = self.cut_at_notice_end(drained_at, self.settings.volume_detach);
         let mut volumes = VolumeWait::until(instant_at(volumes_bound), self.settings.volume_detach);
+        let mut balancers = LoadBalancerWait::new(
+            self.load_balancers,
+            instant_at(drained_at),
+            self.settings.settle,
+            settled_at,
+        );
+        if self.notice_end().is_some() {
+            let longest = self.settings.settle + LONGEST_DEREGISTRATION_DELAY;
+            let last_useful = self.cut_at_notice_end(drained_at, longest);
+            balancers.cut_at(instant_at(last_useful));
+        }
         if Instant::now() < settled_at {
             tracing::info!(step = "settling", node = %self.node_name, settle_seconds = self.settings.settle.as_secs_f64(), "waiting for load balancers to let go of the node");
         }
@@ -250,28 +267,34 @@ impl DrainSession<'_> {
             volumes
                 .check_if_due(self.client, &self.node_name, &context, hand_over_at)
                 .await;
-            // A wait for volumes that a resumed invocation must count from the same time.
-            if volumes.attached()
+            balancers.check_if_due(&self.node_name, hand_over_at).await;
+            // A wait that a resumed invocation must count from the same time.
+            if (volumes.attached() || balancers.routing())
                 && self.checkpoint.drained_at.is_none()
                 && let Some(end) = self.mark_drained().await?
             {
                 return Ok(end);
             }
             let now = Instant::now();
-            if now >= settled_at && !volumes.waiting(now) {
+            if !balancers.waiting(now) && !volumes.waiting(now) {
                 self.report_volumes_left(&volumes, now);
+                self.report_balancers_left(&balancers, now);
                 return Ok(SessionEnd::Settled);
             }
             if now >= hand_over_at {
                 return Ok(SessionEnd::HandOver);
             }
             let renew_at = now + self.renew_interval();
-            let wake = [Some(hand_over_at), Some(renew_at), volumes.next_wake(now)]
-                .into_iter()
-                .flatten()
-                .chain((settled_at > now).then_some(settled_at))
-                .min()
-                .unwrap_or(renew_at);
+            let wake = [
+                Some(hand_over_at),
+                Some(renew_at),
+                volumes.next_wake(now),
+                balancers.next_wake(now),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(renew_at);
             sleep_until(wake).await;
             if wake == renew_at
                 && let Some(end) = self.renew().await
@@ -310,6 +333,25 @@ impl DrainSession<'_> {
                 left.len(),
                 self.node_name,
                 self.settings.volume_detach.as_secs_f64(),
+                left.join(", ")
+            ),
+        );
+    }
+
+    /// Says which load balancers still routed to the instance when the wait for them ended.
+    fn report_balancers_left(&self, balancers: &LoadBalancerWait<'_>, now: Instant) {
+        let left = balancers.left_at_bound(now);
+        if left.is_empty() {
+            return;
+        }
+        tracing::warn!(step = "load_balancers_still_routing", node = %self.node_name, load_balancers = ?left, "load balancers still route to the instance at the bound of the wait (SETTLE_SECONDS plus their deregistration delay); completing anyway");
+        self.events.warning(
+            &self.node_reference(),
+            reason::LOAD_BALANCERS_STILL_ROUTING,
+            format!(
+                "{} load balancer(s) still routed to the instance of node {} when the wait for them ended (SETTLE_SECONDS plus each one's deregistration delay from the drain's end): {}; their open connections may be cut",
+                left.len(),
+                self.node_name,
                 left.join(", ")
             ),
         );

@@ -72,6 +72,10 @@ pub struct DrainSettings {
     /// pod being deleted still holds the drain, and how long a node may be NotReady before
     /// its pods being deleted stop holding it (a dead kubelet never confirms a deletion).
     pub stuck_pod_after: Duration,
+    /// `LOAD_BALANCER_WAIT` (true): once the node is empty, wait until the cluster's load
+    /// balancers no longer route to the instance (bounded by `SETTLE_SECONDS` plus each
+    /// one's deregistration delay) instead of waiting `SETTLE_SECONDS` only.
+    pub load_balancer_wait: bool,
     /// `VOLUME_DETACH_SECONDS` (300): how long after the node is empty the drain waits for
     /// its volumes to detach (no `VolumeAttachment` naming the node); `0` does not wait.
     pub volume_detach: Duration,
@@ -114,6 +118,7 @@ impl DrainSettings {
             pod_grace_period: optional_seconds(source, "POD_GRACE_PERIOD_SECONDS")?,
             taint: node_taint(source)?,
             stuck_pod_after: seconds(source, "STUCK_POD_SECONDS", Duration::from_secs(60))?,
+            load_balancer_wait: source.flag("LOAD_BALANCER_WAIT", true)?,
             volume_detach: seconds(source, "VOLUME_DETACH_SECONDS", Duration::from_secs(300))?,
             blocked_report: seconds(
                 source,

@@ -27,6 +27,7 @@
 mod autoscaling;
 mod ec2;
 mod eks;
+mod elb;
 mod eventbridge;
 mod faults;
 mod iam;
@@ -45,6 +46,7 @@ pub use autoscaling::{
 };
 pub use ec2::{FakeEc2, FakeEc2LaunchTemplate, FakeInstance, InstanceState};
 pub use eks::{FakeAccessEntry, FakeCluster, FakeEks, FakeNodegroup};
+pub use elb::{FakeElb, FakeLoadBalancer, FakeTargetGroup};
 pub use eventbridge::{EventPattern, EventSubscription, FakeEventBridge};
 pub use faults::{AwsFault, AwsFaultKind, FakeAwsFaults};
 pub use iam::FakeIam;
@@ -113,6 +115,10 @@ pub enum Service {
     Sns,
     Eks,
     Iam,
+    /// Elastic Load Balancing v2 (target groups).
+    LoadBalancing,
+    /// Classic load balancers: the same signing name, API version `2012-06-01`.
+    ClassicLoadBalancing,
 }
 
 impl Service {
@@ -124,6 +130,7 @@ impl Service {
             Self::Sns => "sns",
             Self::Eks => "eks",
             Self::Iam => "iam",
+            Self::LoadBalancing | Self::ClassicLoadBalancing => "elasticloadbalancing",
         }
     }
 
@@ -134,6 +141,7 @@ impl Service {
             "sns" => Some(Self::Sns),
             "eks" => Some(Self::Eks),
             "iam" => Some(Self::Iam),
+            "elasticloadbalancing" => Some(Self::LoadBalancing),
             _ => None,
         }
     }
@@ -169,6 +177,7 @@ pub(crate) struct Shared {
     pub(crate) sns: Mutex<sns::SnsState>,
     pub(crate) eks: Mutex<eks::EksState>,
     pub(crate) iam: Mutex<iam::IamState>,
+    pub(crate) elb: Mutex<elb::ElbState>,
     pub(crate) eventbridge: Mutex<eventbridge::EventBridgeState>,
 }
 
@@ -216,6 +225,7 @@ impl FakeAws {
             sns: Mutex::default(),
             eks: Mutex::default(),
             iam: Mutex::default(),
+            elb: Mutex::default(),
             eventbridge: Mutex::default(),
         });
         let router = axum::Router::new()
@@ -264,6 +274,11 @@ impl FakeAws {
 
     pub fn iam(&self) -> FakeIam {
         FakeIam::new(Arc::clone(&self.shared))
+    }
+
+    /// Target groups and classic load balancers.
+    pub fn elb(&self) -> FakeElb {
+        FakeElb::new(Arc::clone(&self.shared))
     }
 
     pub fn eventbridge(&self) -> FakeEventBridge {
@@ -463,17 +478,22 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         };
         return finish(&shared, record, guessed, Err(error), &request_id);
     };
-    let Some(service) = Service::from_signing_name(&scope.service) else {
+    let Some(mut service) = Service::from_signing_name(&scope.service) else {
         let error = ApiError::new(
             400,
             "UnknownService",
             format!(
-                "the fake AWS endpoint does not serve {:?} (it serves autoscaling, ec2, sns, eks, iam)",
+                "the fake AWS endpoint does not serve {:?} (it serves autoscaling, ec2, sns, eks, iam, elasticloadbalancing)",
                 scope.service
             ),
         );
         return finish(&shared, record, guessed, Err(error), &request_id);
     };
+    if service == Service::LoadBalancing
+        && parsed.form.get("Version").map(String::as_str) == Some(elb::CLASSIC_VERSION)
+    {
+        service = Service::ClassicLoadBalancing;
+    }
     record.service = Some(service);
     record.operation = operation_name(service, &parsed);
     record.params = key_params(service, &parsed);
@@ -501,6 +521,9 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         Service::Sns => sns::dispatch(&shared, &record.operation, &parsed.form),
         Service::Eks => eks::dispatch(&shared, &record.operation, &parsed),
         Service::Iam => iam::dispatch(&shared, &record.operation, &parsed.form),
+        Service::LoadBalancing | Service::ClassicLoadBalancing => {
+            elb::dispatch(&shared, &record.operation, &parsed.form)
+        }
     };
     finish(&shared, record, service, result, &request_id)
 }
@@ -556,7 +579,7 @@ fn authenticate(
                 "UnrecognizedClientException",
                 "The security token included in the request is invalid.",
             ),
-            Service::AutoScaling | Service::Sns | Service::Iam => ApiError::new(
+            _ => ApiError::new(
                 403,
                 "InvalidClientTokenId",
                 "The security token included in the request is invalid.",
@@ -574,9 +597,7 @@ fn authenticate(
             "AWS was not able to validate the provided access credentials",
         ),
         Service::Eks => ApiError::new(403, "InvalidSignatureException", MISMATCH),
-        Service::AutoScaling | Service::Sns | Service::Iam => {
-            ApiError::new(403, "SignatureDoesNotMatch", MISMATCH)
-        }
+        _ => ApiError::new(403, "SignatureDoesNotMatch", MISMATCH),
     })
 }
 

@@ -147,6 +147,19 @@ pub(crate) fn timestamp_millis(at: jiff::Timestamp) -> String {
 const AUTOSCALING_XMLNS: &str = "http://autoscaling.amazonaws.com/doc/2011-01-01/";
 const SNS_XMLNS: &str = "http://sns.amazonaws.com/doc/2010-03-31/";
 const IAM_XMLNS: &str = "https://iam.amazonaws.com/doc/2010-05-08/";
+const ELB_XMLNS: &str = "http://elasticloadbalancing.amazonaws.com/doc/2015-12-01/";
+const CLASSIC_ELB_XMLNS: &str = "http://elasticloadbalancing.amazonaws.com/doc/2012-06-01/";
+
+/// The XML namespace of a query service's answers.
+fn query_xmlns(service: Service) -> &'static str {
+    match service {
+        Service::Sns => SNS_XMLNS,
+        Service::Iam => IAM_XMLNS,
+        Service::LoadBalancing => ELB_XMLNS,
+        Service::ClassicLoadBalancing => CLASSIC_ELB_XMLNS,
+        _ => AUTOSCALING_XMLNS,
+    }
+}
 const EC2_XMLNS: &str = "http://ec2.amazonaws.com/doc/2016-11-15/";
 
 fn with_request_id(mut response: Response<Body>, request_id: &str) -> Response<Body> {
@@ -183,11 +196,7 @@ pub(crate) fn render_reply(
             ),
         ),
         (_, Reply::Xml(inner)) => {
-            let xmlns = match service {
-                Service::Sns => SNS_XMLNS,
-                Service::Iam => IAM_XMLNS,
-                _ => AUTOSCALING_XMLNS,
-            };
+            let xmlns = query_xmlns(service);
             let result = if inner.is_empty() {
                 format!("<{operation}Result/>")
             } else {
@@ -232,12 +241,8 @@ pub(crate) fn render_error(service: Service, error: &ApiError, request_id: &str)
             }
             response
         }
-        Service::AutoScaling | Service::Sns | Service::Iam => {
-            let xmlns = match service {
-                Service::Sns => SNS_XMLNS,
-                Service::Iam => IAM_XMLNS,
-                _ => AUTOSCALING_XMLNS,
-            };
+        _ => {
+            let xmlns = query_xmlns(service);
             build(
                 error.status,
                 "text/xml",

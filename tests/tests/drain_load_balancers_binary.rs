@@ -1,0 +1,245 @@
+//! The built `terminating-hook` binary waits, once the node is empty, until no load balancer
+//! of the cluster routes to the instance (`LOAD_BALANCER_WAIT`), through the unmodified
+//! Elastic Load Balancing SDK clients against the fake AWS's target groups and classic load
+//! balancers; the test plays the service controller, which deregisters the instance from the
+//! cluster's load balancers once the drain labels the node out of them.
+//!
+//! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing the function.
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager_testkit::aws::{FakeElb, FakeLoadBalancer, FakeTargetGroup};
+use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, Target};
+use serde_json::Value;
+
+const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
+
+/// The load balancers around the instance.
+struct Balancers {
+    /// An instance-mode target group of the cluster (AWS Load Balancer Controller).
+    web: FakeLoadBalancer,
+    /// A classic load balancer of the cluster (service controller).
+    legacy: FakeLoadBalancer,
+    /// A target group nobody tagged for the cluster that also has the instance: not the
+    /// cluster's controllers' to deregister, not waited for.
+    unrelated: FakeLoadBalancer,
+}
+
+async fn world(settings: &[(&str, &str)]) -> FunctionWorld {
+    let mut builder = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .env("SETTLE_SECONDS", "1")
+        .env("EVICTION_BACKOFF_SECONDS", "0.05")
+        .env("DRAIN_TIMEOUT_SECONDS", "30")
+        .env("HAND_OVER_MARGIN_SECONDS", "5")
+        .log_level("info")
+        .json_logs();
+    for (key, value) in settings {
+        builder = builder.env(key, value);
+    }
+    let w = builder.start().await;
+    w.add_room_node();
+    w
+}
+
+/// Seeds the load balancers, the instance registered with each when `registered`.
+fn seed(
+    elb: &FakeElb,
+    web_delay: Duration,
+    legacy_draining: Duration,
+    registered: bool,
+) -> Balancers {
+    let web = FakeLoadBalancer::TargetGroup(
+        elb.add_target_group(FakeTargetGroup::of_cluster("k8s-shop-web", CLUSTER).delay(web_delay)),
+    );
+    elb.add_target_group(FakeTargetGroup::of_cluster("k8s-shop-api", CLUSTER).ip_targets());
+    elb.add_classic("a1b2c3d4legacy", CLUSTER, Some(legacy_draining));
+    let legacy = FakeLoadBalancer::Classic("a1b2c3d4legacy".to_owned());
+    let unrelated = FakeLoadBalancer::TargetGroup(elb.add_target_group(FakeTargetGroup {
+        tags: vec![("team".to_owned(), "payments".to_owned())],
+        ..FakeTargetGroup::of_cluster("hand-made", CLUSTER)
+    }));
+    if registered {
+        for lb in [&web, &legacy, &unrelated] {
+            elb.register(lb, INSTANCE);
+        }
+    }
+    Balancers {
+        web,
+        legacy,
+        unrelated,
+    }
+}
+
+/// The service controller: once the node is labelled out of load balancers, deregisters the
+/// instance from the cluster's ones.
+fn play_service_controller(
+    w: &FunctionWorld,
+    balancers: &Balancers,
+) -> tokio::task::JoinHandle<()> {
+    let store = w.server.store().clone();
+    let node = w.node.clone();
+    let elb = w.aws.elb();
+    let cluster_lbs = [balancers.web.clone(), balancers.legacy.clone()];
+    tokio::spawn(async move {
+        loop {
+            let excluded = store.get::<Node>("", &node).ok().is_some_and(|n| {
+                n.metadata
+                    .labels
+                    .unwrap_or_default()
+                    .get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL)
+                    == Some(&"true".to_owned())
+            });
+            if excluded {
+                for lb in &cluster_lbs {
+                    elb.deregister(lb, INSTANCE);
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+}
+
+async fn terminate(w: &FunctionWorld) -> (Value, Duration) {
+    let (_, event) = w.start_termination().await;
+    let started = Instant::now();
+    let answer = w
+        .function(Target::TerminatingHook)
+        .response_to(&event)
+        .await;
+    (answer, started.elapsed())
+}
+
+fn notes(w: &FunctionWorld, reason: &str) -> Vec<String> {
+    w.server
+        .store()
+        .events_with_reason(reason)
+        .into_iter()
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_action_waits_until_the_clusters_load_balancers_no_longer_route_to_the_instance() {
+    let w = world(&[]).await;
+    let balancers = seed(
+        &w.aws.elb(),
+        Duration::from_secs(4),
+        Duration::from_secs(5),
+        true,
+    );
+    let controller = play_service_controller(&w, &balancers);
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    controller.await.unwrap();
+    let elb = w.aws.elb();
+    // Completed only once both had let go (the settle period alone is 1 s).
+    assert!(!elb.routes_to(&balancers.web, INSTANCE), "took {took:?}");
+    assert!(!elb.routes_to(&balancers.legacy, INSTANCE), "took {took:?}");
+    assert!(took >= Duration::from_secs(4), "took {took:?}");
+    // Not waited for: it is not the cluster's (it would take 300 s).
+    assert!(elb.routes_to(&balancers.unrelated, INSTANCE));
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let output = w.function(Target::TerminatingHook).runtime.output();
+    assert!(output.contains("\"awaiting_load_balancers\""), "{output}");
+    assert!(
+        output.contains("\"load_balancers_deregistered\""),
+        "{output}"
+    );
+    assert!(notes(&w, "LoadBalancersStillRouting").is_empty());
+    // Asked about the instance only where it may be routed: the cluster's instance-mode
+    // target group and classic load balancer, never the IP-mode or untagged one.
+    let health = w.aws.requests_for("DescribeTargetHealth");
+    assert!(
+        health
+            .iter()
+            .all(|r| r.params["TargetGroupArn"].contains("k8s-shop-web")),
+        "{health:?}"
+    );
+    assert!(!w.aws.requests_for("DescribeInstanceHealth").is_empty());
+}
+
+#[tokio::test]
+async fn a_node_no_load_balancer_routes_to_does_not_wait_the_settle_period() {
+    let settle = [("SETTLE_SECONDS", "8")];
+    let w = world(&settle).await;
+    seed(
+        &w.aws.elb(),
+        Duration::from_secs(300),
+        Duration::from_secs(300),
+        false,
+    );
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(
+        took < Duration::from_secs(6),
+        "took {took:?}: waited the settle period"
+    );
+
+    // Turned off, the same drain waits SETTLE_SECONDS and asks no load balancer.
+    let w = world(&[settle[0], ("LOAD_BALANCER_WAIT", "false")]).await;
+    seed(
+        &w.aws.elb(),
+        Duration::from_secs(300),
+        Duration::from_secs(300),
+        false,
+    );
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(took >= Duration::from_secs(8), "took {took:?}");
+    assert!(w.aws.requests_for("DescribeTargetGroups").is_empty());
+}
+
+#[tokio::test]
+async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_completed() {
+    // Nobody deregisters the instance: waited for 1 s settle + 2 s delay, then named.
+    let w = world(&[]).await;
+    let balancers = seed(
+        &w.aws.elb(),
+        Duration::from_secs(2),
+        Duration::from_secs(2),
+        true,
+    );
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(
+        (Duration::from_secs(3)..Duration::from_secs(15)).contains(&took),
+        "took {took:?}"
+    );
+    assert!(w.aws.elb().routes_to(&balancers.web, INSTANCE));
+    let notes = notes(&w, "LoadBalancersStillRouting");
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].contains("targetgroup/k8s-shop-web/"), "{notes:?}");
+    assert!(
+        notes[0].contains("classic load balancer a1b2c3d4legacy"),
+        "{notes:?}"
+    );
+    assert!(!notes[0].contains("hand-made"), "{notes:?}");
+}
+
+#[tokio::test]
+async fn load_balancers_that_cannot_be_read_leave_the_settle_period_as_the_wait() {
+    use node_manager_testkit::aws::{AwsFault, Service};
+    let w = world(&[("SETTLE_SECONDS", "3")]).await;
+    seed(
+        &w.aws.elb(),
+        Duration::from_secs(300),
+        Duration::from_secs(300),
+        true,
+    );
+    w.aws
+        .faults()
+        .inject(AwsFault::unavailable().on_service(Service::LoadBalancing));
+    let (answer, took) = terminate(&w).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert!(
+        (Duration::from_secs(3)..Duration::from_secs(12)).contains(&took),
+        "took {took:?}"
+    );
+    assert!(w.aws.faults().injected() > 0);
+}
