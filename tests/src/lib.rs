@@ -21,5 +21,6 @@ pub mod identity;
 pub mod kube;
 pub mod lambda_api;
 pub mod sandbox;
+pub mod service_controller;
 pub mod soak;
 pub mod token_verifier;

@@ -24,6 +24,7 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## Instance notices: calls per event",
         "## The instance-refresh function's memory on a big cluster",
         "## Waiting for volumes",
+        "## Waiting for load balancers",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }

@@ -9,10 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Node;
-use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 use node_manager_testkit::aws::{FakeElb, FakeLoadBalancer, FakeTargetGroup};
 use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, Target};
+use node_manager_testkit::service_controller::ServiceController;
 use serde_json::Value;
 
 const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
@@ -64,9 +63,7 @@ fn seed(
         ..FakeTargetGroup::of_cluster("hand-made", CLUSTER)
     }));
     if registered {
-        for lb in [&web, &legacy, &unrelated] {
-            elb.register(lb, INSTANCE);
-        }
+        elb.register(&unrelated, INSTANCE);
     }
     Balancers {
         web,
@@ -75,34 +72,21 @@ fn seed(
     }
 }
 
-/// The service controller: once the node is labelled out of load balancers, deregisters the
-/// instance from the cluster's ones.
-fn play_service_controller(
-    w: &FunctionWorld,
-    balancers: &Balancers,
-) -> tokio::task::JoinHandle<()> {
-    let store = w.server.store().clone();
-    let node = w.node.clone();
+/// The service controller for the cluster's load balancers; returns once it registered the
+/// instance with them.
+async fn service_controller(w: &FunctionWorld, balancers: &Balancers) -> ServiceController {
     let elb = w.aws.elb();
-    let cluster_lbs = [balancers.web.clone(), balancers.legacy.clone()];
-    tokio::spawn(async move {
-        loop {
-            let excluded = store.get::<Node>("", &node).ok().is_some_and(|n| {
-                n.metadata
-                    .labels
-                    .unwrap_or_default()
-                    .get(EXCLUDE_FROM_LOAD_BALANCERS_LABEL)
-                    == Some(&"true".to_owned())
-            });
-            if excluded {
-                for lb in &cluster_lbs {
-                    elb.deregister(lb, INSTANCE);
-                }
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    let cluster_lbs = vec![balancers.web.clone(), balancers.legacy.clone()];
+    let controller = ServiceController::start(w.server.store().clone(), elb.clone(), cluster_lbs);
+    let registered = Instant::now();
+    while !(elb.routes_to(&balancers.web, INSTANCE) && elb.routes_to(&balancers.legacy, INSTANCE)) {
+        assert!(
+            registered.elapsed() < Duration::from_secs(5),
+            "the instance was never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    controller
 }
 
 async fn terminate(w: &FunctionWorld) -> (Value, Duration) {
@@ -133,10 +117,9 @@ async fn the_action_waits_until_the_clusters_load_balancers_no_longer_route_to_t
         Duration::from_secs(5),
         true,
     );
-    let controller = play_service_controller(&w, &balancers);
+    let _controller = service_controller(&w, &balancers).await;
     let (answer, took) = terminate(&w).await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
-    controller.await.unwrap();
     let elb = w.aws.elb();
     // Completed only once both had let go (the settle period alone is 1 s).
     assert!(!elb.routes_to(&balancers.web, INSTANCE), "took {took:?}");
@@ -205,6 +188,8 @@ async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_comp
         Duration::from_secs(2),
         true,
     );
+    w.aws.elb().register(&balancers.web, INSTANCE);
+    w.aws.elb().register(&balancers.legacy, INSTANCE);
     let (answer, took) = terminate(&w).await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(
@@ -226,12 +211,13 @@ async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_comp
 async fn load_balancers_that_cannot_be_read_leave_the_settle_period_as_the_wait() {
     use node_manager_testkit::aws::{AwsFault, Service};
     let w = world(&[("SETTLE_SECONDS", "3")]).await;
-    seed(
+    let balancers = seed(
         &w.aws.elb(),
         Duration::from_secs(300),
         Duration::from_secs(300),
         true,
     );
+    w.aws.elb().register(&balancers.web, INSTANCE);
     w.aws
         .faults()
         .inject(AwsFault::unavailable().on_service(Service::LoadBalancing));

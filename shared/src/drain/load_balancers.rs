@@ -82,6 +82,9 @@ pub struct LoadBalancerWait<'a> {
     cut: Option<Instant>,
     poll: Duration,
     next_check: Instant,
+    /// When the last round that answered started: the wait ends only after a round that
+    /// started at the last bound or later, so what it reports then is what is true then.
+    last_round: Option<Instant>,
     pub state: BalancersState,
     /// Load balancer checks made (for the log and the benchmark).
     pub calls: u32,
@@ -109,6 +112,7 @@ impl<'a> LoadBalancerWait<'a> {
             cut: None,
             poll: (settle / 12).clamp(Duration::from_millis(10), POLL_INTERVAL),
             next_check: Instant::now(),
+            last_round: None,
             state,
             calls: 0,
         }
@@ -123,8 +127,22 @@ impl<'a> LoadBalancerWait<'a> {
     pub fn waiting(&self, now: Instant) -> bool {
         match &self.state {
             BalancersState::Unknown | BalancersState::Fixed => now < self.settled_at,
-            BalancersState::Routing(left) => left.values().any(|r| now < r.bound_at),
+            BalancersState::Routing(left) => {
+                let last_bound = left.values().map(|r| r.bound_at).max().unwrap_or(now);
+                // Past the bound, one more round says what still routes (given up on when it
+                // cannot be had).
+                let checked_since = self.last_round.is_some_and(|at| at >= last_bound);
+                now < last_bound || (!checked_since && now < last_bound + CHECK_TIMEOUT)
+            }
             BalancersState::Deregistered => false,
+        }
+    }
+
+    /// The latest bound of the load balancers still routing.
+    fn last_bound(&self) -> Option<Instant> {
+        match &self.state {
+            BalancersState::Routing(left) => left.values().map(|r| r.bound_at).max(),
+            _ => None,
         }
     }
 
@@ -139,7 +157,7 @@ impl<'a> LoadBalancerWait<'a> {
             return None;
         }
         let end = match &self.state {
-            BalancersState::Routing(left) => left.values().map(|r| r.bound_at).max(),
+            BalancersState::Routing(_) => self.last_bound(),
             _ => Some(self.settled_at),
         };
         let check =
@@ -174,7 +192,10 @@ impl<'a> LoadBalancerWait<'a> {
         let give_up_at = deadline.min(now + CHECK_TIMEOUT);
         let checked = tokio::time::timeout_at(give_up_at, self.check(target)).await;
         let next = match checked {
-            Ok(Ok(next)) => next,
+            Ok(Ok(next)) => {
+                self.last_round = Some(now);
+                next
+            }
             Ok(Err(error)) if error.kind == AwsErrorKind::AccessDenied => {
                 tracing::warn!(node, %error, settle_seconds = self.settle.as_secs_f64(), "cannot read the cluster's load balancers: waiting SETTLE_SECONDS instead (grant the elasticloadbalancing Describe calls)");
                 BalancersState::Fixed
@@ -194,7 +215,12 @@ impl<'a> LoadBalancerWait<'a> {
         };
         self.log_change(node, &next);
         self.state = next;
-        self.next_check = Instant::now() + self.pace();
+        let paced = Instant::now() + self.pace();
+        self.next_check = match self.last_bound() {
+            // The round at the last bound comes on time however many remain.
+            Some(bound) if bound > now => paced.min(bound),
+            _ => paced,
+        };
     }
 
     /// The time to the next round: the poll interval, longer when many remain.
@@ -365,15 +391,23 @@ mod tests {
         assert_eq!(wait.state, BalancersState::Deregistered);
         assert!(!wait.waiting(Instant::now()));
 
-        // One that never lets go: waited for 600 ms settle + 300 ms delay from the drain's end.
+        // One that never lets go: waited for 600 ms settle + 300 ms delay from the drain's
+        // end, then asked once more, and named.
         client.set_routing(&lb, INSTANCE, InstanceRouting::Registered);
         let before = Instant::now();
         let mut stuck = self::wait(&client, settle);
         let after = Instant::now();
         stuck.check_if_due("node", deadline).await;
         assert!(stuck.waiting(before + Duration::from_millis(899)));
-        assert!(!stuck.waiting(after + Duration::from_millis(900)));
-        let left = stuck.left_at_bound(after + Duration::from_millis(900));
+        let bound = stuck.next_wake(Instant::now()).expect("waiting");
+        assert!(bound <= after + Duration::from_millis(900));
+        let calls = client.calls().len();
+        tokio::time::sleep_until(after + Duration::from_millis(900)).await;
+        assert!(stuck.waiting(Instant::now()), "not before one more round");
+        stuck.check_if_due("node", deadline).await;
+        assert_eq!(client.calls().len(), calls + 1, "the round at the bound");
+        assert!(!stuck.waiting(Instant::now()));
+        let left = stuck.left_at_bound(Instant::now());
         assert_eq!(left.len(), 1);
         assert!(left[0].contains("targetgroup/web/") && left[0].contains("registered"));
         assert!(stuck.left_at_bound(before).is_empty());

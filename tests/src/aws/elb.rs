@@ -7,7 +7,8 @@
 //! draining it stays `InService` ("Instance deregistration currently in progress") for the
 //! draining timeout, then `OutOfService` ("Instance is not currently registered with the
 //! LoadBalancer"); an instance a classic load balancer never had is `InvalidInstance`. Who
-//! deregisters is up to the test (the service controller's part: [`FakeElb::deregister_everywhere`]).
+//! registers and deregisters is up to the test (the service controller's part:
+//! [`crate::service_controller`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -174,30 +175,6 @@ impl FakeElb {
             && matches!(registration, Registration::Registered)
         {
             *registration = Registration::Draining(Instant::now() + delay);
-        }
-    }
-
-    /// What the service controller does for a node excluded from load balancers: deregisters
-    /// its instance from every load balancer that has it.
-    pub fn deregister_everywhere(&self, instance_id: &str) {
-        let all: Vec<FakeLoadBalancer> = {
-            let state = lock(&self.shared.elb);
-            state
-                .target_groups
-                .keys()
-                .cloned()
-                .map(FakeLoadBalancer::TargetGroup)
-                .chain(
-                    state
-                        .classics
-                        .keys()
-                        .cloned()
-                        .map(FakeLoadBalancer::Classic),
-                )
-                .collect()
-        };
-        for lb in &all {
-            self.deregister(lb, instance_id);
         }
     }
 

@@ -10,6 +10,7 @@ mod aws_auth;
 mod cold_start;
 pub mod drain;
 pub mod launch_lookup;
+pub mod load_balancer_wait;
 pub mod notice_calls;
 pub mod pdb_paced;
 pub mod refresh;
@@ -27,6 +28,7 @@ pub use drain::{
     DefaultDrainFigures, DrainFigures, PdbFigures, drain_at_scale, drain_with_default_timings,
     pdb_constrained_drain,
 };
+pub use load_balancer_wait::{LoadBalancerWaitRow, load_balancer_wait};
 pub use notice_calls::{EventCost, NoticeCalls, notice_calls};
 pub use pdb_paced::{MassFigures, PacedFigures, mass_scale_in, mass_throttle, pdb_paced_drain};
 pub use refresh::{RefreshRow, instance_refresh};

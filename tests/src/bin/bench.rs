@@ -23,7 +23,7 @@ struct Args {
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
     /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls,
-    /// event-soak, sweep, refresh-memory, volume-wait, token.
+    /// event-soak, sweep, refresh-memory, volume-wait, load-balancer-wait, token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -101,6 +101,9 @@ async fn main() -> ExitCode {
     }
     if wanted("volume-wait") {
         report(volume_wait(mode).await);
+    }
+    if wanted("load-balancer-wait") {
+        report(load_balancer_wait(mode).await);
     }
     if failed {
         ExitCode::FAILURE
@@ -203,6 +206,43 @@ async fn refresh_memory(mode: Mode) -> Result<(), String> {
             "the refresh function passed {BOUND_MIB} MiB: {failures:?}"
         ))
     }
+}
+
+/// The wait for load balancers (issue #45 item 1): the requests one drain makes and how long
+/// it takes to find the load balancers routing to the instance, by the account's size.
+async fn load_balancer_wait(mode: Mode) -> Result<(), String> {
+    use bench::load_balancer_wait::{DELAY, SETTLE};
+    let rows = bench::load_balancer_wait(mode).await?;
+    println!(
+        "## Waiting for load balancers: requests per drain\n\n\
+         target groups (¼ instance-mode of the cluster, ¼ of another cluster, ½ IP-mode) and a tenth as many classic load balancers (half the cluster's); the instance registered with each of the cluster's, deregistered as the wait starts, draining {} s; SETTLE_SECONDS {} s\n",
+        DELAY.as_secs(),
+        SETTLE.as_secs()
+    );
+    println!(
+        "| target groups | classic | routing | DescribeTargetGroups | DescribeLoadBalancers | DescribeTags | DescribeTargetHealth | DescribeInstanceHealth | attributes | total | found after | waited |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for row in &rows {
+        let count = |op: &str| row.requests.get(op).copied().unwrap_or(0);
+        let total: usize = row.requests.values().sum();
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {total} | {:.2} s | {:.1} s |",
+            row.target_groups,
+            row.classics,
+            row.routing,
+            count("DescribeTargetGroups"),
+            count("DescribeLoadBalancers"),
+            count("DescribeTags"),
+            count("DescribeTargetHealth"),
+            count("DescribeInstanceHealth"),
+            count("DescribeTargetGroupAttributes") + count("DescribeLoadBalancerAttributes"),
+            row.found_after.as_secs_f64(),
+            row.waited.as_secs_f64(),
+        );
+    }
+    println!();
+    Ok(())
 }
 
 /// The wait for volumes (issue #45 item 2): scale-in of a node with StatefulSet pods and their

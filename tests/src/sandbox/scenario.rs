@@ -93,6 +93,9 @@ pub struct Timings {
     /// A volume no pod on its node uses any more is detached this long after (the CSI
     /// driver's detach).
     pub volume_detach_seconds: f64,
+    /// The cluster's target group lets a deregistered instance's connections drain this long
+    /// (AWS's default: 300).
+    pub deregistration_delay_seconds: f64,
 }
 
 impl Default for Timings {
@@ -108,6 +111,7 @@ impl Default for Timings {
             function_timeout_seconds: 60.0,
             heartbeat_timeout_seconds: 300,
             volume_detach_seconds: 1.0,
+            deregistration_delay_seconds: 4.0,
         }
     }
 }

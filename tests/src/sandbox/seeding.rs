@@ -18,11 +18,12 @@ use super::timeline::Source;
 use super::world::{FUNCTIONS, Sandbox, SimulatedNode, TOPIC_NAME, setup, warm_pool_state};
 use crate::account::FakeCredentials;
 use crate::aws::{
-    FakeAutoScalingGroup, FakeCluster, FakeInstance, FakeLifecycleHook, FakeNodegroup,
-    LaunchedInstance,
+    FakeAutoScalingGroup, FakeCluster, FakeInstance, FakeLifecycleHook, FakeLoadBalancer,
+    FakeNodegroup, FakeTargetGroup, LaunchedInstance,
 };
 use crate::fixtures;
 use crate::kube::{NODE_ALLOCATABLE, NODE_CAPACITY, Store};
+use crate::service_controller::ServiceController;
 
 /// The launch template every sandbox group starts with (version 1); a node update publishes
 /// version 2.
@@ -107,6 +108,22 @@ impl Sandbox {
             self.nodes.insert(spec.name.clone(), nodes);
         }
         Ok(())
+    }
+
+    /// The cluster's one Service of type LoadBalancer: an instance-mode target group (AWS
+    /// Load Balancer Controller) every Ready node's instance is registered with, which the
+    /// drains wait for (`LOAD_BALANCER_WAIT`).
+    pub(super) fn start_service_controller(&mut self) {
+        let elb = self.aws.elb();
+        let delay = Duration::from_secs_f64(self.scenario.timings.deregistration_delay_seconds);
+        let web = elb.add_target_group(
+            FakeTargetGroup::of_cluster("k8s-default-web", &self.scenario.cluster).delay(delay),
+        );
+        self.service_controller = Some(ServiceController::start(
+            self.server.store().clone(),
+            elb,
+            vec![FakeLoadBalancer::TargetGroup(web)],
+        ));
     }
 
     /// Node group `spec` in EKS, and its Auto Scaling group with a warm pool if it has one

@@ -64,6 +64,9 @@ pub struct Sandbox {
     pub(super) nodes: BTreeMap<String, Vec<SimulatedNode>>,
     pub(super) next_instance: AtomicU32,
     pub(super) background: Vec<JoinHandle<()>>,
+    /// Registers the nodes' instances with the cluster's target group (seeded by
+    /// `seed_aws`) and deregisters those the drain labels out of load balancers.
+    pub(super) service_controller: Option<crate::service_controller::ServiceController>,
     /// Instances waiting in a warm pool, longest first.
     pub(super) warm_pool: std::sync::Mutex<Vec<SimulatedNode>>,
     /// Instances in service that came out of a warm pool, most recent last.
@@ -116,6 +119,7 @@ impl Sandbox {
             nodes: BTreeMap::new(),
             next_instance: AtomicU32::new(0),
             background: Vec::new(),
+            service_controller: None,
             warm_pool: std::sync::Mutex::default(),
             from_warm_pool: std::sync::Mutex::default(),
             probes: AtomicU32::new(0),
@@ -134,6 +138,7 @@ impl Sandbox {
             sandbox.deliver_instance_notices();
         }
         sandbox.follow_instances();
+        sandbox.start_service_controller();
         let follower = sandbox
             .timeline
             .follow(&sandbox.server, sandbox.aws.clone());

@@ -60,6 +60,9 @@ impl Sandbox {
             )];
         };
         let mut checks = self.check_termination(step, node, &completion);
+        if step.expect_drained {
+            checks.push(self.check_out_of_load_balancers(node));
+        }
         checks.extend(self.check_drained(step, node));
         checks.extend(self.check_drain_events(step, node).await);
         checks
@@ -97,6 +100,31 @@ impl Sandbox {
                 format!("exactly one completion for {}", node.instance_id),
             ),
         ]
+    }
+
+    /// When the action completed, the cluster's load balancer no longer routed to the instance
+    /// (deregistered by the service controller, its connections drained).
+    fn check_out_of_load_balancers(&self, node: &SimulatedNode) -> (bool, String) {
+        let elb = self.aws.elb();
+        let routing: Vec<String> = self
+            .service_controller
+            .iter()
+            .flat_map(|controller| controller.load_balancers())
+            .filter(|lb| elb.routes_to(lb, &node.instance_id))
+            .map(|lb| format!("{lb:?}"))
+            .collect();
+        (
+            routing.is_empty(),
+            format!(
+                "no load balancer routed to {} when its action completed{}",
+                node.instance_id,
+                if routing.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (still: {})", routing.join(", "))
+                }
+            ),
+        )
     }
 
     /// The node is out of load balancers and cordoned; its pods are gone (or stayed, where
