@@ -538,7 +538,8 @@ async fn eviction_conflicts_and_namespace_terminating_answers_are_retried() {
 
 #[tokio::test]
 async fn a_pod_bound_during_the_settle_period_is_evicted_before_completing() {
-    let w = drain_world(&[("SETTLE_SECONDS", "2")]).await;
+    // The fixed settle period (no load balancer to wait for would end the wait at once).
+    let w = drain_world(&[("SETTLE_SECONDS", "2"), ("LOAD_BALANCER_WAIT", "false")]).await;
     let store = w.server.store().clone();
     let node = w.node.clone();
     // A scheduler with a stale cache binds a pod to the node while it settles.

@@ -120,8 +120,9 @@ async fn a_node_lookup_throttled_past_its_bound_is_tried_again_and_the_drain_com
 #[tokio::test]
 async fn a_step_of_the_drain_throttled_past_its_bound_is_tried_again_and_the_drain_completes() {
     // A settle period long enough to plant the brownout after the drained mark: the list of
-    // the node's pods before completing meets it.
-    let w = drain_world(&[("SETTLE_SECONDS", "2")]).await;
+    // the node's pods before completing meets it (the fixed one: no load balancer to wait for
+    // would end the wait at once).
+    let w = drain_world(&[("SETTLE_SECONDS", "2"), ("LOAD_BALANCER_WAIT", "false")]).await;
     let (_, event) = w.start_termination().await;
     let planted = {
         let store = w.server.store().clone();
