@@ -57,6 +57,79 @@ pub fn function_group(function: &str) -> String {
 }
 const ZONE: &str = "eu-west-1a";
 
+/// A fake cluster that does nothing by itself (no kubelets, schedulers or controllers) with
+/// the shipped RBAC, registered in the fake EKS: for the tests and benchmarks that seed every
+/// object themselves and run one function against it.
+pub struct StaticCluster {
+    pub account: FakeAccount,
+    pub aws: FakeAws,
+    pub server: FakeApiServer,
+    pub cluster: String,
+}
+
+impl StaticCluster {
+    pub async fn start(cluster: &str, authentication_mode: Option<&str>) -> Result<Self, String> {
+        let account = FakeAccount::reference();
+        let aws = FakeAws::start(account.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let server = FakeApiServer::builder()
+            .cluster_name(cluster)
+            .account(account.clone())
+            .access_entries(Arc::new(aws.eks()))
+            .simulation(SimulationTimings {
+                enabled: false,
+                ..SimulationTimings::default()
+            })
+            .start()
+            .await
+            .map_err(|e| e.to_string())?;
+        server
+            .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
+            .map_err(|e| e.to_string())?;
+        aws.eks().add_cluster(
+            FakeCluster::new(cluster, server.url(), &server.ca_data())
+                .authentication_mode(authentication_mode),
+        );
+        Ok(Self {
+            account,
+            aws,
+            server,
+            cluster: cluster.to_owned(),
+        })
+    }
+
+    /// Runs the built `function` with its own role's credentials, mapped by an access entry
+    /// to its group of the shipped RBAC, with `CLUSTER_NAME` and `RUST_LOG=log_level`.
+    pub async fn start_function(
+        &self,
+        function: &str,
+        log_level: &str,
+    ) -> Result<LambdaRuntimeApi, String> {
+        let credentials = self
+            .account
+            .add_role_credentials(&format!("open-node-manager-{function}"));
+        self.aws
+            .eks()
+            .add_access_entry(
+                &self.cluster,
+                &credentials.principal_arn,
+                "STANDARD",
+                Some(function),
+                &[function_group(function).as_str()],
+            )
+            .map_err(|e| e.to_string())?;
+        LambdaRuntimeApi::start_function(
+            FunctionSpec::new(function, function_binary(function))
+                .envs(self.aws.environment(&credentials))
+                .env("CLUSTER_NAME", &self.cluster)
+                .env("RUST_LOG", log_level),
+        )
+        .await
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// One function process and the IAM role credentials it runs with.
 pub struct RunningFunction {
     pub target: Target,

@@ -180,8 +180,9 @@ async fn a_node_no_load_balancer_routes_to_does_not_wait_the_settle_period() {
 
 #[tokio::test]
 async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_completed() {
-    // Nobody deregisters the instance: waited for 1 s settle + 2 s delay, then named.
-    let w = world(&[]).await;
+    // Nobody deregisters the instance: waited for 1 s settle + 2 s delay, then named; while it
+    // waits, the drain says what for.
+    let w = world(&[("DRAIN_BLOCKED_REPORT_SECONDS", "1")]).await;
     let balancers = seed(
         &w.aws.elb(),
         Duration::from_secs(2),
@@ -205,6 +206,13 @@ async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_comp
         "{notes:?}"
     );
     assert!(!notes[0].contains("hand-made"), "{notes:?}");
+    let blocked = self::notes(&w, "DrainBlocked");
+    assert!(
+        blocked.iter().any(|n| n.contains("its pods are gone")
+            && n.contains("load balancer(s) still routing to the instance")
+            && n.contains("targetgroup/k8s-shop-web/")),
+        "{blocked:?}"
+    );
 }
 
 #[tokio::test]

@@ -273,3 +273,62 @@ async fn the_plan_of_a_node_is_what_its_drain_then_does() {
     }
     assert_eq!(budgets_named(note), blocking, "{note}");
 }
+
+#[tokio::test]
+async fn the_plan_shows_the_volumes_attached_to_the_node_and_which_the_drain_waits_for() {
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .start()
+        .await;
+    let store = w.server.store();
+    store.apply_yaml(&documented_rbac()).unwrap();
+    store
+        .apply_yaml(&format!(
+            r#"---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {{name: data-db-0, namespace: default}}
+spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}, volumeName: pv-db-0}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: db-0, namespace: default}}
+spec:
+  nodeName: {node}
+  containers: [{{name: db, image: postgres}}]
+  volumes: [{{name: data, persistentVolumeClaim: {{claimName: data-db-0}}}}]
+"#,
+            node = w.node
+        ))
+        .unwrap();
+    let node = w.node.clone();
+    w.server
+        .wait_for("the volume is attached", Duration::from_secs(10), |store| {
+            store
+                .list::<k8s_openapi::api::storage::v1::VolumeAttachment>()
+                .iter()
+                .any(|a| {
+                    a.spec.node_name == node
+                        && a.spec.source.persistent_volume_name.as_deref() == Some("pv-db-0")
+                })
+        })
+        .await
+        .unwrap();
+    let (ok, stdout, stderr) = drain_plan(&w, &[&w.node, "-o", "json"]).await;
+    assert!(ok, "{stderr}");
+    let plan: Value = serde_json::from_str(&stdout).unwrap();
+    let volumes = plan["volumes"].as_array().expect("volumes listed");
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(volumes[0]["volume"], "pv-db-0");
+    assert_eq!(volumes[0]["pods"][0]["name"], "db-0");
+    assert_eq!(volumes[0]["waitedFor"], true);
+    let (ok, table, stderr) = drain_plan(&w, &[&w.node]).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("pv-db-0") && l.contains("default/db-0") && l.ends_with("yes")),
+        "{table}"
+    );
+}

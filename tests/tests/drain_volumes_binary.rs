@@ -175,7 +175,14 @@ async fn without_the_wait_the_instance_goes_with_its_volumes_attached() {
 
 #[tokio::test]
 async fn volumes_still_attached_at_the_bound_are_named_and_the_action_completed() {
-    let w = volume_world(Duration::from_secs(120), &[("VOLUME_DETACH_SECONDS", "2")]).await;
+    let w = volume_world(
+        Duration::from_secs(120),
+        &[
+            ("VOLUME_DETACH_SECONDS", "2"),
+            ("DRAIN_BLOCKED_REPORT_SECONDS", "1"),
+        ],
+    )
+    .await;
     let (answer, took) = terminate(&w).await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(
@@ -188,4 +195,12 @@ async fn volumes_still_attached_at_the_bound_are_named_and_the_action_completed(
         assert!(notes[0].contains(volume), "{notes:?}");
     }
     assert!(!notes[0].contains(SHARED_VOLUME), "{notes:?}");
+    // While it waited, the drain said what for.
+    let blocked = event_notes(&w, "DrainBlocked");
+    assert!(
+        blocked
+            .iter()
+            .any(|n| n.contains("its pods are gone") && n.contains("volume(s) still attached")),
+        "{blocked:?}"
+    );
 }

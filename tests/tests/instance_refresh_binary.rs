@@ -7,23 +7,19 @@
 //! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing it.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use node_manager::node_marks::refresh::refresh_marks_of;
-use node_manager_testkit::account::FakeAccount;
 use node_manager_testkit::aws::{
-    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeAws, FakeCluster,
-    FakeEc2LaunchTemplate, FakeInstance, FakeLifecycleHook, FakeRefreshPreferences,
+    EventPattern, EventSubscription, FakeAutoScalingGroup, FakeAws, FakeEc2LaunchTemplate,
+    FakeInstance, FakeLifecycleHook, FakeRefreshPreferences,
 };
-use node_manager_testkit::binaries::function_binary;
-use node_manager_testkit::e2e::function_group;
+use node_manager_testkit::e2e::StaticCluster;
 use node_manager_testkit::fixtures::{make_ready_by_hand, running_pod};
-use node_manager_testkit::kube::{FakeApiServer, SimulationTimings};
-use node_manager_testkit::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
-use node_manager_testkit::soak::corpus;
+use node_manager_testkit::kube::FakeApiServer;
+use node_manager_testkit::lambda_api::{InvocationOutcome, LambdaRuntimeApi};
 use serde_json::Value;
 
 const CLUSTER: &str = "ironman-2022";
@@ -53,27 +49,10 @@ impl RefreshWorld {
     /// group now launches version 2. Its terminating hook has no responder, so a refresh's
     /// terminations wait and the refresh stays in progress.
     async fn start(count: usize) -> Self {
-        let account = FakeAccount::reference();
-        let aws = FakeAws::start(account.clone()).await.unwrap();
-        let server = FakeApiServer::builder()
-            .cluster_name(CLUSTER)
-            .account(account.clone())
-            .access_entries(Arc::new(aws.eks()))
-            .simulation(SimulationTimings {
-                enabled: false,
-                ..SimulationTimings::default()
-            })
-            .start()
+        let cluster = StaticCluster::start(CLUSTER, Some("API_AND_CONFIG_MAP"))
             .await
             .unwrap();
-        server
-            .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
-            .unwrap();
-        aws.eks().add_cluster(
-            FakeCluster::new(CLUSTER, server.url(), &server.ca_data())
-                .authentication_mode(Some("API_AND_CONFIG_MAP")),
-        );
-        let autoscaling = aws.autoscaling();
+        let autoscaling = cluster.aws.autoscaling();
         autoscaling.add_group(
             FakeAutoScalingGroup::new(GROUP)
                 .tag("eks:cluster-name", CLUSTER)
@@ -90,10 +69,10 @@ impl RefreshWorld {
             .unwrap();
         let old: Vec<String> = (0..count).map(old_instance).collect();
         for id in &old {
-            add_instance_launched_yesterday(&aws, &server, id);
+            add_instance_launched_yesterday(&cluster.aws, &cluster.server, id);
         }
         autoscaling.set_launch_template_version(GROUP, "2").unwrap();
-        let events = aws.eventbridge().subscribe(EventPattern {
+        let events = cluster.aws.eventbridge().subscribe(EventPattern {
             sources: vec!["aws.autoscaling".to_owned()],
             detail_types: ["Started", "Succeeded", "Failed", "Cancelled"]
                 .iter()
@@ -101,24 +80,8 @@ impl RefreshWorld {
                 .chain([LAUNCH_SUCCESSFUL.to_owned()])
                 .collect(),
         });
-        let credentials = account.add_role_credentials(&format!("open-node-manager-{FUNCTION}"));
-        aws.eks()
-            .add_access_entry(
-                CLUSTER,
-                &credentials.principal_arn,
-                "STANDARD",
-                Some(FUNCTION),
-                &[function_group(FUNCTION).as_str()],
-            )
-            .unwrap();
-        let function = LambdaRuntimeApi::start_function(
-            FunctionSpec::new(FUNCTION, function_binary(FUNCTION))
-                .envs(aws.environment(&credentials))
-                .env("CLUSTER_NAME", CLUSTER)
-                .env("RUST_LOG", "info"),
-        )
-        .await
-        .unwrap();
+        let function = cluster.start_function(FUNCTION, "info").await.unwrap();
+        let StaticCluster { aws, server, .. } = cluster;
         Self {
             aws,
             server,

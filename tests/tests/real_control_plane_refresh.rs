@@ -14,8 +14,8 @@
 //! the test kit (`control_plane::scenarios::refresh`), where `sandbox --real-control-plane`
 //! plays it too.
 //!
-//! With `ONM_REAL_PLANE_MEASURE=1` the `measured_*` tests add launch before terminate and a
-//! 10-node group, each printing its rows of BENCHMARKS.md §12.
+//! The `measured_*` tests (`#[ignore]`d: skipped unless run with `--run-ignored`) add launch
+//! before terminate and a 10-node group, each printing its rows of BENCHMARKS.md §12.
 //!
 //! Skipped with a printed line when `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not
 //! built.
@@ -37,13 +37,9 @@ async fn an_instance_refresh_moves_pods_no_more_often_with_the_function_on_a_rea
     .await;
 }
 
-/// The measured variants (`ONM_REAL_PLANE_MEASURE=1`), one test each to stay within the
-/// test timeout; otherwise a printed line.
+/// The measured variants, one test each to stay within the test timeout: `#[ignore]`d (a
+/// normal run counts them as skipped), run with `--run-ignored`.
 async fn measured(test: &str, shape: Shape, strategy: Strategy) {
-    if std::env::var("ONM_REAL_PLANE_MEASURE").as_deref() != Ok("1") {
-        println!("skipped {test}: it measures only with ONM_REAL_PLANE_MEASURE=1");
-        return;
-    }
     let Some(bin) = binaries_or_skip(test) else {
         return;
     };
@@ -54,6 +50,7 @@ async fn measured(test: &str, shape: Shape, strategy: Strategy) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measures BENCHMARKS.md §12 (minutes): run with --run-ignored"]
 async fn measured_refresh_launch_first_4_nodes() {
     measured(
         "measured_refresh_launch_first_4_nodes",
@@ -64,6 +61,7 @@ async fn measured_refresh_launch_first_4_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measures BENCHMARKS.md §12 (minutes): run with --run-ignored"]
 async fn measured_refresh_launch_first_10_nodes() {
     measured(
         "measured_refresh_launch_first_10_nodes",
@@ -74,6 +72,7 @@ async fn measured_refresh_launch_first_10_nodes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measures BENCHMARKS.md §12 (minutes): run with --run-ignored"]
 async fn measured_refresh_terminate_first_10_nodes() {
     measured(
         "measured_refresh_terminate_first_10_nodes",

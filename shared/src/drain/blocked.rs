@@ -5,7 +5,9 @@
 //! `DRAIN_BLOCKED_REPORT_SECONDS` and then at most that often, so `kubectl describe node`
 //! answers "why is my drain waiting" long before the deadline's `PodEvictionFailure`; each
 //! report also writes the metric `DrainBlockedSeconds` per reason, which the template's
-//! `drain-blocked` alarm and dashboard read.
+//! `drain-blocked` alarm and dashboard read. Once the pods are gone, a drain still waiting
+//! for the node's volumes to detach or for load balancers to let go of the instance says so
+//! the same way ([`after_pods`]), with reasons `Volumes` and `LoadBalancers`.
 
 use std::time::Duration;
 
@@ -151,6 +153,72 @@ pub fn metrics(node: &str, running_for: Duration, holding: &[(PodKey, Holding)])
         .collect()
 }
 
+/// What a drain whose pods are gone still waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterPods {
+    /// These volumes (persistent volume names) are still attached to the node.
+    Volumes(Vec<String>),
+    /// These load balancers still route to the instance.
+    LoadBalancers(Vec<String>),
+}
+
+impl AfterPods {
+    /// The `Reason` dimension of the `DrainBlockedSeconds` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Volumes(_) => "Volumes",
+            Self::LoadBalancers(_) => "LoadBalancers",
+        }
+    }
+}
+
+impl std::fmt::Display for AfterPods {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (what, names) = match self {
+            Self::Volumes(names) => ("volume(s) still attached", names),
+            Self::LoadBalancers(names) => ("load balancer(s) still routing to the instance", names),
+        };
+        let shown: Vec<&str> = names.iter().take(MAX_NAMED).map(String::as_str).collect();
+        let more = names.len().saturating_sub(MAX_NAMED);
+        write!(f, "{} {what}: {}", names.len(), shown.join(", "))?;
+        if more > 0 {
+            write!(f, " and {more} more")?;
+        }
+        Ok(())
+    }
+}
+
+/// The Event's note of a drain whose pods are gone and that still waits.
+pub fn after_pods(node: &str, running_for: Duration, waits: &[AfterPods]) -> String {
+    let parts: Vec<String> = waits.iter().map(ToString::to_string).collect();
+    format!(
+        "The drain of node {node} has run {} s; its pods are gone and it waits for {}",
+        running_for.as_secs(),
+        parts.join("; ")
+    )
+}
+
+/// One `DrainBlockedSeconds` line per thing a drain whose pods are gone waits for.
+pub fn after_pods_metrics(
+    node: &str,
+    running_for: Duration,
+    waits: &[AfterPods],
+) -> Vec<MetricSet> {
+    waits
+        .iter()
+        .map(|wait| {
+            MetricSet::new(FUNCTION_NAME)
+                .dimension("Reason", wait.kind())
+                .metric(
+                    "DrainBlockedSeconds",
+                    running_for.as_secs_f64(),
+                    Unit::Seconds,
+                )
+                .property("Node", node.to_owned())
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +289,35 @@ mod tests {
             lines[1]
         );
         assert!(lines[1].contains("\"PodsBlocked\":2.0"), "{}", lines[1]);
+        assert!(
+            lines[1].contains("\"DrainBlockedSeconds\":200.0"),
+            "{}",
+            lines[1]
+        );
+    }
+
+    #[test]
+    fn a_drain_whose_pods_are_gone_names_the_volumes_and_load_balancers_it_waits_for() {
+        let waits = [
+            AfterPods::Volumes(vec!["pv-db-0".into(), "pv-db-1".into()]),
+            AfterPods::LoadBalancers(vec!["target group targetgroup/web/1 (draining)".into()]),
+        ];
+        assert_eq!(
+            after_pods("n", Duration::from_secs(200), &waits),
+            "The drain of node n has run 200 s; its pods are gone and it waits for 2 volume(s) \
+             still attached: pv-db-0, pv-db-1; 1 load balancer(s) still routing to the instance: \
+             target group targetgroup/web/1 (draining)"
+        );
+        let lines: Vec<String> = after_pods_metrics("n", Duration::from_secs(200), &waits)
+            .iter()
+            .map(|m| m.to_json_line(0))
+            .collect();
+        assert!(lines[0].contains("\"Reason\":\"Volumes\""), "{}", lines[0]);
+        assert!(
+            lines[1].contains("\"Reason\":\"LoadBalancers\""),
+            "{}",
+            lines[1]
+        );
         assert!(
             lines[1].contains("\"DrainBlockedSeconds\":200.0"),
             "{}",

@@ -76,24 +76,9 @@ impl EvictionRound {
             reported_latecomers: BTreeSet::new(),
             reported_multiple: BTreeSet::new(),
             planned: None,
-            report_blocked_at: first_blocked_report(session),
+            report_blocked_at: session.first_blocked_report(),
         }
     }
-}
-
-/// When a drain that started at the checkpoint's start first says what it waits for (counted
-/// from the drain's start, so an invocation resuming a long drain says it at once).
-fn first_blocked_report(session: &DrainSession<'_>) -> Option<Instant> {
-    let every = session.settings.blocked_report;
-    if every.is_zero() {
-        return None;
-    }
-    let at = session
-        .checkpoint
-        .started_at
-        .checked_add(every)
-        .unwrap_or(jiff::Timestamp::MAX);
-    Some(instant_at(at))
 }
 
 /// Whether planning again found the node drained.

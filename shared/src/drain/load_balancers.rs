@@ -85,6 +85,9 @@ pub struct LoadBalancerWait<'a> {
     /// When the last round that answered started: the wait ends only after a round that
     /// started at the last bound or later, so what it reports then is what is true then.
     last_round: Option<Instant>,
+    /// Whether a round was tried: the load balancers are asked at least once, however short
+    /// the settle period (with none, the fallback would end the wait before the first ask).
+    tried: bool,
     pub state: BalancersState,
     /// Load balancer checks made (for the log and the benchmark).
     pub calls: u32,
@@ -113,6 +116,7 @@ impl<'a> LoadBalancerWait<'a> {
             poll: (settle / 12).clamp(Duration::from_millis(10), POLL_INTERVAL),
             next_check: Instant::now(),
             last_round: None,
+            tried: false,
             state,
             calls: 0,
         }
@@ -126,7 +130,8 @@ impl<'a> LoadBalancerWait<'a> {
     /// Whether the drain still waits for load balancers at `now`.
     pub fn waiting(&self, now: Instant) -> bool {
         match &self.state {
-            BalancersState::Unknown | BalancersState::Fixed => now < self.settled_at,
+            BalancersState::Unknown => now < self.settled_at || !self.tried,
+            BalancersState::Fixed => now < self.settled_at,
             BalancersState::Routing(left) => {
                 let last_bound = left.values().map(|r| r.bound_at).max().unwrap_or(now);
                 // Past the bound, one more round says what still routes (given up on when it
@@ -165,6 +170,17 @@ impl<'a> LoadBalancerWait<'a> {
         [check, end].into_iter().flatten().min()
     }
 
+    /// The load balancers the last round found routing to the instance, with how.
+    pub fn still_routing(&self) -> Vec<String> {
+        match &self.state {
+            BalancersState::Routing(left) => left
+                .iter()
+                .map(|(lb, r)| format!("{lb} ({})", describe(r.routing)))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The load balancers still routing when the wait ended at their bound.
     pub fn left_at_bound(&self, now: Instant) -> Vec<String> {
         match &self.state {
@@ -190,6 +206,7 @@ impl<'a> LoadBalancerWait<'a> {
             return;
         }
         let give_up_at = deadline.min(now + CHECK_TIMEOUT);
+        self.tried = true;
         let checked = tokio::time::timeout_at(give_up_at, self.check(target)).await;
         let next = match checked {
             Ok(Ok(next)) => {
@@ -246,7 +263,7 @@ impl<'a> LoadBalancerWait<'a> {
                 )
             }
         };
-        let routed = self.still_routing(target, candidates).await?;
+        let routed = self.ask_routing(target, candidates).await?;
         let mut left = BTreeMap::new();
         for (lb, routing) in routed {
             let bound_at = match &self.state {
@@ -267,7 +284,7 @@ impl<'a> LoadBalancerWait<'a> {
     }
 
     /// Those of `candidates` that still route to the instance, with how.
-    async fn still_routing(
+    async fn ask_routing(
         &mut self,
         target: LoadBalancerTarget<'_>,
         candidates: Vec<LoadBalancerRef>,
@@ -411,6 +428,30 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert!(left[0].contains("targetgroup/web/") && left[0].contains("registered"));
         assert!(stuck.left_at_bound(before).is_empty());
+    }
+
+    #[tokio::test]
+    async fn without_a_settle_period_the_load_balancers_are_still_asked_and_waited_for() {
+        let client = InMemoryLoadBalancers::default();
+        let lb = target_group("web");
+        client.add(lb.clone(), Duration::from_secs(300));
+        client.set_routing(&lb, INSTANCE, InstanceRouting::Draining);
+        let mut wait = wait(&client, Duration::ZERO);
+        assert!(wait.waiting(Instant::now()), "asked once at least");
+        wait.check_if_due("node", Instant::now() + Duration::from_secs(60))
+            .await;
+        assert!(wait.routing());
+        assert!(wait.waiting(Instant::now() + Duration::from_secs(299)));
+        // Unreadable with no settle period: one try, then no wait.
+        client
+            .faults
+            .fail("ClusterLoadBalancers", AwsErrorKind::Transient, 1);
+        let mut failing = self::wait(&client, Duration::ZERO);
+        failing
+            .check_if_due("node", Instant::now() + Duration::from_secs(60))
+            .await;
+        assert_eq!(failing.state, BalancersState::Unknown);
+        assert!(!failing.waiting(Instant::now()));
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use kube::Api;
 use tokio::time::{Instant, sleep_until};
 
 use super::backoff::Backoff;
+use super::blocked::{self, AfterPods};
 use super::events::{DrainEvents, reason};
 use super::lease::{self, LeaseHolder, Update};
 use super::load_balancers::{LONGEST_DEREGISTRATION_DELAY, LoadBalancerTarget, LoadBalancerWait};
@@ -259,6 +260,7 @@ impl DrainSession<'_> {
             let last_useful = self.cut_at_notice_end(drained_at, longest);
             balancers.cut_at(instant_at(last_useful));
         }
+        let mut report_at = self.first_blocked_report();
         if Instant::now() < settled_at {
             tracing::info!(step = "settling", node = %self.node_name, settle_seconds = self.settings.settle.as_secs_f64(), "waiting for load balancers to let go of the node");
         }
@@ -268,6 +270,7 @@ impl DrainSession<'_> {
                 .check_if_due(self.client, &self.node_name, &context, hand_over_at)
                 .await;
             balancers.check_if_due(&self.node_name, hand_over_at).await;
+            self.report_waiting_if_due(&mut report_at, &volumes, &balancers);
             // A wait that a resumed invocation must count from the same time.
             if (volumes.attached() || balancers.routing())
                 && self.checkpoint.drained_at.is_none()
@@ -290,6 +293,7 @@ impl DrainSession<'_> {
                 Some(renew_at),
                 volumes.next_wake(now),
                 balancers.next_wake(now),
+                report_at,
             ]
             .into_iter()
             .flatten()
@@ -317,6 +321,60 @@ impl DrainSession<'_> {
             }
             None => until,
         }
+    }
+
+    /// When a drain that started at the checkpoint's start first says what it waits for
+    /// ([`super::blocked`]; counted from the drain's start, so an invocation resuming a long
+    /// drain says it at once); `None` when `DRAIN_BLOCKED_REPORT_SECONDS` is 0.
+    pub(super) fn first_blocked_report(&self) -> Option<Instant> {
+        let every = self.settings.blocked_report;
+        if every.is_zero() {
+            return None;
+        }
+        let at = self
+            .checkpoint
+            .started_at
+            .checked_add(every)
+            .unwrap_or(Timestamp::MAX);
+        Some(instant_at(at))
+    }
+
+    /// Once the report is due, says what the drain whose pods are gone still waits for
+    /// (log, Warning Event `DrainBlocked`, metrics), then again at most that often.
+    fn report_waiting_if_due(
+        &self,
+        report_at: &mut Option<Instant>,
+        volumes: &VolumeWait,
+        balancers: &LoadBalancerWait<'_>,
+    ) {
+        let now = Instant::now();
+        if report_at.is_none_or(|at| now < at) {
+            return;
+        }
+        *report_at = Some(now + self.settings.blocked_report);
+        let routing = balancers.still_routing();
+        let waits: Vec<AfterPods> = [
+            (!volumes.still_attached().is_empty())
+                .then(|| AfterPods::Volumes(volumes.still_attached().to_vec())),
+            (!routing.is_empty()).then_some(AfterPods::LoadBalancers(routing)),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if waits.is_empty() {
+            return;
+        }
+        let running_for = Timestamp::now()
+            .duration_since(self.checkpoint.started_at)
+            .try_into()
+            .unwrap_or_default();
+        let note = blocked::after_pods(&self.node_name, running_for, &waits);
+        tracing::warn!(step = "drain_blocked", node = %self.node_name, "{note}");
+        for metric in blocked::after_pods_metrics(&self.node_name, running_for, &waits) {
+            metric.emit();
+        }
+        self.events
+            .warning(&self.node_reference(), reason::DRAIN_BLOCKED, note);
     }
 
     /// Says which volumes were still attached when the wait for them reached its bound.

@@ -92,6 +92,14 @@ impl VolumeWait {
         matches!(self.state, VolumesState::Attached(_))
     }
 
+    /// The volumes the last check found attached that have to detach.
+    pub fn still_attached(&self) -> &[String] {
+        match &self.state {
+            VolumesState::Attached(left) => left,
+            _ => &[],
+        }
+    }
+
     /// When the next check is due, while the drain waits.
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
         self.waiting(now)

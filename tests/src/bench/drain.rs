@@ -86,7 +86,7 @@ fn drain_scenario(pods: usize, podsets: &[(&str, usize, Option<i32>)], pod_start
     format!(
         "name: drain-{pods}\n\
          description: one node with {pods} pods\n\
-         timings: {{ settleSeconds: 0, drainTimeoutSeconds: 600, podStartSeconds: {pod_start}, gracePeriodScale: 0, functionTimeoutSeconds: 900 }}\n\
+         timings: {{ settleSeconds: 0, drainTimeoutSeconds: 600, podStartSeconds: {pod_start}, gracePeriodScale: 0, functionTimeoutSeconds: 900, deregistrationDelaySeconds: 0 }}\n\
          functionEnv: {{ EVICTION_CONCURRENCY: \"{EVICTION_CONCURRENCY}\" }}\n\
          nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-bench, nodeRole: bench-node-role, nodes: 3 }}\n\
          workloads:\n{workloads}  - {{ kind: DaemonSet, namespace: kube-system, name: kube-proxy }}\n\
@@ -269,7 +269,7 @@ pub struct DefaultDrainFigures {
     pub pods: usize,
     pub runs: usize,
     /// Medians: notification → first eviction at the API server, → no pod left on the node,
-    /// → `CompleteLifecycleAction` (the settle included).
+    /// → `CompleteLifecycleAction` (the wait for the sandbox's load balancer included).
     pub first_eviction: Duration,
     pub empty: Duration,
     pub completed: Duration,

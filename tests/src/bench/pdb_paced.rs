@@ -84,7 +84,7 @@ fn scenario(
         "name: {name}\n\
          description: PDB-paced drains\n\
          concurrentInvocations: {concurrent}\n\
-         timings: {{ settleSeconds: 0, drainTimeoutSeconds: 600, podStartSeconds: {}, gracePeriodScale: {}, functionTimeoutSeconds: 900 }}\n\
+         timings: {{ settleSeconds: 0, drainTimeoutSeconds: 600, podStartSeconds: {}, gracePeriodScale: {}, functionTimeoutSeconds: 900, deregistrationDelaySeconds: 0 }}\n\
          functionEnv: {{ EVICTION_CONCURRENCY: \"{EVICTION_CONCURRENCY}\", EVICTION_BACKOFF_MAX_SECONDS: \"30\" }}\n\
          nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-bench, nodeRole: bench-node-role, nodes: {nodes} }}\n\
          workloads:\n{workloads}  - {{ kind: DaemonSet, namespace: kube-system, name: kube-proxy }}\n\

@@ -30,7 +30,7 @@ pub struct RefreshRow {
 /// every node carries one pod of each), and the aws-node DaemonSet.
 fn scenario(nodes: usize, zones: usize, refresh_events: bool) -> String {
     let mut yaml = format!(
-        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01 }}\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
+        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01, deregistrationDelaySeconds: 0 }}\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
     );
     for d in 0..nodes {
         let placement: Vec<String> = (0..nodes).map(|n| n.to_string()).collect();

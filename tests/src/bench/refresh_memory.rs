@@ -4,24 +4,20 @@
 //! API against the fake Auto Scaling and API server; the figure is the function process's
 //! peak resident set (`VmHWM`), next to the pods listed and the time the plan took.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 
-use crate::account::FakeAccount;
 use crate::aws::{
-    EventPattern, FakeAutoScalingGroup, FakeAws, FakeCluster, FakeInstance, FakeLifecycleHook,
+    EventPattern, FakeAutoScalingGroup, FakeAws, FakeInstance, FakeLifecycleHook,
     FakeRefreshPreferences,
 };
-use crate::binaries::function_binary;
-use crate::e2e::function_group;
+use crate::e2e::StaticCluster;
 use crate::fixtures::make_ready_by_hand;
-use crate::kube::{FakeApiServer, SimulationTimings};
-use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaRuntimeApi};
-use crate::soak::corpus;
+use crate::kube::FakeApiServer;
+use crate::lambda_api::{InvocationOutcome, LambdaRuntimeApi};
 
 const CLUSTER: &str = "fleet";
 const GROUP: &str = "eks-fleet-ng";
@@ -90,27 +86,8 @@ struct FleetWorld {
 
 impl FleetWorld {
     async fn start(nodes: usize) -> Result<Self, String> {
-        let account = FakeAccount::reference();
-        let aws = FakeAws::start(account.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        let server = FakeApiServer::builder()
-            .cluster_name(CLUSTER)
-            .account(account.clone())
-            .access_entries(Arc::new(aws.eks()))
-            .simulation(SimulationTimings {
-                enabled: false,
-                ..SimulationTimings::default()
-            })
-            .start()
-            .await
-            .map_err(|e| e.to_string())?;
-        server
-            .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
-            .map_err(|e| e.to_string())?;
-        aws.eks()
-            .add_cluster(FakeCluster::new(CLUSTER, server.url(), &server.ca_data()));
-        let autoscaling = aws.autoscaling();
+        let cluster = StaticCluster::start(CLUSTER, None).await?;
+        let autoscaling = cluster.aws.autoscaling();
         autoscaling.add_group(
             FakeAutoScalingGroup::new(GROUP)
                 .tag("eks:cluster-name", CLUSTER)
@@ -130,32 +107,16 @@ impl FleetWorld {
                     .heartbeat_timeout(Duration::from_secs(3600)),
             )
             .map_err(|e| e.to_string())?;
-        let node_names = seed_nodes(&aws, &server, nodes)?;
+        let node_names = seed_nodes(&cluster.aws, &cluster.server, nodes)?;
         autoscaling
             .set_launch_template_version(GROUP, "2")
             .map_err(|e| e.to_string())?;
-        let events = aws.eventbridge().subscribe(EventPattern {
+        let events = cluster.aws.eventbridge().subscribe(EventPattern {
             sources: vec!["aws.autoscaling".to_owned()],
             detail_types: vec!["EC2 Auto Scaling Instance Refresh Started".to_owned()],
         });
-        let credentials = account.add_role_credentials(&format!("open-node-manager-{FUNCTION}"));
-        aws.eks()
-            .add_access_entry(
-                CLUSTER,
-                &credentials.principal_arn,
-                "STANDARD",
-                Some(FUNCTION),
-                &[function_group(FUNCTION).as_str()],
-            )
-            .map_err(|e| e.to_string())?;
-        let function = LambdaRuntimeApi::start_function(
-            FunctionSpec::new(FUNCTION, function_binary(FUNCTION))
-                .envs(aws.environment(&credentials))
-                .env("CLUSTER_NAME", CLUSTER)
-                .env("RUST_LOG", "warn"),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        let function = cluster.start_function(FUNCTION, "warn").await?;
+        let StaticCluster { aws, server, .. } = cluster;
         Ok(Self {
             aws,
             server,

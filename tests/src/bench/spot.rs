@@ -68,7 +68,7 @@ fn scenario(pods: usize) -> String {
         "name: spot-{pods}\n\
          description: one Spot node with {pods} pods gets the interruption warning\n\
          instanceNoticeEvents: false\n\
-         timings: {{ settleSeconds: 0, drainTimeoutSeconds: 600, podStartSeconds: 0.05, gracePeriodScale: 1, functionTimeoutSeconds: 900 }}\n\
+         timings: {{ settleSeconds: 0, drainTimeoutSeconds: 600, podStartSeconds: 0.05, gracePeriodScale: 1, functionTimeoutSeconds: 900, deregistrationDelaySeconds: 0 }}\n\
          nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-spot, nodeRole: spot-node-role, nodes: 3, selfManaged: true }}\n\
          workloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: kube-proxy }}\n\
          steps: []\n"

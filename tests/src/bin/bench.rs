@@ -685,7 +685,7 @@ async fn drain_defaults(mode: Mode) -> Result<(), String> {
         f.runs
     );
     println!(
-        "| pods | notification → first eviction (ms) | → node empty (ms) | bound: one grace period (ms) | empty vs bound | → completed, settle included (ms) | requests |"
+        "| pods | notification → first eviction (ms) | → node empty (ms) | bound: one grace period (ms) | empty vs bound | → completed, load-balancer wait included (ms) | requests |"
     );
     println!("|---|---|---|---|---|---|---|");
     println!(

@@ -10,7 +10,7 @@
 //! annotated `karpenter.sh/do-not-disrupt: "true"` (never evicted), stops the drain until the
 //! deadline unless something else changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -21,12 +21,13 @@ use node_manager::drain::plan::{
     DrainPlan, EvictionTier, PlanContext, PlannedPod, PodDisposition, PodKey,
 };
 use node_manager::drain::session::not_ready_since;
+use node_manager::drain::volumes;
 use node_manager::lifecycle::node::{is_ready, node_instance_id};
 use node_manager::lifecycle::settings::{DrainSettings, DrainTimeoutResult};
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use serde::Serialize;
 
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Snapshot, pod_claims};
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
@@ -46,7 +47,24 @@ pub struct Preview {
     pub left: Vec<LeftPod>,
     /// The budgets that select a pod to evict.
     pub budgets: Vec<BudgetSummary>,
+    /// The volumes attached to the node; `None` when they cannot be read.
+    pub volumes: Option<Vec<AttachedVolume>>,
+    /// `VOLUME_DETACH_SECONDS`: how long after the pods are gone the drain waits for the
+    /// volumes it waits for.
+    pub volume_detach_seconds: u64,
     pub estimate: Estimate,
+}
+
+/// A volume attached to the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachedVolume {
+    /// The persistent volume (or the attachment, for an inline volume).
+    pub volume: String,
+    /// The node's pods that mount it.
+    pub pods: Vec<PodRef>,
+    /// The drain waits for it to detach before completing: no pod that stays mounts it.
+    pub waited_for: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -167,10 +185,8 @@ pub struct Estimate {
 pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) -> Preview {
     let node = &snapshot.node;
     let checkpoint = drain_under_way(node);
-    let plan = DrainPlan::in_context(
-        &snapshot.pods,
-        &plan_context(node, &checkpoint, settings, now),
-    );
+    let context = plan_context(node, &checkpoint, settings, now);
+    let plan = DrainPlan::in_context(&snapshot.pods, &context);
     let (evict, terminating) = evicted_and_terminating(snapshot, &plan, settings);
     let budgets = budget_summaries(snapshot, &evict);
     let deadline = checkpoint.as_ref().map_or(settings.drain_timeout, |c| {
@@ -190,8 +206,58 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
         held,
         left: left_pods(&plan),
         budgets,
+        volumes: attached_volumes(snapshot, &context),
+        volume_detach_seconds: settings.volume_detach.as_secs(),
         estimate,
     }
+}
+
+/// The node's attached volumes, each with the pods that mount it and whether the drain waits
+/// for it (the drain's own rule: not for a volume a pod that stays mounts).
+fn attached_volumes(snapshot: &Snapshot, context: &PlanContext) -> Option<Vec<AttachedVolume>> {
+    let volumes = snapshot.volumes.as_ref()?;
+    let staying: BTreeSet<String> = volumes::staying_claims(&snapshot.pods, context)
+        .iter()
+        .filter_map(|claim| volumes.claims.get(claim).cloned())
+        .collect();
+    let waited_for: BTreeSet<String> = volumes::to_detach(&volumes.attachments, Some(&staying))
+        .into_iter()
+        .collect();
+    let mounting = |volume: &str| -> Vec<PodRef> {
+        snapshot
+            .pods
+            .iter()
+            .filter(|pod| {
+                pod_claims(std::slice::from_ref(*pod))
+                    .iter()
+                    .any(|claim| volumes.claims.get(claim).map(String::as_str) == Some(volume))
+            })
+            .map(|pod| PodRef {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone().unwrap_or_default(),
+            })
+            .collect()
+    };
+    Some(
+        volumes
+            .attachments
+            .iter()
+            .map(|attachment| {
+                let volume = attachment
+                    .spec
+                    .source
+                    .persistent_volume_name
+                    .clone()
+                    .or_else(|| attachment.metadata.name.clone())
+                    .unwrap_or_default();
+                AttachedVolume {
+                    pods: mounting(&volume),
+                    waited_for: waited_for.contains(&volume),
+                    volume,
+                }
+            })
+            .collect(),
+    )
 }
 
 /// The node's drain record while that drain is still running.

@@ -58,6 +58,7 @@ pub fn table(preview: &Preview) -> String {
     evicted_section(&mut out, preview);
     waited_sections(&mut out, preview);
     left_section(&mut out, preview);
+    volumes_section(&mut out, preview);
     budgets_section(&mut out, preview);
     estimate_section(&mut out, preview);
     out
@@ -149,6 +150,44 @@ fn left_section(out: &mut String, preview: &Preview) {
     out.push_str(&columns(&rows));
 }
 
+/// The volumes attached to the node, and those the drain waits for once the pods are gone.
+fn volumes_section(out: &mut String, preview: &Preview) {
+    let Some(volumes) = &preview.volumes else {
+        let _ = writeln!(
+            out,
+            "\nVolumes: unknown (cannot list VolumeAttachments: grant list on volumeattachments.storage.k8s.io)"
+        );
+        return;
+    };
+    if volumes.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nVolumes attached to the node (once the pods are gone, the drain waits up to {} s for those marked yes to detach):",
+        preview.volume_detach_seconds
+    );
+    let mut rows = vec![["VOLUME", "PODS", "WAITED FOR"].map(String::from).to_vec()];
+    for volume in volumes {
+        let pods: Vec<String> = volume.pods.iter().map(ToString::to_string).collect();
+        rows.push(vec![
+            volume.volume.clone(),
+            if pods.is_empty() {
+                "-".to_owned()
+            } else {
+                pods.join(",")
+            },
+            if volume.waited_for {
+                "yes"
+            } else {
+                "no: a pod that stays mounts it"
+            }
+            .to_owned(),
+        ]);
+    }
+    out.push_str(&columns(&rows));
+}
+
 fn budgets_section(out: &mut String, preview: &Preview) {
     let _ = writeln!(out, "\nPodDisruptionBudgets:");
     if preview.budgets.is_empty() {
@@ -216,7 +255,7 @@ mod tests {
 
     use super::*;
     use crate::preview::preview;
-    use crate::snapshot::Snapshot;
+    use crate::snapshot::{NodeVolumes, Snapshot};
 
     fn settings(extra: &[(&str, &str)]) -> DrainSettings {
         let mut env = vec![("CLUSTER_NAME", "test")];
@@ -315,6 +354,7 @@ mod tests {
                 budget("web", "web", web_allowed),
                 budget("unrelated", "other", 0),
             ],
+            volumes: None,
         }
     }
 
@@ -515,6 +555,66 @@ mod tests {
         assert!(
             fine.contains("  default/web  1        3          3      allows"),
             "{fine}"
+        );
+    }
+
+    fn attachment(volume: &str) -> k8s_openapi::api::storage::v1::VolumeAttachment {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("csi-{volume}")},
+            "spec": {"attacher": "ebs.csi.aws.com", "nodeName": "ip-10-0-1-1.eu-west-1.compute.internal",
+                     "source": {"persistentVolumeName": volume}},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_volumes_the_drain_waits_for_are_those_no_staying_pod_mounts() {
+        let mut with_volumes = snapshot(1);
+        let claim = |pod: &mut Pod, name: &str| {
+            pod.spec.as_mut().unwrap().volumes = Some(vec![
+                serde_json::from_value(
+                    json!({"name": "data", "persistentVolumeClaim": {"claimName": name}}),
+                )
+                .unwrap(),
+            ]);
+        };
+        claim(&mut with_volumes.pods[0], "data-web-1");
+        claim(&mut with_volumes.pods[5], "logs");
+        with_volumes.volumes = Some(NodeVolumes {
+            attachments: vec![attachment("pv-web-1"), attachment("pv-logs")],
+            claims: [
+                (
+                    ("default".to_owned(), "data-web-1".to_owned()),
+                    "pv-web-1".to_owned(),
+                ),
+                (
+                    ("kube-system".to_owned(), "logs".to_owned()),
+                    "pv-logs".to_owned(),
+                ),
+            ]
+            .into(),
+        });
+        let text = table(&preview(&with_volumes, &settings(&[]), now()));
+        for line in [
+            "Volumes attached to the node (once the pods are gone, the drain waits up to 300 s for those marked yes to detach):",
+            "  VOLUME    PODS                    WAITED FOR",
+            "  pv-web-1  default/web-1           yes",
+            "  pv-logs   kube-system/aws-node-x  no: a pod that stays mounts it",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        let doc: Value =
+            serde_json::from_str(&json(&preview(&with_volumes, &settings(&[]), now()))).unwrap();
+        assert_eq!(doc["volumes"][0]["volume"], "pv-web-1");
+        assert_eq!(doc["volumes"][0]["waitedFor"], true);
+        assert_eq!(doc["volumes"][1]["waitedFor"], false);
+        let unknown = table(&preview(&snapshot(1), &settings(&[]), now()));
+        assert!(
+            unknown.contains("Volumes: unknown (cannot list VolumeAttachments"),
+            "{unknown}"
         );
     }
 }

@@ -1,10 +1,11 @@
-//! What the plan is made from: the node, its pods and the budgets of their namespaces, read
-//! with get and list only.
+//! What the plan is made from: the node, its pods, the budgets of their namespaces and the
+//! volumes attached to the node, read with get and list only.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::ListParams;
 use node_manager::drain::budgets;
@@ -72,6 +73,18 @@ pub struct Snapshot {
     pub node: Node,
     pub pods: Vec<Pod>,
     pub budgets: Vec<PodDisruptionBudget>,
+    /// The volumes attached to the node; `None` when the attachments cannot be listed (no
+    /// grant, or the API not served).
+    pub volumes: Option<NodeVolumes>,
+}
+
+/// The node's `VolumeAttachment`s and the volumes its pods' claims are bound to.
+#[derive(Debug, Clone, Default)]
+pub struct NodeVolumes {
+    pub attachments: Vec<VolumeAttachment>,
+    /// (namespace, claim) → the persistent volume it is bound to (read only when the node has
+    /// attachments).
+    pub claims: BTreeMap<(String, String), String>,
 }
 
 impl Snapshot {
@@ -97,12 +110,67 @@ impl Snapshot {
                     .map_err(failed("list PodDisruptionBudgets"))?,
             );
         }
+        let volumes = node_volumes(client, &name, &pods).await?;
         Ok(Self {
             node,
             pods,
             budgets: all_budgets,
+            volumes,
         })
     }
+}
+
+/// The attachments naming `node` and the volumes of its pods' claims; `None` without the
+/// grant to list attachments.
+async fn node_volumes(
+    client: &kube::Client,
+    node: &str,
+    pods: &[Pod],
+) -> Result<Option<NodeVolumes>, SnapshotError> {
+    let api: Api<VolumeAttachment> = Api::all(client.clone());
+    let attachments: Vec<VolumeAttachment> = match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter(|a| a.spec.node_name == node)
+            .collect(),
+        Err(kube::Error::Api(status)) if status.code == 403 || status.code == 404 => {
+            return Ok(None);
+        }
+        Err(error) => return Err(failed("list VolumeAttachments")(error)),
+    };
+    let mut claims = BTreeMap::new();
+    if !attachments.is_empty() {
+        for (namespace, claim) in pod_claims(pods) {
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
+            let bound = api
+                .get_opt(&claim)
+                .await
+                .map_err(failed("get PersistentVolumeClaims"))?
+                .and_then(|c| c.spec?.volume_name);
+            if let Some(volume) = bound {
+                claims.insert((namespace, claim), volume);
+            }
+        }
+    }
+    Ok(Some(NodeVolumes {
+        attachments,
+        claims,
+    }))
+}
+
+/// Every (namespace, claim) a pod of `pods` mounts.
+pub fn pod_claims(pods: &[Pod]) -> BTreeSet<(String, String)> {
+    pods.iter()
+        .flat_map(|pod| {
+            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            pod.spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| v.persistent_volume_claim.as_ref())
+                .map(move |c| (namespace.clone(), c.claim_name.clone()))
+        })
+        .collect()
 }
 
 async fn find_node(client: &kube::Client, target: &Target) -> Result<Node, SnapshotError> {
