@@ -230,6 +230,28 @@ impl FunctionWorld {
             .expect("the lifecycle notification within 5 s");
         (subscription, event)
     }
+
+    /// Terminates the seeded instance and hands its notification to the terminating hook;
+    /// returns the answer and how long the invocation took.
+    pub async fn terminate_timed(&self) -> (Value, Duration) {
+        let (_, event) = self.start_termination().await;
+        let started = std::time::Instant::now();
+        let answer = self
+            .function(Target::TerminatingHook)
+            .response_to(&event)
+            .await;
+        (answer, started.elapsed())
+    }
+
+    /// The notes of the Events with `reason`, oldest first.
+    pub fn event_notes(&self, reason: &str) -> Vec<String> {
+        self.server
+            .store()
+            .events_with_reason(reason)
+            .into_iter()
+            .filter_map(|e| e.note)
+            .collect()
+    }
 }
 
 /// The node [`FunctionWorld::add_room_node`] registers.

@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use node_manager::lifecycle::node::node_instance_id;
+use node_manager::lifecycle::node::{is_ready, node_instance_id};
 use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
 
 use crate::aws::{FakeElb, FakeLoadBalancer};
@@ -89,14 +89,5 @@ fn takes_traffic(node: &Node) -> bool {
         .labels
         .as_ref()
         .is_some_and(|labels| labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL));
-    let ready = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        });
-    ready && !excluded
+    is_ready(node) && !excluded
 }

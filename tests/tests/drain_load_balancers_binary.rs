@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use node_manager_testkit::aws::{FakeElb, FakeLoadBalancer, FakeTargetGroup};
 use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, Target};
 use node_manager_testkit::service_controller::ServiceController;
-use serde_json::Value;
 
 const INSTANCE: &str = "i-0a1b2c3d4e5f60718";
 
@@ -89,25 +88,6 @@ async fn service_controller(w: &FunctionWorld, balancers: &Balancers) -> Service
     controller
 }
 
-async fn terminate(w: &FunctionWorld) -> (Value, Duration) {
-    let (_, event) = w.start_termination().await;
-    let started = Instant::now();
-    let answer = w
-        .function(Target::TerminatingHook)
-        .response_to(&event)
-        .await;
-    (answer, started.elapsed())
-}
-
-fn notes(w: &FunctionWorld, reason: &str) -> Vec<String> {
-    w.server
-        .store()
-        .events_with_reason(reason)
-        .into_iter()
-        .filter_map(|e| e.note)
-        .collect()
-}
-
 #[tokio::test]
 async fn the_action_waits_until_the_clusters_load_balancers_no_longer_route_to_the_instance() {
     let w = world(&[]).await;
@@ -118,7 +98,7 @@ async fn the_action_waits_until_the_clusters_load_balancers_no_longer_route_to_t
         true,
     );
     let _controller = service_controller(&w, &balancers).await;
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     let elb = w.aws.elb();
     // Completed only once both had let go (the settle period alone is 1 s).
@@ -134,7 +114,7 @@ async fn the_action_waits_until_the_clusters_load_balancers_no_longer_route_to_t
         output.contains("\"load_balancers_deregistered\""),
         "{output}"
     );
-    assert!(notes(&w, "LoadBalancersStillRouting").is_empty());
+    assert!(w.event_notes("LoadBalancersStillRouting").is_empty());
     // Asked about the instance only where it may be routed: the cluster's instance-mode
     // target group and classic load balancer, never the IP-mode or untagged one.
     let health = w.aws.requests_for("DescribeTargetHealth");
@@ -157,7 +137,7 @@ async fn a_node_no_load_balancer_routes_to_does_not_wait_the_settle_period() {
         Duration::from_secs(300),
         false,
     );
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(
         took < Duration::from_secs(6),
@@ -172,7 +152,7 @@ async fn a_node_no_load_balancer_routes_to_does_not_wait_the_settle_period() {
         Duration::from_secs(300),
         false,
     );
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(took >= Duration::from_secs(8), "took {took:?}");
     assert!(w.aws.requests_for("DescribeTargetGroups").is_empty());
@@ -191,14 +171,14 @@ async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_comp
     );
     w.aws.elb().register(&balancers.web, INSTANCE);
     w.aws.elb().register(&balancers.legacy, INSTANCE);
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(
         (Duration::from_secs(3)..Duration::from_secs(15)).contains(&took),
         "took {took:?}"
     );
     assert!(w.aws.elb().routes_to(&balancers.web, INSTANCE));
-    let notes = notes(&w, "LoadBalancersStillRouting");
+    let notes = w.event_notes("LoadBalancersStillRouting");
     assert_eq!(notes.len(), 1, "{notes:?}");
     assert!(notes[0].contains("targetgroup/k8s-shop-web/"), "{notes:?}");
     assert!(
@@ -206,7 +186,7 @@ async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_comp
         "{notes:?}"
     );
     assert!(!notes[0].contains("hand-made"), "{notes:?}");
-    let blocked = self::notes(&w, "DrainBlocked");
+    let blocked = w.event_notes("DrainBlocked");
     assert!(
         blocked.iter().any(|n| n.contains("its pods are gone")
             && n.contains("load balancer(s) still routing to the instance")
@@ -229,7 +209,7 @@ async fn load_balancers_that_cannot_be_read_leave_the_settle_period_as_the_wait(
     w.aws
         .faults()
         .inject(AwsFault::unavailable().on_service(Service::LoadBalancing));
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(
         (Duration::from_secs(3)..Duration::from_secs(12)).contains(&took),

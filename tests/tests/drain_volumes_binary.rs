@@ -6,12 +6,11 @@
 //! Uses the binary as built: run `cargo build --workspace --bins --tests` after changing the function.
 #![allow(clippy::unwrap_used)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use node_manager_testkit::e2e::{FunctionWorld, Target};
 use node_manager_testkit::kube::{SimulationTimings, Store};
-use serde_json::Value;
 
 const INSTANCE: &str = "i-0c1d2e3f405162738";
 /// The database pods' volumes, one claim each.
@@ -112,32 +111,11 @@ fn attached_to(store: &Store, node: &str) -> Vec<String> {
         .collect()
 }
 
-/// Terminates the instance, delivers the notification and returns the answer and how long
-/// it took.
-async fn terminate(w: &FunctionWorld) -> (Value, Duration) {
-    let (_, event) = w.start_termination().await;
-    let started = Instant::now();
-    let answer = w
-        .function(Target::TerminatingHook)
-        .response_to(&event)
-        .await;
-    (answer, started.elapsed())
-}
-
-fn event_notes(w: &FunctionWorld, reason: &str) -> Vec<String> {
-    w.server
-        .store()
-        .events_with_reason(reason)
-        .into_iter()
-        .filter_map(|e| e.note)
-        .collect()
-}
-
 #[tokio::test]
 async fn the_action_is_completed_once_the_volumes_of_the_drained_pods_are_detached() {
     let detach = Duration::from_secs(2);
     let w = volume_world(detach, &[("VOLUME_DETACH_SECONDS", "30")]).await;
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     // Completed after the detach, and without waiting for the shared volume of the pod that
     // stays (that would take the 30 s bound).
@@ -153,14 +131,14 @@ async fn the_action_is_completed_once_the_volumes_of_the_drained_pods_are_detach
     );
     let output = w.function(Target::TerminatingHook).runtime.output();
     assert!(output.contains("\"volumes_detached\""), "{output}");
-    assert!(event_notes(&w, "VolumesStillAttached").is_empty());
+    assert!(w.event_notes("VolumesStillAttached").is_empty());
 }
 
 #[tokio::test]
 async fn without_the_wait_the_instance_goes_with_its_volumes_attached() {
     // What every drain did before the wait, and still does with it turned off.
     let w = volume_world(Duration::from_secs(3), &[("VOLUME_DETACH_SECONDS", "0")]).await;
-    let (answer, _) = terminate(&w).await;
+    let (answer, _) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     let attached = attached_to(w.server.store(), &w.node);
     assert!(
@@ -183,20 +161,20 @@ async fn volumes_still_attached_at_the_bound_are_named_and_the_action_completed(
         ],
     )
     .await;
-    let (answer, took) = terminate(&w).await;
+    let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     assert!(
         (Duration::from_secs(2)..Duration::from_secs(12)).contains(&took),
         "took {took:?}"
     );
-    let notes = event_notes(&w, "VolumesStillAttached");
+    let notes = w.event_notes("VolumesStillAttached");
     assert_eq!(notes.len(), 1, "{notes:?}");
     for volume in DATABASE_VOLUMES {
         assert!(notes[0].contains(volume), "{notes:?}");
     }
     assert!(!notes[0].contains(SHARED_VOLUME), "{notes:?}");
     // While it waited, the drain said what for.
-    let blocked = event_notes(&w, "DrainBlocked");
+    let blocked = w.event_notes("DrainBlocked");
     assert!(
         blocked
             .iter()

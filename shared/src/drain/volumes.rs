@@ -246,15 +246,19 @@ async fn staying_volumes(
 
 /// The claims (namespace, name) of the pods in `pods` that the drain leaves on the node.
 pub fn staying_claims(pods: &[Pod], plan: &PlanContext) -> BTreeSet<(String, String)> {
-    pods.iter()
-        .filter(|pod| {
-            matches!(
-                PodDisposition::in_context(pod, plan),
-                PodDisposition::SkipMirror
-                    | PodDisposition::SkipDaemonSet
-                    | PodDisposition::SkipToleratesCordon
-            )
-        })
+    pod_claims(pods.iter().filter(|pod| {
+        matches!(
+            PodDisposition::in_context(pod, plan),
+            PodDisposition::SkipMirror
+                | PodDisposition::SkipDaemonSet
+                | PodDisposition::SkipToleratesCordon
+        )
+    }))
+}
+
+/// Every (namespace, claim) a pod of `pods` mounts.
+pub fn pod_claims<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeSet<(String, String)> {
+    pods.into_iter()
         .flat_map(|pod| {
             let namespace = pod.metadata.namespace.clone().unwrap_or_default();
             pod.spec

@@ -27,7 +27,7 @@ use node_manager::lifecycle::settings::{DrainSettings, DrainTimeoutResult};
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use serde::Serialize;
 
-use crate::snapshot::{Snapshot, pod_claims};
+use crate::snapshot::Snapshot;
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
 const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
@@ -228,7 +228,7 @@ fn attached_volumes(snapshot: &Snapshot, context: &PlanContext) -> Option<Vec<At
             .pods
             .iter()
             .filter(|pod| {
-                pod_claims(std::slice::from_ref(*pod))
+                volumes::pod_claims([*pod])
                     .iter()
                     .any(|claim| volumes.claims.get(claim).map(String::as_str) == Some(volume))
             })

@@ -9,6 +9,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::ListParams;
 use node_manager::drain::budgets;
+use node_manager::drain::volumes::pod_claims;
 use node_manager::lifecycle::node::node_instance_id;
 
 /// Which node to plan: by name, or by the EC2 instance it runs on.
@@ -157,20 +158,6 @@ async fn node_volumes(
         attachments,
         claims,
     }))
-}
-
-/// Every (namespace, claim) a pod of `pods` mounts.
-pub fn pod_claims(pods: &[Pod]) -> BTreeSet<(String, String)> {
-    pods.iter()
-        .flat_map(|pod| {
-            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-            pod.spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .filter_map(|v| v.persistent_volume_claim.as_ref())
-                .map(move |c| (namespace.clone(), c.claim_name.clone()))
-        })
-        .collect()
 }
 
 async fn find_node(client: &kube::Client, target: &Target) -> Result<Node, SnapshotError> {
