@@ -80,8 +80,8 @@ pub struct DrainSettings {
     /// its volumes to detach (no `VolumeAttachment` naming the node); `0` does not wait.
     pub volume_detach: Duration,
     /// `DRAIN_BLOCKED_REPORT_SECONDS` (180): once the drain has run this long with pods
-    /// left, a `DrainBlocked` Event names them and what holds them, then at most this often;
-    /// `0` never.
+    /// left (or, its pods gone, volumes or load balancers still in the way), a `DrainBlocked`
+    /// Event names them and what holds them, then at most this often; `0` never.
     pub blocked_report: Duration,
     /// Spot interruptions, rebalance recommendations, scheduled maintenance.
     pub notices: crate::instance_notice::settings::NoticeSettings,
