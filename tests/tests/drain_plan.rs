@@ -104,6 +104,15 @@ fn documented_rbac() -> String {
 /// Runs the plugin as a member of `open-node-manager:operators`, with only `args` and the
 /// drain's deadline setting.
 async fn drain_plan(w: &FunctionWorld, args: &[&str]) -> (bool, String, String) {
+    drain_plan_with(w, args, &[]).await
+}
+
+/// [`drain_plan`] with `env` besides (AWS credentials, say).
+async fn drain_plan_with(
+    w: &FunctionWorld,
+    args: &[&str],
+    env: &[(String, String)],
+) -> (bool, String, String) {
     let token = w
         .server
         .add_static_token("operator", &["open-node-manager:operators"]);
@@ -123,6 +132,7 @@ async fn drain_plan(w: &FunctionWorld, args: &[&str]) -> (bool, String, String) 
         .env_clear()
         .env("KUBECONFIG", &kubeconfig)
         .env("DRAIN_TIMEOUT_SECONDS", DRAIN_TIMEOUT_SECONDS)
+        .envs(env.iter().cloned())
         .output()
         .await
         .unwrap();
@@ -330,5 +340,60 @@ spec:
             .lines()
             .any(|l| l.contains("pv-db-0") && l.contains("default/db-0") && l.ends_with("yes")),
         "{table}"
+    );
+}
+
+#[tokio::test]
+async fn with_load_balancers_the_plan_names_those_routing_to_the_instance() {
+    use node_manager_testkit::aws::{FakeLoadBalancer, FakeTargetGroup};
+    use node_manager_testkit::e2e::CLUSTER;
+    let w = FunctionWorld::builder()
+        .functions(&[Target::TerminatingHook])
+        .instance(INSTANCE)
+        .start()
+        .await;
+    w.server.store().apply_yaml(&documented_rbac()).unwrap();
+    let elb = w.aws.elb();
+    let web = elb.add_target_group(FakeTargetGroup::of_cluster("k8s-web", CLUSTER));
+    elb.add_target_group(FakeTargetGroup::of_cluster("k8s-other", CLUSTER));
+    elb.register(&FakeLoadBalancer::TargetGroup(web), INSTANCE);
+    let credentials = w.aws.account().add_role_credentials("operator");
+    let aws_env = w.aws.environment(&credentials);
+    let args = [
+        w.node.as_str(),
+        "--load-balancers-of",
+        CLUSTER,
+        "-o",
+        "json",
+    ];
+    let (ok, stdout, stderr) = drain_plan_with(&w, &args, &aws_env).await;
+    assert!(ok, "{stderr}");
+    let plan: Value = serde_json::from_str(&stdout).unwrap();
+    let routing = plan["loadBalancers"].as_array().expect("asked");
+    assert_eq!(routing.len(), 1, "{routing:?}");
+    assert!(
+        routing[0]["name"]
+            .as_str()
+            .unwrap()
+            .contains("targetgroup/k8s-web/")
+    );
+    assert_eq!(routing[0]["state"], "registered");
+    assert_eq!(routing[0]["deregistrationDelaySeconds"], 300);
+    let (ok, table, stderr) = drain_plan_with(&w, &args[..3], &aws_env).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        table.lines().any(|l| l.contains("targetgroup/k8s-web/")
+            && l.contains("registered")
+            && l.ends_with("300s")),
+        "{table}"
+    );
+    // Not asked: not shown.
+    let (ok, stdout, _) = drain_plan(&w, &[&w.node, "-o", "json"]).await;
+    assert!(ok);
+    assert!(
+        serde_json::from_str::<Value>(&stdout)
+            .unwrap()
+            .get("loadBalancers")
+            .is_none()
     );
 }

@@ -27,6 +27,7 @@ use node_manager::lifecycle::settings::{DrainSettings, DrainTimeoutResult};
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
 use serde::Serialize;
 
+use crate::load_balancers::RoutingLoadBalancer;
 use crate::snapshot::Snapshot;
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
@@ -52,6 +53,10 @@ pub struct Preview {
     /// `VOLUME_DETACH_SECONDS`: how long after the pods are gone the drain waits for the
     /// volumes it waits for.
     pub volume_detach_seconds: u64,
+    /// The cluster's load balancers routing to the instance (`--load-balancers-of`); the drain
+    /// waits for each to let go, at most `SETTLE_SECONDS` plus its deregistration delay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load_balancers: Option<Vec<RoutingLoadBalancer>>,
     pub estimate: Estimate,
 }
 
@@ -208,6 +213,7 @@ pub fn preview(snapshot: &Snapshot, settings: &DrainSettings, now: Timestamp) ->
         budgets,
         volumes: attached_volumes(snapshot, &context),
         volume_detach_seconds: settings.volume_detach.as_secs(),
+        load_balancers: snapshot.load_balancers.clone(),
         estimate,
     }
 }

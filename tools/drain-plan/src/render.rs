@@ -59,6 +59,7 @@ pub fn table(preview: &Preview) -> String {
     waited_sections(&mut out, preview);
     left_section(&mut out, preview);
     volumes_section(&mut out, preview);
+    load_balancers_section(&mut out, preview);
     budgets_section(&mut out, preview);
     estimate_section(&mut out, preview);
     out
@@ -183,6 +184,37 @@ fn volumes_section(out: &mut String, preview: &Preview) {
                 "no: a pod that stays mounts it"
             }
             .to_owned(),
+        ]);
+    }
+    out.push_str(&columns(&rows));
+}
+
+/// The load balancers routing to the instance, when asked.
+fn load_balancers_section(out: &mut String, preview: &Preview) {
+    let Some(routing) = &preview.load_balancers else {
+        return;
+    };
+    if routing.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nNo load balancer of the cluster routes to the instance: no wait for load balancers."
+        );
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nLoad balancers routing to the instance (once the pods are gone, the drain waits for each to let go):"
+    );
+    let mut rows = vec![
+        ["LOAD BALANCER", "STATE", "DEREGISTRATION DELAY"]
+            .map(String::from)
+            .to_vec(),
+    ];
+    for lb in routing {
+        rows.push(vec![
+            lb.name.clone(),
+            lb.state.to_owned(),
+            format!("{}s", lb.deregistration_delay_seconds),
         ]);
     }
     out.push_str(&columns(&rows));
@@ -355,6 +387,7 @@ mod tests {
                 budget("unrelated", "other", 0),
             ],
             volumes: None,
+            load_balancers: None,
         }
     }
 

@@ -77,6 +77,9 @@ pub struct Snapshot {
     /// The volumes attached to the node; `None` when the attachments cannot be listed (no
     /// grant, or the API not served).
     pub volumes: Option<NodeVolumes>,
+    /// The cluster's load balancers routing to the node's instance, when asked
+    /// (`--load-balancers-of`).
+    pub load_balancers: Option<Vec<crate::load_balancers::RoutingLoadBalancer>>,
 }
 
 /// The node's `VolumeAttachment`s and the volumes its pods' claims are bound to.
@@ -117,6 +120,7 @@ impl Snapshot {
             pods,
             budgets: all_budgets,
             volumes,
+            load_balancers: None,
         })
     }
 }
