@@ -68,6 +68,7 @@ pub struct StaticCluster {
 }
 
 impl StaticCluster {
+    /// `authentication_mode` `None` keeps the fake EKS's default (`API_AND_CONFIG_MAP`).
     pub async fn start(cluster: &str, authentication_mode: Option<&str>) -> Result<Self, String> {
         let account = FakeAccount::reference();
         let aws = FakeAws::start(account.clone())
@@ -87,10 +88,11 @@ impl StaticCluster {
         server
             .apply_manifest_file(&corpus::repository_root().join("infra/rbac.yaml"))
             .map_err(|e| e.to_string())?;
-        aws.eks().add_cluster(
-            FakeCluster::new(cluster, server.url(), &server.ca_data())
-                .authentication_mode(authentication_mode),
-        );
+        let mut registered = FakeCluster::new(cluster, server.url(), &server.ca_data());
+        if let Some(mode) = authentication_mode {
+            registered = registered.authentication_mode(Some(mode));
+        }
+        aws.eks().add_cluster(registered);
         Ok(Self {
             account,
             aws,
