@@ -126,13 +126,14 @@ pub async fn wait_for_pods(
 /// Samples, every 20 ms until stopped, the fewest `nginx` pods Ready and not terminating
 /// (a failed list counts as none).
 pub struct AvailabilityWatch {
-    fewest: Arc<Mutex<usize>>,
+    /// The fewest seen; `None` until the first sample.
+    fewest: Arc<Mutex<Option<usize>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl AvailabilityWatch {
     pub fn start(client: kube::Client) -> Self {
-        let fewest = Arc::new(Mutex::new(usize::MAX));
+        let fewest = Arc::new(Mutex::new(None));
         let task = tokio::spawn({
             let fewest = fewest.clone();
             let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
@@ -142,7 +143,7 @@ impl AvailabilityWatch {
                     let available = by_app.get("nginx").copied().unwrap_or(0);
                     {
                         let mut fewest = fewest.lock().unwrap_or_else(PoisonError::into_inner);
-                        *fewest = (*fewest).min(available);
+                        *fewest = Some(fewest.map_or(available, |f: usize| f.min(available)));
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -151,8 +152,8 @@ impl AvailabilityWatch {
         Self { fewest, task }
     }
 
-    /// Stops sampling; the fewest seen.
-    pub fn stop(self) -> usize {
+    /// Stops sampling; the fewest seen, `None` when no sample was taken.
+    pub fn stop(self) -> Option<usize> {
         self.task.abort();
         *self.fewest.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -166,8 +167,13 @@ impl AvailabilityWatch {
                 "the budget held: never fewer than {} of {REPLICAS} replicas available",
                 REPLICAS - 1
             ),
-            fewest >= REPLICAS - 1,
-            format!("only {fewest} replicas were available at one point"),
+            fewest.is_some_and(|f| f >= REPLICAS - 1),
+            match fewest {
+                Some(f) => format!("only {f} replicas were available at one point"),
+                None => {
+                    "no availability sample was taken: nothing shows the budget held".to_owned()
+                }
+            },
         );
     }
 }

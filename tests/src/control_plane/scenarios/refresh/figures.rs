@@ -39,8 +39,9 @@ pub struct Figures {
     pub not_evicted: Vec<String>,
     /// Pod deletions by any function (there must be none: evictions only).
     pub pod_deletions: usize,
-    /// The fewest pods of one Deployment Ready and not terminating at once.
-    pub fewest_available: usize,
+    /// The fewest pods of one Deployment Ready and not terminating at once; `None` when the
+    /// sampler never listed them.
+    pub fewest_available: Option<usize>,
     /// Summed over the pods created after the start, the time each had no node.
     pub pending_pod_seconds: f64,
     /// Start until the refresh ended and the function undid its marks.
@@ -73,7 +74,10 @@ impl Figures {
             self.evictions_per_pod(),
             self.moved_twice,
             self.pending_pod_seconds,
-            self.replicas() - self.fewest_available.min(self.replicas()),
+            self.fewest_available
+                .map_or("not sampled".to_owned(), |fewest| {
+                    (self.replicas() - fewest.min(self.replicas())).to_string()
+                }),
             self.marked_left.len(),
             self.wall.as_secs_f64(),
         )
@@ -98,12 +102,15 @@ impl Figures {
                 self.pod_deletions
             ));
         }
-        if self.fewest_available + 1 < self.replicas() {
-            faults.push(format!(
-                "a budget was broken: only {} of {} pods of a Deployment available at one point",
-                self.fewest_available,
+        match self.fewest_available {
+            None => faults.push(
+                "no availability sample was taken: nothing shows the budgets held".to_owned(),
+            ),
+            Some(fewest) if fewest + 1 < self.replicas() => faults.push(format!(
+                "a budget was broken: only {fewest} of {} pods of a Deployment available at one point",
                 self.replicas()
-            ));
+            )),
+            Some(_) => {}
         }
         if !self.marked_left.is_empty() {
             faults.push(format!("nodes left marked: {:?}", self.marked_left));
@@ -125,7 +132,7 @@ impl Figures {
 /// What the sampler saw while the refresh ran.
 #[derive(Default)]
 pub(super) struct Sampled {
-    fewest_available: usize,
+    fewest_available: Option<usize>,
     /// Per pod created after the start, the time it was seen without a node.
     pending: BTreeMap<String, Duration>,
 }
@@ -138,10 +145,7 @@ pub(super) fn sample(
     running: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<Sampled> {
     tokio::spawn(async move {
-        let mut sampled = Sampled {
-            fewest_available: usize::MAX,
-            ..Sampled::default()
-        };
+        let mut sampled = Sampled::default();
         let mut last = Instant::now();
         while running.load(Ordering::Relaxed) {
             let elapsed = last.elapsed();
@@ -155,8 +159,9 @@ pub(super) fn sample(
                     }
                 }
                 let by_app = count_available_by_app(&list.items);
-                if let Some(least) = by_app.values().min() {
-                    sampled.fewest_available = sampled.fewest_available.min(*least);
+                if let Some(&least) = by_app.values().min() {
+                    sampled.fewest_available =
+                        Some(sampled.fewest_available.map_or(least, |f| f.min(least)));
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -219,4 +224,34 @@ fn is_marked(node: &Node) -> bool {
     node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true)
         || labels.contains_key(REFRESH_LABEL)
         || labels.contains_key(EXCLUDE_FROM_LOAD_BALANCERS_LABEL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_the_sampler_never_saw_is_a_violation_not_a_pass() {
+        let unsampled = Figures {
+            status: Some("Successful".to_owned()),
+            ..Figures::default()
+        };
+        assert!(
+            unsampled
+                .violations()
+                .iter()
+                .any(|v| v.contains("no availability sample")),
+            "{:?}",
+            unsampled.violations()
+        );
+        let sampled = Figures {
+            fewest_available: Some(0),
+            ..unsampled
+        };
+        assert!(
+            sampled.violations().is_empty(),
+            "{:?}",
+            sampled.violations()
+        );
+    }
 }
