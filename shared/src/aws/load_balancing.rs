@@ -4,7 +4,8 @@
 //! Finding the cluster's load balancers costs one `DescribeTargetGroups` per 400 target groups
 //! of the account and region, one `DescribeTags` per 20 target groups with instance targets,
 //! and the same for classic load balancers (`DescribeLoadBalancers`, `DescribeTags`); asking one
-//! of them about the instance costs one `DescribeTargetHealth` or `DescribeInstanceHealth`.
+//! of them about the instance costs one `DescribeTargetHealth` (all its targets: see
+//! `target_routing`) or `DescribeInstanceHealth`.
 //! None of these calls supports resource-level permissions.
 
 use std::time::Duration;
@@ -151,26 +152,27 @@ impl SdkLoadBalancers {
         Ok(out)
     }
 
+    /// How the target group stands towards the instance, over every port it is registered
+    /// on. All the group's targets are listed, not only the instance: a target named without
+    /// its port is looked up on the group's own port, and the controllers register instances
+    /// on the Service's node port, so a filtered query would answer "not registered".
     async fn target_routing(
         &self,
         arn: &str,
         instance_id: &str,
     ) -> Result<InstanceRouting, AwsError> {
-        let target = elbv2::types::TargetDescription::builder()
-            .id(instance_id)
-            .build();
         let health = self
             .target_groups
             .get()
             .describe_target_health()
             .target_group_arn(arn)
-            .targets(target)
             .send()
             .await;
         match health {
             Ok(output) => Ok(output
                 .target_health_descriptions()
                 .iter()
+                .filter(|d| d.target().and_then(|t| t.id()) == Some(instance_id))
                 .filter_map(|d| d.target_health()?.state())
                 .map(routing_of_target_state)
                 .max_by_key(|routing| routing_rank(*routing))

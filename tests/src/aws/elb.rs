@@ -6,7 +6,10 @@
 //! delay, then `unused` (`Target.NotRegistered`); on a classic load balancer with connection
 //! draining it stays `InService` ("Instance deregistration currently in progress") for the
 //! draining timeout, then `OutOfService` ("Instance is not currently registered with the
-//! LoadBalancer"); an instance a classic load balancer never had is `InvalidInstance`. Who
+//! LoadBalancer"); an instance a classic load balancer never had is `InvalidInstance`. Target
+//! groups listen on port 80 and their instances are registered on a node port
+//! ([`NODE_PORT`]), as the controllers register them: a `DescribeTargetHealth` naming a target
+//! without its port asks about the group's port, where the instance is not registered. Who
 //! registers and deregisters is up to the test (the service controller's part:
 //! [`crate::service_controller`]).
 
@@ -20,6 +23,10 @@ use super::{Shared, lock};
 /// The API version of classic load balancers; v2 is `2015-12-01`.
 pub(crate) const CLASSIC_VERSION: &str = "2012-06-01";
 const DELAY_ATTRIBUTE: &str = "deregistration_delay.timeout_seconds";
+/// The port every target group listens on.
+const GROUP_PORT: &str = "80";
+/// The port instances are registered on (a Service's node port).
+pub const NODE_PORT: &str = "30080";
 
 /// Where an instance stands with one load balancer.
 #[derive(Debug, Clone, Copy)]
@@ -292,7 +299,7 @@ fn describe_target_groups(state: &ElbState, params: &QueryParams) -> Reply {
         .iter()
         .map(|g| {
             format!(
-                "<member>{}{}{}<Protocol>TCP</Protocol><Port>30080</Port></member>",
+                "<member>{}{}{}<Protocol>TCP</Protocol><Port>{GROUP_PORT}</Port></member>",
                 element("TargetGroupArn", &g.arn),
                 element("TargetGroupName", &g.name),
                 element("TargetType", &g.target_type)
@@ -336,27 +343,46 @@ fn target_group<'a>(
 
 fn describe_target_health(state: &ElbState, params: &QueryParams) -> Result<Reply, ApiError> {
     let group = target_group(state, params)?;
-    let asked: Vec<String> = params
+    // Targets asked for: (id, port), a missing port meaning the group's own.
+    let asked: Vec<(String, String)> = params
         .iter()
-        .filter(|(k, _)| k.starts_with("Targets.member.") && k.ends_with(".Id"))
-        .map(|(_, v)| v.clone())
+        .filter_map(|(key, id)| {
+            let index = key.strip_prefix("Targets.member.")?.strip_suffix(".Id")?;
+            let port = params
+                .get(&format!("Targets.member.{index}.Port"))
+                .cloned()
+                .unwrap_or_else(|| GROUP_PORT.to_owned());
+            Some((id.clone(), port))
+        })
         .collect();
-    let ids: Vec<String> = if asked.is_empty() {
-        group.targets.keys().cloned().collect()
+    let listing = asked.is_empty();
+    let ids: Vec<(String, String)> = if listing {
+        group
+            .targets
+            .iter()
+            .filter(|(_, r)| !matches!(r.now(), Registration::Gone))
+            .map(|(id, _)| (id.clone(), NODE_PORT.to_owned()))
+            .collect()
     } else {
         asked
     };
     let members: String = ids
         .iter()
-        .map(|id| {
-            let (state, reason) = match group.targets.get(id).map(|r| r.now()) {
+        .map(|(id, port)| {
+            let registration = (port == NODE_PORT)
+                .then(|| group.targets.get(id).map(|r| r.now()))
+                .flatten();
+            let (state, reason) = match registration {
                 Some(Registration::Registered) => ("healthy", None),
-                Some(Registration::Draining(_)) => ("draining", Some("Target.DeregistrationInProgress")),
+                Some(Registration::Draining(_)) => {
+                    ("draining", Some("Target.DeregistrationInProgress"))
+                }
                 Some(Registration::Gone) | None => ("unused", Some("Target.NotRegistered")),
             };
             format!(
-                "<member><Target>{}<Port>30080</Port></Target><TargetHealth>{}{}</TargetHealth></member>",
+                "<member><Target>{}{}</Target><TargetHealth>{}{}</TargetHealth></member>",
                 element("Id", id),
+                element("Port", port),
                 element("State", state),
                 reason.map(|r| element("Reason", r)).unwrap_or_default()
             )
