@@ -44,13 +44,9 @@ async fn world(settings: &[(&str, &str)]) -> FunctionWorld {
     w
 }
 
-/// Seeds the load balancers, the instance registered with each when `registered`.
-fn seed(
-    elb: &FakeElb,
-    web_delay: Duration,
-    legacy_draining: Duration,
-    registered: bool,
-) -> Balancers {
+/// Seeds the load balancers, the instance registered with the unrelated one only (the service
+/// controller, or the test, registers it with the cluster's).
+fn seed(elb: &FakeElb, web_delay: Duration, legacy_draining: Duration) -> Balancers {
     let web = FakeLoadBalancer::TargetGroup(
         elb.add_target_group(FakeTargetGroup::of_cluster("k8s-shop-web", CLUSTER).delay(web_delay)),
     );
@@ -61,9 +57,7 @@ fn seed(
         tags: vec![("team".to_owned(), "payments".to_owned())],
         ..FakeTargetGroup::of_cluster("hand-made", CLUSTER)
     }));
-    if registered {
-        elb.register(&unrelated, INSTANCE);
-    }
+    elb.register(&unrelated, INSTANCE);
     Balancers {
         web,
         legacy,
@@ -93,12 +87,7 @@ async fn the_action_waits_until_the_clusters_load_balancers_no_longer_route_to_t
     let w = world(&[]).await;
     // The target group drains longest, so a wait that misread it (a target asked about
     // without its node port is "not registered") ends with the classic one, too soon.
-    let balancers = seed(
-        &w.aws.elb(),
-        Duration::from_secs(5),
-        Duration::from_secs(3),
-        true,
-    );
+    let balancers = seed(&w.aws.elb(), Duration::from_secs(5), Duration::from_secs(3));
     let _controller = service_controller(&w, &balancers).await;
     let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
@@ -137,7 +126,6 @@ async fn a_node_no_load_balancer_routes_to_does_not_wait_the_settle_period() {
         &w.aws.elb(),
         Duration::from_secs(300),
         Duration::from_secs(300),
-        false,
     );
     let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
@@ -152,7 +140,6 @@ async fn a_node_no_load_balancer_routes_to_does_not_wait_the_settle_period() {
         &w.aws.elb(),
         Duration::from_secs(300),
         Duration::from_secs(300),
-        false,
     );
     let (answer, took) = w.terminate_timed().await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
@@ -165,12 +152,7 @@ async fn load_balancers_still_routing_at_the_bound_are_named_and_the_action_comp
     // Nobody deregisters the instance: waited for 1 s settle + 2 s delay, then named; while it
     // waits, the drain says what for.
     let w = world(&[("DRAIN_BLOCKED_REPORT_SECONDS", "1")]).await;
-    let balancers = seed(
-        &w.aws.elb(),
-        Duration::from_secs(2),
-        Duration::from_secs(2),
-        true,
-    );
+    let balancers = seed(&w.aws.elb(), Duration::from_secs(2), Duration::from_secs(2));
     w.aws.elb().register(&balancers.web, INSTANCE);
     w.aws.elb().register(&balancers.legacy, INSTANCE);
     let (answer, took) = w.terminate_timed().await;
@@ -205,7 +187,6 @@ async fn load_balancers_that_cannot_be_read_leave_the_settle_period_as_the_wait(
         &w.aws.elb(),
         Duration::from_secs(300),
         Duration::from_secs(300),
-        true,
     );
     w.aws.elb().register(&balancers.web, INSTANCE);
     w.aws

@@ -140,17 +140,26 @@ pub fn metrics(node: &str, running_for: Duration, holding: &[(PodKey, Holding)])
     by_reason
         .into_iter()
         .map(|(reason, pods)| {
-            MetricSet::new(FUNCTION_NAME)
-                .dimension("Reason", reason)
-                .metric(
-                    "DrainBlockedSeconds",
-                    running_for.as_secs_f64(),
-                    Unit::Seconds,
-                )
-                .metric("PodsBlocked", f64::from(pods), Unit::Count)
-                .property("Node", node.to_owned())
+            blocked_for(node, reason, running_for).metric(
+                "PodsBlocked",
+                f64::from(pods),
+                Unit::Count,
+            )
         })
         .collect()
+}
+
+/// `DrainBlockedSeconds` of a drain held for `reason` (dimensions `Function`, `Reason`; the
+/// node as a property): the line both kinds of report start from.
+fn blocked_for(node: &str, reason: &str, running_for: Duration) -> MetricSet {
+    MetricSet::new(FUNCTION_NAME)
+        .dimension("Reason", reason)
+        .metric(
+            "DrainBlockedSeconds",
+            running_for.as_secs_f64(),
+            Unit::Seconds,
+        )
+        .property("Node", node.to_owned())
 }
 
 /// What a drain whose pods are gone still waits for.
@@ -206,16 +215,7 @@ pub fn after_pods_metrics(
 ) -> Vec<MetricSet> {
     waits
         .iter()
-        .map(|wait| {
-            MetricSet::new(FUNCTION_NAME)
-                .dimension("Reason", wait.kind())
-                .metric(
-                    "DrainBlockedSeconds",
-                    running_for.as_secs_f64(),
-                    Unit::Seconds,
-                )
-                .property("Node", node.to_owned())
-        })
+        .map(|wait| blocked_for(node, wait.kind(), running_for))
         .collect()
 }
 
