@@ -166,7 +166,7 @@ start() {
             [[ $waited -lt 150 ]] || { echo "control-plane: kube-apiserver not ready after 30 s, see $dir/kube-apiserver.log" >&2; exit 1; }
         done
         "$bin/kube-controller-manager" --kubeconfig=kube-controller-manager.kubeconfig --secure-port=0 \
-            --controllers='*,-node-lifecycle-controller,-taint-eviction-controller' \
+            --controllers='*,-node-lifecycle-controller' \
             --use-service-account-credentials --service-account-private-key-file=sa.key --root-ca-file=ca.crt \
             > kube-controller-manager.log 2>&1 &
         echo $! >> pids

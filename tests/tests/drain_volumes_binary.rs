@@ -182,3 +182,74 @@ async fn volumes_still_attached_at_the_bound_are_named_and_the_action_completed(
         "{blocked:?}"
     );
 }
+
+/// Issue #45 item 3: the node's kubelet dies before its drain. The evicted pods stay
+/// `Terminating` (nothing confirms their deletion) and keep their volumes attached; once the
+/// drain reports them stuck on a node whose kubelet is silent, it puts the out-of-service taint
+/// on it, the pod garbage collector deletes them and their volumes detach at once, and the
+/// action completes well before the volume bound. Without the taint
+/// (`OUT_OF_SERVICE_TAINT=false`) the instance goes at the bound with the pods still
+/// terminating and their volumes attached (the attach/detach controller would wait six
+/// minutes more for an unmount nobody reports).
+#[tokio::test]
+async fn a_dead_kubelets_stuck_pods_and_their_volumes_are_freed_by_the_out_of_service_taint() {
+    let bound = Duration::from_secs(8);
+    for taint in [true, false] {
+        let settings = [
+            ("VOLUME_DETACH_SECONDS", "8"),
+            ("STUCK_POD_SECONDS", "1"),
+            ("OUT_OF_SERVICE_TAINT", if taint { "true" } else { "false" }),
+        ];
+        let w = volume_world(Duration::from_millis(500), &settings).await;
+        w.server.kill_kubelet(&w.node).unwrap();
+        let (answer, took) = w.terminate_timed().await;
+        assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+        let store = w.server.store();
+        let node = store
+            .get::<k8s_openapi::api::core::v1::Node>("", &w.node)
+            .unwrap();
+        let tainted = node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| {
+                t.iter().any(|t| {
+                    t.key == "node.kubernetes.io/out-of-service"
+                        && t.value.as_deref() == Some("nodeshutdown")
+                        && t.effect == "NoExecute"
+                })
+            });
+        let record = node_manager::node_marks::shutdown::ShutdownRecord::of(&node);
+        let stuck_pods = store
+            .list::<k8s_openapi::api::core::v1::Pod>()
+            .into_iter()
+            .filter(|p| {
+                p.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("db-"))
+            })
+            .count();
+        let attached = attached_to(store, &w.node);
+        let databases_attached = DATABASE_VOLUMES
+            .iter()
+            .filter(|v| attached.iter().any(|a| a == *v))
+            .count();
+        if taint {
+            assert!(tainted, "no out-of-service taint: {node:?}");
+            let record = record.expect("the taint's record");
+            assert_eq!(record.by, "terminating-hook");
+            assert!(record.why.contains(INSTANCE), "{record:?}");
+            assert_eq!(stuck_pods, 0, "the stuck pods were not deleted");
+            assert_eq!(databases_attached, 0, "{attached:?}");
+            assert!(took < bound, "took {took:?}: waited out the volume bound");
+            assert_eq!(w.event_notes("OutOfServiceTaintAdded").len(), 1);
+        } else {
+            assert!(!tainted && record.is_none(), "{node:?}");
+            assert_eq!(stuck_pods, 3);
+            assert_eq!(databases_attached, 3, "{attached:?}");
+            assert!(took >= bound, "took {took:?}");
+            assert!(w.event_notes("OutOfServiceTaintAdded").is_empty());
+        }
+    }
+}

@@ -12,10 +12,12 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use node_manager::aws::LifecycleActionResult;
+use node_manager::node_marks::shutdown::ShutdownRecord;
 use node_manager::node_repair::memory::{REPAIR_ANNOTATION, RepairRecord};
 use node_manager::node_repair::policy::RepairAction;
 use node_manager_testkit::aws::FakeAutoScalingGroup;
-use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, GROUP, Target};
+use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, GROUP, ROOM_NODE, Target};
+use node_manager_testkit::fixtures;
 use serde_json::{Value, json};
 
 /// What EventBridge sends on a schedule; the function needs none of it.
@@ -194,19 +196,22 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
         .await;
     assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
     // The dead node's drain did not wait out its 60 s deadline: the pod was evicted, and its
-    // deletion, which the dead kubelet never confirms, is still pending.
+    // deletion, which the dead kubelet never confirms, was reported stuck; the drain then put
+    // the out-of-service taint on the node (its kubelet silent), and the pod garbage
+    // collector deleted the pod. (EC2 shows the instance running with passing checks, so
+    // node repair itself did not.)
     assert!(started_drain.elapsed() < Duration::from_secs(20));
-    let stuck = w
-        .server
-        .store()
-        .list::<Pod>()
-        .into_iter()
-        .filter(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(w.node.as_str())
-                && p.metadata.deletion_timestamp.is_some()
+    let node = w.server.store().find::<Node>("", &w.node).unwrap();
+    let record = ShutdownRecord::of(&node).expect("the drain's out-of-service taint record");
+    assert_eq!(record.by, "terminating-hook", "{record:?}");
+    w.server
+        .wait_for("the stuck pod deleted", Duration::from_secs(5), |store| {
+            !store.list::<Pod>().iter().any(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(w.node.as_str())
+            })
         })
-        .count();
-    assert_eq!(stuck, 1, "the evicted pod's deletion stays unconfirmed");
+        .await
+        .unwrap();
     let completion = w
         .aws
         .autoscaling()
@@ -513,4 +518,128 @@ async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
     assert_eq!(answer["groups"][0]["inFlight"], 1, "{answer}");
     assert_eq!(answer["groups"][0]["unhealthy"], 2, "{answer}");
     assert_eq!(w.aws.requests_for("SetInstanceHealth").len(), 1, "{answer}");
+}
+
+/// Issue #45 item 3, with the built binaries: a node's kubelet goes silent and EC2's status
+/// checks show its instance impaired. Node repair reboots it, and first puts Kubernetes'
+/// out-of-service taint on it: the pod garbage collector deletes its database pod, which
+/// nothing else would (the kubelet is gone), the attach/detach controller detaches the pod's
+/// volume at once instead of after its six-minute unmount wait, and the StatefulSet's new
+/// pod runs on the other node with its volume. The reboot done, the node is Ready again and
+/// the terminating hook's scheduled run lifts exactly the taint it recorded.
+#[tokio::test]
+async fn a_rebooted_impaired_node_frees_its_stateful_pod_at_once_and_is_untainted_when_back() {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    let w = FunctionWorld::builder()
+        .functions(&[Target::NodeRepair, Target::TerminatingHook])
+        .env(
+            "REPAIR_CONFIG",
+            r#"{"nodeRepairConfigOverrides": [{"nodeMonitoringCondition": "Ready", "minRepairWaitTimeMins": 0, "repairAction": "Reboot"}]}"#,
+        )
+        .log_level("info")
+        .start()
+        .await;
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .availability_zones(&["eu-west-1a"])
+            .health_check_grace_period(Duration::ZERO),
+    );
+    w.server
+        .store()
+        .apply_yaml(
+            "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db, namespace: default}\nspec:\n  replicas: 1\n  serviceName: db\n  selector: {matchLabels: {app: db}}\n  template:\n    metadata: {labels: {app: db}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers: [{name: db, image: postgres}]\n  volumeClaimTemplates:\n  - metadata: {name: data}\n    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n",
+        )
+        .unwrap();
+    let running_on = |store: &node_manager_testkit::kube::Store, node: &str| {
+        store.list::<Pod>().iter().any(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+                && p.metadata.deletion_timestamp.is_none()
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        })
+    };
+    let attached_to = |store: &node_manager_testkit::kube::Store, node: &str| {
+        store
+            .list::<VolumeAttachment>()
+            .iter()
+            .any(|a| a.spec.node_name == node)
+    };
+    let node = w.node.clone();
+    w.server
+        .wait_for("db-0 runs with its volume", Duration::from_secs(10), |s| {
+            running_on(s, &node) && attached_to(s, &node)
+        })
+        .await
+        .unwrap();
+    w.add_room_node();
+    w.server.kill_kubelet(&w.node).unwrap();
+    w.aws.ec2().set_impaired(&w.instance, true);
+
+    let repair = w.function(Target::NodeRepair);
+    let answer = repair.response_to(&scheduled_event()).await;
+    let repaired = std::time::Instant::now();
+    let report = report_of(&answer, &w.node);
+    assert_eq!(report["verdict"]["action"], "Reboot", "{answer}");
+    assert_eq!(report["acted"], true, "{answer}");
+    assert_eq!(w.aws.ec2().reboots(), vec![w.instance.clone()]);
+    let tainted = w.server.store().find::<Node>("", &w.node).unwrap();
+    let record = ShutdownRecord::of(&tainted).expect("node repair's taint record");
+    assert_eq!(record.by, "node-repair");
+    assert!(record.why.contains("impaired"), "{record:?}");
+    assert_eq!(
+        tainted.metadata.labels.as_ref().unwrap()["open-node-manager.io/marked"],
+        "true"
+    );
+
+    // Freed at once: the replacement runs on the room node with the volume, long before the
+    // attach/detach controller's unmount wait (six minutes, 3.6 s at this scale) would end.
+    w.server
+        .wait_for(
+            "db-0 runs on the room node with its volume",
+            Duration::from_secs(10),
+            |s| running_on(s, ROOM_NODE) && attached_to(s, ROOM_NODE) && !attached_to(s, &node),
+        )
+        .await
+        .unwrap();
+    let freed_after = repaired.elapsed();
+    assert!(freed_after < Duration::from_secs(3), "{freed_after:?}");
+
+    // A sweep while the kubelet is still silent leaves the taint; once the reboot is done and
+    // the node Ready, the next lifts it with its record and the marked label.
+    let sweep = w.function(Target::TerminatingHook);
+    sweep.response_to(&fixtures::schedule_tick()).await;
+    let still = w.server.store().find::<Node>("", &w.node).unwrap();
+    assert!(ShutdownRecord::of(&still).is_some());
+    w.aws.ec2().set_impaired(&w.instance, false);
+    w.server.revive_kubelet(&w.node);
+    w.server
+        .wait_for("the node Ready again", Duration::from_secs(5), |s| {
+            s.find::<Node>("", &node).is_some_and(|n| {
+                n.status
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+        })
+        .await
+        .unwrap();
+    let answer = sweep.response_to(&fixtures::schedule_tick()).await;
+    assert!(
+        answer.to_string().contains("OutOfServiceTaintLifted"),
+        "{answer}"
+    );
+    let back = w.server.store().find::<Node>("", &w.node).unwrap();
+    let taints = back.spec.and_then(|s| s.taints).unwrap_or_default();
+    assert!(
+        !taints
+            .iter()
+            .any(|t| t.key == "node.kubernetes.io/out-of-service"),
+        "{taints:?}"
+    );
+    let annotations = back.metadata.annotations.unwrap_or_default();
+    assert!(!annotations.contains_key("open-node-manager.io/out-of-service"));
+    let labels = back.metadata.labels.unwrap_or_default();
+    assert!(
+        !labels.contains_key("open-node-manager.io/marked"),
+        "{labels:?}"
+    );
 }

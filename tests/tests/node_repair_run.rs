@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use node_manager::aws::InstanceCondition;
 use node_manager::aws::in_memory::InMemoryInstanceHealth;
+use node_manager::node_marks::shutdown::{OUT_OF_SERVICE_TAINT_KEY, ShutdownRecord};
 use node_manager::node_repair::memory::{REPAIR_ANNOTATION, RepairRecord};
 use node_manager::node_repair::policy::RepairAction;
 use node_manager::node_repair::report::RepairReport;
@@ -525,4 +527,78 @@ async fn a_node_back_from_a_stopped_warm_pool_waits_from_its_instances_launch() 
     let w = World::start(3).await;
     run::handle(&w.context(&[]), Value::Null).await.unwrap();
     assert!(w.health.launch_time_calls().is_empty());
+}
+
+/// The out-of-service taint of a node (`None`: none), and our record of it.
+fn out_of_service(w: &World, i: usize) -> (Option<String>, Option<ShutdownRecord>) {
+    let node = w.server.store().find::<Node>("", &node_name(i)).unwrap();
+    let taint = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .and_then(|taints| taints.iter().find(|t| t.key == OUT_OF_SERVICE_TAINT_KEY))
+        .map(|t| format!("{}:{}", t.value.clone().unwrap_or_default(), t.effect));
+    (taint, ShutdownRecord::of(&node))
+}
+
+/// Issue #45 item 3: a node repaired while its kubelet is silent and EC2 shows its instance
+/// down gets Kubernetes' out-of-service taint first (so its pods and volumes are freed now),
+/// with our record; a node whose kubelet answers, or whose instance runs with passing status
+/// checks, never does; `OUT_OF_SERVICE_TAINT=false` turns it off.
+#[tokio::test]
+async fn a_silent_node_whose_instance_is_down_is_tainted_out_of_service_before_its_repair() {
+    let w = World::start(10).await;
+    let env = [(
+        "REPAIR_CONFIG",
+        r#"{"maxParallelNodesRepairedCount": 5, "maxUnhealthyNodeThresholdCount": 10}"#,
+    )];
+    let down = |state: &str, impaired: bool| InstanceCondition {
+        state: state.into(),
+        system_status: Some(
+            if impaired {
+                "impaired"
+            } else {
+                "not-applicable"
+            }
+            .into(),
+        ),
+        instance_status: Some("not-applicable".into()),
+    };
+    // 0: silent, stopped. 1: silent, running with an impaired status check. 2: silent,
+    // running and passing its checks. 3: Ready=False (the kubelet answers), instance stopped.
+    w.health.set_condition(&instance(0), down("stopped", false));
+    w.health.set_condition(&instance(1), down("running", true));
+    w.health.set_condition(&instance(3), down("stopped", false));
+    for i in 0..3 {
+        w.set_condition(i, "Ready", "Unknown", "NodeStatusUnknown", AN_HOUR);
+    }
+    w.set_condition(3, "Ready", "False", "KubeletNotReady", AN_HOUR);
+    let report = run::handle(&w.context(&env), Value::Null).await.unwrap();
+    for i in 0..4 {
+        assert_eq!(outcome(&report, i), "Repair", "{report:#?}");
+    }
+    for i in [0, 1] {
+        let (taint, record) = out_of_service(&w, i);
+        assert_eq!(taint.as_deref(), Some("nodeshutdown:NoExecute"), "node {i}");
+        let record = record.unwrap_or_else(|| panic!("node {i} has no record"));
+        assert_eq!(record.by, "node-repair");
+        assert!(record.why.contains(&instance(i)), "{record:?}");
+    }
+    assert!(out_of_service(&w, 0).1.unwrap().why.contains("stopped"));
+    assert!(out_of_service(&w, 1).1.unwrap().why.contains("impaired"));
+    for i in [2, 3] {
+        assert_eq!(out_of_service(&w, i), (None, None), "node {i}");
+    }
+    let added = w.events("OutOfServiceTaintAdded");
+    assert_eq!(added.len(), 2, "{added:#?}");
+    // The repairs themselves went ahead, tainted or not.
+    assert_eq!(w.health.marked_unhealthy().len(), 4);
+
+    // Opted out: a fresh silent node with a stopped instance is repaired untainted.
+    w.health.set_condition(&instance(4), down("stopped", false));
+    w.set_condition(4, "Ready", "Unknown", "NodeStatusUnknown", AN_HOUR);
+    let off = [env[0], ("OUT_OF_SERVICE_TAINT", "false")];
+    let report = run::handle(&w.context(&off), Value::Null).await.unwrap();
+    assert_eq!(outcome(&report, 4), "Repair", "{report:#?}");
+    assert_eq!(out_of_service(&w, 4), (None, None));
 }

@@ -773,6 +773,8 @@ struct InstanceHealthState {
     launch_time_calls: Vec<usize>,
     /// Instance ids asked for, per `DescribeAutoScalingInstances` call.
     describe_calls: Vec<usize>,
+    /// EC2's state and status checks of the instances a test set (others: running, ok).
+    conditions: BTreeMap<String, InstanceCondition>,
 }
 
 /// Auto Scaling membership and health plus EC2 reboots, for node repair: marking an instance
@@ -837,6 +839,13 @@ impl InMemoryInstanceHealth {
         lock(&self.state)
             .launch_times
             .insert(instance_id.to_owned(), at);
+    }
+
+    /// EC2 reports `condition` for the instance (its state and status checks).
+    pub fn set_condition(&self, instance_id: &str, condition: InstanceCondition) {
+        lock(&self.state)
+            .conditions
+            .insert(instance_id.to_owned(), condition);
     }
 
     /// How many instance ids each launch-time lookup named.
@@ -918,6 +927,25 @@ impl RepairInstances for InMemoryInstanceHealth {
         self.faults.take("RebootInstances")?;
         lock(&self.state).rebooted.push(instance_id.to_owned());
         Ok(())
+    }
+
+    async fn instance_condition(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<InstanceCondition>, AwsError> {
+        self.faults.take("DescribeInstanceStatus")?;
+        let state = lock(&self.state);
+        if let Some(condition) = state.conditions.get(instance_id) {
+            return Ok(Some(condition.clone()));
+        }
+        Ok(state
+            .instances
+            .contains_key(instance_id)
+            .then(|| InstanceCondition {
+                state: "running".to_owned(),
+                system_status: Some("ok".to_owned()),
+                instance_status: Some("ok".to_owned()),
+            }))
     }
 }
 

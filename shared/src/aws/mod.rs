@@ -658,7 +658,42 @@ pub trait InstanceHealth: Send + Sync {
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
 }
 
-/// EC2 as node repair uses it: when instances last started, and reboots (its lighter action).
+/// What EC2 says of an instance's health (`DescribeInstanceStatus` with all instances).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceCondition {
+    /// `running`, `stopped`, ...
+    pub state: String,
+    /// The system status check (AWS's side: host, network, power): `ok`, `impaired`, ...
+    pub system_status: Option<String>,
+    /// The instance status check (reachability of the operating system).
+    pub instance_status: Option<String>,
+}
+
+impl InstanceCondition {
+    /// Why the instance cannot be running the node's workloads any more, if EC2 shows it:
+    /// stopped (or on its way to), or a status check failed (unreachable). `None` for a
+    /// running instance whose checks pass or are not known yet.
+    pub fn down_because(&self) -> Option<String> {
+        if matches!(
+            self.state.as_str(),
+            "stopping" | "stopped" | "shutting-down" | "terminated"
+        ) {
+            return Some(format!("EC2 shows it {}", self.state));
+        }
+        let impaired = |status: &Option<String>| status.as_deref() == Some("impaired");
+        match (
+            impaired(&self.system_status),
+            impaired(&self.instance_status),
+        ) {
+            (true, _) => Some("its system status check is impaired".to_owned()),
+            (false, true) => Some("its instance status check is impaired (unreachable)".to_owned()),
+            (false, false) => None,
+        }
+    }
+}
+
+/// EC2 as node repair uses it: when instances last started, whether they are down, and
+/// reboots (its lighter action).
 pub trait RepairInstances: Send + Sync {
     /// Each instance's `LaunchTime`, which EC2 moves forward whenever a stopped instance
     /// starts again (a return from a stopped warm pool). An instance EC2 does not know is
@@ -672,6 +707,12 @@ pub trait RepairInstances: Send + Sync {
         &self,
         instance_id: &str,
     ) -> impl Future<Output = Result<(), AwsError>> + Send;
+
+    /// The instance's state and status checks; `None` when EC2 does not know it.
+    fn instance_condition(
+        &self,
+        instance_id: &str,
+    ) -> impl Future<Output = Result<Option<InstanceCondition>, AwsError>> + Send;
 }
 
 /// A launch template as a group, an instance or an instance refresh names it. Auto Scaling

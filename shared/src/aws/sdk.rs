@@ -1108,6 +1108,45 @@ impl RepairInstances for SdkInstances {
             .map(|_| ())
             .map_err(|e| classify("RebootInstances", e))
     }
+
+    async fn instance_condition(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<InstanceCondition>, AwsError> {
+        let output = match self
+            .client()
+            .describe_instance_status()
+            .instance_ids(instance_id)
+            .include_all_instances(true)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => {
+                let error = classify("DescribeInstanceStatus", e);
+                return match error.kind {
+                    AwsErrorKind::NotFound => Ok(None),
+                    _ => Err(error),
+                };
+            }
+        };
+        let summary = |s: Option<&aws_sdk_ec2::types::InstanceStatusSummary>| {
+            s.and_then(|s| s.status()).map(|s| s.as_str().to_owned())
+        };
+        Ok(output
+            .instance_statuses()
+            .iter()
+            .find(|s| s.instance_id() == Some(instance_id))
+            .map(|s| InstanceCondition {
+                state: s
+                    .instance_state()
+                    .and_then(|state| state.name())
+                    .map(|name| name.as_str().to_owned())
+                    .unwrap_or_default(),
+                system_status: summary(s.system_status()),
+                instance_status: summary(s.instance_status()),
+            }))
+    }
 }
 
 impl RefreshInstances for SdkInstances {

@@ -836,6 +836,7 @@ impl<C: HookClients> Drainer<C> {
             stuck_pod_after: settings.stuck_pod_after,
             volume_detach: settings.volume_detach,
             blocked_report: settings.blocked_report,
+            out_of_service_taint: settings.out_of_service_taint,
         }
     }
 

@@ -105,7 +105,12 @@ impl DrainSession<'_> {
         };
         loop {
             if round.pods.is_synced() {
-                if self.replan(&mut round) == Replanned::Drained {
+                let replanned = self.replan(&mut round);
+                // Stuck deletions no longer hold the drain: free them before it moves on.
+                if self.dead_node_check_due {
+                    Box::pin(self.free_dead_node_pods()).await;
+                }
+                if replanned == Replanned::Drained {
                     return Ok(None);
                 }
                 if let Some((_, plan)) = &round.planned {

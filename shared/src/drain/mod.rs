@@ -12,6 +12,8 @@
 //!    [`eviction`], [`eviction_queue`] — retrying pods a PodDisruptionBudget refused when the
 //!    budget allows ([`budget_watch`]) — and watches them go with one watch — [`node_pods`];
 //!    while pods keep it waiting, says which and why ([`blocked`]);
+//!    a node whose kubelet is silent with pods stuck terminating gets Kubernetes'
+//!    out-of-service taint, so they and their volumes are freed now ([`dead_node`]);
 //! 6. at the deadline, reports the pods and budgets in the way ([`stuck`], [`budgets`]) or
 //!    deletes them ([`force`]), as [`deadline`] decides;
 //! 7. waits until the cluster's load balancers no longer route to the instance
@@ -33,6 +35,7 @@ pub mod backoff;
 pub mod blocked;
 pub mod budget_watch;
 pub mod budgets;
+mod dead_node;
 pub mod deadline;
 pub mod drainer;
 pub mod events;

@@ -66,6 +66,8 @@ pub struct SessionSettings {
     /// `DRAIN_BLOCKED_REPORT_SECONDS`: when and how often a waiting drain says why
     /// ([`super::blocked`]); zero: never.
     pub blocked_report: Duration,
+    /// `OUT_OF_SERVICE_TAINT`: free a dead kubelet's stuck pods ([`super::dead_node`]).
+    pub out_of_service_taint: bool,
 }
 
 /// One invocation working on one node's drain.
@@ -85,6 +87,9 @@ pub struct DrainSession<'a> {
     pub node_not_ready_since: Option<Timestamp>,
     /// Stuck deletions already reported (one Event per pod).
     pub reported_stuck: BTreeSet<PodKey>,
+    /// Stuck deletions were reported and the out-of-service taint not tried yet
+    /// ([`super::dead_node`]).
+    pub dead_node_check_due: bool,
     /// Pods held by `karpenter.sh/do-not-disrupt` already reported (one Event per pod).
     pub reported_held: BTreeSet<PodKey>,
     /// Lease renewals that failed in a row: the next is tried sooner, with jitter.
@@ -124,6 +129,7 @@ impl<'a> DrainSession<'a> {
             stats: SessionStats::default(),
             node_not_ready_since: None,
             reported_stuck: Default::default(),
+            dead_node_check_due: false,
             reported_held: Default::default(),
             renew_failures: 0,
             first_listed: None,

@@ -96,6 +96,7 @@ impl DrainSession<'_> {
         self.events
             .warning(&self.node_reference(), reason::POD_DELETION_STUCK, note);
         self.reported_stuck.extend(new);
+        self.dead_node_check_due = self.settings.out_of_service_taint;
     }
 
     /// Reports the pods of `plan` held by `karpenter.sh/do-not-disrupt` not reported yet: a

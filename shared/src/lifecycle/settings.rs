@@ -83,6 +83,10 @@ pub struct DrainSettings {
     /// left (or, its pods gone, volumes or load balancers still in the way), a `DrainBlocked`
     /// Event names them and what holds them, then at most this often; `0` never.
     pub blocked_report: Duration,
+    /// `OUT_OF_SERVICE_TAINT` (true): a drain whose node's kubelet is silent with pods stuck
+    /// terminating puts `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` on it
+    /// ([`crate::node_marks::shutdown`]).
+    pub out_of_service_taint: bool,
     /// Spot interruptions, rebalance recommendations, scheduled maintenance.
     pub notices: crate::instance_notice::settings::NoticeSettings,
 }
@@ -125,6 +129,7 @@ impl DrainSettings {
                 "DRAIN_BLOCKED_REPORT_SECONDS",
                 Duration::from_secs(180),
             )?,
+            out_of_service_taint: source.flag("OUT_OF_SERVICE_TAINT", true)?,
             notices: crate::instance_notice::settings::NoticeSettings::from_source(source)?,
         })
     }

@@ -9,6 +9,7 @@ pub mod events;
 pub mod maintenance;
 pub mod out_of_service;
 pub mod refresh;
+pub mod shutdown;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -52,7 +53,7 @@ pub(crate) fn conflicts_exhausted(message: String) -> kube::Error {
 /// How a Node is read again after a write lost to a concurrent change: by name (`get`), or,
 /// for a function that holds only `list` on nodes, by a list with `metadata.name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reread {
+pub enum Reread {
     Get,
     List,
 }

@@ -9,6 +9,9 @@ use serde_json::json;
 
 use crate::aws::{InstanceHealth, RepairInstances};
 use crate::node_marks::events::{node_reference, truncate_note};
+use crate::node_marks::shutdown::{
+    OUT_OF_SERVICE_TAINT_KEY, Reread, ShutdownRecord, Tainted, kubelet_silent, taint_dead_node,
+};
 
 use super::FUNCTION_NAME;
 use super::decision::{GroupDecision, NodeObservation, Verdict};
@@ -22,6 +25,7 @@ use super::scope::ObservedGroup;
 pub mod reason {
     pub const NODE_REPAIR_STARTED: &str = "NodeRepairStarted";
     pub const NODE_REPAIR_PAUSED: &str = "NodeRepairPaused";
+    pub const OUT_OF_SERVICE_TAINT_ADDED: &str = crate::node_marks::shutdown::TAINT_ADDED_REASON;
 }
 
 /// The run's repairs: what acting needs, and the tally of attempts and failures.
@@ -196,17 +200,20 @@ where
                 "annotations": {REPAIR_ANNOTATION: record.to_annotation()},
             }
         });
-        match self
+        let recorded = match self
             .nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {}
+            Ok(written) => written,
             Err(kube::Error::Api(status)) if status.code == 409 => {
                 tracing::info!(node = %name, "node changed since it was read; its repair is left to the next run");
                 return Ok(false);
             }
             Err(error) => return Err(format!("cannot record the repair on the node: {error}")),
+        };
+        if record.action != RepairAction::NoAction && self.ctx.settings.out_of_service_taint {
+            Box::pin(self.free_dead_node_pods(recorded, seen)).await;
         }
         let acted = match record.action {
             RepairAction::Replace => {
@@ -235,12 +242,68 @@ where
         Ok(true)
     }
 
+    /// Before a node whose kubelet is silent is replaced or rebooted: if EC2 shows its
+    /// instance down (stopped, or a status check impaired), the out-of-service taint lets
+    /// Kubernetes delete its pods and detach their volumes now instead of after the
+    /// replacement (see [`crate::node_marks::shutdown`]). Best effort: the repair goes on
+    /// whatever this comes to.
+    async fn free_dead_node_pods(&self, node: Node, seen: &NodeObservation) {
+        let name = &seen.node;
+        if !kubelet_silent(&node) {
+            return;
+        }
+        let why = match self.ctx.ec2.instance_condition(&seen.instance_id).await {
+            Ok(Some(condition)) => condition.down_because(),
+            Ok(None) => Some("EC2 no longer knows it".to_owned()),
+            Err(error) => {
+                tracing::warn!(node = %name, %error, "cannot read the instance's status: no out-of-service taint");
+                return;
+            }
+        };
+        let Some(why) = why else {
+            tracing::info!(node = %name, "kubelet silent but EC2 shows the instance running and its status checks not impaired: no out-of-service taint");
+            return;
+        };
+        let record = ShutdownRecord {
+            by: FUNCTION_NAME.to_owned(),
+            at: self.now,
+            why: format!("kubelet silent and instance {}: {why}", seen.instance_id),
+        };
+        let reference = node_reference(name, node.metadata.uid.as_deref());
+        match taint_dead_node(self.nodes, node, Reread::List, &record).await {
+            Ok(Tainted::Added) => {
+                tracing::info!(step = "out_of_service_taint", node = %name, why = %record.why, "out-of-service taint added: Kubernetes deletes the pods and detaches their volumes now");
+                let note = format!("{OUT_OF_SERVICE_TAINT_KEY} added: {}", record.why);
+                let reason = reason::OUT_OF_SERVICE_TAINT_ADDED;
+                Box::pin(self.publish_about(name, &reference, EventType::Normal, reason, note))
+                    .await;
+            }
+            Ok(other) => {
+                tracing::info!(node = %name, outcome = ?other, "out-of-service taint not added")
+            }
+            Err(error) => {
+                tracing::warn!(node = %name, %error, "could not add the out-of-service taint (the repair goes on)")
+            }
+        }
+    }
+
     /// Leaves an Event on the node; a failure is logged, never fails the run.
     async fn publish(&self, name: &str, node: &Node, type_: EventType, reason: &str, note: String) {
+        let reference = node_reference(name, node.metadata.uid.as_deref());
+        Box::pin(self.publish_about(name, &reference, type_, reason, note)).await;
+    }
+
+    async fn publish_about(
+        &self,
+        name: &str,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let Some(recorder) = &self.recorder else {
             return;
         };
-        let reference = node_reference(name, node.metadata.uid.as_deref());
         let event = Event {
             type_,
             reason: reason.to_owned(),
@@ -248,7 +311,7 @@ where
             action: "Repair".to_owned(),
             secondary: None,
         };
-        if let Err(error) = recorder.publish(&event, &reference).await {
+        if let Err(error) = recorder.publish(&event, reference).await {
             tracing::warn!(node = %name, reason, %error, "could not record a Kubernetes Event (the repair goes on)");
         }
     }

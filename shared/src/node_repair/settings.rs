@@ -25,6 +25,11 @@ pub struct RepairSettings {
     pub dry_run: bool,
     /// `REPAIR_CONFIG` (EKS's defaults): limits and overrides, see [`RepairPolicy`].
     pub policy: RepairPolicy,
+    /// `OUT_OF_SERVICE_TAINT` (true): a node replaced or rebooted while its kubelet is silent
+    /// and EC2 shows its instance stopped or impaired gets
+    /// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute` first
+    /// ([`crate::node_marks::shutdown`]).
+    pub out_of_service_taint: bool,
     /// `AWS_LAMBDA_FUNCTION_NAME` (set by Lambda): the reporting instance of the Events on
     /// the nodes (unset: the function's own name).
     pub function_name: Option<String>,
@@ -43,6 +48,7 @@ impl RepairSettings {
             allowed_groups: source.list("AUTO_SCALING_GROUP_NAMES"),
             dry_run: source.flag("REPAIR_DRY_RUN", false)?,
             policy,
+            out_of_service_taint: source.flag("OUT_OF_SERVICE_TAINT", true)?,
             function_name: source.value("AWS_LAMBDA_FUNCTION_NAME"),
         })
     }

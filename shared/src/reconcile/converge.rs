@@ -15,6 +15,7 @@ use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, chec
 use crate::node_marks::maintenance::{MaintenanceRecord, clear_maintenance, replan_maintenance};
 use crate::node_marks::out_of_service::add_undo_to_patch;
 use crate::node_marks::refresh::unmark_node;
+use crate::node_marks::shutdown::lift_shutdown_taint;
 use crate::node_marks::{MARKED_LABEL, PatchStep, Patched, Reread, patch_recomputing};
 
 /// Applies `action` to node `name`; what it came to, for the report (`None`: nothing worth
@@ -60,6 +61,12 @@ async fn apply_to(
         }
         Action::UndoDrainRecord { record, why } => {
             Ok(match undo_drain_record(nodes, node, record).await? {
+                Some(undone) => described(why, &undone),
+                None => "the record changed meanwhile: left".to_owned(),
+            })
+        }
+        Action::LiftShutdownTaint { record, why } => {
+            Ok(match lift_shutdown_taint(nodes, node, record).await? {
                 Some(undone) => described(why, &undone),
                 None => "the record changed meanwhile: left".to_owned(),
             })

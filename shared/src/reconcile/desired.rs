@@ -17,6 +17,7 @@ use crate::instance_notice::event::SPOT_NOTICE;
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
 use crate::node_marks::maintenance::{MaintenanceRecord, ScheduledEventRef};
 use crate::node_marks::refresh::RefreshMarks;
+use crate::node_marks::shutdown::ShutdownRecord;
 
 /// One answer of AWS, or why there is none this time.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +90,13 @@ pub enum Action {
     UndoDrainRecord {
         #[serde(skip)]
         record: Box<DrainCheckpoint>,
+        why: String,
+    },
+    /// Lift the out-of-service taint we put on a node whose kubelet was gone, and its
+    /// record: the node is Ready again.
+    LiftShutdownTaint {
+        #[serde(skip)]
+        record: ShutdownRecord,
         why: String,
     },
     /// Remove a maintenance plan.
@@ -172,6 +180,7 @@ impl Action {
                 "RestoredAfterMaintenance"
             }
             Self::UndoDrainRecord { .. } => "NoticeDrainUndone",
+            Self::LiftShutdownTaint { .. } => "OutOfServiceTaintLifted",
             Self::DropMaintenancePlan { .. } => "MaintenancePlanDropped",
             Self::ReplanMaintenance { .. } => "MaintenancePlanMoved",
             Self::DrainForMaintenance { .. } => "MaintenanceDrainDue",
@@ -218,6 +227,9 @@ pub fn desired(
         }
         actions.extend(planned);
     }
+    if let Some(record) = &marks.shutdown {
+        actions.extend(for_shutdown(record, marks));
+    }
     if let Some(spot) = spot_interruption(marks, facts, now) {
         // The interruption's drain takes the rebalance cordon over and comes before any
         // other drain of the node.
@@ -256,6 +268,20 @@ fn for_refresh(refresh: &RefreshMarks, facts: &AwsFacts) -> Option<Action> {
     Some(Action::RemoveRefreshMarks {
         refresh_id: id.clone(),
         why,
+    })
+}
+
+/// The out-of-service taint's reason is a kubelet that is gone: once the node is Ready
+/// again (its kubelet posts status: a rebooted instance, one started again), the taint would
+/// only evict every pod scheduled there, so it goes. Kubernetes, not AWS, knows whether the
+/// kubelet is back. A node whose instance is gone is deleted with it.
+fn for_shutdown(record: &ShutdownRecord, marks: &NodeMarks) -> Option<Action> {
+    marks.ready.then(|| Action::LiftShutdownTaint {
+        record: record.clone(),
+        why: format!(
+            "the node is Ready again (taint added by {} at {}: {})",
+            record.by, record.at, record.why
+        ),
     })
 }
 

@@ -21,6 +21,7 @@ fn marks() -> NodeMarks {
         checkpoint: None,
         refresh: None,
         maintenance: None,
+        shutdown: None,
         labelled: true,
         ready: true,
     }
@@ -972,5 +973,40 @@ fn a_plan_follows_its_own_event_by_id() {
         Some(event),
         record.event.as_ref(),
         "the drain names the plan's event"
+    );
+}
+
+// Issue #45 item 3: the out-of-service taint stays while the kubelet is gone and is lifted
+// once the node is Ready again.
+
+#[test]
+fn the_out_of_service_taint_is_lifted_once_the_node_is_ready_again() {
+    let record = crate::node_marks::shutdown::ShutdownRecord {
+        by: "node-repair".into(),
+        at: at(0),
+        why: "instance stopped".into(),
+    };
+    let silent = NodeMarks {
+        shutdown: Some(record.clone()),
+        ready: false,
+        ..marks()
+    };
+    assert_eq!(desired(&silent, &running(false), &POLICY, at(100)), vec![]);
+    let back = NodeMarks {
+        ready: true,
+        ..silent
+    };
+    let actions = desired(&back, &running(false), &POLICY, at(100));
+    assert!(
+        matches!(actions.as_slice(), [Action::LiftShutdownTaint { record: r, .. }] if *r == record),
+        "{actions:?}"
+    );
+    // Its record alone keeps the common label on.
+    let unlabelled = NodeMarks {
+        labelled: false,
+        ..back
+    };
+    assert!(
+        desired(&unlabelled, &running(false), &POLICY, at(100)).contains(&Action::AddMarkedLabel)
     );
 }

@@ -8,6 +8,7 @@ use crate::node_marks::MARKED_LABEL;
 use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of};
 use crate::node_marks::maintenance::MaintenanceRecord;
 use crate::node_marks::refresh::{RefreshMarks, refresh_marks_of};
+use crate::node_marks::shutdown::ShutdownRecord;
 
 /// Every mark of ours on one node.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,6 +22,8 @@ pub struct NodeMarks {
     pub refresh: Option<RefreshMarks>,
     /// A maintenance drain planned for later.
     pub maintenance: Option<MaintenanceRecord>,
+    /// The out-of-service taint we put on a node whose kubelet was gone.
+    pub shutdown: Option<ShutdownRecord>,
     /// Whether the node carries [`MARKED_LABEL`] (what the reconciler lists by).
     pub labelled: bool,
     /// Whether the node is Ready (after a maintenance, our cordon stays until it is).
@@ -35,6 +38,7 @@ impl NodeMarks {
             checkpoint: checkpoint_of(node),
             refresh: refresh_marks_of(node),
             maintenance: MaintenanceRecord::of(node),
+            shutdown: ShutdownRecord::of(node),
             labelled: node
                 .metadata
                 .labels
@@ -46,7 +50,10 @@ impl NodeMarks {
 
     /// Whether the node carries any mark of ours besides the common label.
     pub fn any(&self) -> bool {
-        self.checkpoint.is_some() || self.refresh.is_some() || self.maintenance.is_some()
+        self.checkpoint.is_some()
+            || self.refresh.is_some()
+            || self.maintenance.is_some()
+            || self.shutdown.is_some()
     }
 
     /// Whether a scheduled maintenance of the instance needs no plan from the sweep: the node

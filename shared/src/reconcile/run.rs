@@ -244,6 +244,7 @@ async fn converge_node(
             Action::RemoveRefreshMarks { .. }
                 | Action::UndoDrainRecord { .. }
                 | Action::DropMaintenancePlan { .. }
+                | Action::LiftShutdownTaint { .. }
         )
     });
     let has_label_action = actions

@@ -57,6 +57,9 @@ pub struct FakeInstance {
     pub spot_request: Option<FakeSpotRequest>,
     /// What `DescribeInstanceStatus` reports in `eventsSet`, oldest first.
     pub scheduled_events: Vec<ScheduledEvent>,
+    /// A running instance's status checks fail (`impaired`: the host or the instance is
+    /// unreachable); otherwise they pass.
+    pub impaired: bool,
 }
 
 impl FakeInstance {
@@ -85,6 +88,7 @@ impl FakeInstance {
             launch_time: jiff::Timestamp::now(),
             spot_request: None,
             scheduled_events: Vec::new(),
+            impaired: false,
         }
     }
 
@@ -273,6 +277,13 @@ impl FakeEc2 {
 
     pub fn set_state(&self, instance_id: &str, state: InstanceState) {
         set_state_of(&self.shared, instance_id, state);
+    }
+
+    /// The instance's status checks fail (`impaired`) while it runs, or pass again.
+    pub fn set_impaired(&self, instance_id: &str, impaired: bool) {
+        if let Some(instance) = lock(&self.shared.ec2).instances.get_mut(instance_id) {
+            instance.impaired = impaired;
+        }
     }
 
     /// Adds (or replaces) a launch template (`DescribeLaunchTemplates`).

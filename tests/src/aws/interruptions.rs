@@ -615,6 +615,9 @@ fn instance_status_item(instance: &FakeInstance) -> String {
     let (code, name) = instance.state.code_and_name();
     // EC2 checks only a running (or starting) instance; the others are not applicable.
     let summary = match instance.state {
+        InstanceState::Running if instance.impaired => {
+            "<status>impaired</status><details><item><name>reachability</name><status>failed</status></item></details>"
+        }
         InstanceState::Running => {
             "<status>ok</status><details><item><name>reachability</name><status>passed</status></item></details>"
         }

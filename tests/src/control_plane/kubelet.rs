@@ -5,8 +5,9 @@
 //! nothing else removes an evicted pod: it stays `Terminating` until its kubelet deletes it,
 //! after its containers stopped, at the latest at the end of that period; these containers
 //! take all of it, the slowest a drain meets), and the images a node pulled listed in its `status.images` (which
-//! kube-scheduler's ImageLocality score reads). The volumes their pods use are attached and
-//! detached by [`super::attacher`].
+//! kube-scheduler's ImageLocality score reads). The plane's attach/detach controller attaches
+//! and detaches their pods' volumes; the kubelets' volume reports and the CSI driver's
+//! attacher are [`super::attacher`].
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -78,7 +79,9 @@ impl KubeletHandle {
     ) -> Result<(), ControlPlaneError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let node: Node = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {
+            "metadata": {"name": name,
+                "annotations": {super::attacher::CONTROLLER_MANAGED: "true"},
+                "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",

@@ -551,9 +551,11 @@ impl RealControlPlane {
                 self.path("kube-controller-manager.kubeconfig")
             ),
             "--secure-port=0".into(),
-            // No kubelet posts node status here: without these two the node-lifecycle
-            // controller would taint every node and evict its pods after 300 s.
-            "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller".into(),
+            // The kit's kubelets post no heartbeats in node status (only Leases): the
+            // node-lifecycle controller would taint every node and evict its pods after 300 s.
+            // The taint-eviction controller runs: the only `NoExecute` taint here is the
+            // out-of-service one, whose pods it must delete (non-graceful node shutdown).
+            "--controllers=*,-node-lifecycle-controller".into(),
             "--use-service-account-credentials".into(),
             format!(
                 "--service-account-private-key-file={}",

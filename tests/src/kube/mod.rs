@@ -434,6 +434,12 @@ impl FakeApiServer {
         self.simulation.kill_kubelet(node)
     }
 
+    /// Starts `node`'s kubelet again (a rebooted instance): the node turns Ready on the next
+    /// step. See [`Simulation::revive_kubelet`].
+    pub fn revive_kubelet(&self, node: &str) {
+        self.simulation.revive_kubelet(node);
+    }
+
     /// Stops `node`'s kubelet as [`Self::kill_kubelet`] does, as if it had stopped at `since`:
     /// its `Ready` condition turned `Unknown` then (a story that starts later than the fault).
     pub fn kill_kubelet_since(&self, node: &str, since: jiff::Timestamp) -> Result<(), ApiError> {

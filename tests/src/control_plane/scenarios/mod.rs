@@ -82,7 +82,9 @@ impl RealScenario {
             Self::WarmPool => {
                 "a node parked in the warm pool gets its drain undone when it returns"
             }
-            Self::Repair => "a node whose kubelet died is marked unhealthy and drained",
+            Self::Repair => {
+                "a node whose kubelet died on an impaired instance gets the out-of-service taint; the plane frees its pods and volume; it is replaced and drained"
+            }
             Self::Refresh => {
                 "an instance refresh of 4 nodes, kube-scheduler placing the evicted pods, with and without instance-refresh"
             }

@@ -1,6 +1,7 @@
 //! The wait for volumes: a scale-in drains a node with three database pods, each using its
-//! own volume, next to a DaemonSet pod using a shared one; the kit's attacher detaches a
-//! volume some seconds after its last pod on the node is gone, and the built
+//! own volume, next to a DaemonSet pod using a shared one; the plane's attach/detach
+//! controller detaches a volume once the node's kubelet no longer reports it in use (after
+//! its last pod there is gone), the kit's CSI attacher taking some seconds, and the built
 //! `terminating-hook` completes the lifecycle action only once the database volumes are
 //! detached, without waiting for the shared one, which stays with the node.
 
@@ -18,7 +19,7 @@ use serde_json::{Value, json};
 use super::nginx::OTHER_NODE;
 use super::{Played, QUICK_DRAIN, eventually, next_notification, response};
 use crate::control_plane::ControlPlaneError;
-use crate::control_plane::attacher::DETACH_DELAY;
+use crate::control_plane::attacher::{ATTACHER, DETACH_DELAY};
 use crate::control_plane::world::RealFunctionWorld;
 use crate::e2e::{GROUP, Target};
 
@@ -133,7 +134,8 @@ async fn seed(admin: &kube::Client, node: &str) -> Result<(), ControlPlaneError>
             json!({
                 "metadata": {"name": volume},
                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": [mode], "storageClassName": "",
-                         "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": format!("/data/{volume}")},
+                         "persistentVolumeReclaimPolicy": "Retain",
+                         "csi": {"driver": ATTACHER, "volumeHandle": format!("vol-{volume}")},
                          "claimRef": {"namespace": "default", "name": claim}},
             }),
         )
@@ -174,7 +176,7 @@ async fn seed(admin: &kube::Client, node: &str) -> Result<(), ControlPlaneError>
     .await
 }
 
-async fn create<K>(api: &Api<K>, object: Value) -> Result<(), ControlPlaneError>
+pub(super) async fn create<K>(api: &Api<K>, object: Value) -> Result<(), ControlPlaneError>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + serde::Serialize,
 {
@@ -186,7 +188,7 @@ where
 }
 
 /// The volumes attached to `node`, as its `VolumeAttachment`s say.
-async fn attached_to(admin: &kube::Client, node: &str) -> Vec<String> {
+pub(super) async fn attached_to(admin: &kube::Client, node: &str) -> Vec<String> {
     let api: Api<VolumeAttachment> = Api::all(admin.clone());
     api.list(&ListParams::default())
         .await

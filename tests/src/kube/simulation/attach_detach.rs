@@ -7,7 +7,8 @@
 //! deleted [`SimulationTimings::volume_detach_delay`] after that, as the driver's detach
 //! takes time. When the node is gone or its kubelet dead before it reported the unmount,
 //! nothing confirms it, and the attach/detach controller detaches only
-//! [`MAX_WAIT_FOR_UNMOUNT_SECONDS`] after the pod left (its `maxWaitForUnmountDuration`).
+//! [`MAX_WAIT_FOR_UNMOUNT_SECONDS`] after the pod left (its `maxWaitForUnmountDuration`),
+//! unless the node is not Ready and carries the out-of-service taint: then at once.
 //! Both constants are a real cluster's seconds, scaled like grace periods. A `ReadWriteOnce` volume (any
 //! claim not asking for a shared mode) is attached to one node at a time: a pod on another
 //! node waits until it is detached there (the "Multi-Attach error" of a real cluster).
@@ -18,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::garbage_collector::has_out_of_service_taint;
 use super::{Memory, Simulation, resource, spec_str};
 use crate::kube::store::{Origin, State, meta_str};
 
@@ -90,17 +92,20 @@ impl Simulation {
                 continue;
             }
             unused.insert(name.clone());
-            let node_answers = state.get(resource("", "nodes"), "", node).is_ok()
-                && !memory.dead_kubelets.contains(node);
+            let node_object = state.get(resource("", "nodes"), "", node).ok();
+            let node_answers = node_object.is_some() && !memory.dead_kubelets.contains(node);
+            // Non-graceful shutdown: on a node not Ready with the out-of-service taint the
+            // controller detaches without waiting for an unmount.
+            let forced = node_object
+                .as_ref()
+                .is_some_and(|n| has_out_of_service_taint(n) && !super::condition_true(n, "Ready"));
             let detach = detaching.entry(name.clone()).or_insert(Detach {
                 unused_since: now,
                 unmounted_at: None,
             });
             let since = now.duration_since(detach.unused_since);
-            if detach.unmounted_at.is_none()
-                && node_answers
-                && since >= scaled(UNMOUNT_REPORT_SECONDS)
-            {
+            let reported = node_answers && since >= scaled(UNMOUNT_REPORT_SECONDS);
+            if detach.unmounted_at.is_none() && (reported || forced) {
                 detach.unmounted_at = Some(now);
             }
             let done = match detach.unmounted_at {

@@ -1,10 +1,19 @@
 //! The garbage collector: cascading deletion of the dependents of deleted workloads, and
-//! the pod garbage collector's removal of pods bound to a deleted node.
+//! the pod garbage collector's removal of pods bound to a deleted node; with the
+//! taint-eviction controller, Kubernetes' non-graceful node shutdown
+//! ([`Simulation::out_of_service_nodes`]).
 
 use std::collections::HashSet;
 
-use super::{Memory, Simulation, controller_uid, resource, spec_str};
+use serde_json::Value;
+
+use super::{
+    Memory, Simulation, being_deleted, condition_true, controller_uid, resource, spec_str,
+};
 use crate::kube::store::{DeleteOptions, State, meta_str};
+
+/// The taint of Kubernetes' non-graceful node shutdown.
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
 impl Simulation {
     /// Cascading deletion (background propagation): objects whose controller was deleted go
@@ -56,4 +65,71 @@ impl Simulation {
             }
         }
     }
+}
+
+impl Simulation {
+    /// Non-graceful node shutdown, as the controllers do it for a node carrying the
+    /// out-of-service taint (`NoExecute`): the taint-eviction controller deletes the pods
+    /// that do not tolerate it (gracefully: a live kubelet still stops them), and, when the
+    /// node is not Ready, the pod garbage collector force-deletes its pods being deleted
+    /// (the attach/detach controller then detaches their volumes at once,
+    /// [`super::attach_detach`]). Only this taint: no other `NoExecute` taint is evicted by.
+    pub(super) fn out_of_service_nodes(&self, state: &mut State) {
+        let tainted: Vec<(String, bool, Taint)> = state
+            .iter(resource("", "nodes"), None)
+            .filter_map(|node| {
+                let taint = out_of_service_taint(node)?;
+                Some((
+                    meta_str(node, "name").to_owned(),
+                    condition_true(node, "Ready"),
+                    taint,
+                ))
+            })
+            .collect();
+        let pods = resource("", "pods");
+        for (node, ready, taint) in tainted {
+            let on_node: Vec<Value> = state
+                .iter(pods, None)
+                .filter(|pod| spec_str(pod, "nodeName") == node)
+                .cloned()
+                .collect();
+            for pod in on_node {
+                let (namespace, name) = (meta_str(&pod, "namespace"), meta_str(&pod, "name"));
+                if being_deleted(&pod) {
+                    if !ready {
+                        state.remove(pods, namespace, name);
+                    }
+                } else if !super::scheduler::tolerates(&pod, &taint)
+                    && let Err(error) =
+                        state.delete(pods, namespace, name, &DeleteOptions::default())
+                {
+                    tracing::debug!(%error, "simulated taint-eviction controller could not delete a pod");
+                }
+            }
+        }
+    }
+}
+
+/// (key, value, effect) as the scheduler's toleration check reads a taint.
+type Taint = (String, String, String);
+
+/// The node's out-of-service taint (`NoExecute`), if it carries one.
+fn out_of_service_taint(node: &Value) -> Option<Taint> {
+    let taint = node["spec"]["taints"]
+        .as_array()?
+        .iter()
+        .find(|t| t["key"] == OUT_OF_SERVICE_TAINT && t["effect"] == "NoExecute")?;
+    let value = taint["value"].as_str().unwrap_or_default().to_owned();
+    Some((
+        OUT_OF_SERVICE_TAINT.to_owned(),
+        value,
+        "NoExecute".to_owned(),
+    ))
+}
+
+/// Whether `node` carries the out-of-service taint (any value; the controllers read the key).
+pub(super) fn has_out_of_service_taint(node: &Value) -> bool {
+    node["spec"]["taints"]
+        .as_array()
+        .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE_TAINT))
 }

@@ -23,6 +23,7 @@ mod scheduler;
 mod scoring;
 
 pub use self::attach_detach::ATTACHER;
+pub use self::garbage_collector::OUT_OF_SERVICE_TAINT;
 pub use self::kubelet::REPORTED_IMAGE_BYTES;
 pub use self::nodes::{NODE_ALLOCATABLE, NODE_CAPACITY, NodeResources, SHUTDOWN_TAINT};
 
@@ -299,6 +300,7 @@ impl Simulation {
         let mut state = self.store.lock();
         let now = Instant::now();
         self.garbage_collector(&mut state, &mut memory);
+        self.out_of_service_nodes(&mut state);
         self.kubelet_removes_terminated_pods(&mut state, &memory, now);
         self.kubelet_turns_nodes_ready(&mut state, &mut memory, now);
         self.attach_detach(&mut state, &mut memory, now);

@@ -48,7 +48,7 @@ fn scheduling_taints(node: &Value) -> Vec<(String, String, String)> {
 
 /// Whether one of the pod's tolerations matches the taint (the scheduler's rules: an empty
 /// key with `Exists` matches every key, `Exists` any value, an empty effect every effect).
-fn tolerates(pod: &Value, (key, value, effect): &(String, String, String)) -> bool {
+pub(super) fn tolerates(pod: &Value, (key, value, effect): &(String, String, String)) -> bool {
     pod.get("spec")
         .and_then(|s| s.get("tolerations"))
         .and_then(Value::as_array)
