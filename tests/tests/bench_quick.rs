@@ -25,6 +25,7 @@ fn quick_benchmarks_run_and_report_every_part() {
         "## The instance-refresh function's memory on a big cluster",
         "## Waiting for volumes",
         "## Waiting for load balancers",
+        "## A refresh's total time",
     ] {
         assert!(stdout.contains(section), "missing {section}:\n{stdout}");
     }

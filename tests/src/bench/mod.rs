@@ -31,7 +31,7 @@ pub use drain::{
 pub use load_balancer_wait::{LoadBalancerWaitRow, load_balancer_wait};
 pub use notice_calls::{EventCost, NoticeCalls, notice_calls};
 pub use pdb_paced::{MassFigures, PacedFigures, mass_scale_in, mass_throttle, pdb_paced_drain};
-pub use refresh::{RefreshRow, instance_refresh};
+pub use refresh::{RefreshRow, SettleCase, SettleRow, instance_refresh, refresh_with_waits};
 pub use spot::{SpotFigures, spot_interruption};
 pub use sweep::{SweepRow, sweep_at_scale};
 pub use volume_wait::{VolumeWaitRow, volume_wait};

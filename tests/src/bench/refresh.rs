@@ -29,8 +29,23 @@ pub struct RefreshRow {
 /// Deployments of `nodes` replicas with `maxUnavailable: 1` (one pod of each per node, so
 /// every node carries one pod of each), and the aws-node DaemonSet.
 fn scenario(nodes: usize, zones: usize, refresh_events: bool) -> String {
+    scenario_with(nodes, zones, refresh_events, REFRESH_TIMINGS, "")
+}
+
+/// The timings of the refresh benchmarks: drains, nodes and pods in fractions of a second.
+const REFRESH_TIMINGS: &str = "settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01, deregistrationDelaySeconds: 0";
+
+/// [`scenario`] with its `timings` (the inside of the flow mapping) and `extra` top-level
+/// lines.
+fn scenario_with(
+    nodes: usize,
+    zones: usize,
+    refresh_events: bool,
+    timings: &str,
+    extra: &str,
+) -> String {
     let mut yaml = format!(
-        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ settleSeconds: 0.2, drainTimeoutSeconds: 30, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01, deregistrationDelaySeconds: 0 }}\nnodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
+        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ {timings} }}\n{extra}nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
     );
     for d in 0..nodes {
         let placement: Vec<String> = (0..nodes).map(|n| n.to_string()).collect();
@@ -69,6 +84,62 @@ pub async fn instance_refresh(
         zones,
         launch_before_terminate,
         with_instance_refresh,
+        figures: figures?,
+    })
+}
+
+/// What stands behind the nodes of a [`refresh_with_waits`] run, and how the drains wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SettleCase {
+    /// `LOAD_BALANCER_WAIT=false`: every drain waits `SETTLE_SECONDS` after its node is empty
+    /// (the nodes are behind the target group, which does not change that).
+    FixedSettle,
+    /// The drains wait for the load balancers routing to the instance: none here.
+    NoLoadBalancer,
+    /// The drains wait for the load balancers routing to the instance: one instance-mode
+    /// target group with the run's deregistration delay.
+    TargetGroup,
+}
+
+/// One refresh of [`refresh_with_waits`].
+#[derive(Debug, Clone)]
+pub struct SettleRow {
+    pub case: SettleCase,
+    pub figures: RefreshFigures,
+}
+
+/// A launch-before-terminate refresh of `nodes` nodes (one zone, with `instance-refresh`),
+/// the drains settling as `case` says, with `settle` seconds (`SETTLE_SECONDS`) and a
+/// target group deregistration delay of `delay` seconds.
+pub async fn refresh_with_waits(
+    nodes: usize,
+    case: SettleCase,
+    settle: f64,
+    delay: f64,
+) -> Result<SettleRow, String> {
+    let timings = format!(
+        "settleSeconds: {settle}, deregistrationDelaySeconds: {delay}, drainTimeoutSeconds: 300, functionTimeoutSeconds: 900, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01"
+    );
+    let extra = match case {
+        SettleCase::FixedSettle => "functionEnv: { LOAD_BALANCER_WAIT: \"false\" }\n",
+        SettleCase::NoLoadBalancer => "loadBalancer: false\n",
+        SettleCase::TargetGroup => "",
+    };
+    let yaml = scenario_with(nodes, 1, true, &timings, extra);
+    Scenario::from_yaml(&yaml).map_err(|e| e.to_string())?;
+    let sandbox = start(&yaml).await?;
+    let step = InstanceRefreshStep {
+        nodegroup: "ng".to_owned(),
+        min_healthy_percentage: 100,
+        max_healthy_percentage: 110,
+        instance_warmup_seconds: 1.0,
+        expect_status: "Successful".to_owned(),
+        expect_no_pod_moved_twice: true,
+    };
+    let figures = sandbox.run_instance_refresh(&step).await;
+    sandbox.shutdown().await;
+    Ok(SettleRow {
+        case,
         figures: figures?,
     })
 }

@@ -23,7 +23,8 @@ struct Args {
     full: bool,
     /// Only these parts (comma-separated): cold-start, drain, pdb, pdb-paced, mass-scale-in,
     /// drain-defaults, aws-auth, instance-refresh, spot-interruption, notice-calls,
-    /// event-soak, sweep, refresh-memory, volume-wait, load-balancer-wait, token.
+    /// event-soak, sweep, refresh-memory, volume-wait, load-balancer-wait, refresh-settle,
+    /// token.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Drain sizes (pods on the node) instead of the mode's (comma-separated).
@@ -104,6 +105,9 @@ async fn main() -> ExitCode {
     }
     if wanted("load-balancer-wait") {
         report(load_balancer_wait(mode).await);
+    }
+    if wanted("refresh-settle") {
+        report(refresh_settle(mode).await);
     }
     if failed {
         ExitCode::FAILURE
@@ -802,4 +806,56 @@ async fn aws_auth(mode: Mode) -> Result<(), String> {
         return Err("aws-auth lost or duplicated an entry".to_owned());
     }
     Ok(())
+}
+
+/// A refresh's total time with the fixed settle period and with the measured waits (issue
+/// #45): EKS's 60 s settle and a target group with a 30 s deregistration delay in full mode
+/// (2 s and 1 s in quick mode).
+async fn refresh_settle(mode: Mode) -> Result<(), String> {
+    use bench::SettleCase;
+    let (nodes, settle, delay) = match mode {
+        Mode::Full => (4, 60.0, 30.0),
+        Mode::Quick => (2, 2.0, 1.0),
+    };
+    println!(
+        "## A refresh's total time: fixed settle or measured waits ({nodes} nodes, launch before terminate, SETTLE_SECONDS {settle}, target group deregistration delay {delay} s)\n"
+    );
+    println!(
+        "| drains wait | load balancer | status | evictions | PDB violations | time to the end (s) | per node (s) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let mut broken = Vec::new();
+    for case in [
+        SettleCase::FixedSettle,
+        SettleCase::NoLoadBalancer,
+        SettleCase::TargetGroup,
+    ] {
+        let row = bench::refresh_with_waits(nodes, case, settle, delay).await?;
+        let f = &row.figures;
+        let (waits, behind) = match case {
+            SettleCase::FixedSettle => (
+                "SETTLE_SECONDS (LOAD_BALANCER_WAIT=false)",
+                "instance target group",
+            ),
+            SettleCase::NoLoadBalancer => ("for the load balancers", "none"),
+            SettleCase::TargetGroup => ("for the load balancers", "instance target group"),
+        };
+        let wall = f.wall.as_secs_f64();
+        println!(
+            "| {waits} | {behind} | {} | {} | {} | {wall:.1} | {:.1} |",
+            f.status.as_deref().unwrap_or("did not end"),
+            f.evictions,
+            f.pdb_violations,
+            wall / nodes as f64
+        );
+        if f.status.as_deref() != Some("Successful") || f.pdb_violations > 0 {
+            broken.push(format!("{case:?}"));
+        }
+    }
+    println!();
+    if broken.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("refresh-settle: {}", broken.join("; ")))
+    }
 }

@@ -49,6 +49,11 @@ pub struct Scenario {
     /// loaded (kube-scheduler's ImageLocality); off: least loaded only.
     #[serde(default)]
     pub prefer_cached_images: bool,
+    /// The cluster's one Service of type LoadBalancer: an instance-mode target group every
+    /// Ready node's instance is registered with (delay `timings.deregistrationDelaySeconds`).
+    /// On by default; off: the nodes are behind no load balancer.
+    #[serde(default = "yes")]
+    pub load_balancer: bool,
     pub nodegroups: Vec<NodegroupSpec>,
     #[serde(default)]
     pub workloads: Vec<Workload>,

@@ -138,7 +138,9 @@ impl Sandbox {
             sandbox.deliver_instance_notices();
         }
         sandbox.follow_instances();
-        sandbox.start_service_controller();
+        if sandbox.scenario.load_balancer {
+            sandbox.start_service_controller();
+        }
         let follower = sandbox
             .timeline
             .follow(&sandbox.server, sandbox.aws.clone());
