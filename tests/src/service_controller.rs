@@ -1,5 +1,5 @@
 //! The Kubernetes service controller's part in load balancing, between the fake API server
-//! and the fake Elastic Load Balancing: the instance of every Ready node is registered with
+//! (or a real one) and the fake Elastic Load Balancing: the instance of every Ready node is registered with
 //! the cluster's load balancers, and deregistered once its node is labelled
 //! `node.kubernetes.io/exclude-from-external-load-balancers` or is gone, as the service
 //! controller (and the AWS Load Balancer Controller, for instance targets) does.
@@ -33,13 +33,45 @@ impl Drop for ServiceController {
     }
 }
 
+/// Where the controller reads the nodes: the fake API server's store, or a real API server.
+#[derive(Clone)]
+pub enum NodeSource {
+    Fake(Store),
+    Cluster(kube::Client),
+}
+
+impl NodeSource {
+    /// The nodes now; `None` when a real API server did not answer (the pass is skipped).
+    async fn nodes(&self) -> Option<Vec<Node>> {
+        match self {
+            Self::Fake(store) => Some(store.list::<Node>()),
+            Self::Cluster(client) => kube::Api::<Node>::all(client.clone())
+                .list(&Default::default())
+                .await
+                .ok()
+                .map(|list| list.items),
+        }
+    }
+}
+
 impl ServiceController {
     pub fn start(store: Store, elb: FakeElb, load_balancers: Vec<FakeLoadBalancer>) -> Self {
+        Self::start_on(NodeSource::Fake(store), elb, load_balancers)
+    }
+
+    /// The same, reading the nodes from `source`.
+    pub fn start_on(
+        source: NodeSource,
+        elb: FakeElb,
+        load_balancers: Vec<FakeLoadBalancer>,
+    ) -> Self {
         let served = load_balancers.clone();
         let task = tokio::spawn(async move {
             let mut registered = BTreeSet::new();
             loop {
-                sync(&store, &elb, &served, &mut registered);
+                if let Some(nodes) = source.nodes().await {
+                    sync(&nodes, &elb, &served, &mut registered);
+                }
                 tokio::time::sleep(SYNC_INTERVAL).await;
             }
         });
@@ -58,13 +90,12 @@ impl ServiceController {
 /// One pass: registers the instances of nodes that should take traffic and were not
 /// registered yet, deregisters those that no longer should.
 fn sync(
-    store: &Store,
+    nodes: &[Node],
     elb: &FakeElb,
     load_balancers: &[FakeLoadBalancer],
     registered: &mut BTreeSet<String>,
 ) {
-    let serving: BTreeSet<String> = store
-        .list::<Node>()
+    let serving: BTreeSet<String> = nodes
         .iter()
         .filter(|node| takes_traffic(node))
         .filter_map(|node| node_instance_id(node).map(str::to_owned))

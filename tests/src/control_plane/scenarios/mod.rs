@@ -89,7 +89,7 @@ impl RealScenario {
                 "an instance refresh of 4 nodes, kube-scheduler placing the evicted pods, with and without instance-refresh"
             }
             Self::Volumes => {
-                "a drain completes once its pods' volumes are detached, not waiting for a DaemonSet's"
+                "a drain completes once its pods' volumes are detached, not waiting for a DaemonSet's, and its target group let go of the instance"
             }
         }
     }

@@ -3,7 +3,11 @@
 //! controller detaches a volume once the node's kubelet no longer reports it in use (after
 //! its last pod there is gone), the kit's CSI attacher taking some seconds, and the built
 //! `terminating-hook` completes the lifecycle action only once the database volumes are
-//! detached, without waiting for the shared one, which stays with the node.
+//! detached, without waiting for the shared one, which stays with the node. The nodes are
+//! behind an instance-mode target group of the cluster (the kit playing the service
+//! controller against the real API server): the action also waits until the target group
+//! has let go of the instance, its deregistration delay after the node was labelled out of
+//! load balancers.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -18,15 +22,21 @@ use serde_json::{Value, json};
 
 use super::nginx::OTHER_NODE;
 use super::{Played, QUICK_DRAIN, eventually, next_notification, response};
+use crate::aws::{FakeLoadBalancer, FakeTargetGroup};
 use crate::control_plane::ControlPlaneError;
 use crate::control_plane::attacher::{ATTACHER, DETACH_DELAY};
 use crate::control_plane::world::RealFunctionWorld;
-use crate::e2e::{GROUP, Target};
+use crate::e2e::{CLUSTER, GROUP, Target};
+use crate::service_controller::{NodeSource, ServiceController};
 
 const DATABASE_VOLUMES: [&str; 3] = ["pv-db-0", "pv-db-1", "pv-db-2"];
 const SHARED_VOLUME: &str = "pv-logs";
 /// The wait's bound: far longer than the detach, so waiting for the shared volume shows.
 const VOLUME_DETACH_SECONDS: &str = "60";
+
+/// The target group's deregistration delay: longer than the volumes' detach, so the wait for
+/// it shows.
+const DEREGISTRATION_DELAY: Duration = Duration::from_secs(10);
 
 pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
     let w = RealFunctionWorld::builder()
@@ -37,6 +47,12 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         .await?;
     let mut played = Played::on(&w);
     let admin = w.plane.admin_client().await?;
+    let elb = w.aws.elb();
+    let web = FakeLoadBalancer::TargetGroup(elb.add_target_group(
+        FakeTargetGroup::of_cluster("k8s-default-web", CLUSTER).delay(DEREGISTRATION_DELAY),
+    ));
+    let controller =
+        ServiceController::start_on(NodeSource::Cluster(admin.clone()), elb.clone(), vec![web]);
     w.kubelets
         .register_node(
             OTHER_NODE,
@@ -65,6 +81,20 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         DATABASE_VOLUMES.join(", "),
         w.node
     ));
+    let lb = &controller.load_balancers()[0];
+    if !eventually(Duration::from_secs(10), || async {
+        elb.routes_to(lb, &w.instance)
+    })
+    .await
+    {
+        return Err(setup(
+            "the target group never routed to the node's instance",
+        ));
+    }
+    played.line(format!(
+        "{} registered with target group k8s-default-web (deregistration delay {DEREGISTRATION_DELAY:?})",
+        w.instance
+    ));
     let mut topic = w.aws.sns().subscribe(&w.topic).map_err(setup)?;
     w.aws
         .autoscaling()
@@ -74,12 +104,18 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
     let started = Instant::now();
     let answer = response(w.function(Target::TerminatingHook), &event).await?;
     let took = started.elapsed();
+    let routing = elb.routes_to(lb, &w.instance);
     let left = attached_to(&admin, &w.node).await;
     played.line(format!(
         "completed after {:.1} s; attached then: {left:?}",
         took.as_secs_f64()
     ));
     expect_outcome(&mut played, &w, &answer, &left, took);
+    played.expect(
+        "the target group no longer routed to the instance when the action completed: the drain waited its deregistration delay",
+        !routing && took >= DEREGISTRATION_DELAY,
+        format!("routing {routing} after {took:?}"),
+    );
     Ok(played)
 }
 
