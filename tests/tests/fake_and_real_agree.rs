@@ -1,5 +1,6 @@
-//! The differences found between the test kit's API server and a real kube-apiserver, each a
-//! check run against both: the fake on every run (one test per difference) and the real
+//! The differences found between the test kit's API server and a real kube-apiserver, and
+//! the answers the code depends on (eviction answers, conditional writes, field selectors,
+//! list pages), each a check run against both: the fake on every run (one test per difference) and the real
 //! control plane in one test that starts it once (skipped with a printed line when
 //! `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not built). A check that holds on the
 //! real server and fails on the fake is a fake that lies.
@@ -713,6 +714,208 @@ async fn fake_list_pages_as_kube_apiserver_does() {
     check_list_pages(&fake_cluster(&w).await).await;
 }
 
+// --- (9) Eviction answers, as the drain reads them -----------------------------------------
+
+/// The answers the drain's eviction code classifies (`drain/eviction.rs`), through that code
+/// itself: a pod a budget protects (429, the budget named in `details.causes`), a pod two
+/// budgets select (500 "more than one PodDisruptionBudget"), a pod that is gone (404), a pod
+/// whose UID is not the one asked for (409, the precondition). Pods bound to the seeded node
+/// in a namespace of their own.
+async fn check_eviction_answers(cluster: &Cluster<'_>) {
+    use node_manager::drain::eviction::{EvictionOutcome, evict};
+    use node_manager::drain::plan::PodKey;
+    let admin = &cluster.admin;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "evictions"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "evictions");
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "evictions");
+    let mut uids = std::collections::BTreeMap::new();
+    for (name, app) in [("guarded", "guarded"), ("twice", "twice"), ("free", "free")] {
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app": app}},
+            "spec": {"nodeName": cluster.node, "containers": [{"name": "c", "image": "nginx"}]},
+        }))
+        .unwrap();
+        let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+        uids.insert(name, created.metadata.uid.unwrap());
+    }
+    for (name, app) in [
+        ("guarded", "guarded"),
+        ("twice-a", "twice"),
+        ("twice-b", "twice"),
+    ] {
+        let budget = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
+        }))
+        .unwrap();
+        budgets
+            .create(&PostParams::default(), &budget)
+            .await
+            .unwrap();
+    }
+    // A pod not yet running is evicted without asking its budgets (both servers): wait.
+    let started = Instant::now();
+    loop {
+        let running = pods
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        if running == 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}: pods not running",
+            cluster.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = |name: &str, uid: &str| PodKey {
+        namespace: "evictions".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    let client = &cluster.admin;
+    match evict(client, &key("guarded", &uids["guarded"]), None).await {
+        EvictionOutcome::BlockedByBudget { budgets, .. } => {
+            assert_eq!(budgets, ["guarded"], "{}", cluster.name);
+        }
+        other => panic!("{}: a guarded pod's eviction: {other:?}", cluster.name),
+    }
+    let twice = evict(client, &key("twice", &uids["twice"]), None).await;
+    assert!(
+        matches!(twice, EvictionOutcome::MultipleBudgets { .. }),
+        "{}: {twice:?}",
+        cluster.name
+    );
+    let gone = evict(client, &key("missing", "0000"), None).await;
+    assert_eq!(gone, EvictionOutcome::Gone, "{}", cluster.name);
+    let other_uid = evict(client, &key("free", "not-its-uid"), None).await;
+    assert!(
+        matches!(other_uid, EvictionOutcome::Conflict { .. }),
+        "{}: {other_uid:?}",
+        cluster.name
+    );
+    // The one free pod is evicted, once.
+    let free = evict(client, &key("free", &uids["free"]), None).await;
+    assert_eq!(free, EvictionOutcome::Accepted, "{}", cluster.name);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_eviction_answers_read_as_kube_apiservers() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_eviction_answers(&fake_cluster(&w).await).await;
+}
+
+// --- (10) Conditional writes and field selectors, as the code uses them ----------------------
+
+/// Every read-modify-write of a Node sends a merge patch carrying the `resourceVersion` it read
+/// (`node_marks::patch_recomputing`): a stale one must answer 409, the current one succeed.
+/// The drain lists a node's pods by `spec.nodeName`, and a function that may only list nodes
+/// reads one by `metadata.name`: both field selectors select exactly those objects.
+async fn check_conditional_writes_and_field_selectors(cluster: &Cluster<'_>) {
+    let nodes: Api<Node> = Api::all(cluster.admin.clone());
+    let node = nodes.get(&cluster.node).await.unwrap();
+    let read = node.metadata.resource_version.clone().unwrap();
+    let label = |value: &str, version: &str| json!({"metadata": {"resourceVersion": version, "labels": {"agree/conditional": value}}});
+    nodes
+        .patch(
+            &cluster.node,
+            &PatchParams::default(),
+            &Patch::Merge(&label("one", &read)),
+        )
+        .await
+        .unwrap();
+    let stale = nodes
+        .patch(
+            &cluster.node,
+            &PatchParams::default(),
+            &Patch::Merge(&label("two", &read)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(&stale).0, 409, "{}: {stale}", cluster.name);
+    let now = nodes.get(&cluster.node).await.unwrap();
+    assert_eq!(
+        now.metadata.labels.unwrap()["agree/conditional"],
+        "one",
+        "{}: the stale write changed the node",
+        cluster.name
+    );
+    let by_name = nodes
+        .list(&ListParams::default().fields(&format!("metadata.name={}", cluster.node)))
+        .await
+        .unwrap();
+    let names: Vec<_> = by_name
+        .items
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    assert_eq!(
+        names,
+        std::slice::from_ref(&cluster.node),
+        "{}",
+        cluster.name
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "default");
+    for (name, node) in [
+        ("on-node", cluster.node.as_str()),
+        ("elsewhere", "no-such-node"),
+    ] {
+        let pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("selected-{name}")},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx"}]},
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let on_node = Api::<Pod>::all(cluster.admin.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={}", cluster.node)))
+        .await
+        .unwrap();
+    let names: Vec<_> = on_node
+        .items
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
+    assert!(
+        names.contains(&"selected-on-node".to_owned()),
+        "{}: {names:?}",
+        cluster.name
+    );
+    assert!(
+        !names.contains(&"selected-elsewhere".to_owned()),
+        "{}: {names:?}",
+        cluster.name
+    );
+    assert!(
+        on_node
+            .items
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref())
+                == Some(cluster.node.as_str())),
+        "{}",
+        cluster.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_conditional_writes_and_field_selectors_as_kube_apiserver() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_conditional_writes_and_field_selectors(&fake_cluster(&w).await).await;
+}
+
 // --- All of them on the real control plane --------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -732,6 +935,8 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     check_a_watch_is_one_request(&cluster).await;
     check_pods_need_their_service_account(&cluster).await;
     check_list_pages(&cluster).await;
+    check_eviction_answers(&cluster).await;
+    check_conditional_writes_and_field_selectors(&cluster).await;
     let lagged = check_budget_status_lags(&cluster).await;
     // Last: they cordon every node the other checks use.
     check_placement_weighs_image_against_spread(&cluster).await;
