@@ -398,6 +398,38 @@ impl SdkInstances {
     }
 }
 
+impl SdkInstances {
+    /// `DescribeInstanceStatus` of one instance, stopped ones included; `None` when EC2 does
+    /// not know it.
+    async fn instance_status(
+        &self,
+        instance_id: &str,
+    ) -> Result<Option<aws_sdk_ec2::types::InstanceStatus>, AwsError> {
+        let output = match self
+            .client()
+            .describe_instance_status()
+            .instance_ids(instance_id)
+            .include_all_instances(true)
+            .send()
+            .await
+        {
+            Ok(output) => output,
+            Err(e) => {
+                let error = classify("DescribeInstanceStatus", e);
+                return match error.kind {
+                    AwsErrorKind::NotFound => Ok(None),
+                    _ => Err(error),
+                };
+            }
+        };
+        Ok(output
+            .instance_statuses()
+            .iter()
+            .find(|s| s.instance_id() == Some(instance_id))
+            .cloned())
+    }
+}
+
 impl Instances for SdkInstances {
     async fn private_dns_name(&self, instance_id: &str) -> Result<Option<String>, AwsError> {
         Ok(self
@@ -452,30 +484,11 @@ impl InstanceNotices for SdkInstances {
         &self,
         instance_id: &str,
     ) -> Result<Vec<ScheduledInstanceEvent>, AwsError> {
-        let output = match self
-            .client()
-            .describe_instance_status()
-            .instance_ids(instance_id)
-            .include_all_instances(true)
-            .send()
-            .await
-        {
-            Ok(output) => output,
-            Err(e) => {
-                let error = classify("DescribeInstanceStatus", e);
-                return match error.kind {
-                    AwsErrorKind::NotFound => Ok(Vec::new()),
-                    _ => Err(error),
-                };
-            }
-        };
-        Ok(output
-            .instance_statuses()
-            .iter()
-            .filter(|s| s.instance_id() == Some(instance_id))
-            .flat_map(|s| s.events())
-            .map(scheduled_event_of)
-            .collect())
+        Ok(self
+            .instance_status(instance_id)
+            .await?
+            .map(|status| status.events().iter().map(scheduled_event_of).collect())
+            .unwrap_or_default())
     }
 }
 
@@ -1113,30 +1126,12 @@ impl RepairInstances for SdkInstances {
         &self,
         instance_id: &str,
     ) -> Result<Option<InstanceCondition>, AwsError> {
-        let output = match self
-            .client()
-            .describe_instance_status()
-            .instance_ids(instance_id)
-            .include_all_instances(true)
-            .send()
-            .await
-        {
-            Ok(output) => output,
-            Err(e) => {
-                let error = classify("DescribeInstanceStatus", e);
-                return match error.kind {
-                    AwsErrorKind::NotFound => Ok(None),
-                    _ => Err(error),
-                };
-            }
-        };
         let summary = |s: Option<&aws_sdk_ec2::types::InstanceStatusSummary>| {
             s.and_then(|s| s.status()).map(|s| s.as_str().to_owned())
         };
-        Ok(output
-            .instance_statuses()
-            .iter()
-            .find(|s| s.instance_id() == Some(instance_id))
+        Ok(self
+            .instance_status(instance_id)
+            .await?
             .map(|s| InstanceCondition {
                 state: s
                     .instance_state()

@@ -66,25 +66,12 @@ pub async fn instance_refresh(
     with_instance_refresh: bool,
 ) -> Result<RefreshRow, String> {
     let yaml = scenario(nodes, zones, with_instance_refresh);
-    Scenario::from_yaml(&yaml).map_err(|e| e.to_string())?;
-    let sandbox = start(&yaml).await?;
-    let step = InstanceRefreshStep {
-        nodegroup: "ng".to_owned(),
-        min_healthy_percentage: if launch_before_terminate { 100 } else { 90 },
-        max_healthy_percentage: if launch_before_terminate { 110 } else { 100 },
-        // Auto Scaling's pause after a replacement is in service before the next batch.
-        instance_warmup_seconds: 1.0,
-        expect_status: "Successful".to_owned(),
-        expect_no_pod_moved_twice: true,
-    };
-    let figures = sandbox.run_instance_refresh(&step).await;
-    sandbox.shutdown().await;
     Ok(RefreshRow {
         nodes,
         zones,
         launch_before_terminate,
         with_instance_refresh,
-        figures: figures?,
+        figures: refresh_once(&yaml, launch_before_terminate).await?,
     })
 }
 
@@ -126,20 +113,27 @@ pub async fn refresh_with_waits(
         SettleCase::TargetGroup => "",
     };
     let yaml = scenario_with(nodes, 1, true, &timings, extra);
-    Scenario::from_yaml(&yaml).map_err(|e| e.to_string())?;
-    let sandbox = start(&yaml).await?;
+    Ok(SettleRow {
+        case,
+        figures: refresh_once(&yaml, true).await?,
+    })
+}
+
+/// Refreshes group `ng` of scenario `yaml` in a fresh sandbox, launch before terminate
+/// (MinHealthy 100 / MaxHealthy 110) or terminate first (Auto Scaling's defaults 90 / 100).
+async fn refresh_once(yaml: &str, launch_before_terminate: bool) -> Result<RefreshFigures, String> {
+    Scenario::from_yaml(yaml).map_err(|e| e.to_string())?;
+    let sandbox = start(yaml).await?;
     let step = InstanceRefreshStep {
         nodegroup: "ng".to_owned(),
-        min_healthy_percentage: 100,
-        max_healthy_percentage: 110,
+        min_healthy_percentage: if launch_before_terminate { 100 } else { 90 },
+        max_healthy_percentage: if launch_before_terminate { 110 } else { 100 },
+        // Auto Scaling's pause after a replacement is in service before the next batch.
         instance_warmup_seconds: 1.0,
         expect_status: "Successful".to_owned(),
         expect_no_pod_moved_twice: true,
     };
     let figures = sandbox.run_instance_refresh(&step).await;
     sandbox.shutdown().await;
-    Ok(SettleRow {
-        case,
-        figures: figures?,
-    })
+    figures
 }
