@@ -930,18 +930,75 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
         .unwrap();
     let admin = w.plane.admin_client().await.unwrap();
     let cluster = real_cluster(&w, admin);
-    check_new_nodes_carry_the_not_ready_taint(&cluster).await;
-    check_session_templates_resolve(&cluster).await;
-    check_a_watch_is_one_request(&cluster).await;
-    check_pods_need_their_service_account(&cluster).await;
-    check_list_pages(&cluster).await;
-    check_eviction_answers(&cluster).await;
-    check_conditional_writes_and_field_selectors(&cluster).await;
-    let lagged = check_budget_status_lags(&cluster).await;
+    // Every check runs and every failure is reported: the first must not hide the rest.
+    let mut failed = Vec::new();
+    let mut run = async |name: &str, check: std::pin::Pin<Box<dyn Future<Output = ()> + '_>>| {
+        use futures::FutureExt as _;
+        if let Err(panic) = std::panic::AssertUnwindSafe(check).catch_unwind().await {
+            let why = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            failed.push(format!("{name}: {why}"));
+        }
+    };
+    run(
+        "new nodes carry the not-ready taint",
+        Box::pin(check_new_nodes_carry_the_not_ready_taint(&cluster)),
+    )
+    .await;
+    run(
+        "session templates resolve",
+        Box::pin(check_session_templates_resolve(&cluster)),
+    )
+    .await;
+    run(
+        "a watch is one request",
+        Box::pin(check_a_watch_is_one_request(&cluster)),
+    )
+    .await;
+    run(
+        "pods need their service account",
+        Box::pin(check_pods_need_their_service_account(&cluster)),
+    )
+    .await;
+    run("list pages", Box::pin(check_list_pages(&cluster))).await;
+    run(
+        "eviction answers",
+        Box::pin(check_eviction_answers(&cluster)),
+    )
+    .await;
+    run(
+        "conditional writes and field selectors",
+        Box::pin(check_conditional_writes_and_field_selectors(&cluster)),
+    )
+    .await;
+    run(
+        "budget status lags its inputs",
+        Box::pin(async {
+            let lagged = check_budget_status_lags(&cluster).await;
+            println!(
+                "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
+            );
+        }),
+    )
+    .await;
     // Last: they cordon every node the other checks use.
-    check_placement_weighs_image_against_spread(&cluster).await;
-    check_a_node_takes_only_what_fits(&cluster).await;
-    println!(
-        "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
+    run(
+        "placement weighs image against spread",
+        Box::pin(check_placement_weighs_image_against_spread(&cluster)),
+    )
+    .await;
+    run(
+        "a node takes only what fits",
+        Box::pin(check_a_node_takes_only_what_fits(&cluster)),
+    )
+    .await;
+    assert!(
+        failed.is_empty(),
+        "the real API server failed {} check(s):\n{}",
+        failed.len(),
+        failed.join("\n")
     );
 }
