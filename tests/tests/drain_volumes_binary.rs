@@ -208,17 +208,7 @@ async fn a_dead_kubelets_stuck_pods_and_their_volumes_are_freed_by_the_out_of_se
         let node = store
             .get::<k8s_openapi::api::core::v1::Node>("", &w.node)
             .unwrap();
-        let tainted = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| {
-                t.iter().any(|t| {
-                    t.key == "node.kubernetes.io/out-of-service"
-                        && t.value.as_deref() == Some("nodeshutdown")
-                        && t.effect == "NoExecute"
-                })
-            });
+        let tainted = node_manager::node_marks::shutdown::carries_our_taint(&node);
         let record = node_manager::node_marks::shutdown::ShutdownRecord::of(&node);
         let stuck_pods = store
             .list::<k8s_openapi::api::core::v1::Pod>()

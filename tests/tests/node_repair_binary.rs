@@ -35,6 +35,17 @@ fn scheduled_event() -> Value {
     })
 }
 
+/// The seeded node's group: tagged for the cluster, one zone, no health-check grace period
+/// (the node is older than it).
+fn add_our_group(w: &FunctionWorld) {
+    w.aws.autoscaling().add_group(
+        FakeAutoScalingGroup::new(GROUP)
+            .tag("eks:cluster-name", CLUSTER)
+            .availability_zones(&["eu-west-1a"])
+            .health_check_grace_period(Duration::ZERO),
+    );
+}
+
 /// The node's report in the function's answer.
 fn report_of<'a>(answer: &'a Value, node: &str) -> &'a Value {
     answer["nodes"]
@@ -66,12 +77,7 @@ async fn a_node_whose_kubelet_died_is_replaced_through_both_hooks() {
         .start()
         .await;
     // The node is older than its group's grace period.
-    w.aws.autoscaling().add_group(
-        FakeAutoScalingGroup::new(GROUP)
-            .tag("eks:cluster-name", CLUSTER)
-            .availability_zones(&["eu-west-1a"])
-            .health_check_grace_period(Duration::ZERO),
-    );
+    add_our_group(&w);
     // One workload pod runs on the node; when the kubelet dies it can no longer confirm the
     // pod's deletion.
     w.server
@@ -378,12 +384,7 @@ async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
         .log_level("info")
         .start()
         .await;
-    w.aws.autoscaling().add_group(
-        FakeAutoScalingGroup::new(GROUP)
-            .tag("eks:cluster-name", CLUSTER)
-            .availability_zones(&["eu-west-1a"])
-            .health_check_grace_period(Duration::ZERO),
-    );
+    add_our_group(&w);
     // Nine more nodes in the group.
     let mut nodes = vec![(w.instance.clone(), w.node.clone())];
     for i in 1..10 {
@@ -539,12 +540,7 @@ async fn a_rebooted_impaired_node_frees_its_stateful_pod_at_once_and_is_untainte
         .log_level("info")
         .start()
         .await;
-    w.aws.autoscaling().add_group(
-        FakeAutoScalingGroup::new(GROUP)
-            .tag("eks:cluster-name", CLUSTER)
-            .availability_zones(&["eu-west-1a"])
-            .health_check_grace_period(Duration::ZERO),
-    );
+    add_our_group(&w);
     w.server
         .store()
         .apply_yaml(

@@ -94,6 +94,11 @@ fn taints(node: &Node) -> Vec<Taint> {
         .unwrap_or_default()
 }
 
+/// Whether `node` carries the taint exactly as we write it (key, value and effect).
+pub fn carries_our_taint(node: &Node) -> bool {
+    taints(node).iter().any(is_ours)
+}
+
 fn is_ours(taint: &Taint) -> bool {
     taint.key == OUT_OF_SERVICE_TAINT_KEY
         && taint.value.as_deref() == Some(OUT_OF_SERVICE_TAINT_VALUE)
@@ -233,12 +238,12 @@ mod tests {
             json!([{"key": OUT_OF_SERVICE_TAINT_KEY, "value": "fenced", "effect": "NoExecute"}]),
         );
         assert!(has_out_of_service_taint(&theirs));
-        assert!(!taints(&theirs).iter().any(is_ours));
+        assert!(!carries_our_taint(&theirs));
         let ours = node(
             "Unknown",
             json!([{"key": OUT_OF_SERVICE_TAINT_KEY, "value": OUT_OF_SERVICE_TAINT_VALUE, "effect": "NoExecute"}]),
         );
-        assert!(taints(&ours).iter().any(is_ours));
+        assert!(carries_our_taint(&ours));
     }
 
     #[test]

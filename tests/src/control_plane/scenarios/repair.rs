@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use kube::Api;
 use kube::api::ListParams;
-use node_manager::node_marks::shutdown::ShutdownRecord;
+use node_manager::node_marks::shutdown::{ShutdownRecord, carries_our_taint};
 use serde_json::{Value, json};
 
 use super::nginx::{OTHER_NODE, nginx_pods, seed_nginx};
@@ -191,18 +191,7 @@ async fn expect_freed(played: &mut Played, admin: &kube::Client, node: &str, rep
         .await
         .ok()
         .flatten();
-    let has_taint = tainted.as_ref().is_some_and(|n| {
-        n.spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| {
-                t.iter().any(|t| {
-                    t.key == "node.kubernetes.io/out-of-service"
-                        && t.value.as_deref() == Some("nodeshutdown")
-                        && t.effect == "NoExecute"
-                })
-            })
-    });
+    let has_taint = tainted.as_ref().is_some_and(carries_our_taint);
     let record = tainted.as_ref().and_then(ShutdownRecord::of);
     played.expect(
         "node repair put node.kubernetes.io/out-of-service=nodeshutdown:NoExecute on the dead node, with its record",
