@@ -15,6 +15,8 @@
 # 3. builds the real Kubernetes control plane the `real_control_plane` tests start (etcd,
 #    kube-apiserver, kube-controller-manager, kube-scheduler from their Go modules with the
 #    machine's Go 1.26: about 8 minutes once, then cached outside the clone; see CONTRIBUTING);
+#    with AWS's Lambda Runtime Interface Emulator, which some of them run the functions under
+#    (`scripts/lambda-rie.sh`: half a minute once);
 # 4. runs `cargo nextest run --workspace` (profile in .config/nextest.toml: no retries).
 set -euo pipefail
 
@@ -48,8 +50,9 @@ if [[ "${SKIP_REAL_CONTROL_PLANE_TESTS:-}" == 1 && "${CI:-}" != true ]]; then
     log "SKIP_REAL_CONTROL_PLANE_TESTS=1: the real control plane is not built; the tests that start it are skipped (counted in the summary)"
     profile=no-real-plane
 else
-    log "building the real control plane (cached after the first time)"
+    log "building the real control plane and AWS's Lambda Runtime Interface Emulator (cached after the first time)"
     bash scripts/control-plane.sh build
+    bash scripts/lambda-rie.sh build
 fi
 log "running the tests"
 exec cargo nextest run --workspace --locked --profile "$profile" "$@"

@@ -71,6 +71,9 @@ pub struct FunctionSpec {
     pub account_id: String,
     /// Extra environment (the function's configuration, AWS credentials, `RUST_LOG`, ...).
     pub env: BTreeMap<String, String>,
+    /// Run under AWS's Lambda Runtime Interface Emulator instead of this API
+    /// ([`crate::lambda_rie`]).
+    pub rie: Option<crate::lambda_rie::Rie>,
 }
 
 impl FunctionSpec {
@@ -84,7 +87,15 @@ impl FunctionSpec {
             region: "eu-west-1".to_owned(),
             account_id: "111111111111".to_owned(),
             env: BTreeMap::new(),
+            rie: None,
         }
+    }
+
+    /// Runs the function under AWS's Lambda Runtime Interface Emulator `rie`: it serves the
+    /// runtime API and enforces the timeout; invocations go to its invoke endpoint.
+    pub fn under_rie(mut self, rie: crate::lambda_rie::Rie) -> Self {
+        self.rie = Some(rie);
+        self
     }
 
     pub fn env(mut self, key: &str, value: &str) -> Self {
@@ -285,10 +296,25 @@ impl LambdaRuntimeApi {
             .spec
             .clone()
             .ok_or(LambdaApiError::NoFunction)?;
-        let mut command = tokio::process::Command::new(&spec.binary);
+        let mut command = match &spec.rie {
+            Some(rie) => {
+                let mut command = rie.command(&spec.binary);
+                // The emulator serves the runtime API itself and tells the function where.
+                let lambda = lambda_environment(&spec, &self.runtime_api())
+                    .into_iter()
+                    .filter(|(key, _)| key != "AWS_LAMBDA_RUNTIME_API");
+                command.env_clear().envs(lambda).envs(rie.env());
+                command
+            }
+            None => {
+                let mut command = tokio::process::Command::new(&spec.binary);
+                command
+                    .env_clear()
+                    .envs(lambda_environment(&spec, &self.runtime_api()));
+                command
+            }
+        };
         command
-            .env_clear()
-            .envs(lambda_environment(&spec, &self.runtime_api()))
             .envs(&spec.env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -400,6 +426,15 @@ impl LambdaRuntimeApi {
         if exited_before {
             self.spawn_current()?;
         }
+        let rie = self
+            .shared
+            .state()
+            .spec
+            .as_ref()
+            .and_then(|s| s.rie.clone());
+        if let Some(rie) = rie {
+            return Ok(self.invoke_rie(&rie, event, timeout).await);
+        }
         let started = Instant::now();
         let request_id = crate::aws::uuid_v4();
         let (reply_tx, reply_rx) = oneshot::channel();
@@ -453,6 +488,30 @@ impl LambdaRuntimeApi {
             generation,
         });
         Ok(outcome)
+    }
+
+    /// An invocation through the emulator, which enforces the function's own timeout; the
+    /// kit waits a little longer for its answer.
+    async fn invoke_rie(
+        &self,
+        rie: &crate::lambda_rie::Rie,
+        event: &Value,
+        timeout: Duration,
+    ) -> InvocationOutcome {
+        let started = Instant::now();
+        let generation = self.shared.state().generation;
+        let wait = timeout.max(rie.timeout) + Duration::from_secs(5);
+        let outcome = tokio::time::timeout(wait, rie.invoke(event))
+            .await
+            .unwrap_or(InvocationOutcome::Timeout);
+        self.shared.state().records.push(InvocationRecord {
+            request_id: String::new(),
+            event: event.clone(),
+            outcome: outcome.clone(),
+            duration: started.elapsed(),
+            generation,
+        });
+        outcome
     }
 
     /// Everything the process wrote to stdout and stderr, interleaved.

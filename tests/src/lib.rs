@@ -20,6 +20,7 @@ pub mod fixtures;
 pub mod identity;
 pub mod kube;
 pub mod lambda_api;
+pub mod lambda_rie;
 pub mod sandbox;
 pub mod service_controller;
 pub mod soak;

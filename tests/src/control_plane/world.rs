@@ -104,6 +104,21 @@ impl RealFunctionWorld {
     }
 }
 
+/// Whether the worlds started from now on in this process run their functions under AWS's
+/// Lambda Runtime Interface Emulator ([`crate::lambda_rie`]) instead of the kit's runtime API.
+static FUNCTIONS_UNDER_LAMBDA_RIE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// The function timeout the emulator enforces (`AWS_LAMBDA_FUNCTION_TIMEOUT`).
+const RIE_FUNCTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Every world this process starts from now on runs its functions under AWS's Lambda Runtime
+/// Interface Emulator: a test binary of its own calls it first (the scenarios build their
+/// worlds themselves).
+pub fn run_functions_under_lambda_rie() {
+    FUNCTIONS_UNDER_LAMBDA_RIE.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// What the world holds.
 pub struct RealWorldBuilder {
     functions: Vec<Target>,
@@ -183,7 +198,13 @@ impl RealWorldBuilder {
         self,
         bin: &std::path::Path,
     ) -> Result<RealFunctionWorld, ControlPlaneError> {
-        let account = FakeAccount::reference();
+        // AWS's emulator reports every function's ARN in its own fixed account (and the
+        // functions take their account from it): the fake AWS is that account then.
+        let account = if FUNCTIONS_UNDER_LAMBDA_RIE.load(std::sync::atomic::Ordering::Relaxed) {
+            FakeAccount::new(crate::lambda_rie::RIE_ACCOUNT, "eu-west-1")
+        } else {
+            FakeAccount::reference()
+        };
         let aws = FakeAws::start(account.clone())
             .await
             .map_err(|e| setup("the fake AWS", e))?;
@@ -289,7 +310,7 @@ impl RealWorldBuilder {
         name: &str,
         credentials: &FakeCredentials,
     ) -> Result<LambdaRuntimeApi, ControlPlaneError> {
-        let spec = FunctionSpec::new(name, function_binary(name))
+        let mut spec = FunctionSpec::new(name, function_binary(name))
             .envs(aws.environment(credentials))
             .env("CLUSTER_NAME", CLUSTER)
             .env("CONTINUATION_TOPIC_ARN", topic)
@@ -299,6 +320,12 @@ impl RealWorldBuilder {
             .env("RUST_LOG", self.log_level)
             .env("AWS_LAMBDA_LOG_LEVEL", &self.log_level.to_uppercase())
             .envs(self.env.clone());
+        if FUNCTIONS_UNDER_LAMBDA_RIE.load(std::sync::atomic::Ordering::Relaxed) {
+            let binary = crate::lambda_rie::rie_binary().map_err(|e| setup(name, e))?;
+            let rie = crate::lambda_rie::Rie::new(binary, RIE_FUNCTION_TIMEOUT)
+                .map_err(|e| setup(name, e))?;
+            spec = spec.under_rie(rie);
+        }
         LambdaRuntimeApi::start_function(spec)
             .await
             .map_err(|e| setup(name, e))
@@ -341,7 +368,7 @@ fn seed_aws(
     aws.eks()
         .add_nodegroup(
             CLUSTER,
-            FakeNodegroup::new("demo-ng", NODE_ROLE)
+            FakeNodegroup::new("demo-ng", &node_role_in(aws.account()))
                 .ami_type("AL2_x86_64")
                 .auto_scaling_group(GROUP),
         )
@@ -406,4 +433,10 @@ pub async fn apply_manifest(client: &kube::Client, yaml: &str) -> Result<usize, 
 
 fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
     ControlPlaneError::setup(what, error)
+}
+
+/// [`NODE_ROLE`] in `account` (the world's account is another under AWS's Lambda emulator).
+pub fn node_role_in(account: &FakeAccount) -> String {
+    let name = NODE_ROLE.rsplit('/').next().unwrap_or(NODE_ROLE);
+    account.role_arn(name)
 }

@@ -37,7 +37,14 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         format!("{before:?}"),
     );
     played.line("nodegroup-auth gets the node group's CreateNodegroup event");
-    let event = fixture("eventbridge-create-nodegroup.json");
+    // The fixture's account is the reference account; the world's may be another (under
+    // AWS's Lambda emulator).
+    let reference = crate::account::FakeAccount::reference().account_id;
+    let event = fixture("eventbridge-create-nodegroup.json")
+        .to_string()
+        .replace(&reference, &w.aws.account().account_id);
+    let event: serde_json::Value = serde_json::from_str(&event)
+        .map_err(|e| ControlPlaneError::setup("the nodegroup-auth scenario", e))?;
     let answer = response(w.function(Target::NodegroupAuth), &event).await?;
     played.expect(
         "nodegroup-auth mapped the node role in aws-auth",
