@@ -289,18 +289,15 @@ impl LambdaRuntimeApi {
         self.spawn_current()
     }
 
-    fn spawn_current(&self) -> Result<(), LambdaApiError> {
-        let spec = self
-            .shared
-            .state()
-            .spec
-            .clone()
-            .ok_or(LambdaApiError::NoFunction)?;
-        let mut command = match &spec.rie {
+    /// The function's process with Lambda's environment: the binary itself, or AWS's emulator
+    /// with the binary as its bootstrap (the emulator serves the runtime API and tells the
+    /// function where, so `AWS_LAMBDA_RUNTIME_API` is its to set).
+    fn command_for(&self, spec: &FunctionSpec) -> tokio::process::Command {
+        let lambda = lambda_environment(spec, &self.runtime_api());
+        match &spec.rie {
             Some(rie) => {
                 let mut command = rie.command(&spec.binary);
-                // The emulator serves the runtime API itself and tells the function where.
-                let lambda = lambda_environment(&spec, &self.runtime_api())
+                let lambda = lambda
                     .into_iter()
                     .filter(|(key, _)| key != "AWS_LAMBDA_RUNTIME_API");
                 command.env_clear().envs(lambda).envs(rie.env());
@@ -308,12 +305,20 @@ impl LambdaRuntimeApi {
             }
             None => {
                 let mut command = tokio::process::Command::new(&spec.binary);
-                command
-                    .env_clear()
-                    .envs(lambda_environment(&spec, &self.runtime_api()));
+                command.env_clear().envs(lambda);
                 command
             }
-        };
+        }
+    }
+
+    fn spawn_current(&self) -> Result<(), LambdaApiError> {
+        let spec = self
+            .shared
+            .state()
+            .spec
+            .clone()
+            .ok_or(LambdaApiError::NoFunction)?;
+        let mut command = self.command_for(&spec);
         command
             .envs(&spec.env)
             .stdin(Stdio::null())

@@ -96,8 +96,20 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         }
     };
     played.line(format!("Auto Scaling replaces {}", w.instance));
+    expect_dead_node_drained(&mut played, &w, &admin, &terminating).await?;
+    Ok(played)
+}
+
+/// The terminating hook drains the dead node without waiting for the deletions its kubelet
+/// never confirms, and the plane's taint eviction and pod garbage collection remove its pods.
+async fn expect_dead_node_drained(
+    played: &mut Played,
+    w: &RealFunctionWorld,
+    admin: &kube::Client,
+    terminating: &Value,
+) -> Result<(), ControlPlaneError> {
     let started = Instant::now();
-    let answer = response(w.function(Target::TerminatingHook), &terminating).await?;
+    let answer = response(w.function(Target::TerminatingHook), terminating).await?;
     let took = started.elapsed();
     played.expect(
         "the terminating hook drained the dead node within 15 s",
@@ -105,15 +117,15 @@ pub async fn play(bin: &Path) -> Result<Played, ControlPlaneError> {
         format!("after {took:?}: {answer}"),
     );
     let emptied = eventually(POD_GC_BOUND, || async {
-        !nginx_pods(&admin).await.iter().any(|p| p.node == w.node)
+        !nginx_pods(admin).await.iter().any(|p| p.node == w.node)
     })
     .await;
     played.expect(
         "no pod left on the dead node: the plane's taint eviction and pod garbage collection removed them",
         emptied,
-        format!("{:#?}", nginx_pods(&admin).await),
+        format!("{:#?}", nginx_pods(admin).await),
     );
-    Ok(played)
+    Ok(())
 }
 
 /// The database's volume, a CSI volume of [`ATTACHER`].
