@@ -13,7 +13,7 @@ use kube::Api;
 
 use super::session::DrainSession;
 use crate::node_marks::shutdown::{
-    OUT_OF_SERVICE_TAINT_KEY, Reread, ShutdownRecord, TAINT_ADDED_REASON, Tainted, taint_dead_node,
+    Reread, ShutdownRecord, TAINT_ADDED_REASON, Tainted, taint_dead_node,
 };
 
 impl DrainSession<'_> {
@@ -43,7 +43,7 @@ impl DrainSession<'_> {
         match taint_dead_node(&nodes, node, Reread::Get, &record).await {
             Ok(Tainted::Added) => {
                 tracing::info!(step = "out_of_service_taint", node = %self.node_name, why = %record.why, "out-of-service taint added: Kubernetes deletes the stuck pods and detaches their volumes now");
-                let note = format!("{OUT_OF_SERVICE_TAINT_KEY} added: {}", record.why);
+                let note = record.event_note();
                 self.events
                     .normal(&self.node_reference(), TAINT_ADDED_REASON, note);
             }

@@ -494,13 +494,7 @@ impl DrainSession<'_> {
 
 /// Since when `node`'s Ready condition is False or Unknown (its last transition), when it is.
 pub fn not_ready_since(node: &Node) -> Option<Timestamp> {
-    let ready = node
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")?;
+    let ready = crate::lifecycle::node::ready_condition(node)?;
     if ready.status == "True" {
         return None;
     }

@@ -6,7 +6,7 @@
 //! (`aws:///<az>/<instance-id>`) must name the instance; when it does not, a paged scan of
 //! the nodes by providerID decides.
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::api::{Api, ListParams};
 
 use crate::aws::{AwsError, Instances};
@@ -58,16 +58,19 @@ pub(crate) fn is_node_of_instance(node: &Node, instance_id: &str) -> bool {
     }
 }
 
+/// The node's `Ready` condition, if it reports one.
+pub fn ready_condition(node: &Node) -> Option<&NodeCondition> {
+    node.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready")
+}
+
 /// Whether the node's `Ready` condition is `True`.
 pub fn is_ready(node: &Node) -> bool {
-    node.status
-        .as_ref()
-        .and_then(|status| status.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True")
-        })
+    ready_condition(node).is_some_and(|c| c.status == "True")
 }
 
 /// The instance's private DNS name, `None` when EC2 does not know it or cannot be asked (the

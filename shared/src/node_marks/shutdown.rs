@@ -27,6 +27,7 @@ use serde_json::{Value, json};
 
 pub use super::Reread;
 use super::{MARKED_LABEL, PatchStep, Patched, patch_recomputing};
+use crate::lifecycle::node::{is_ready, ready_condition};
 
 /// The taint's key, value and effect (Kubernetes' own, GA since 1.28).
 pub const OUT_OF_SERVICE_TAINT_KEY: &str = "node.kubernetes.io/out-of-service";
@@ -51,6 +52,11 @@ pub struct ShutdownRecord {
 }
 
 impl ShutdownRecord {
+    /// The note of the Event on the node when the taint is added.
+    pub fn event_note(&self) -> String {
+        format!("{OUT_OF_SERVICE_TAINT_KEY} added: {}", self.why)
+    }
+
     /// The record on `node`, if any (an unreadable one is no record: nothing of it is undone).
     pub fn of(node: &Node) -> Option<Self> {
         let text = node
@@ -66,22 +72,12 @@ impl ShutdownRecord {
 /// `False` is a kubelet that answers (it reports the node not ready); no condition at all is
 /// a node that never registered its status, which says nothing either.
 pub fn kubelet_silent(node: &Node) -> bool {
-    ready_status(node) == Some("Unknown")
-}
-
-fn ready_status(node: &Node) -> Option<&str> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.status.as_str())
+    ready_condition(node).is_some_and(|c| c.status == "Unknown")
 }
 
 /// Whether `node` carries the out-of-service taint, whatever its value (the controllers
 /// look at the key only).
-pub fn has_out_of_service_taint(node: &Node) -> bool {
+fn has_out_of_service_taint(node: &Node) -> bool {
     taints(node)
         .iter()
         .any(|t| t.key == OUT_OF_SERVICE_TAINT_KEY)
@@ -180,8 +176,7 @@ pub async fn lift_shutdown_taint(
         Reread::Get,
         "lifting the out-of-service taint",
         |node| {
-            if ShutdownRecord::of(node).as_ref() != Some(record) || ready_status(node) != Some("True")
-            {
+            if ShutdownRecord::of(node).as_ref() != Some(record) || !is_ready(node) {
                 return PatchStep::Stop(());
             }
             let mut patch = json!({"metadata": {

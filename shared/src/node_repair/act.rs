@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::aws::{InstanceHealth, RepairInstances};
 use crate::node_marks::events::{node_reference, truncate_note};
 use crate::node_marks::shutdown::{
-    OUT_OF_SERVICE_TAINT_KEY, Reread, ShutdownRecord, Tainted, kubelet_silent, taint_dead_node,
+    Reread, ShutdownRecord, Tainted, kubelet_silent, taint_dead_node,
 };
 
 use super::FUNCTION_NAME;
@@ -273,7 +273,7 @@ where
         match taint_dead_node(self.nodes, node, Reread::List, &record).await {
             Ok(Tainted::Added) => {
                 tracing::info!(step = "out_of_service_taint", node = %name, why = %record.why, "out-of-service taint added: Kubernetes deletes the pods and detaches their volumes now");
-                let note = format!("{OUT_OF_SERVICE_TAINT_KEY} added: {}", record.why);
+                let note = record.event_note();
                 let reason = reason::OUT_OF_SERVICE_TAINT_ADDED;
                 Box::pin(self.publish_about(name, &reference, EventType::Normal, reason, note))
                     .await;

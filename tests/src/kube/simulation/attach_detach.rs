@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::garbage_collector::has_out_of_service_taint;
+use super::garbage_collector::out_of_service_taint;
 use super::{Memory, Simulation, resource, spec_str};
 use crate::kube::store::{Origin, State, meta_str};
 
@@ -96,9 +96,9 @@ impl Simulation {
             let node_answers = node_object.is_some() && !memory.dead_kubelets.contains(node);
             // Non-graceful shutdown: on a node not Ready with the out-of-service taint the
             // controller detaches without waiting for an unmount.
-            let forced = node_object
-                .as_ref()
-                .is_some_and(|n| has_out_of_service_taint(n) && !super::condition_true(n, "Ready"));
+            let forced = node_object.as_ref().is_some_and(|n| {
+                out_of_service_taint(n).is_some() && !super::condition_true(n, "Ready")
+            });
             let detach = detaching.entry(name.clone()).or_insert(Detach {
                 unused_since: now,
                 unmounted_at: None,

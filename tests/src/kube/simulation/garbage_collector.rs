@@ -13,7 +13,7 @@ use super::{
 use crate::kube::store::{DeleteOptions, State, meta_str};
 
 /// The taint of Kubernetes' non-graceful node shutdown.
-pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
 
 impl Simulation {
     /// Cascading deletion (background propagation): objects whose controller was deleted go
@@ -69,9 +69,9 @@ impl Simulation {
 
 impl Simulation {
     /// Non-graceful node shutdown, as the controllers do it for a node carrying the
-    /// out-of-service taint (`NoExecute`): the taint-eviction controller deletes the pods
-    /// that do not tolerate it (gracefully: a live kubelet still stops them), and, when the
-    /// node is not Ready, the pod garbage collector force-deletes its pods being deleted
+    /// out-of-service taint: the taint-eviction controller deletes the pods that do not
+    /// tolerate it when it is `NoExecute` (gracefully: a live kubelet still stops them), and,
+    /// when the node is not Ready, the pod garbage collector force-deletes its pods being deleted
     /// (the attach/detach controller then detaches their volumes at once,
     /// [`super::attach_detach`]). Only this taint: no other `NoExecute` taint is evicted by.
     pub(super) fn out_of_service_nodes(&self, state: &mut State) {
@@ -99,7 +99,8 @@ impl Simulation {
                     if !ready {
                         state.remove(pods, namespace, name);
                     }
-                } else if !super::scheduler::tolerates(&pod, &taint)
+                } else if taint.2 == "NoExecute"
+                    && !super::scheduler::tolerates(&pod, &taint)
                     && let Err(error) =
                         state.delete(pods, namespace, name, &DeleteOptions::default())
                 {
@@ -113,23 +114,17 @@ impl Simulation {
 /// (key, value, effect) as the scheduler's toleration check reads a taint.
 type Taint = (String, String, String);
 
-/// The node's out-of-service taint (`NoExecute`), if it carries one.
-fn out_of_service_taint(node: &Value) -> Option<Taint> {
+/// The node's out-of-service taint, if it carries one (the controllers look for the key,
+/// whatever its value).
+pub(super) fn out_of_service_taint(node: &Value) -> Option<Taint> {
     let taint = node["spec"]["taints"]
         .as_array()?
         .iter()
-        .find(|t| t["key"] == OUT_OF_SERVICE_TAINT && t["effect"] == "NoExecute")?;
-    let value = taint["value"].as_str().unwrap_or_default().to_owned();
+        .find(|t| t["key"] == OUT_OF_SERVICE_TAINT)?;
+    let field = |name: &str| taint[name].as_str().unwrap_or_default().to_owned();
     Some((
         OUT_OF_SERVICE_TAINT.to_owned(),
-        value,
-        "NoExecute".to_owned(),
+        field("value"),
+        field("effect"),
     ))
-}
-
-/// Whether `node` carries the out-of-service taint (any value; the controllers read the key).
-pub(super) fn has_out_of_service_taint(node: &Value) -> bool {
-    node["spec"]["taints"]
-        .as_array()
-        .is_some_and(|taints| taints.iter().any(|t| t["key"] == OUT_OF_SERVICE_TAINT))
 }

@@ -23,7 +23,6 @@ mod scheduler;
 mod scoring;
 
 pub use self::attach_detach::ATTACHER;
-pub use self::garbage_collector::OUT_OF_SERVICE_TAINT;
 pub use self::kubelet::REPORTED_IMAGE_BYTES;
 pub use self::nodes::{NODE_ALLOCATABLE, NODE_CAPACITY, NodeResources, SHUTDOWN_TAINT};
 
