@@ -716,14 +716,11 @@ async fn fake_list_pages_as_kube_apiserver_does() {
 
 // --- (9) Eviction answers, as the drain reads them -----------------------------------------
 
-/// The answers the drain's eviction code classifies (`drain/eviction.rs`), through that code
-/// itself: a pod a budget protects (429, the budget named in `details.causes`), a pod two
-/// budgets select (500 "more than one PodDisruptionBudget"), a pod that is gone (404), a pod
-/// whose UID is not the one asked for (409, the precondition). Pods bound to the seeded node
-/// in a namespace of their own.
-async fn check_eviction_answers(cluster: &Cluster<'_>) {
-    use node_manager::drain::eviction::{EvictionOutcome, evict};
-    use node_manager::drain::plan::PodKey;
+/// The three pods of [`check_eviction_answers`] (`guarded` behind one budget, `twice` behind
+/// two, `free` behind none) in namespace `evictions`, running; their UIDs by name.
+async fn seed_eviction_pods(
+    cluster: &Cluster<'_>,
+) -> std::collections::BTreeMap<&'static str, String> {
     let admin = &cluster.admin;
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
     namespaces
@@ -781,6 +778,18 @@ async fn check_eviction_answers(cluster: &Cluster<'_>) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    uids
+}
+
+/// The answers the drain's eviction code classifies (`drain/eviction.rs`), through that code
+/// itself: a pod a budget protects (429, the budget named in `details.causes`), a pod two
+/// budgets select (500 "more than one PodDisruptionBudget"), a pod that is gone (404), a pod
+/// whose UID is not the one asked for (409, the precondition). Pods bound to the seeded node
+/// in a namespace of their own.
+async fn check_eviction_answers(cluster: &Cluster<'_>) {
+    use node_manager::drain::eviction::{EvictionOutcome, evict};
+    use node_manager::drain::plan::PodKey;
+    let uids = seed_eviction_pods(cluster).await;
     let key = |name: &str, uid: &str| PodKey {
         namespace: "evictions".into(),
         name: name.into(),
@@ -821,9 +830,8 @@ async fn fake_eviction_answers_read_as_kube_apiservers() {
 // --- (10) Conditional writes and field selectors, as the code uses them ----------------------
 
 /// Every read-modify-write of a Node sends a merge patch carrying the `resourceVersion` it read
-/// (`node_marks::patch_recomputing`): a stale one must answer 409, the current one succeed.
-/// The drain lists a node's pods by `spec.nodeName`, and a function that may only list nodes
-/// reads one by `metadata.name`: both field selectors select exactly those objects.
+/// (`node_marks::patch_recomputing`): a stale one must answer 409, the current one succeed;
+/// then the field selectors ([`check_field_selectors`]).
 async fn check_conditional_writes_and_field_selectors(cluster: &Cluster<'_>) {
     let nodes: Api<Node> = Api::all(cluster.admin.clone());
     let node = nodes.get(&cluster.node).await.unwrap();
@@ -853,6 +861,13 @@ async fn check_conditional_writes_and_field_selectors(cluster: &Cluster<'_>) {
         "{}: the stale write changed the node",
         cluster.name
     );
+    check_field_selectors(cluster).await;
+}
+
+/// The drain lists a node's pods by `spec.nodeName`, and a function that may only list nodes
+/// reads one by `metadata.name`: both field selectors select exactly those objects.
+async fn check_field_selectors(cluster: &Cluster<'_>) {
+    let nodes: Api<Node> = Api::all(cluster.admin.clone());
     let by_name = nodes
         .list(&ListParams::default().fields(&format!("metadata.name={}", cluster.node)))
         .await
@@ -918,6 +933,15 @@ async fn fake_conditional_writes_and_field_selectors_as_kube_apiserver() {
 
 // --- All of them on the real control plane --------------------------------------------------
 
+/// What a check's panic said (its assertion's message).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_api_server_passes_every_check_the_fake_does() {
     let Some(bin) = binaries_or_skip("the_real_api_server_passes_every_check_the_fake_does") else {
@@ -935,12 +959,7 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     let mut run = async |name: &str, check: std::pin::Pin<Box<dyn Future<Output = ()> + '_>>| {
         use futures::FutureExt as _;
         if let Err(panic) = std::panic::AssertUnwindSafe(check).catch_unwind().await {
-            let why = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_default();
-            failed.push(format!("{name}: {why}"));
+            failed.push(format!("{name}: {}", panic_message(&*panic)));
         }
     };
     run(

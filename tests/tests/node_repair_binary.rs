@@ -18,6 +18,7 @@ use node_manager::node_repair::policy::RepairAction;
 use node_manager_testkit::aws::FakeAutoScalingGroup;
 use node_manager_testkit::e2e::{CLUSTER, FunctionWorld, GROUP, ROOM_NODE, Target};
 use node_manager_testkit::fixtures;
+use node_manager_testkit::kube::Store;
 use serde_json::{Value, json};
 
 /// What EventBridge sends on a schedule; the function needs none of it.
@@ -530,7 +531,6 @@ async fn a_node_being_drained_for_its_replacement_holds_the_next_repair() {
 /// the terminating hook's scheduled run lifts exactly the taint it recorded.
 #[tokio::test]
 async fn a_rebooted_impaired_node_frees_its_stateful_pod_at_once_and_is_untainted_when_back() {
-    use k8s_openapi::api::storage::v1::VolumeAttachment;
     let w = FunctionWorld::builder()
         .functions(&[Target::NodeRepair, Target::TerminatingHook])
         .env(
@@ -547,19 +547,6 @@ async fn a_rebooted_impaired_node_frees_its_stateful_pod_at_once_and_is_untainte
             "apiVersion: apps/v1\nkind: StatefulSet\nmetadata: {name: db, namespace: default}\nspec:\n  replicas: 1\n  serviceName: db\n  selector: {matchLabels: {app: db}}\n  template:\n    metadata: {labels: {app: db}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers: [{name: db, image: postgres}]\n  volumeClaimTemplates:\n  - metadata: {name: data}\n    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n",
         )
         .unwrap();
-    let running_on = |store: &node_manager_testkit::kube::Store, node: &str| {
-        store.list::<Pod>().iter().any(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
-                && p.metadata.deletion_timestamp.is_none()
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        })
-    };
-    let attached_to = |store: &node_manager_testkit::kube::Store, node: &str| {
-        store
-            .list::<VolumeAttachment>()
-            .iter()
-            .any(|a| a.spec.node_name == node)
-    };
     let node = w.node.clone();
     w.server
         .wait_for("db-0 runs with its volume", Duration::from_secs(10), |s| {
@@ -600,8 +587,30 @@ async fn a_rebooted_impaired_node_frees_its_stateful_pod_at_once_and_is_untainte
     let freed_after = repaired.elapsed();
     assert!(freed_after < Duration::from_secs(3), "{freed_after:?}");
 
-    // A sweep while the kubelet is still silent leaves the taint; once the reboot is done and
-    // the node Ready, the next lifts it with its record and the marked label.
+    expect_lifted_once_ready(&w).await;
+}
+
+/// A pod (not being deleted) runs on `node`.
+fn running_on(store: &Store, node: &str) -> bool {
+    store.list::<Pod>().iter().any(|p| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+            && p.metadata.deletion_timestamp.is_none()
+            && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    })
+}
+
+/// A volume is attached to `node`.
+fn attached_to(store: &Store, node: &str) -> bool {
+    store
+        .list::<k8s_openapi::api::storage::v1::VolumeAttachment>()
+        .iter()
+        .any(|a| a.spec.node_name == node)
+}
+
+/// A sweep while the kubelet is still silent leaves node repair's taint; once the reboot is
+/// done and the node Ready, the next lifts it with its record and the marked label.
+async fn expect_lifted_once_ready(w: &FunctionWorld) {
+    let node = w.node.clone();
     let sweep = w.function(Target::TerminatingHook);
     sweep.response_to(&fixtures::schedule_tick()).await;
     let still = w.server.store().find::<Node>("", &w.node).unwrap();
@@ -610,11 +619,8 @@ async fn a_rebooted_impaired_node_frees_its_stateful_pod_at_once_and_is_untainte
     w.server.revive_kubelet(&w.node);
     w.server
         .wait_for("the node Ready again", Duration::from_secs(5), |s| {
-            s.find::<Node>("", &node).is_some_and(|n| {
-                n.status
-                    .and_then(|s| s.conditions)
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-            })
+            s.find::<Node>("", &node)
+                .is_some_and(|n| node_manager::lifecycle::node::is_ready(&n))
         })
         .await
         .unwrap();
