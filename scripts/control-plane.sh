@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real Kubernetes control plane under the end-to-end tests (tests/tests/real_control_plane*.rs).
 #
-#   scripts/control-plane.sh build        build etcd, kube-apiserver, kube-controller-manager and
-#                                         kube-scheduler into the cache (skipped when already there)
+#   scripts/control-plane.sh build        build etcd, kube-apiserver, kube-controller-manager,
+#                                         kube-scheduler, kubectl and kwok into the cache (skipped
+#                                         when already there)
 #   scripts/control-plane.sh bin-dir      print the folder the tests read the binaries from
 #   scripts/control-plane.sh start DIR    start a plane for manual use (state, certs, logs and
 #                                         DIR/admin.kubeconfig); prints `export KUBECONFIG=...`
@@ -33,12 +34,18 @@
 # SHA-256 (also written here, to `SHA256SUMS`, when it is built). kubectl is built from the same
 # module, for the comparisons with `kubectl drain`. kube-apiserver takes ~8 minutes and ~2 GB of
 # memory on 2 cores; each other binary about a minute more.
+#
+# kwok (sigs.k8s.io/kwok, KWOK_VERSION) plays the kubelets (tests/src/control_plane/kwok.rs). It
+# is its own Go module with its own go.sum, so it is built with `go install module@version` into
+# the same folder; it is rebuilt when its `--version` (which names the Go toolchain too) differs
+# from the pin and this Go, so the folder's key need not cover it.
 set -euo pipefail
 
 KUBERNETES_VERSION=v1.36.3
+KWOK_VERSION=v0.8.0
 REPO_ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODULE_DIR="$REPO_ROOT/tests/control-plane"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 VERSION_PKG=k8s.io/component-base/version
 
 # The linker flags: the version the binaries report (`--version`, `/version`).
@@ -92,6 +99,10 @@ build() {
     mkdir -p "$out"
     require_go_1_26
     for binary in "${BINARIES[@]}"; do
+        if [[ $binary == kwok ]]; then
+            build_kwok "$out"
+            continue
+        fi
         if [[ -x "$out/$binary" ]]; then
             echo "control-plane: $binary is built ($out)"
             continue
@@ -106,6 +117,25 @@ build() {
         echo "control-plane: built $binary in $((SECONDS - started)) s"
     done
     (cd "$out" && sha256sum "${BINARIES[@]}" > SHA256SUMS && cat SHA256SUMS)
+}
+
+# kwok from its own module at KWOK_VERSION, unless the one in $1 reports that version and Go.
+build_kwok() {
+    local out=$1 want
+    want="kwok version $KWOK_VERSION $(go env GOVERSION) "
+    if [[ -x "$out/kwok" && "$("$out/kwok" --version 2>/dev/null)" == "$want"* ]]; then
+        echo "control-plane: kwok is built ($out)"
+        return
+    fi
+    echo "control-plane: building kwok $KWOK_VERSION into $out"
+    local started=$SECONDS gobin
+    gobin=$(mktemp -d)
+    # shellcheck disable=SC2086 # the flags are words on purpose
+    env CGO_ENABLED=0 GOFLAGS=-mod=mod GOBIN="$gobin" GOMAXPROCS=${GOMAXPROCS:-2} \
+        nice -n 10 go install $BUILD_FLAGS "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+    mv "$gobin/kwok" "$out/kwok"
+    rmdir "$gobin"
+    echo "control-plane: built kwok in $((SECONDS - started)) s"
 }
 
 free_port() {

@@ -1,6 +1,6 @@
 //! The differences found between the test kit's API server and a real kube-apiserver, and
 //! the answers the code depends on (eviction answers, conditional writes, field selectors,
-//! list pages), each a check run against both: the fake on every run (one test per difference) and the real
+//! list pages, a terminating namespace), each a check run against both: the fake on every run (one test per difference) and the real
 //! control plane in one test that starts it once (skipped with a printed line when
 //! `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not built). A check that holds on the
 //! real server and fails on the fake is a fake that lies.
@@ -933,6 +933,100 @@ async fn fake_conditional_writes_and_field_selectors_as_kube_apiserver() {
 
 // --- All of them on the real control plane --------------------------------------------------
 
+// --- (11) A namespace being deleted -------------------------------------------------------
+
+/// A deleted namespace stays `Terminating` while its pods end their grace (the namespace
+/// controller deletes them gracefully), and meanwhile refuses new content: an eviction of its
+/// pod answers 403 with the `NamespaceTerminating` cause, which the drain's eviction code
+/// reads as "the namespace's deletion removes the pod", and so does any create.
+async fn check_a_terminating_namespace(cluster: &Cluster<'_>) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use node_manager::drain::eviction::{EvictionOutcome, evict};
+    use node_manager::drain::plan::PodKey;
+    let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
+    let namespace = serde_json::from_value(json!({"metadata": {"name": "leaving"}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "leaving");
+    let uid = create_running_pod(cluster, &pods, "slow").await;
+    let deleted = namespaces
+        .delete("leaving", &Default::default())
+        .await
+        .unwrap();
+    let phase = |n: &Namespace| n.status.as_ref().and_then(|s| s.phase.clone());
+    let answered = deleted.left().map(|n| phase(&n));
+    assert_eq!(
+        answered,
+        Some(Some("Terminating".into())),
+        "{}",
+        cluster.name
+    );
+    let key = PodKey {
+        namespace: "leaving".into(),
+        name: "slow".into(),
+        uid,
+    };
+    let outcome = evict(&cluster.admin, &key, None).await;
+    assert_eq!(
+        outcome,
+        EvictionOutcome::NamespaceTerminating,
+        "{}",
+        cluster.name
+    );
+    let map: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.admin.clone(), "leaving");
+    let refused = configmaps.create(&PostParams::default(), &map).await;
+    let (code, message) = status_of(&refused.unwrap_err());
+    assert_eq!(code, 403, "{}: {message}", cluster.name);
+    // The pod ends its grace (30 s) inside the namespace, which is still there.
+    let still = namespaces.get("leaving").await.unwrap();
+    assert_eq!(
+        phase(&still).as_deref(),
+        Some("Terminating"),
+        "{}",
+        cluster.name
+    );
+}
+
+/// A pod bound to the cluster's node with 30 s of grace, once Running; returns its UID.
+async fn create_running_pod(cluster: &Cluster<'_>, pods: &Api<Pod>, name: &str) -> String {
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"nodeName": cluster.node, "terminationGracePeriodSeconds": 30,
+                 "containers": [{"name": "c", "image": "nginx"}]},
+    }))
+    .unwrap();
+    let uid = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let pod = pods.get(name).await.unwrap();
+        if pod.status.and_then(|s| s.phase).as_deref() == Some("Running") {
+            return uid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}: not running",
+            cluster.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_namespaces_terminate_as_kube_apiserver_does() {
+    // Grace periods as long as they say: the pod's 30 s must outlast the check.
+    let w = fake_world(SimulationTimings::real_time()).await;
+    check_a_terminating_namespace(&fake_cluster(&w).await).await;
+}
+
 /// What a check's panic said (its assertion's message).
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -986,6 +1080,11 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     run(
         "eviction answers",
         Box::pin(check_eviction_answers(&cluster)),
+    )
+    .await;
+    run(
+        "a terminating namespace",
+        Box::pin(check_a_terminating_namespace(&cluster)),
     )
     .await;
     run(

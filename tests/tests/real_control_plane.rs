@@ -2,7 +2,7 @@
 //! kube-controller-manager, kube-scheduler; built by `scripts/control-plane.sh build`): the
 //! built function binaries authenticate with EKS tokens through the TokenReview webhook, run
 //! under the shipped `infra/rbac.yaml` and the real authorizer, and meet the real eviction API,
-//! disruption controller, ReplicaSet controller and scheduler. The test kit plays the kubelets.
+//! disruption controller, ReplicaSet controller and scheduler. kwok plays the kubelets.
 //!
 //! Each scenario lives in the test kit (`control_plane::scenarios`), where `sandbox
 //! --real-control-plane` plays it too; its test here plays it and fails unless every
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams};
+use node_manager_testkit::control_plane::kwok::KWOK_VERSION;
 use node_manager_testkit::control_plane::scenarios::identity::{eks_token, status_code, whoami};
 use node_manager_testkit::control_plane::scenarios::nginx::{OTHER_NODE, REPLICAS};
 use node_manager_testkit::control_plane::scenarios::{RealScenario, play_as_test};
@@ -40,6 +41,12 @@ fn the_test_kit_and_the_build_script_pin_the_same_kubernetes_version() {
     let module =
         std::fs::read_to_string(repository_root().join("tests/control-plane/go.mod")).unwrap();
     assert!(module.contains(&format!("k8s.io/kubernetes {KUBERNETES_VERSION}")));
+    assert!(
+        script
+            .lines()
+            .any(|l| l == format!("KWOK_VERSION={KWOK_VERSION}")),
+        "scripts/control-plane.sh must build kwok {KWOK_VERSION}"
+    );
 }
 
 /// The provenance check refuses a binary that is not the pinned one (planted: a folder of
@@ -84,6 +91,13 @@ fn a_control_plane_binary_of_another_release_is_refused() {
     let refused = provenance_of(&dir).unwrap_err();
     assert!(refused.contains("kubectl reports"), "{refused}");
     write("kubectl", &format!("Client Version: {KUBERNETES_VERSION}"));
+    write("kwok", "kwok version v0.7.0 go1.26.8 (linux/amd64)");
+    let refused = provenance_of(&dir).unwrap_err();
+    assert!(refused.contains("kwok reports"), "{refused}");
+    write(
+        "kwok",
+        &format!("kwok version {KWOK_VERSION} go1.26.8 (linux/amd64)"),
+    );
     assert_eq!(provenance_of(&dir), Ok(()));
     std::fs::remove_dir_all(&dir).unwrap();
 }

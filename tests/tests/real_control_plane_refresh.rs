@@ -2,7 +2,7 @@
 //! kube-controller-manager, kube-scheduler; built by `scripts/control-plane.sh build`): a node
 //! group of four nodes runs Deployments behind PodDisruptionBudgets; the fake Auto Scaling
 //! replaces every instance, batch by batch, through the group's lifecycle hooks; replacements
-//! register as Ready nodes through the test kit's kubelets; the built `launching-hook`
+//! register as Ready nodes served by kwok; the built `launching-hook`
 //! completes each new node, the built `terminating-hook` drains each replaced one, and the
 //! built `instance-refresh` gets the refresh's and the instances' EventBridge events as the
 //! stack's rule routes them. kube-scheduler places every evicted pod's replacement.

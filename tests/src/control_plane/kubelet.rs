@@ -1,31 +1,43 @@
-//! The kubelets of a real control plane, played by the test kit: nodes registered Ready with
-//! room for pods, their Leases heartbeated, pods bound to them (by kube-scheduler) made
-//! Running and Ready through `pods/status`, graceful deletions finished with grace 0 once the
-//! deletion's grace period (the eviction's, or the pod's own) has passed (on a real cluster
-//! nothing else removes an evicted pod: it stays `Terminating` until its kubelet deletes it,
-//! after its containers stopped, at the latest at the end of that period; these containers
-//! take all of it, the slowest a drain meets), and the images a node pulled listed in its `status.images` (which
-//! kube-scheduler's ImageLocality score reads). The plane's attach/detach controller attaches
-//! and detaches their pods' volumes; the kubelets' volume reports and the CSI driver's
-//! attacher are [`super::attacher`].
+//! The kubelets of a real control plane: kwok ([`super::kwok`]) serves the nodes and their
+//! pods (Ready, Leases, pods started and Ready, graceful deletions finished at the end of
+//! their grace period); the test kit does what kwok does not, as the node agent here:
+//! registering a node (a kubelet's first request), the images a node pulled listed in its
+//! `status.images` (which kube-scheduler's ImageLocality score reads), and, with the plane's
+//! attach/detach controller, the volume reports and the CSI driver's attacher
+//! ([`super::attacher`]). A kubelet's death is the node leaving kwok.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::ControlPlaneError;
 use crate::kube::REPORTED_IMAGE_BYTES;
 
-/// How often the emulation looks at the pods.
-const POLL: Duration = Duration::from_millis(100);
-/// How often node Leases are renewed (a kubelet renews every 10 s by default).
-const LEASE_RENEWAL: Duration = Duration::from_secs(10);
-const MANAGER: &str = "test-kit-kubelet";
+/// How often the node agent looks at the pods.
+const POLL: Duration = Duration::from_millis(250);
+/// The node agent's user name (`--token-auth-file`).
+pub const NODE_AGENT: &str = "test-kit-kubelets";
+/// What the node agent does, as RBAC: registering and removing nodes and posting their
+/// images, volumes in use and death; reading pods and volumes; the CSI attacher's writes.
+const NODE_AGENT_RULES: &str = r#"[
+  {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "create", "delete", "patch"]},
+  {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+  {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "persistentvolumes"], "verbs": ["list"]},
+  {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["list", "patch"]},
+  {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments/status"], "verbs": ["patch"]}
+]"#;
+
+/// Gives the node agent its role (as `admin`, before it starts).
+pub async fn grant(admin: &kube::Client) -> Result<(), ControlPlaneError> {
+    super::grant_cluster_role(admin, NODE_AGENT, NODE_AGENT_RULES).await
+}
+
+/// How long kwok may take to serve a registered node.
+const REGISTRATION: Duration = Duration::from_secs(20);
 
 /// The emulation's task and the nodes it serves. Dropping it stops the task.
 pub struct FakeKubelets {
@@ -68,8 +80,8 @@ impl FakeKubelets {
 }
 
 impl KubeletHandle {
-    /// Creates node `name` (Ready; 4 CPUs, 16 GiB and 110 pods allocatable; zone `zone`) and
-    /// serves its pods from now on. `unschedulable` creates it cordoned.
+    /// Creates node `name` (4 CPUs, 16 GiB and 110 pods allocatable; zone `zone`), hands it
+    /// to kwok and returns once kwok made it Ready. `unschedulable` creates it cordoned.
     pub async fn register_node(
         &self,
         name: &str,
@@ -78,6 +90,7 @@ impl KubeletHandle {
         unschedulable: bool,
     ) -> Result<(), ControlPlaneError> {
         let nodes: Api<Node> = Api::all(self.client.clone());
+        let (kwok_key, kwok_value) = super::kwok::MANAGED_LABEL;
         let node: Node = serde_json::from_value(json!({
             "metadata": {"name": name,
                 "annotations": {super::attacher::CONTROLLER_MANAGED: "true"},
@@ -86,6 +99,7 @@ impl KubeletHandle {
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
                 "topology.kubernetes.io/zone": zone,
+                kwok_key: kwok_value,
             }},
             "spec": {"providerID": provider_id, "unschedulable": unschedulable},
         }))
@@ -94,36 +108,18 @@ impl KubeletHandle {
             .create(&PostParams::default(), &node)
             .await
             .map_err(|e| setup(name, e))?;
-        let resources = json!({"cpu": "4", "memory": "16Gi", "pods": "110"});
-        let now = jiff::Timestamp::now().to_string();
-        let condition = |type_: &str, status: &str, reason: &str| {
-            json!({"type": type_, "status": status, "reason": reason,
-                   "lastHeartbeatTime": now, "lastTransitionTime": now})
-        };
-        let status = json!({"status": {
-            "capacity": resources,
-            "allocatable": resources,
-            "conditions": [
-                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
-                condition("Ready", "True", "KubeletReady"),
-            ],
-            "addresses": [{"type": "Hostname", "address": name}],
-            "nodeInfo": {
-                "kubeletVersion": super::KUBERNETES_VERSION, "kubeProxyVersion": "",
-                "architecture": "amd64", "operatingSystem": "linux",
-                "containerRuntimeVersion": "containerd://2.0.0", "kernelVersion": "6.1.0",
-                "osImage": "test kit", "machineID": "", "systemUUID": "", "bootID": "",
-            },
-        }});
         nodes
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&node_status(name)),
+            )
             .await
             .map_err(|e| setup(name, e))?;
+        wait_until_ready(&nodes, name).await?;
         // The TaintNodesByCondition admission plugin creates every node with the
         // `node.kubernetes.io/not-ready:NoSchedule` taint; the node-lifecycle controller (not
-        // run here) removes it once the node is Ready, so the emulation does.
+        // run here) removes it once the node is Ready, so the node agent does.
         nodes
             .patch(
                 name,
@@ -132,14 +128,45 @@ impl KubeletHandle {
             )
             .await
             .map_err(|e| setup(name, e))?;
-        renew_lease(&self.client, name)
-            .await
-            .map_err(|e| setup(name, e))?;
         self.nodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name.to_owned());
         Ok(())
+    }
+}
+
+/// What a kubelet posts about its machine when it registers (kwok adds the conditions).
+fn node_status(name: &str) -> serde_json::Value {
+    let resources = json!({"cpu": "4", "memory": "16Gi", "pods": "110"});
+    json!({"status": {
+        "capacity": resources,
+        "allocatable": resources,
+        "addresses": [{"type": "Hostname", "address": name}],
+        "nodeInfo": {
+            "kubeletVersion": super::KUBERNETES_VERSION, "kubeProxyVersion": "",
+            "architecture": "amd64", "operatingSystem": "linux",
+            "containerRuntimeVersion": "containerd://2.0.0", "kernelVersion": "6.1.0",
+            "osImage": "test kit", "machineID": "", "systemUUID": "", "bootID": "",
+        },
+    }})
+}
+
+/// Waits until kwok reports node `name` Ready.
+async fn wait_until_ready(nodes: &Api<Node>, name: &str) -> Result<(), ControlPlaneError> {
+    let started = Instant::now();
+    loop {
+        let node = nodes.get(name).await.map_err(|e| setup(name, e))?;
+        if node_manager::lifecycle::node::is_ready(&node) {
+            return Ok(());
+        }
+        if started.elapsed() > REGISTRATION {
+            return Err(setup(
+                name,
+                format!("kwok did not make it Ready within {REGISTRATION:?} (see kwok.log)"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -162,21 +189,27 @@ impl KubeletHandle {
         }
     }
 
-    /// The kubelet of `node` dies: its pods are no longer served (an evicted pod stays
-    /// `Terminating`), its Lease is no longer renewed, and the node turns `Ready=Unknown` as
-    /// the node lifecycle controller (not run here) would show it.
+    /// The kubelet of `node` dies: the node leaves kwok (its pods are no longer served, an
+    /// evicted pod stays `Terminating`; its Lease is no longer renewed) and turns
+    /// `Ready=Unknown` as the node lifecycle controller (not run here) would show it.
     pub async fn kill(&self, node: &str) -> Result<(), ControlPlaneError> {
         self.nodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(node);
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let unmanaged = json!({"metadata": {"labels": {super::kwok::MANAGED_LABEL.0: null}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&unmanaged))
+            .await
+            .map_err(|e| setup(node, e))?;
         let now = jiff::Timestamp::now().to_string();
         let status = json!({"status": {"conditions": [{
             "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
             "message": "Kubelet stopped posting node status.",
             "lastHeartbeatTime": now, "lastTransitionTime": now,
         }]}});
-        Api::<Node>::all(self.client.clone())
+        nodes
             .patch_status(node, &PatchParams::default(), &Patch::Strategic(&status))
             .await
             .map_err(|e| setup(node, e))?;
@@ -199,31 +232,19 @@ fn setup(node: &str, error: impl std::fmt::Display) -> ControlPlaneError {
 
 async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
     let pods: Api<Pod> = Api::all(client.clone());
-    let mut last_renewal = Instant::now();
     let mut images = NodeImages::default();
     let mut attacher = super::attacher::Attacher::default();
     loop {
         tokio::time::sleep(POLL).await;
         let served = nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        if last_renewal.elapsed() >= LEASE_RENEWAL {
-            last_renewal = Instant::now();
-            for node in &served {
-                let _ = renew_lease(&client, node).await;
-            }
-        }
         let Ok(list) = pods.list(&ListParams::default()).await else {
             continue;
         };
         for pod in &list.items {
-            let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-                continue;
-            };
-            if !served.contains(&node) {
-                continue;
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+            if let Some(node) = node.filter(|node| served.contains(*node)) {
+                images.pulled(node, pod);
             }
-            images.pulled(&node, pod);
-            // Errors (a conflict, a pod already gone) are retried on the next round.
-            let _ = serve_pod(&client, pod).await;
         }
         images.report(&client).await;
         attacher.round(&client, &list.items, &served).await;
@@ -277,85 +298,4 @@ impl NodeImages {
             }
         }
     }
-}
-
-/// One step of a kubelet for `pod`: finish its deletion, or start it.
-async fn serve_pod(client: &kube::Client, pod: &Pod) -> Result<(), kube::Error> {
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    if let Some(deleted_at) = &pod.metadata.deletion_timestamp {
-        // The API server sets the deletion timestamp to the request's time plus its grace
-        // period: until then the containers are still stopping.
-        if jiff::Timestamp::now() < deleted_at.0 {
-            return Ok(());
-        }
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        api.delete(&name, &params).await?;
-        return Ok(());
-    }
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    if matches!(phase, Some("Running" | "Succeeded" | "Failed")) {
-        return Ok(());
-    }
-    let now = jiff::Timestamp::now().to_string();
-    let containers: Vec<_> = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| {
-            json!({"name": c.name, "image": c.image.unwrap_or_default(), "imageID": "",
-                   "ready": true, "started": true, "restartCount": 0,
-                   "state": {"running": {"startedAt": now}}})
-        })
-        .collect();
-    let condition =
-        |type_: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now});
-    let status = json!({"status": {
-        "phase": "Running",
-        "startTime": now,
-        "hostIP": "10.0.0.10",
-        "podIP": "10.1.0.10",
-        "conditions": [condition("PodReadyToStartContainers"), condition("Initialized"),
-                       condition("Ready"), condition("ContainersReady"), condition("PodScheduled")],
-        "containerStatuses": containers,
-    }});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
-    Ok(())
-}
-
-async fn renew_lease(client: &kube::Client, node: &str) -> Result<(), kube::Error> {
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    let now = jiff::Timestamp::now();
-    // A MicroTime: exactly six fractional digits.
-    let renew_time = format!(
-        "{}.{:06}Z",
-        now.strftime("%Y-%m-%dT%H:%M:%S"),
-        now.subsec_microsecond()
-    );
-    let lease = json!({
-        "apiVersion": "coordination.k8s.io/v1",
-        "kind": "Lease",
-        "metadata": {"name": node, "namespace": "kube-node-lease"},
-        "spec": {"holderIdentity": node, "leaseDurationSeconds": 40,
-                 "renewTime": renew_time},
-    });
-    leases
-        .patch(
-            node,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&lease),
-        )
-        .await?;
-    Ok(())
 }

@@ -8,13 +8,14 @@
 //! them if the test process dies first).
 //!
 //! Authentication is EKS's: EKS tokens go through the webhook (fake STS, access entries,
-//! `aws-auth`); the test kit's own identities (admin, controller-manager, scheduler, the kubelet
-//! emulation) use `--token-auth-file`. Authorization is `Node,RBAC`. An audit log at level
+//! `aws-auth`); the test kit's own identities (admin, controller-manager, scheduler, kwok as the
+//! kubelets, the kit's node agent) use `--token-auth-file`. Authorization is `Node,RBAC`. An audit log at level
 //! `Request` records what the code under test did ([`RealControlPlane::audit`]).
 
 pub mod attacher;
 pub mod certs;
 pub mod kubelet;
+pub mod kwok;
 pub mod scenarios;
 pub mod webhook;
 pub mod workload;
@@ -49,14 +50,16 @@ pub const BINARIES: [&str; 4] = [
     "kube-controller-manager",
     "kube-scheduler",
 ];
-/// Every binary the build script builds: the plane's, and kubectl from the same module (for
-/// the comparisons with `kubectl drain`, within the supported version skew).
-pub const BUILT: [&str; 5] = [
+/// Every binary the build script builds: the plane's, kubectl from the same module (for
+/// the comparisons with `kubectl drain`, within the supported version skew) and kwok (the
+/// kubelets, [`kwok`]).
+pub const BUILT: [&str; 6] = [
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
     "kubectl",
+    "kwok",
 ];
 /// How long the whole plane may take to become ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(45);
@@ -155,9 +158,12 @@ pub fn provenance_of(dir: &Path) -> Result<(), String> {
         let expected = match binary {
             "etcd" => format!("etcd Version: {etcd_pin}"),
             "kubectl" => format!("Client Version: {KUBERNETES_VERSION}"),
+            // kwok names its Go toolchain after the version ("kwok version v0.8.0 go1.26.8 ...").
+            "kwok" => format!("kwok version {} ", kwok::KWOK_VERSION),
             _ => format!("Kubernetes {KUBERNETES_VERSION}"),
         };
-        if !reported.lines().any(|l| l.trim() == expected) {
+        let reports = |line: &str| line.trim() == expected || line.starts_with(&expected);
+        if !reported.lines().any(reports) {
             return Err(format!(
                 "{binary} reports {:?}, expected {expected:?}: rebuild with `scripts/control-plane.sh build`",
                 reported.trim()
@@ -324,9 +330,10 @@ impl RealControlPlane {
         let ports = Ports::free()?;
         let url = format!("https://127.0.0.1:{}", ports.apiserver);
         let admin = StaticUser::new("kubernetes-admin", "system:masters");
-        let kubelet = StaticUser::new("test-kit-kubelets", "system:masters");
+        let kubelet = StaticUser::new(kubelet::NODE_AGENT, "");
         let controller_manager = StaticUser::new("system:kube-controller-manager", "");
         let scheduler = StaticUser::new("system:kube-scheduler", "");
+        let kubelets = StaticUser::new(kwok::USER, "");
         let admin_config = client_config(&url, &certificates.ca_pem, &admin.token).await?;
         let admin_client = kube::Client::try_from(admin_config).map_err(|e| setup("client", e))?;
         let webhook = TokenWebhook::start(webhook, admin_client.clone()).await?;
@@ -342,19 +349,23 @@ impl RealControlPlane {
             watchdog: None,
             ready_after: Duration::ZERO,
         };
-        plane.write_files(&[&controller_manager, &scheduler])?;
+        plane.write_files(&[&controller_manager, &scheduler, &kubelets])?;
         plane.spawn(bin, "etcd", &plane.etcd_args(&ports))?;
         let mut apiserver_args = plane.apiserver_args(&ports);
         apiserver_args.extend_from_slice(apiserver_flags);
         plane.spawn(bin, "kube-apiserver", &apiserver_args)?;
         plane.wait_ready(&admin_client, started).await?;
         check_served_version(&admin_client).await?;
+        kwok::grant(&admin_client).await?;
+        kubelet::grant(&admin_client).await?;
         plane.spawn(
             bin,
             "kube-controller-manager",
             &plane.controller_manager_args(),
         )?;
         plane.spawn(bin, "kube-scheduler", &plane.scheduler_args())?;
+        let kwok_args = kwok::args(&plane.path("kwok.yaml"), &plane.path("kwok.kubeconfig"));
+        plane.spawn(bin, "kwok", &kwok_args)?;
         plane.start_watchdog()?;
         plane.wait_for_controllers(&admin_client, started).await?;
         plane.ready_after = started.elapsed();
@@ -392,7 +403,8 @@ impl RealControlPlane {
         self.client_with_token(&self.admin.token).await
     }
 
-    /// A client as the kubelet emulation (its requests are left out of the audit log).
+    /// A client as the kit's node agent (node registration, images, volumes and the CSI
+    /// attacher, [`kubelet`]; its requests are left out of the audit log).
     pub async fn kubelet_client(&self) -> Result<kube::Client, ControlPlaneError> {
         self.client_with_token(&self.kubelet.token).await
     }
@@ -409,7 +421,7 @@ impl RealControlPlane {
     }
 
     /// The audit log so far, one event per request as the test kit's API server logs it,
-    /// from every client but the plane's own components and the kubelet emulation.
+    /// from every client but the plane's own components and the kubelets.
     ///
     /// kube-apiserver logs a request at each stage it reaches: a watch (a long-running
     /// request) at `ResponseStarted` and again at `ResponseComplete` when it ends, anything
@@ -472,15 +484,17 @@ impl RealControlPlane {
             ));
         }
         self.write("tokens.csv", &tokens)?;
-        self.write("audit-policy.yaml", AUDIT_POLICY)?;
+        self.write("audit-policy.yaml", &audit_policy())?;
         self.write("token-webhook.kubeconfig", &self.webhook.kubeconfig_yaml())?;
         self.write(
             "admin.kubeconfig",
             &kubeconfig_yaml(&self.url, &self.certificates.ca_pem, &self.admin.token),
         )?;
+        self.write("kwok.yaml", &kwok::configuration())?;
         for (file, user) in [
             "kube-controller-manager.kubeconfig",
             "kube-scheduler.kubeconfig",
+            "kwok.kubeconfig",
         ]
         .into_iter()
         .zip(components)
@@ -551,8 +565,9 @@ impl RealControlPlane {
                 self.path("kube-controller-manager.kubeconfig")
             ),
             "--secure-port=0".into(),
-            // The kit's kubelets post no heartbeats in node status (only Leases): the
-            // node-lifecycle controller would taint every node and evict its pods after 300 s.
+            // Off so that a test decides when a kubelet is seen dead: the controller would
+            // mark a node whose Lease kwok stopped renewing `Ready=Unknown` only after its
+            // 40 s grace, and evict its pods 300 s later; the kit marks it at once instead.
             // The taint-eviction controller runs: the only `NoExecute` taint here is the
             // out-of-service one, whose pods it must delete (non-graceful node shutdown).
             "--controllers=*,-node-lifecycle-controller".into(),
@@ -710,18 +725,24 @@ impl Drop for RealControlPlane {
     }
 }
 
-/// The test kit's own components and the kubelet emulation are not audited: the log holds
+/// The test kit's own components and the kubelets (kwok and the kit's) are not audited: the log holds
 /// what the code under test and the test set-up did.
-const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+fn audit_policy() -> String {
+    format!(
+        "apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: [RequestReceived]
 rules:
 - level: None
-  users: [system:kube-controller-manager, system:kube-scheduler, system:apiserver, test-kit-kubelets]
+  users: [system:kube-controller-manager, system:kube-scheduler, system:apiserver, {}, {}]
 - level: None
   userGroups: [system:serviceaccounts:kube-system]
 - level: Request
-";
+",
+        kubelet::NODE_AGENT,
+        kwok::USER
+    )
+}
 
 fn setup(what: &str, error: impl std::fmt::Display) -> ControlPlaneError {
     ControlPlaneError::Setup {
@@ -754,6 +775,47 @@ async fn client_config(
     .map_err(|e| setup("kubeconfig", e))?;
     config.default_retry = false;
     Ok(config)
+}
+
+/// Binds `user` to a ClusterRole of its own name holding `rules` (a JSON array of RBAC rules),
+/// applied as `admin`.
+pub async fn grant_cluster_role(
+    admin: &kube::Client,
+    user: &str,
+    rules: &str,
+) -> Result<(), ControlPlaneError> {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    let rules: serde_json::Value =
+        serde_json::from_str(rules).map_err(|e| setup(&format!("{user}'s role"), e))?;
+    let group = "rbac.authorization.k8s.io";
+    let role = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": user}, "rules": rules,
+    });
+    let binding = serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": user},
+        "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": user},
+        "subjects": [{"apiGroup": group, "kind": "User", "name": user}],
+    });
+    for (kind, object) in [("ClusterRole", role), ("ClusterRoleBinding", binding)] {
+        let resource = kube::discovery::ApiResource {
+            group: group.into(),
+            version: "v1".into(),
+            api_version: format!("{group}/v1"),
+            kind: kind.into(),
+            plural: format!("{}s", kind.to_lowercase()),
+        };
+        let api: kube::Api<DynamicObject> = kube::Api::all_with(admin.clone(), &resource);
+        api.patch(
+            user,
+            &PatchParams::apply("test-kit").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .map_err(|e| setup(&format!("{user}'s {kind}"), e))?;
+    }
+    Ok(())
 }
 
 /// `GET /version` must report [`KUBERNETES_VERSION`]: the plane under test is the pinned one.

@@ -1,7 +1,7 @@
 //! The end-to-end world on the real control plane: the function binaries under the local
 //! Lambda Runtime API, against the fake AWS endpoints, with the cluster's API server a real
 //! kube-apiserver (EKS tokens through the TokenReview webhook, `infra/rbac.yaml` applied as
-//! shipped, the real RBAC authorizer) and the test kit playing the kubelets.
+//! shipped, the real RBAC authorizer) and kwok playing the kubelets.
 //!
 //! Deployed as [`crate::e2e`] deploys on the fake API server (same cluster, node group, Auto
 //! Scaling group, hooks and per-function roles), so a scenario can run on either.
@@ -29,7 +29,7 @@ use crate::soak::corpus;
 
 const ZONE: &str = "eu-west-1a";
 
-/// The fakes, the real plane, the kubelet emulation and the function processes.
+/// The fakes, the real plane, its kubelets and the function processes.
 pub struct RealFunctionWorld {
     pub aws: FakeAws,
     pub plane: RealControlPlane,

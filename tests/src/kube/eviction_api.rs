@@ -72,6 +72,18 @@ pub(crate) fn evict(
     let pods = pods()?;
     let pdbs_resource = pdbs()?;
     let mut state = store.lock();
+    // The NamespaceLifecycle admission plugin answers before the pod is looked up.
+    if state.namespace_terminating(namespace) {
+        let refused = ApiError::namespace_terminating("pods", name, namespace);
+        record.outcome = EvictionOutcome::Refused {
+            code: 403,
+            reason: Some("NamespaceTerminating"),
+            message: refused.message.clone(),
+        };
+        record.resource_version = state.resource_version();
+        log.record_eviction(record);
+        return Err(refused);
+    }
     let pod_value = match state.get(pods, namespace, name) {
         Ok(pod) => pod,
         Err(error) => {

@@ -63,6 +63,27 @@ impl ApiError {
         .with_details(json!({ "name": namespace, "kind": "namespaces" }))
     }
 
+    /// The NamespaceLifecycle admission plugin's `403` for a create (an eviction included)
+    /// in a namespace being deleted, with the cause clients check for.
+    pub fn namespace_terminating(resource: &str, name: &str, namespace: &str) -> Self {
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{resource} \"{name}\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated"
+            ),
+        )
+        .with_details(json!({
+            "name": name,
+            "kind": resource,
+            "causes": [{
+                "reason": "NamespaceTerminating",
+                "message": format!("namespace {namespace} is being terminated"),
+                "field": "metadata.namespace",
+            }]
+        }))
+    }
+
     pub fn already_exists(resource: &ResourceType, name: &str) -> Self {
         Self::new(
             409,

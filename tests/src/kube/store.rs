@@ -460,6 +460,15 @@ impl State {
             .is_some_and(|b| b.contains_key(&(String::new(), namespace.to_owned())))
     }
 
+    /// Whether `namespace` is being deleted (its content goes first, and nothing new may be
+    /// created in it: the NamespaceLifecycle admission plugin).
+    pub(crate) fn namespace_terminating(&self, namespace: &str) -> bool {
+        self.objects
+            .get("namespaces")
+            .and_then(|b| b.get(&(String::new(), namespace.to_owned())))
+            .is_some_and(|object| object["metadata"].get("deletionTimestamp").is_some())
+    }
+
     pub(crate) fn create(
         &mut self,
         requested: &'static ResourceType,
@@ -509,6 +518,13 @@ impl State {
             }
             if !self.namespace_exists(&namespace) {
                 return Err(ApiError::namespace_not_found(&namespace));
+            }
+            if self.namespace_terminating(&namespace) {
+                return Err(ApiError::namespace_terminating(
+                    resource.plural,
+                    &name,
+                    &namespace,
+                ));
             }
         }
         let key = Self::key(resource, &namespace, &name);
@@ -798,6 +814,9 @@ impl State {
             }
         }
         let key = Self::key(resource, namespace, name);
+        if resource.plural == "namespaces" {
+            return Ok(self.begin_namespace_termination(resource, key, current));
+        }
         let has_finalizers = current
             .get("metadata")
             .and_then(|m| m.get("finalizers"))
@@ -870,9 +889,6 @@ impl State {
             let object = self.commit(resource, key, object, ChangeType::Modified);
             return Ok(Deleted::Pending(object));
         }
-        if resource.plural == "namespaces" {
-            self.remove_namespace_content(name);
-        }
         let uid = meta_str(&current, "uid").to_owned();
         self.commit(resource, key, current, ChangeType::Deleted);
         let mut details = json!({ "name": name, "kind": resource.plural, "uid": uid });
@@ -888,16 +904,23 @@ impl State {
         })))
     }
 
-    fn remove_namespace_content(&mut self, namespace: &str) {
-        for resource in resources::RESOURCES.iter().filter(|r| r.namespaced) {
-            let keys: Vec<Key> = self
-                .bucket(resource)
-                .map(|b| b.keys().filter(|k| k.0 == namespace).cloned().collect())
-                .unwrap_or_default();
-            for key in keys {
-                self.remove_key(resource, key);
-            }
+    /// A deleted namespace is not removed at once: it turns `Terminating` and stays until the
+    /// namespace controller (the simulation's) has deleted its content, pods gracefully.
+    fn begin_namespace_termination(
+        &mut self,
+        resource: &'static ResourceType,
+        key: Key,
+        current: Value,
+    ) -> Deleted {
+        if current["metadata"].get("deletionTimestamp").is_some() {
+            return Deleted::Pending(current);
         }
+        let mut object = current;
+        let metadata = metadata_mut(&mut object);
+        metadata.insert("deletionTimestamp".into(), json!(now_rfc3339()));
+        metadata.insert("deletionGracePeriodSeconds".into(), json!(0));
+        object["status"] = json!({"phase": "Terminating"});
+        Deleted::Pending(self.commit(resource, key, object, ChangeType::Modified))
     }
 
     fn remove_key(&mut self, resource: &'static ResourceType, key: Key) -> Option<Value> {

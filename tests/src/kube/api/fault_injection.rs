@@ -82,29 +82,11 @@ pub(super) async fn inject(action: &FaultAction, request: &ParsedRequest) -> Inj
                 "Operation cannot be fulfilled on {resource_name} \"{object_name}\": the object has been modified; please apply your changes to the latest version and try again"
             ),
         )),
-        FaultAction::NamespaceTerminating => Injected::Error(namespace_terminating(
+        FaultAction::NamespaceTerminating => Injected::Error(ApiError::namespace_terminating(
             resource_name,
             object_name,
             namespace_name,
         )),
         FaultAction::DropConnection => Injected::DropConnection,
     }
-}
-
-/// The `403` of a write into a namespace being deleted, with the cause clients check for.
-fn namespace_terminating(resource_name: &str, object_name: &str, namespace_name: &str) -> ApiError {
-    ApiError::new(
-        403,
-        "Forbidden",
-        format!(
-            "{resource_name} \"{object_name}\" is forbidden: unable to create new content in namespace {namespace_name} because it is being terminated"
-        ),
-    )
-    .with_details(json!({
-        "causes": [{
-            "reason": "NamespaceTerminating",
-            "message": format!("namespace {namespace_name} is being terminated"),
-            "field": "metadata.namespace",
-        }]
-    }))
 }

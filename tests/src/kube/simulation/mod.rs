@@ -10,7 +10,7 @@
 //! One file per job: `nodes` (nodes registering, stopping, restarting as their instances
 //! do; kubelets dying), `kubelet` (the kubelet's part of a step), `scheduler`,
 //! `controllers` (the workload controllers and their status), `garbage_collector`,
-//! `disruption_controller` and `attach_detach`. This file holds the type, its timings and memory, the helpers
+//! `namespaces` (the namespace controller), `disruption_controller` and `attach_detach`. This file holds the type, its timings and memory, the helpers
 //! they share, and the loop that runs a step.
 
 mod attach_detach;
@@ -18,6 +18,7 @@ mod controllers;
 mod disruption_controller;
 mod garbage_collector;
 mod kubelet;
+mod namespaces;
 mod nodes;
 mod scheduler;
 mod scoring;
@@ -299,6 +300,7 @@ impl Simulation {
         let mut state = self.store.lock();
         let now = Instant::now();
         self.garbage_collector(&mut state, &mut memory);
+        self.namespace_controller(&mut state);
         self.out_of_service_nodes(&mut state);
         self.kubelet_removes_terminated_pods(&mut state, &memory, now);
         self.kubelet_turns_nodes_ready(&mut state, &mut memory, now);
