@@ -416,9 +416,16 @@ spec:
 
 #[tokio::test]
 async fn a_dead_kubelet_does_not_hold_the_drain_until_its_deadline() {
+    use node_manager_testkit::kube::{FaultAction, FaultRule};
     let w = drain_world(&[("STUCK_POD_SECONDS", "1")]).await;
     let before = evictable_pods(&w);
     w.server.kill_kubelet(&w.node).unwrap();
+    // Slow evictions: an out-of-service taint put on before the critical tier's eviction
+    // arrived would have the taint-eviction controller delete that pod without one.
+    let slow = FaultAction::Latency(Duration::from_millis(300));
+    w.server
+        .faults()
+        .add(FaultRule::new(slow).subresource("eviction"));
     let started = std::time::Instant::now();
     let answer = terminate_and_answer(&w).await;
     let took = started.elapsed();

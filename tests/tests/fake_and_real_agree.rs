@@ -1,6 +1,6 @@
 //! The differences found between the test kit's API server and a real kube-apiserver, and
 //! the answers the code depends on (eviction answers, conditional writes, field selectors,
-//! list pages, a terminating namespace), each a check run against both: the fake on every run (one test per difference) and the real
+//! list pages, a terminating namespace, RBAC decisions, a request APF sheds), each a check run against both: the fake on every run (one test per difference) and the real
 //! control plane in one test that starts it once (skipped with a printed line when
 //! `SKIP_REAL_CONTROL_PLANE_TESTS=1` and the plane is not built). A check that holds on the
 //! real server and fails on the fake is a fake that lies.
@@ -18,7 +18,10 @@ use node_manager_testkit::control_plane::workload::GuardedDeployment;
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
 use node_manager_testkit::e2e::{CLUSTER, FunctionWorld};
 use node_manager_testkit::fixtures;
-use node_manager_testkit::kube::{AuditEvent, SimulationTimings};
+use node_manager_testkit::kube::rbac::{
+    Authorizer as RbacAuthorizer, RequestAttributes, UserInfo as RbacUser,
+};
+use node_manager_testkit::kube::{AuditEvent, FaultAction, FaultRule, SimulationTimings};
 use serde_json::json;
 
 /// What a check needs of a cluster, fake or real.
@@ -35,13 +38,18 @@ struct Cluster<'a> {
     audit: Box<dyn Fn() -> Vec<AuditEvent> + 'a>,
     /// Adds a Ready, cordoned node for the instance named; returns the node's name.
     add_node: Box<dyn Fn(&str) -> String + 'a>,
+    /// A client whose requests in the namespace named the server sheds as API Priority and
+    /// Fairness does when their priority level has no seat (429).
+    shed_in: Box<dyn Fn(&str) -> kube::Client + 'a>,
 }
 
 async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
     let config = w.server.config_with_token("").await.unwrap();
+    let admin = w.server.admin_client_without_retries().await.unwrap();
+    let shedding_admin = admin.clone();
     Cluster {
         name: "fake",
-        admin: w.server.admin_client_without_retries().await.unwrap(),
+        admin,
         aws: &w.aws,
         instance: w.instance.clone(),
         node: w.node.clone(),
@@ -68,12 +76,22 @@ async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
                 .unwrap();
             name
         }),
+        shed_in: Box::new(move |namespace| {
+            let throttled = FaultAction::TooManyRequests {
+                retry_after_seconds: 1,
+            };
+            w.server
+                .faults()
+                .add(FaultRule::new(throttled).namespace(namespace));
+            shedding_admin.clone()
+        }),
     }
 }
 
 fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
     let handle = tokio::runtime::Handle::current();
     let nodes_handle = handle.clone();
+    let shed_handle = handle.clone();
     Cluster {
         name: "real",
         admin,
@@ -93,7 +111,46 @@ fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
                     .unwrap()
             })
         }),
+        shed_in: Box::new(move |namespace| {
+            tokio::task::block_in_place(|| shed_handle.block_on(shed_the_node_agent(w, namespace)))
+        }),
     }
+}
+
+/// The real plane sheds the node agent's requests in `namespace`: a priority level with the
+/// fewest seats (no nominal share, nothing borrowed: one seat) that rejects what does not fit, and a flow schema
+/// sending it those requests (the admin, in `system:masters`, is exempt from APF).
+async fn shed_the_node_agent(w: &RealFunctionWorld, namespace: &str) -> kube::Client {
+    use node_manager_testkit::control_plane::kubelet::NODE_AGENT;
+    let manifest = format!(
+        "apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: PriorityLevelConfiguration
+metadata: {{name: no-seat}}
+spec:
+  type: Limited
+  limited:
+    nominalConcurrencyShares: 0
+    lendablePercent: 0
+    borrowingLimitPercent: 0
+    limitResponse: {{type: Reject}}
+---
+apiVersion: flowcontrol.apiserver.k8s.io/v1
+kind: FlowSchema
+metadata: {{name: no-seat}}
+spec:
+  priorityLevelConfiguration: {{name: no-seat}}
+  matchingPrecedence: 100
+  rules:
+  - subjects: [{{kind: User, user: {{name: {NODE_AGENT}}}}}]
+    resourceRules:
+    - {{verbs: ['*'], apiGroups: [''], resources: [configmaps, pods/eviction], namespaces: [{namespace}]}}
+"
+    );
+    let admin = w.plane.admin_client().await.unwrap();
+    node_manager_testkit::control_plane::world::apply_manifest(&admin, &manifest)
+        .await
+        .unwrap();
+    w.plane.kubelet_client().await.unwrap()
 }
 
 async fn fake_world(timings: SimulationTimings) -> FunctionWorld {
@@ -1027,6 +1084,321 @@ async fn fake_namespaces_terminate_as_kube_apiserver_does() {
     check_a_terminating_namespace(&fake_cluster(&w).await).await;
 }
 
+// --- (12) API Priority and Fairness sheds load ---------------------------------------------
+
+/// A request API Priority and Fairness sheds: 429 with `Retry-After` in whole seconds (what
+/// the client's retry layer, `cluster/server_retry.rs`, reads as its floor) and a line of
+/// plain text, not a `Status` (kube-apiserver's filter answers before any API machinery, so
+/// nothing may read a shed request's body as one); an eviction shed so is, through the drain's
+/// own code, a transient refusal that waits the server's seconds.
+async fn check_a_shed_request(cluster: &Cluster<'_>) {
+    use node_manager::drain::eviction::{EvictionOutcome, evict};
+    use node_manager::drain::plan::PodKey;
+    let client = (cluster.shed_in)("shed");
+    let response = first_shed(cluster.name, &client).await;
+    let header = response.headers().get("retry-after").cloned();
+    let seconds: u64 = header
+        .and_then(|h| h.to_str().ok()?.parse().ok())
+        .unwrap_or_else(|| panic!("{}: no Retry-After in seconds", cluster.name));
+    assert!(seconds >= 1, "{}: Retry-After {seconds}", cluster.name);
+    let content_type = response.headers().get("content-type").cloned();
+    let content_type = content_type.and_then(|v| v.to_str().ok().map(str::to_owned));
+    assert_eq!(
+        content_type.as_deref(),
+        Some("text/plain; charset=utf-8"),
+        "{}",
+        cluster.name
+    );
+    let body = response.into_body().collect_bytes().await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&body),
+        "Too many requests, please try again later.\n",
+        "{}",
+        cluster.name
+    );
+    let key = PodKey {
+        namespace: "shed".into(),
+        name: "any".into(),
+        uid: "0000".into(),
+    };
+    // Evictions sent together, as for requests: the shed ones are transient, with the wait.
+    let started = Instant::now();
+    let shed = loop {
+        let outcomes = futures::future::join_all((0..40).map(|_| evict(&client, &key, None)));
+        let mut outcomes = outcomes.await.into_iter();
+        if let Some(shed) = outcomes.find(|o| matches!(o, EvictionOutcome::Transient { .. })) {
+            break shed;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}: no eviction shed",
+            cluster.name
+        );
+    };
+    assert!(
+        shed.retry_after() >= Some(Duration::from_secs(1)),
+        "{}: {shed:?}",
+        cluster.name
+    );
+}
+
+/// The first of `client`'s requests the server sheds. The real plane's APF controller takes
+/// up a new flow schema within moments, and its priority level holds the least it can (one
+/// seat): requests sent together overflow it.
+async fn first_shed(name: &str, client: &kube::Client) -> http::Response<kube::client::Body> {
+    let started = Instant::now();
+    loop {
+        let send = || {
+            let request = http::Request::get("/api/v1/namespaces/shed/configmaps")
+                .body(Vec::new())
+                .unwrap();
+            client.send(request.map(Into::into))
+        };
+        let answers = futures::future::join_all((0..40).map(|_| send())).await;
+        let mut answers = answers.into_iter().map(Result::unwrap);
+        if let Some(shed) = answers.find(|r| r.status() == 429) {
+            return shed;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{name}: never shed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_sheds_a_request_as_api_priority_and_fairness_does() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_a_shed_request(&fake_cluster(&w).await).await;
+}
+
+// --- (13) RBAC decisions ------------------------------------------------------------------
+
+/// One question to an authorizer: may a member of `group` make a request with `attributes`?
+#[derive(Debug)]
+struct Question {
+    group: String,
+    attributes: RequestAttributes,
+}
+
+/// The shipped `infra/rbac.yaml`, document by document.
+fn shipped_rbac() -> Vec<serde_json::Value> {
+    let path = node_manager_testkit::soak::corpus::repository_root().join("infra/rbac.yaml");
+    serde_saphyr::from_multiple(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every group the manifest binds, asking for every grant of the manifest (its own and every
+/// other function's): cluster-wide, in `kube-system` and in `default`; a grant limited to
+/// names is asked for its name and for another. These are the decisions the minimal-RBAC
+/// proof (`security_rbac_minimal`, run on the fake's authorizer) leans on.
+fn rbac_questions(documents: &[serde_json::Value]) -> Vec<Question> {
+    let strings = |value: &serde_json::Value| -> Vec<String> {
+        let items = value.as_array().into_iter().flatten();
+        items
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect()
+    };
+    let groups: std::collections::BTreeSet<String> = documents
+        .iter()
+        .flat_map(|d| d["subjects"].as_array().cloned().unwrap_or_default())
+        .filter(|subject| subject["kind"] == "Group")
+        .filter_map(|subject| subject["name"].as_str().map(str::to_owned))
+        .collect();
+    let rules: Vec<&serde_json::Value> = documents
+        .iter()
+        .flat_map(|d| d["rules"].as_array().into_iter().flatten())
+        .collect();
+    let mut questions = Vec::new();
+    for group in &groups {
+        for rule in &rules {
+            let names = strings(&rule["resourceNames"]);
+            let mut asked: Vec<Option<String>> = names.into_iter().map(Some).collect();
+            asked.push(if asked.is_empty() {
+                None
+            } else {
+                Some("another".into())
+            });
+            for api_group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    let (resource, subresource) = match resource.split_once('/') {
+                        Some((r, sub)) => (r.to_owned(), Some(sub.to_owned())),
+                        None => (resource, None),
+                    };
+                    for verb in strings(&rule["verbs"]) {
+                        for namespace in [None, Some("kube-system"), Some("default")] {
+                            for name in &asked {
+                                questions.push(Question {
+                                    group: group.clone(),
+                                    attributes: RequestAttributes {
+                                        verb: verb.clone(),
+                                        api_group: api_group.clone(),
+                                        resource: resource.clone(),
+                                        subresource: subresource.clone(),
+                                        namespace: namespace.map(str::to_owned),
+                                        name: name.clone(),
+                                        path: None,
+                                    },
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    questions
+}
+
+/// The manifest's objects of `kind`.
+fn of_kind<T: serde::de::DeserializeOwned>(documents: &[serde_json::Value], kind: &str) -> Vec<T> {
+    let matching = documents.iter().filter(|d| d["kind"] == kind);
+    matching
+        .map(|d| serde_json::from_value(d.clone()).unwrap())
+        .collect()
+}
+
+/// The fake's RBAC authorizer over the manifest (what the fake API server runs per request).
+fn fake_decisions(documents: &[serde_json::Value], questions: &[Question]) -> Vec<bool> {
+    let authorizer = RbacAuthorizer::from_objects(
+        &of_kind(documents, "ClusterRole"),
+        &of_kind(documents, "ClusterRoleBinding"),
+        &of_kind(documents, "Role"),
+        &of_kind(documents, "RoleBinding"),
+    );
+    let user = |group: &str| RbacUser {
+        username: "rbac-probe".into(),
+        groups: vec![group.to_owned(), "system:authenticated".into()],
+    };
+    questions
+        .iter()
+        .map(|q| authorizer.authorize(&user(&q.group), &q.attributes).is_ok())
+        .collect()
+}
+
+/// kube-apiserver's authorizer (`Node,RBAC`), asked through `SubjectAccessReview`.
+async fn real_decisions(admin: &kube::Client, questions: &[Question]) -> Vec<bool> {
+    use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+    let reviews: Api<SubjectAccessReview> = Api::all(admin.clone());
+    let mut decisions = Vec::new();
+    for q in questions {
+        let a = &q.attributes;
+        let review = serde_json::from_value(json!({
+            "spec": {"user": "rbac-probe", "groups": [q.group, "system:authenticated"],
+                     "resourceAttributes": {"verb": a.verb, "group": a.api_group,
+                        "resource": a.resource, "subresource": a.subresource,
+                        "namespace": a.namespace, "name": a.name}},
+        }))
+        .unwrap();
+        let answered = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .unwrap();
+        decisions.push(answered.status.is_some_and(|s| s.allowed));
+    }
+    decisions
+}
+
+/// What the manifest means, asked of `decisions` (true where allowed): each function may do
+/// its own work and not another's.
+fn check_the_manifests_intent(name: &str, questions: &[Question], decisions: &[bool]) {
+    let decided = |group: &str, verb: &str, resource: &str, namespace: &str, object: &str| {
+        let found = questions.iter().zip(decisions).find(|(q, _)| {
+            let a = &q.attributes;
+            let combined = match &a.subresource {
+                Some(sub) => format!("{}/{sub}", a.resource),
+                None => a.resource.clone(),
+            };
+            q.group == format!("open-node-manager:{group}")
+                && a.verb == verb
+                && combined == resource
+                && a.namespace.as_deref().unwrap_or_default() == namespace
+                && a.name.as_deref().unwrap_or_default() == object
+        });
+        *found
+            .unwrap_or_else(|| panic!("{name}: no question {group} {verb} {resource}"))
+            .1
+    };
+    let expected = [
+        (
+            ("terminating-hook", "create", "pods/eviction", "default", ""),
+            true,
+        ),
+        (("terminating-hook", "delete", "pods", "default", ""), false),
+        (("force-delete", "delete", "pods", "default", ""), true),
+        (
+            ("launching-hook", "create", "pods/eviction", "default", ""),
+            false,
+        ),
+        (("node-repair", "patch", "nodes", "", ""), true),
+        (("node-repair", "get", "pods", "", ""), false),
+        (
+            (
+                "nodegroup-auth",
+                "update",
+                "configmaps",
+                "kube-system",
+                "aws-auth",
+            ),
+            true,
+        ),
+        (
+            (
+                "nodegroup-auth",
+                "update",
+                "configmaps",
+                "kube-system",
+                "another",
+            ),
+            false,
+        ),
+        (
+            ("nodegroup-auth", "get", "configmaps", "default", "aws-auth"),
+            false,
+        ),
+    ];
+    for ((group, verb, resource, namespace, object), allowed) in expected {
+        assert_eq!(
+            decided(group, verb, resource, namespace, object),
+            allowed,
+            "{name}: {group} {verb} {resource} in {namespace:?} {object:?}"
+        );
+    }
+}
+
+#[test]
+fn fake_rbac_decides_what_the_shipped_manifest_means() {
+    let documents = shipped_rbac();
+    let questions = rbac_questions(&documents);
+    check_the_manifests_intent("fake", &questions, &fake_decisions(&documents, &questions));
+}
+
+/// Every question asked of both authorizers: the real one must mean what the manifest means
+/// and answer every question as the fake's does.
+async fn check_rbac_decisions_agree(admin: &kube::Client) {
+    let documents = shipped_rbac();
+    let questions = rbac_questions(&documents);
+    let real = real_decisions(admin, &questions).await;
+    check_the_manifests_intent("real", &questions, &real);
+    let fake = fake_decisions(&documents, &questions);
+    let differ: Vec<String> = questions
+        .iter()
+        .zip(real.iter().zip(&fake))
+        .filter(|(_, (real, fake))| real != fake)
+        .map(|(q, (real, _))| format!("{} {:?}: real allowed={real}", q.group, q.attributes))
+        .collect();
+    println!(
+        "RBAC: {} decisions compared, {} differ",
+        questions.len(),
+        differ.len()
+    );
+    assert!(
+        differ.is_empty(),
+        "the authorizers differ:\n{}",
+        differ.join("\n")
+    );
+}
+
 /// What a check's panic said (its assertion's message).
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -1080,6 +1452,12 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     run(
         "eviction answers",
         Box::pin(check_eviction_answers(&cluster)),
+    )
+    .await;
+    run("a shed request", Box::pin(check_a_shed_request(&cluster))).await;
+    run(
+        "RBAC decisions",
+        Box::pin(check_rbac_decisions_agree(&cluster.admin)),
     )
     .await;
     run(

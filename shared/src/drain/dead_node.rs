@@ -5,8 +5,11 @@
 //! ([`crate::node_marks::shutdown`]): the pod garbage collector deletes them and their
 //! volumes detach now, so the volume wait and the replacements do not sit out the timeout.
 //! The instance is on its way out (its lifecycle action is this drain's), so its containers
-//! end with it anyway. Tried once per invocation after the stuck pods are reported; never on
-//! a node whose kubelet answers; `OUT_OF_SERVICE_TAINT=false` turns it off.
+//! end with it anyway. Tried once per invocation after the stuck pods are reported and every
+//! pod of the node was asked to leave (the taint-eviction controller deletes whatever it finds
+//! without an eviction, so a pod of a later tier, the critical one, is evicted through its
+//! budget first); never on a node whose kubelet answers; `OUT_OF_SERVICE_TAINT=false` turns
+//! it off.
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;

@@ -106,8 +106,15 @@ impl DrainSession<'_> {
         loop {
             if round.pods.is_synced() {
                 let replanned = self.replan(&mut round);
-                // Stuck deletions no longer hold the drain: free them before it moves on.
-                if self.dead_node_check_due {
+                // Stuck deletions no longer hold the drain: free them, once every pod was
+                // asked to leave (the taint deletes what it finds, so a pod of a later tier
+                // is evicted first, through its budget).
+                let all_asked = replanned == Replanned::Drained
+                    || round
+                        .planned
+                        .as_ref()
+                        .is_some_and(|(_, plan)| !plan.has_pods_to_evict());
+                if self.dead_node_check_due && all_asked {
                     Box::pin(self.free_dead_node_pods()).await;
                 }
                 if replanned == Replanned::Drained {

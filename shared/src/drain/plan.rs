@@ -438,6 +438,11 @@ impl DrainPlan {
                 .all(|t| t.evict.is_empty() && t.terminating.is_empty())
     }
 
+    /// Whether any pod of any tier is still to be evicted (not yet seen terminating).
+    pub fn has_pods_to_evict(&self) -> bool {
+        self.tiers.values().any(|t| !t.evict.is_empty())
+    }
+
     /// The tier being drained now: the first one with any pod left.
     pub fn current_tier(&self) -> Option<EvictionTier> {
         self.tiers

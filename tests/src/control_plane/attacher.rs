@@ -15,6 +15,7 @@
 //! for its volumes, which the real-plane scenarios do not need).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -44,7 +45,12 @@ pub struct Attacher {
 impl Attacher {
     /// One round over `pods` (every pod of the cluster) on the `served` nodes (those whose
     /// kubelet runs), when due; errors are retried on the next round.
-    pub async fn round(&mut self, client: &kube::Client, pods: &[Pod], served: &BTreeSet<String>) {
+    pub async fn round(
+        &mut self,
+        client: &kube::Client,
+        pods: &[Arc<Pod>],
+        served: &BTreeSet<String>,
+    ) {
         if self.last_round.is_some_and(|at| at.elapsed() < EVERY) {
             return;
         }
@@ -74,7 +80,7 @@ impl Attacher {
     async fn report_volumes_in_use(
         &mut self,
         client: &kube::Client,
-        pods: &[Pod],
+        pods: &[Arc<Pod>],
         claims: &[PersistentVolumeClaim],
         volumes: &[PersistentVolume],
         served: &BTreeSet<String>,
@@ -143,7 +149,7 @@ async fn attach(api: &Api<VolumeAttachment>, name: &str) -> Result<(), kube::Err
 /// Per node, the unique names (`kubernetes.io/csi/<driver>^<handle>`, as the attach/detach
 /// controller names them) of the CSI volumes its pods use through their claims.
 fn volumes_in_use(
-    pods: &[Pod],
+    pods: &[Arc<Pod>],
     claims: &[PersistentVolumeClaim],
     volumes: &[PersistentVolume],
 ) -> BTreeMap<String, Vec<String>> {

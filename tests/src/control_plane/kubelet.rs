@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::ControlPlaneError;
@@ -26,7 +26,8 @@ pub const NODE_AGENT: &str = "test-kit-kubelets";
 const NODE_AGENT_RULES: &str = r#"[
   {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "create", "delete", "patch"]},
   {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
-  {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "persistentvolumes"], "verbs": ["list"]},
+  {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+  {"apiGroups": [""], "resources": ["persistentvolumeclaims", "persistentvolumes"], "verbs": ["list"]},
   {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments"], "verbs": ["list", "patch"]},
   {"apiGroups": ["storage.k8s.io"], "resources": ["volumeattachments/status"], "verbs": ["patch"]}
 ]"#;
@@ -230,24 +231,38 @@ fn setup(node: &str, error: impl std::fmt::Display) -> ControlPlaneError {
     }
 }
 
+/// The node agent's loop: the pods come from a watch (a reflector's store), so its cost does
+/// not grow with each look at a big cluster.
 async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
-    let pods: Api<Pod> = Api::all(client.clone());
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+    let (pods, writer) = reflector::store::<Pod>();
+    let stream = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    let reflect = reflector(writer, stream.default_backoff());
+    let _watching = AbortOnDrop(tokio::spawn(reflect.for_each(|_| std::future::ready(()))));
     let mut images = NodeImages::default();
     let mut attacher = super::attacher::Attacher::default();
     loop {
         tokio::time::sleep(POLL).await;
         let served = nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let Ok(list) = pods.list(&ListParams::default()).await else {
-            continue;
-        };
-        for pod in &list.items {
+        let state = pods.state();
+        for pod in &state {
             let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
             if let Some(node) = node.filter(|node| served.contains(*node)) {
                 images.pulled(node, pod);
             }
         }
         images.report(&client).await;
-        attacher.round(&client, &list.items, &served).await;
+        attacher.round(&client, &state, &served).await;
+    }
+}
+
+/// Aborts the task when dropped (the loop above is aborted with its own task).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

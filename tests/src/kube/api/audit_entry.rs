@@ -102,6 +102,20 @@ pub(super) fn finish_with_error(
     finish(log, audit, error_response(error), Some(error.to_status()))
 }
 
+/// A request API Priority and Fairness shed (see [`super::response::shed_response`]).
+pub(super) fn finish_shed(
+    log: &AuditLog,
+    audit: AuditEvent,
+    retry_after_seconds: u64,
+) -> Response<ResponseBody> {
+    finish(
+        log,
+        audit,
+        super::response::shed_response(retry_after_seconds),
+        None,
+    )
+}
+
 /// Records a request whose connection an injected fault drops: no response, as the real
 /// server's audit log shows a handler that panicked.
 pub(super) fn record_dropped(log: &AuditLog, mut audit: AuditEvent) {

@@ -1,8 +1,6 @@
 //! What an injected fault does to a request: a delay, an error the real API server sends
 //! under load or contention, or a dropped connection.
 
-use serde_json::json;
-
 use super::request::{ParsedRequest, Target};
 use crate::kube::faults::{FaultAction, FaultTarget};
 use crate::kube::status::ApiError;
@@ -13,6 +11,9 @@ pub(super) enum Injected {
     Nothing,
     /// The request is answered with this error instead of being served.
     Error(ApiError),
+    /// API Priority and Fairness sheds the request: 429 with `Retry-After` and a plain-text
+    /// body (not a `Status`: kube-apiserver's filter answers before any API machinery).
+    Shed { retry_after_seconds: u64 },
     /// The connection closes without an answer.
     DropConnection,
 }
@@ -57,16 +58,9 @@ pub(super) async fn inject(action: &FaultAction, request: &ParsedRequest) -> Inj
         }
         FaultAction::TooManyRequests {
             retry_after_seconds,
-        } => {
-            let mut error = ApiError::new(
-                429,
-                "TooManyRequests",
-                "Too many requests, please try again later.",
-            )
-            .with_details(json!({ "retryAfterSeconds": retry_after_seconds }));
-            error.retry_after = Some(*retry_after_seconds);
-            Injected::Error(error)
-        }
+        } => Injected::Shed {
+            retry_after_seconds: *retry_after_seconds,
+        },
         FaultAction::InternalError => Injected::Error(ApiError::internal(
             "Internal error occurred: injected fault",
         )),

@@ -99,6 +99,12 @@ pub(crate) async fn serve(
             Injected::Error(error) => {
                 return Ok(audit_entry::finish_with_error(&state.audit, audit, &error));
             }
+            Injected::Shed {
+                retry_after_seconds,
+            } => {
+                let response = audit_entry::finish_shed(&state.audit, audit, retry_after_seconds);
+                return Ok(response);
+            }
             Injected::DropConnection => {
                 audit_entry::record_dropped(&state.audit, audit);
                 return Err(DropConnection);

@@ -43,6 +43,24 @@ pub(super) fn health_response() -> Response<ResponseBody> {
     response
 }
 
+/// API Priority and Fairness shedding a request, as kube-apiserver's filter answers it
+/// (`http.Error`): 429, `Retry-After` in seconds, and a line of plain text.
+pub(super) fn shed_response(retry_after_seconds: u64) -> Response<ResponseBody> {
+    let mut response = Response::new(full_body("Too many requests, please try again later.\n"));
+    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_seconds));
+    response
+}
+
 /// The error's `Status`, with `Retry-After` when the error asks the client to wait.
 pub(super) fn error_response(error: &ApiError) -> Response<ResponseBody> {
     let mut response = json_response(error.code, &error.to_status());
