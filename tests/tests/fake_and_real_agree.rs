@@ -161,6 +161,15 @@ async fn fake_world(timings: SimulationTimings) -> FunctionWorld {
         .await
 }
 
+/// The fake's default timings with grace periods as long as they say (a check whose pod must
+/// stay `Terminating` through it).
+fn unscaled_grace() -> SimulationTimings {
+    SimulationTimings {
+        grace_period_scale: 1.0,
+        ..SimulationTimings::default()
+    }
+}
+
 fn status_of(error: &kube::Error) -> (u16, String) {
     match error {
         kube::Error::Api(status) => (status.code, status.message.clone()),
@@ -884,6 +893,130 @@ async fn fake_eviction_answers_read_as_kube_apiservers() {
     check_eviction_answers(&fake_cluster(&w).await).await;
 }
 
+// --- (9b) Evictions of pods that are not Ready, or already leaving -------------------------
+
+/// A pod in namespace `unhealthy` bound to the cluster's node, labelled `app=<name>`, once
+/// Running, then reported not Ready (its readiness probe's first run is ten minutes away, so
+/// no kubelet turns it Ready meanwhile); returns its key.
+async fn running_unready_pod(
+    cluster: &Cluster<'_>,
+    name: &str,
+) -> node_manager::drain::plan::PodKey {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "unhealthy");
+    let pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": cluster.node, "containers": [{"name": "c", "image": "nginx",
+                 "readinessProbe": {"initialDelaySeconds": 600,
+                                    "exec": {"command": ["true"]}}}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let started = Instant::now();
+    let uid = loop {
+        let pod = pods.get(name).await.unwrap();
+        if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+            break pod.metadata.uid.unwrap();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}: not running",
+            cluster.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let now = jiff::Timestamp::now().to_string();
+    let unready = json!({"status": {"conditions": [
+        {"type": "Ready", "status": "False", "lastTransitionTime": now},
+        {"type": "ContainersReady", "status": "False", "lastTransitionTime": now},
+    ]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&unready))
+        .await
+        .unwrap();
+    node_manager::drain::plan::PodKey {
+        namespace: "unhealthy".into(),
+        name: name.into(),
+        uid,
+    }
+}
+
+/// A budget `minAvailable: 1` over `app=<name>` (with `policy` as its
+/// `unhealthyPodEvictionPolicy`), once the disruption controller has computed its status.
+async fn observed_budget(cluster: &Cluster<'_>, name: &str, policy: Option<&str>) {
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(cluster.admin.clone(), "unhealthy");
+    let budget = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}},
+                 "unhealthyPodEvictionPolicy": policy},
+    }))
+    .unwrap();
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let budget = budgets.get(name).await.unwrap();
+        let observed = budget.status.as_ref().and_then(|s| s.observed_generation);
+        if observed.is_some() && observed == budget.metadata.generation {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{}: {name} not observed",
+            cluster.name
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Through the drain's eviction code: a pod that is not Ready under a budget with no healthy
+/// pod is refused by default (`IfHealthyBudget`) and evicted with `AlwaysAllow`; a pod already
+/// being deleted is evicted without asking its budget, even one that allows nothing.
+async fn check_unready_and_leaving_evictions(cluster: &Cluster<'_>) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use node_manager::drain::eviction::{EvictionOutcome, evict};
+    let namespace = serde_json::from_value(json!({"metadata": {"name": "unhealthy"}})).unwrap();
+    Api::<Namespace>::all(cluster.admin.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+    let by_default = running_unready_pod(cluster, "by-default").await;
+    let always = running_unready_pod(cluster, "always").await;
+    let leaving = running_unready_pod(cluster, "leaving").await;
+    observed_budget(cluster, "by-default", None).await;
+    observed_budget(cluster, "always", Some("AlwaysAllow")).await;
+    observed_budget(cluster, "leaving", None).await;
+    let refused = evict(&cluster.admin, &by_default, None).await;
+    assert!(
+        matches!(refused, EvictionOutcome::BlockedByBudget { .. }),
+        "{}: an unready pod under IfHealthyBudget: {refused:?}",
+        cluster.name
+    );
+    let allowed = evict(&cluster.admin, &always, None).await;
+    assert_eq!(
+        allowed,
+        EvictionOutcome::Accepted,
+        "{}: AlwaysAllow",
+        cluster.name
+    );
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "unhealthy");
+    pods.delete("leaving", &Default::default()).await.unwrap();
+    let again = evict(&cluster.admin, &leaving, None).await;
+    assert_eq!(
+        again,
+        EvictionOutcome::Accepted,
+        "{}: a pod already leaving",
+        cluster.name
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_evicts_unready_and_leaving_pods_as_kube_apiserver_does() {
+    // Grace periods as long as they say: the leaving pod's 30 s must outlast the check.
+    let w = fake_world(unscaled_grace()).await;
+    check_unready_and_leaving_evictions(&fake_cluster(&w).await).await;
+}
+
 // --- (10) Conditional writes and field selectors, as the code uses them ----------------------
 
 /// Every read-modify-write of a Node sends a merge patch carrying the `resourceVersion` it read
@@ -1080,7 +1213,7 @@ async fn create_running_pod(cluster: &Cluster<'_>, pods: &Api<Pod>, name: &str) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fake_namespaces_terminate_as_kube_apiserver_does() {
     // Grace periods as long as they say: the pod's 30 s must outlast the check.
-    let w = fake_world(SimulationTimings::real_time()).await;
+    let w = fake_world(unscaled_grace()).await;
     check_a_terminating_namespace(&fake_cluster(&w).await).await;
 }
 
@@ -1463,6 +1596,11 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     run(
         "a terminating namespace",
         Box::pin(check_a_terminating_namespace(&cluster)),
+    )
+    .await;
+    run(
+        "evictions of unready and leaving pods",
+        Box::pin(check_unready_and_leaving_evictions(&cluster)),
     )
     .await;
     run(

@@ -80,6 +80,50 @@ impl RealFunctionWorld {
         add_instance(&self.aws, &self.kubelets, instance, unschedulable).await
     }
 
+    /// [`Self::add_instance`] for an instance described in full (e.g. a fleet's, whose names
+    /// must not collide as names derived from ids can).
+    pub async fn add_described_instance(
+        &self,
+        instance: FakeInstance,
+    ) -> Result<String, ControlPlaneError> {
+        add_instance(&self.aws, &self.kubelets, instance, false).await
+    }
+
+    /// Scales `instance` in and hands its terminating notification to the terminating hook,
+    /// waiting at most `bound`: how long the invocation took (notification to response). `Err`
+    /// unless the hook answered with a drain that emptied the node (completed `CONTINUE`
+    /// after `Drained`, not at its deadline), with the hook's output.
+    pub async fn scale_in_and_drain(
+        &self,
+        instance: &str,
+        bound: Duration,
+    ) -> Result<Duration, String> {
+        let mut subscription = self
+            .aws
+            .sns()
+            .subscribe(&self.topic)
+            .map_err(|e| e.to_string())?;
+        self.aws
+            .autoscaling()
+            .terminate_instance(GROUP, instance)
+            .map_err(|e| e.to_string())?;
+        let event = subscription
+            .next_event(Duration::from_secs(5))
+            .await
+            .ok_or("no terminating notification within 5 s")?;
+        let started = std::time::Instant::now();
+        let hook = self.function(Target::TerminatingHook);
+        let outcome = hook.runtime.invoke(&event, bound).await;
+        let took = started.elapsed();
+        if let Ok(crate::lambda_api::InvocationOutcome::Response(answer)) = &outcome {
+            let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
+            if summary.starts_with("completed CONTINUE (Drained,") {
+                return Ok(took);
+            }
+        }
+        Err(format!("{outcome:?}\n{}", hook.runtime.output()))
+    }
+
     /// The process of `target`. Panics when the world was built without it (a test bug).
     pub fn function(&self, target: Target) -> &RunningFunction {
         self.functions
