@@ -1541,6 +1541,71 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
+/// A check of `fake_and_real_agree`, on one cluster.
+type Check<'c> = std::pin::Pin<Box<dyn Future<Output = ()> + 'c>>;
+
+/// Every check, named, in the order the real test runs them: the placement checks last, as
+/// they cordon every node the other checks use.
+fn every_check<'c>(cluster: &'c Cluster<'c>) -> Vec<(&'static str, Check<'c>)> {
+    vec![
+        (
+            "new nodes carry the not-ready taint",
+            Box::pin(check_new_nodes_carry_the_not_ready_taint(cluster)),
+        ),
+        (
+            "session templates resolve",
+            Box::pin(check_session_templates_resolve(cluster)),
+        ),
+        (
+            "a watch is one request",
+            Box::pin(check_a_watch_is_one_request(cluster)),
+        ),
+        (
+            "pods need their service account",
+            Box::pin(check_pods_need_their_service_account(cluster)),
+        ),
+        ("list pages", Box::pin(check_list_pages(cluster))),
+        (
+            "eviction answers",
+            Box::pin(check_eviction_answers(cluster)),
+        ),
+        ("a shed request", Box::pin(check_a_shed_request(cluster))),
+        (
+            "RBAC decisions",
+            Box::pin(check_rbac_decisions_agree(&cluster.admin)),
+        ),
+        (
+            "a terminating namespace",
+            Box::pin(check_a_terminating_namespace(cluster)),
+        ),
+        (
+            "evictions of unready and leaving pods",
+            Box::pin(check_unready_and_leaving_evictions(cluster)),
+        ),
+        (
+            "conditional writes and field selectors",
+            Box::pin(check_conditional_writes_and_field_selectors(cluster)),
+        ),
+        (
+            "budget status lags its inputs",
+            Box::pin(async {
+                let lagged = check_budget_status_lags(cluster).await;
+                println!(
+                    "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
+                );
+            }),
+        ),
+        (
+            "placement weighs image against spread",
+            Box::pin(check_placement_weighs_image_against_spread(cluster)),
+        ),
+        (
+            "a node takes only what fits",
+            Box::pin(check_a_node_takes_only_what_fits(cluster)),
+        ),
+    ]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_real_api_server_passes_every_check_the_fake_does() {
     let Some(bin) = binaries_or_skip("the_real_api_server_passes_every_check_the_fake_does") else {
@@ -1555,80 +1620,12 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     let cluster = real_cluster(&w, admin);
     // Every check runs and every failure is reported: the first must not hide the rest.
     let mut failed = Vec::new();
-    let mut run = async |name: &str, check: std::pin::Pin<Box<dyn Future<Output = ()> + '_>>| {
+    for (name, check) in every_check(&cluster) {
         use futures::FutureExt as _;
         if let Err(panic) = std::panic::AssertUnwindSafe(check).catch_unwind().await {
             failed.push(format!("{name}: {}", panic_message(&*panic)));
         }
-    };
-    run(
-        "new nodes carry the not-ready taint",
-        Box::pin(check_new_nodes_carry_the_not_ready_taint(&cluster)),
-    )
-    .await;
-    run(
-        "session templates resolve",
-        Box::pin(check_session_templates_resolve(&cluster)),
-    )
-    .await;
-    run(
-        "a watch is one request",
-        Box::pin(check_a_watch_is_one_request(&cluster)),
-    )
-    .await;
-    run(
-        "pods need their service account",
-        Box::pin(check_pods_need_their_service_account(&cluster)),
-    )
-    .await;
-    run("list pages", Box::pin(check_list_pages(&cluster))).await;
-    run(
-        "eviction answers",
-        Box::pin(check_eviction_answers(&cluster)),
-    )
-    .await;
-    run("a shed request", Box::pin(check_a_shed_request(&cluster))).await;
-    run(
-        "RBAC decisions",
-        Box::pin(check_rbac_decisions_agree(&cluster.admin)),
-    )
-    .await;
-    run(
-        "a terminating namespace",
-        Box::pin(check_a_terminating_namespace(&cluster)),
-    )
-    .await;
-    run(
-        "evictions of unready and leaving pods",
-        Box::pin(check_unready_and_leaving_evictions(&cluster)),
-    )
-    .await;
-    run(
-        "conditional writes and field selectors",
-        Box::pin(check_conditional_writes_and_field_selectors(&cluster)),
-    )
-    .await;
-    run(
-        "budget status lags its inputs",
-        Box::pin(async {
-            let lagged = check_budget_status_lags(&cluster).await;
-            println!(
-                "real control plane: the first eviction after the budget's creation met its lag: {lagged}"
-            );
-        }),
-    )
-    .await;
-    // Last: they cordon every node the other checks use.
-    run(
-        "placement weighs image against spread",
-        Box::pin(check_placement_weighs_image_against_spread(&cluster)),
-    )
-    .await;
-    run(
-        "a node takes only what fits",
-        Box::pin(check_a_node_takes_only_what_fits(&cluster)),
-    )
-    .await;
+    }
     assert!(
         failed.is_empty(),
         "the real API server failed {} check(s):\n{}",
