@@ -670,10 +670,16 @@ fn record_peak_rss(shared: &RuntimeShared, pid: u32) {
 }
 
 fn read_vm_hwm(pid: u32) -> Option<u64> {
+    status_kib(&pid.to_string(), "VmHWM")
+}
+
+/// A memory figure in kB (`VmRSS`, `VmHWM`, ...) of process `pid` (`self` for this one), from
+/// `/proc/<pid>/status`; `None` when the process or the field is not there.
+pub fn status_kib(pid: &str, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
 }
 

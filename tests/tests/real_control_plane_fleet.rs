@@ -116,12 +116,7 @@ async fn run_pods(admin: &kube::Client, pods: usize) -> Duration {
 
 /// Resident memory of this test process (kB): the kit's node agent, webhook and fakes.
 fn own_memory_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
+    node_manager_testkit::lambda_api::status_kib("self", "VmRSS").unwrap_or(0)
 }
 
 /// The built terminating hook drains the seeded instance's node; returns its time and the

@@ -257,7 +257,8 @@ async fn run(client: kube::Client, nodes: Arc<Mutex<BTreeSet<String>>>) {
     }
 }
 
-/// Aborts the task when dropped (the loop above is aborted with its own task).
+/// Aborts the reflector's task when the node agent's loop ends (its task is aborted when
+/// [`FakeKubelets`] is dropped, which drops this guard).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {

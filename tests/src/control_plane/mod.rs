@@ -172,7 +172,7 @@ pub fn provenance_of(dir: &Path) -> Result<(), String> {
         let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         println!(
             "control plane binary {binary} ({}): sha256 {}",
-            expected,
+            expected.trim_end(),
             hex::encode(sha2::Sha256::digest(&bytes))
         );
     }
@@ -448,14 +448,8 @@ impl RealControlPlane {
         self.processes
             .iter()
             .map(|(name, child)| {
-                let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
-                    .unwrap_or_default();
-                let rss = status
-                    .lines()
-                    .find_map(|l| l.strip_prefix("VmRSS:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                    .unwrap_or(0);
-                (name.clone(), rss)
+                let rss = crate::lambda_api::status_kib(&child.id().to_string(), "VmRSS");
+                (name.clone(), rss.unwrap_or(0))
             })
             .collect()
     }
@@ -778,13 +772,12 @@ async fn client_config(
 }
 
 /// Binds `user` to a ClusterRole of its own name holding `rules` (a JSON array of RBAC rules),
-/// applied as `admin`.
+/// applied as `admin` ([`world::apply_manifest`]).
 pub async fn grant_cluster_role(
     admin: &kube::Client,
     user: &str,
     rules: &str,
 ) -> Result<(), ControlPlaneError> {
-    use kube::api::{DynamicObject, Patch, PatchParams};
     let rules: serde_json::Value =
         serde_json::from_str(rules).map_err(|e| setup(&format!("{user}'s role"), e))?;
     let group = "rbac.authorization.k8s.io";
@@ -798,23 +791,8 @@ pub async fn grant_cluster_role(
         "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": user},
         "subjects": [{"apiGroup": group, "kind": "User", "name": user}],
     });
-    for (kind, object) in [("ClusterRole", role), ("ClusterRoleBinding", binding)] {
-        let resource = kube::discovery::ApiResource {
-            group: group.into(),
-            version: "v1".into(),
-            api_version: format!("{group}/v1"),
-            kind: kind.into(),
-            plural: format!("{}s", kind.to_lowercase()),
-        };
-        let api: kube::Api<DynamicObject> = kube::Api::all_with(admin.clone(), &resource);
-        api.patch(
-            user,
-            &PatchParams::apply("test-kit").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .map_err(|e| setup(&format!("{user}'s {kind}"), e))?;
-    }
+    // JSON documents are YAML documents.
+    world::apply_manifest(admin, &format!("{role}\n---\n{binding}")).await?;
     Ok(())
 }
 

@@ -454,18 +454,20 @@ impl State {
         })
     }
 
-    fn namespace_exists(&self, namespace: &str) -> bool {
+    fn namespace(&self, namespace: &str) -> Option<&Value> {
         self.objects
-            .get("namespaces")
-            .is_some_and(|b| b.contains_key(&(String::new(), namespace.to_owned())))
+            .get("namespaces")?
+            .get(&(String::new(), namespace.to_owned()))
+    }
+
+    fn namespace_exists(&self, namespace: &str) -> bool {
+        self.namespace(namespace).is_some()
     }
 
     /// Whether `namespace` is being deleted (its content goes first, and nothing new may be
     /// created in it: the NamespaceLifecycle admission plugin).
     pub(crate) fn namespace_terminating(&self, namespace: &str) -> bool {
-        self.objects
-            .get("namespaces")
-            .and_then(|b| b.get(&(String::new(), namespace.to_owned())))
+        self.namespace(namespace)
             .is_some_and(|object| object["metadata"].get("deletionTimestamp").is_some())
     }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use node_manager::aws::InstanceHealth;
 use node_manager::aws::in_memory::InMemoryInstanceHealth;
+use node_manager::lifecycle::node::is_ready;
 use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager::node_repair::run::{self, RepairContext};
 use node_manager::node_repair::settings::RepairSettings;
@@ -123,8 +124,7 @@ impl RepairSoak {
         let server = &soak.server;
         server
             .wait_for("nodes Ready", Duration::from_secs(10), |store| {
-                store.list::<Node>().iter().all(|n| ready(n) == Some(true))
-                    && store.list::<Node>().len() == nodes
+                store.list::<Node>().iter().all(is_ready) && store.list::<Node>().len() == nodes
             })
             .await
             .expect("nodes Ready");
@@ -286,14 +286,4 @@ impl RepairSoak {
             ));
         }
     }
-}
-
-fn ready(node: &Node) -> Option<bool> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.status == "True")
 }
