@@ -864,6 +864,7 @@ fn iam_grants_no_wildcard_action_and_resource_star_only_for_reads_without_resour
         "autoscaling:DescribeAutoScalingInstances",
         "ec2:DescribeInstances",
         "autoscaling:DescribeInstanceRefreshes",
+        "autoscaling:DescribeWarmPool",
         "ec2:DescribeSpotInstanceRequests",
         "ec2:DescribeInstanceStatus",
         "ec2:DescribeLaunchTemplates",

@@ -508,3 +508,69 @@ async fn reconcile_the_end_of_a_reboot_leaves_a_running_refreshs_cordon() {
         "InProgress"
     );
 }
+
+/// A scale-in whose lifecycle notification never reaches the hook (lost, or every retry of
+/// its invocation failed): Auto Scaling keeps the action waiting until the hook's heartbeat
+/// timeout, then terminates the instance with its pods on it. The scheduled run finds the
+/// action waiting with no drain on its node and publishes it again to the lifecycle topic;
+/// the fresh invocation proves it pending, drains the node and completes the action by its
+/// instance (Auto Scaling lists no token). The next run finds nothing waiting.
+#[tokio::test]
+async fn reconcile_a_terminating_action_whose_notification_was_lost_is_drained_and_completed() {
+    let w = world(&[]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    let (mut subscription, _lost) = w.start_termination().await;
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
+    assert_eq!(outcomes(&answer), ["Redelivered"], "{answer}");
+    let redelivered = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .expect("the waiting action published again");
+    assert_eq!(evictions(&w), 0, "the sweep itself drains nothing");
+    let answer = lambda.response_to(&redelivered).await;
+    assert_eq!(answer["records"][0]["outcome"], "Completed", "{answer}");
+    assert_eq!(evictions(&w), 3, "every pod of the node evicted");
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(completions.len(), 1, "{completions:?}");
+    assert_eq!(completions[0].instance_id, INSTANCE);
+    assert_eq!(completions[0].result.as_str(), "CONTINUE");
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
+    assert!(outcomes(&answer).is_empty(), "{answer}");
+}
+
+/// An action whose drain was handed over to a fresh invocation is not published again
+/// while that continuation may still land (the drain's lease, let go at the hand-over, keeps
+/// its time).
+#[tokio::test]
+async fn reconcile_a_terminating_action_handed_over_is_not_published_again() {
+    let w = world(&[("DRAIN_LEASE_SECONDS", "30")]).await;
+    let lambda = w.function(Target::TerminatingHook);
+    // Nothing may leave: the drain runs out of its invocation's time and hands over.
+    w.server
+        .store()
+        .create(&fixtures::pdb_min_available(
+            "default",
+            "nginx",
+            3,
+            &[("app", "nginx")],
+        ))
+        .unwrap();
+    let (mut subscription, event) = w.start_termination().await;
+    let outcome = lambda
+        .runtime
+        .invoke(&event, Duration::from_secs(8))
+        .await
+        .unwrap();
+    let InvocationOutcome::Response(answer) = outcome else {
+        panic!("{outcome:?}\n{}", lambda.runtime.output());
+    };
+    assert_eq!(answer["records"][0]["outcome"], "HandedOver", "{answer}");
+    subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .expect("the drain's continuation");
+    let answer = lambda.response_to(&fixtures::schedule_tick()).await;
+    assert!(outcomes(&answer).is_empty(), "{answer}");
+    let published = subscription.next_event(Duration::from_millis(500)).await;
+    assert!(published.is_none(), "{published:?}");
+}

@@ -35,7 +35,7 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 fn print(report: &SeedReport) {
     println!(
-        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations, {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns, {} repairs; {} violations; {:.1}s",
+        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations ({} re-deliveries), {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns, {} repairs; {} violations; {:.1}s",
         report.seed,
         report.fates,
         report.steps,
@@ -45,6 +45,7 @@ fn print(report: &SeedReport) {
         report.invocations,
         report.failed_invocations,
         report.continuations,
+        report.redeliveries,
         report.brownouts,
         report.evictions,
         report.refresh_writes,
@@ -72,6 +73,7 @@ async fn event_soak_keeps_every_invariant() {
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
     let (mut refresh_writes, mut warm_pool_returns, mut repairs) = (0, 0, 0);
+    let mut redeliveries = 0;
     while let Some(report) = reports.next().await {
         let report = &report;
         print(report);
@@ -83,6 +85,7 @@ async fn event_soak_keeps_every_invariant() {
         refresh_writes += report.refresh_writes;
         warm_pool_returns += report.warm_pool_returns;
         repairs += report.repairs;
+        redeliveries += report.redeliveries;
         if !report.violations.is_empty() {
             failing.push(format!(
                 "seed {}: {:?}\n  rerun alone: {}",
@@ -93,7 +96,7 @@ async fn event_soak_keeps_every_invariant() {
         }
     }
     println!(
-        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {repairs} repairs, {} failing seeds",
+        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {repairs} repairs, {redeliveries} re-deliveries, {} failing seeds",
         failing.len()
     );
     if count >= 20 {
@@ -105,7 +108,8 @@ async fn event_soak_keeps_every_invariant() {
                 && evictions > 0
                 && refresh_writes > 0
                 && warm_pool_returns > 0
-                && repairs > 0,
+                && repairs > 0
+                && redeliveries > 0,
             "the soak exercised too little"
         );
     }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use node_manager::aws::LifecycleActionResult;
-use node_manager::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+use node_manager::lifecycle::notification::FOUND_WAITING_FIELD;
 use node_manager::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
+use node_manager::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, MARKED_LABEL};
 use node_manager_testkit::aws::{
     InstanceState, LifecycleTransition, SnsSubscription, WarmPoolState,
 };
@@ -213,7 +214,11 @@ async fn with_warm_pool_wait_for_node_a_launch_into_the_pool_waits_for_the_node(
 /// Scale-in with reuse, the instance stopped in the pool, then scale-out from the pool:
 /// returns the launching hook's answer and the launch notification it answered.
 async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
-    let mut subscription = scale_in_to_stopped_pool(w).await;
+    round_trip_with(w, ScaleIn::Notified).await
+}
+
+async fn round_trip_with(w: &FunctionWorld, scale_in: ScaleIn) -> (Value, Value) {
+    let mut subscription = scale_in_to_stopped_pool_with(w, scale_in).await;
     let (event, answer) =
         scale_out_from_pool(w, &mut subscription, Duration::from_millis(500)).await;
     let message = corpus::message_of(&event);
@@ -230,9 +235,47 @@ async fn round_trip(w: &FunctionWorld) -> (Value, Value) {
     (answer, event)
 }
 
+/// How the terminating hook learns of a scale-in to the pool.
+#[derive(Clone, Copy)]
+enum ScaleIn {
+    /// From Auto Scaling's notification.
+    Notified,
+    /// The notification is lost: from the scheduled run, which finds the action waiting
+    /// and publishes it again.
+    FoundBySweep,
+}
+
+async fn scale_in_to_stopped_pool(w: &FunctionWorld) -> SnsSubscription {
+    scale_in_to_stopped_pool_with(w, ScaleIn::Notified).await
+}
+
+/// The event the terminating hook gets for the scale-in Auto Scaling notified with
+/// `notified`: that one, or (lost) what the scheduled run publishes again.
+async fn scale_in_event(
+    w: &FunctionWorld,
+    subscription: &mut SnsSubscription,
+    notified: Value,
+    scale_in: ScaleIn,
+) -> Value {
+    if let ScaleIn::Notified = scale_in {
+        return notified;
+    }
+    let lambda = w.function(Target::TerminatingHook);
+    let tick = lambda.response_to(&fixtures::schedule_tick()).await;
+    assert!(tick.to_string().contains("Redelivered"), "{tick}");
+    let event = subscription
+        .next_event(Duration::from_secs(5))
+        .await
+        .expect("the waiting action published again");
+    let message = corpus::message_of(&event);
+    assert_eq!(message[FOUND_WAITING_FIELD], true, "{message}");
+    assert!(message.get("LifecycleActionToken").is_none(), "{message}");
+    event
+}
+
 /// Scale-in with reuse: the terminating hook drains the node, the instance stops in the pool
 /// and the cloud controller taints the node. Returns the subscription to the hook's topic.
-async fn scale_in_to_stopped_pool(w: &FunctionWorld) -> SnsSubscription {
+async fn scale_in_to_stopped_pool_with(w: &FunctionWorld, scale_in: ScaleIn) -> SnsSubscription {
     let aws = &w.aws;
     aws.autoscaling()
         .set_warm_pool(GROUP, WarmPoolState::Stopped);
@@ -252,6 +295,7 @@ async fn scale_in_to_stopped_pool(w: &FunctionWorld) -> SnsSubscription {
         .next_event(Duration::from_secs(5))
         .await
         .unwrap();
+    let event = scale_in_event(w, &mut subscription, event, scale_in).await;
     let message = corpus::message_of(&event);
     assert_eq!(message["Origin"], "AutoScalingGroup");
     assert_eq!(message["Destination"], "WarmPool");
@@ -294,6 +338,30 @@ fn world() -> node_manager_testkit::e2e::FunctionWorldBuilder {
         .env("LAUNCH_TIMEOUT_SECONDS", "20")
         .env("HAND_OVER_MARGIN_SECONDS", "5")
         .log_level("info")
+}
+
+/// The scale-in's notification is lost: the scheduled run finds the instance waiting on
+/// its way into the pool (`DescribeWarmPool`) and publishes the action again, going to the
+/// pool; the drain records the pool as for the notification, and the return undoes it all,
+/// the common label included.
+#[tokio::test]
+async fn a_scale_in_to_the_pool_whose_notification_was_lost_is_drained_and_undone_on_return() {
+    let w = world().start().await;
+    let (answer, _) = round_trip_with(&w, ScaleIn::FoundBySweep).await;
+    let restored = &answer["records"][0]["restored"];
+    assert_eq!(restored["uncordoned"], true, "{answer}");
+    assert!(restored["went_to_pool_at"].is_string(), "{answer}");
+    let node = node_of(&w);
+    assert!(!unschedulable(&node) && !has_exclude_label(&node));
+    assert!(checkpoint(&node).is_none(), "the drain record is gone");
+    let labels = node.metadata.labels.unwrap_or_default();
+    assert!(!labels.contains_key(MARKED_LABEL), "{labels:?}");
+    let completions = w.aws.autoscaling().completions();
+    assert_eq!(
+        completions.len(),
+        2,
+        "the scale-in's and the return's: {completions:?}"
+    );
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::*;
+use crate::lifecycle::notification::LifecycleTransition;
 
 /// Errors queued per operation name; each call pops one before doing anything.
 #[derive(Debug, Default, Clone)]
@@ -67,7 +68,12 @@ struct AutoScalingState {
     lifecycle_states: BTreeMap<String, String>,
     /// (group, refresh id) -> status, as `DescribeInstanceRefreshes` reports it.
     refresh_statuses: BTreeMap<(String, String), String>,
+    /// (group, hook) -> the topic the hook notifies (`NotificationTargetARN`).
+    hook_targets: HashMap<(String, String), String>,
 }
+
+/// The account of every group of the in-memory Auto Scaling (what its ARN would say).
+pub const IN_MEMORY_ACCOUNT: &str = "111111111111";
 
 /// Auto Scaling with pending lifecycle actions, hooks and group tags.
 #[derive(Debug, Default, Clone)]
@@ -105,6 +111,13 @@ impl InMemoryAutoScaling {
         lock(&self.state)
             .hooks
             .insert((group.to_owned(), hook.name.clone()), hook);
+    }
+
+    /// Makes `group`'s hook `hook` notify `topic_arn` (its `NotificationTargetARN`).
+    pub fn set_hook_target(&self, group: &str, hook: &str, topic_arn: &str) {
+        lock(&self.state)
+            .hook_targets
+            .insert((group.to_owned(), hook.to_owned()), topic_arn.to_owned());
     }
 
     /// Makes `action` pending, as Auto Scaling does when it sends the notification.
@@ -170,6 +183,62 @@ impl GroupActivity for InMemoryAutoScaling {
             .get(&(group_name.to_owned(), instance_refresh_id.to_owned()))
             .cloned())
     }
+
+    /// The pending actions of terminating hooks that notify `topic_arn`, in groups `groups`
+    /// finds (a pending action is one waiting for its hook); into the warm pool when the
+    /// instance's state set by [`Self::set_lifecycle_state`] is `Warmed:Pending:Wait`.
+    async fn waiting_terminations(
+        &self,
+        groups: &GroupQuery,
+        topic_arn: &str,
+    ) -> Result<Vec<WaitingTermination>, AwsError> {
+        self.faults.take("DescribeAutoScalingGroups")?;
+        let state = lock(&self.state);
+        let mut waiting: Vec<WaitingTermination> = state
+            .pending
+            .keys()
+            .filter(|(group, hook, _)| {
+                let ours = state.tags.get(group).is_some_and(|tags| {
+                    groups.names.contains(group) || matches_any_tag(tags, &groups.tags)
+                });
+                let terminating = state
+                    .hooks
+                    .get(&(group.clone(), hook.clone()))
+                    .is_some_and(|h| h.transition == LifecycleTransition::Terminating.as_str());
+                let target = state.hook_targets.get(&(group.clone(), hook.clone()));
+                ours && terminating && target.is_some_and(|t| t == topic_arn)
+            })
+            .map(|(group, hook, instance)| WaitingTermination {
+                action: LifecycleActionRef {
+                    auto_scaling_group_name: group.clone(),
+                    lifecycle_hook_name: hook.clone(),
+                    instance_id: instance.clone(),
+                    token: String::new(),
+                },
+                account_id: IN_MEMORY_ACCOUNT.to_owned(),
+                into_warm_pool: state
+                    .lifecycle_states
+                    .get(instance)
+                    .is_some_and(|s| s == "Warmed:Pending:Wait"),
+            })
+            .collect();
+        waiting.sort_by(|a, b| a.action.instance_id.cmp(&b.action.instance_id));
+        Ok(waiting)
+    }
+}
+
+/// Whether `tags` carry one of `wanted` (a key with one of its values; no values: any).
+fn matches_any_tag(tags: &BTreeMap<String, String>, wanted: &[(String, Vec<String>)]) -> bool {
+    wanted.iter().any(|(key, values)| {
+        tags.get(key)
+            .is_some_and(|v| values.is_empty() || values.contains(v))
+    })
+}
+
+/// Whether `action` names the pending action of its group, hook and instance whose token is
+/// `pending_token`: by that token, or by the instance alone (no token).
+fn names_pending(action: &LifecycleActionRef, pending_token: &str) -> bool {
+    action.by_instance_only() || action.token == pending_token
 }
 
 fn key(action: &LifecycleActionRef) -> (String, String, String) {
@@ -189,7 +258,7 @@ impl AutoScaling for InMemoryAutoScaling {
         self.faults.take("CompleteLifecycleAction")?;
         let mut state = lock(&self.state);
         match state.pending.get(&key(action)) {
-            Some(token) if *token == action.token => {
+            Some(token) if names_pending(action, token) => {
                 state.pending.remove(&key(action));
                 state.completions.push(RecordedCompletion {
                     action: action.clone(),
@@ -208,7 +277,7 @@ impl AutoScaling for InMemoryAutoScaling {
         self.faults.take("RecordLifecycleActionHeartbeat")?;
         let mut state = lock(&self.state);
         match state.pending.get(&key(action)) {
-            Some(token) if *token == action.token => {
+            Some(token) if names_pending(action, token) => {
                 state.heartbeats.push(action.clone());
                 Ok(HeartbeatOutcome::Recorded)
             }

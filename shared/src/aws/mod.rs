@@ -79,8 +79,50 @@ pub struct LifecycleActionRef {
     pub auto_scaling_group_name: String,
     pub lifecycle_hook_name: String,
     pub instance_id: String,
-    /// The `LifecycleActionToken` of the notification (not a credential).
+    /// The `LifecycleActionToken` of the notification (not a credential). Empty for an
+    /// action the sweep found waiting after its notification was lost: Auto Scaling lists
+    /// no token, so the action is named by its group, hook and instance, which name one
+    /// pending action at a time (`CompleteLifecycleAction` and
+    /// `RecordLifecycleActionHeartbeat` accept the instance id instead of the token).
     pub token: String,
+}
+
+impl LifecycleActionRef {
+    /// Whether the action is named by its instance alone (see [`Self::token`]).
+    pub fn by_instance_only(&self) -> bool {
+        self.token.is_empty()
+    }
+
+    /// What names this action in what is remembered per action (a group's scope, a hook's
+    /// timings): its token, else its hook and instance.
+    pub fn memo_key(&self) -> String {
+        if self.by_instance_only() {
+            format!("{}/{}", self.lifecycle_hook_name, self.instance_id)
+        } else {
+            self.token.clone()
+        }
+    }
+}
+
+/// A terminating lifecycle action Auto Scaling lists as waiting (`Terminating:Wait`) for a
+/// hook that notifies this stack's topic, as [`GroupActivity::waiting_terminations`] finds
+/// it: named by instance (no token), with the account of its group.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingTermination {
+    pub action: LifecycleActionRef,
+    /// The account of the group's ARN (what a notification's `AccountId` would say).
+    pub account_id: String,
+    /// Whether the instance goes back to the group's warm pool (a scale-in with instance
+    /// reuse, waiting in `Warmed:Pending:Wait`) rather than out of the group.
+    pub into_warm_pool: bool,
+}
+
+/// Which groups are the cluster's, as a query: groups carrying one of `tags` (a key with
+/// the values it may have; no values: any value), or named in `names`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupQuery {
+    pub tags: Vec<(String, Vec<String>)>,
+    pub names: Vec<String>,
 }
 
 /// The result given to `CompleteLifecycleAction`.
@@ -365,6 +407,18 @@ pub trait GroupActivity: Send + Sync {
         group_name: &str,
         instance_refresh_id: &str,
     ) -> impl Future<Output = Result<Option<String>, AwsError>> + Send;
+
+    /// The terminating lifecycle actions waiting in the groups `groups` finds, for their
+    /// terminating hooks that notify `topic_arn` (`DescribeAutoScalingGroups` by tag and by
+    /// name, every page; `DescribeWarmPool` of each group with a warm pool;
+    /// `DescribeLifecycleHooks` of each group with an instance in `Terminating:Wait`, or in
+    /// `Warmed:Pending:Wait` in its pool: a scale-in back to the pool, or a launch into it,
+    /// which the drain's proof tells apart, its heartbeat naming the terminating hook).
+    fn waiting_terminations(
+        &self,
+        groups: &GroupQuery,
+        topic_arn: &str,
+    ) -> impl Future<Output = Result<Vec<WaitingTermination>, AwsError>> + Send;
 }
 
 /// The EC2 states in which an instance still holds (or will again hold) its instance

@@ -14,6 +14,7 @@ use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use aws_types::SdkConfig;
 
 use super::*;
+use crate::lifecycle::notification::LifecycleTransition;
 
 /// The text Auto Scaling answers with when the lifecycle action is already completed,
 /// abandoned or expired (a `ValidationError`).
@@ -232,7 +233,7 @@ impl AutoScaling for SdkAutoScaling {
             .auto_scaling_group_name(&action.auto_scaling_group_name)
             .lifecycle_hook_name(&action.lifecycle_hook_name)
             .instance_id(&action.instance_id)
-            .lifecycle_action_token(&action.token)
+            .set_lifecycle_action_token(token_of(action))
             .lifecycle_action_result(result.as_str())
             .send()
             .await;
@@ -259,7 +260,7 @@ impl AutoScaling for SdkAutoScaling {
             .auto_scaling_group_name(&action.auto_scaling_group_name)
             .lifecycle_hook_name(&action.lifecycle_hook_name)
             .instance_id(&action.instance_id)
-            .lifecycle_action_token(&action.token)
+            .set_lifecycle_action_token(token_of(action))
             .send()
             .await;
         match sent {
@@ -1227,7 +1228,60 @@ fn percentage(value: Option<i32>) -> Option<u32> {
     value.and_then(|v| u32::try_from(v).ok())
 }
 
+/// The action's token for a call that names the action, `None` when it is named by its
+/// instance alone (Auto Scaling refuses an empty token).
+fn token_of(action: &LifecycleActionRef) -> Option<String> {
+    (!action.by_instance_only()).then(|| action.token.clone())
+}
+
 impl GroupActivity for SdkAutoScaling {
+    async fn waiting_terminations(
+        &self,
+        groups: &GroupQuery,
+        topic_arn: &str,
+    ) -> Result<Vec<WaitingTermination>, AwsError> {
+        let mut waiting = Vec::new();
+        for group in self.groups_matching(groups).await? {
+            let Some(name) = group.auto_scaling_group_name() else {
+                continue;
+            };
+            let mut instances: Vec<(String, bool)> = group
+                .instances()
+                .iter()
+                .filter(|i| i.lifecycle_state().map(|s| s.as_str()) == Some(TERMINATING_WAIT))
+                .filter_map(|i| Some((i.instance_id()?.to_owned(), false)))
+                .collect();
+            if group.warm_pool_configuration().is_some() {
+                let pooled = self.instances_waiting_into_pool(name).await?;
+                instances.extend(pooled.into_iter().map(|id| (id, true)));
+            }
+            if instances.is_empty() {
+                continue;
+            }
+            let account_id = group
+                .auto_scaling_group_arn()
+                .and_then(|arn| arn.split(':').nth(4))
+                .unwrap_or_default();
+            for hook in self.terminating_hooks_notifying(name, topic_arn).await? {
+                waiting.extend(
+                    instances
+                        .iter()
+                        .map(|(id, into_warm_pool)| WaitingTermination {
+                            action: LifecycleActionRef {
+                                auto_scaling_group_name: name.to_owned(),
+                                lifecycle_hook_name: hook.clone(),
+                                instance_id: id.clone(),
+                                token: String::new(),
+                            },
+                            account_id: account_id.to_owned(),
+                            into_warm_pool: *into_warm_pool,
+                        }),
+                );
+            }
+        }
+        Ok(waiting)
+    }
+
     async fn lifecycle_states(
         &self,
         instance_ids: &[String],
@@ -1252,7 +1306,111 @@ impl GroupActivity for SdkAutoScaling {
     }
 }
 
+/// The lifecycle state of an instance whose terminating action waits for its hook.
+const TERMINATING_WAIT: &str = "Terminating:Wait";
+/// The lifecycle state of an instance on its way into the warm pool waiting for a hook.
+const WARMED_PENDING_WAIT: &str = "Warmed:Pending:Wait";
+
 impl SdkAutoScaling {
+    /// The groups `query` finds, each once: one `DescribeAutoScalingGroups` (every page) per
+    /// tag, and the named ones in batches.
+    async fn groups_matching(
+        &self,
+        query: &GroupQuery,
+    ) -> Result<Vec<aws_sdk_autoscaling::types::AutoScalingGroup>, AwsError> {
+        use aws_sdk_autoscaling::types::Filter;
+        let mut requests: Vec<_> = query
+            .tags
+            .iter()
+            .map(|(key, values)| {
+                let filter = if values.is_empty() {
+                    Filter::builder().name("tag-key").values(key)
+                } else {
+                    Filter::builder()
+                        .name(format!("tag:{key}"))
+                        .set_values(Some(values.clone()))
+                };
+                self.client()
+                    .describe_auto_scaling_groups()
+                    .filters(filter.build())
+            })
+            .collect();
+        requests.extend(query.names.chunks(AUTO_SCALING_BATCH).map(|batch| {
+            self.client()
+                .describe_auto_scaling_groups()
+                .set_auto_scaling_group_names(Some(batch.to_vec()))
+        }));
+        let mut found = BTreeMap::new();
+        for request in requests {
+            let groups: Vec<_> = request
+                .into_paginator()
+                .items()
+                .send()
+                .try_collect()
+                .await
+                .map_err(|e| classify("DescribeAutoScalingGroups", e))?;
+            for group in groups {
+                let name = group
+                    .auto_scaling_group_name()
+                    .unwrap_or_default()
+                    .to_owned();
+                found.entry(name).or_insert(group);
+            }
+        }
+        Ok(found.into_values().collect())
+    }
+
+    /// The instances of `group`'s warm pool waiting for a lifecycle hook on their way in
+    /// (`DescribeWarmPool`, every page).
+    async fn instances_waiting_into_pool(&self, group: &str) -> Result<Vec<String>, AwsError> {
+        let mut found = Vec::new();
+        let mut next_token = None;
+        loop {
+            let page = self
+                .client()
+                .describe_warm_pool()
+                .auto_scaling_group_name(group)
+                .set_next_token(next_token)
+                .send()
+                .await
+                .map_err(|e| classify("DescribeWarmPool", e))?;
+            found.extend(
+                page.instances()
+                    .iter()
+                    .filter(|i| {
+                        i.lifecycle_state().map(|s| s.as_str()) == Some(WARMED_PENDING_WAIT)
+                    })
+                    .filter_map(|i| i.instance_id().map(str::to_owned)),
+            );
+            next_token = page.next_token().map(str::to_owned);
+            if next_token.is_none() {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// The names of `group`'s terminating hooks whose notifications go to `topic_arn`.
+    async fn terminating_hooks_notifying(
+        &self,
+        group: &str,
+        topic_arn: &str,
+    ) -> Result<Vec<String>, AwsError> {
+        let output = self
+            .client()
+            .describe_lifecycle_hooks()
+            .auto_scaling_group_name(group)
+            .send()
+            .await
+            .map_err(|e| classify("DescribeLifecycleHooks", e))?;
+        Ok(output
+            .lifecycle_hooks()
+            .iter()
+            .filter(|h| h.lifecycle_transition() == Some(LifecycleTransition::Terminating.as_str()))
+            .filter(|h| h.notification_target_arn() == Some(topic_arn))
+            .filter_map(|h| h.lifecycle_hook_name().map(str::to_owned))
+            .collect())
+    }
+
     /// One page of `DescribeInstanceRefreshes` for the group (the refresh `id`, or the
     /// newest ones), read as descriptions. An unknown group is a validation error: none.
     async fn instance_refreshes(

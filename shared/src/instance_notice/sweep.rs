@@ -30,6 +30,7 @@ use crate::aws::{GroupActivity, InstanceNoticesBatch, ScheduledInstanceEvent};
 use crate::cluster::connection::KubeConnection;
 use crate::drain::Drainer;
 use crate::lifecycle::handler::{HookClients, Invocation};
+use crate::lifecycle::redeliver::redeliver_waiting;
 use crate::node_marks::maintenance::health_type_code;
 use crate::reconcile::Action;
 use crate::reconcile::run::{DueDrain, Reconciled, reconcile_marks};
@@ -52,6 +53,7 @@ where
         outcomes,
         drains,
         maintenance_covered,
+        lifecycle_drains,
         ..
     } = reconciled;
     let mut instances: Vec<InstanceOutcome> = outcomes
@@ -82,10 +84,46 @@ where
     covered.extend(spot.iter().map(|o| o.instance_id.clone()));
     instances.extend(spot);
     instances.extend(lost_health_events(&handler, &covered, invocation).await);
+    instances.extend(lost_lifecycle_notifications(drainer, &lifecycle_drains).await);
     Ok(NoticeReport {
         event: "Sweep".to_owned(),
         instances,
     })
+}
+
+/// The terminating actions Auto Scaling lists as waiting that nobody drains, published to
+/// the lifecycle topic again ([`crate::lifecycle::redeliver`]); none without a topic
+/// (`CONTINUATION_TOPIC_ARN`).
+async fn lost_lifecycle_notifications<C: HookClients>(
+    drainer: &Drainer<C>,
+    lifecycle_drains: &std::collections::BTreeMap<
+        String,
+        crate::node_marks::checkpoint::DrainCheckpoint,
+    >,
+) -> Vec<InstanceOutcome>
+where
+    C::AutoScaling: GroupActivity,
+{
+    let context = &drainer.context;
+    let Some(topic_arn) = context.settings.lifecycle.continuation_topic_arn.as_deref() else {
+        return Vec::new();
+    };
+    let found = redeliver_waiting(
+        &context.autoscaling,
+        &context.notifications,
+        &context.scope,
+        topic_arn,
+        lifecycle_drains,
+    )
+    .await;
+    found
+        .into_iter()
+        .map(|r| InstanceOutcome {
+            instance_id: r.instance_id,
+            outcome: r.outcome.to_owned(),
+            detail: Some(r.detail),
+        })
+        .collect()
 }
 
 /// How long each account-wide scan of EC2 (the Spot requests marked for interruption, the

@@ -16,12 +16,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::aws::{AwsError, Instances};
-use crate::node_marks::checkpoint::checkpoint_of;
-use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint};
-use crate::node_marks::out_of_service::{Undone, add_undo_to_patch};
+use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of, undo_record_patch};
+use crate::node_marks::out_of_service::Undone;
 use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
 use crate::retry::{RetryPolicy, with_retries};
 
@@ -100,21 +99,12 @@ pub(crate) fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Re
     if checkpoint.action.instance_id != instance_id {
         return None;
     }
-    let mut patch = json!({
-        "metadata": {
-            "resourceVersion": node.metadata.resource_version,
-            "annotations": {CHECKPOINT_ANNOTATION: null},
-        }
-    });
-    let mut restored = Restored {
+    let (patch, undone) = undo_record_patch(node, &checkpoint);
+    let restored = Restored {
         went_to_pool_at: checkpoint.to_warm_pool_at.map(|t| t.to_string()),
-        ..Restored::default()
+        unknown_changes: undone.is_none(),
+        undone: undone.unwrap_or_default(),
     };
-    let Some(changed) = checkpoint.out_of_service else {
-        restored.unknown_changes = true;
-        return Some((patch, restored));
-    };
-    restored.undone = add_undo_to_patch(&changed, node, &mut patch);
     Some((patch, restored))
 }
 
@@ -166,7 +156,10 @@ mod tests {
     use crate::aws::LifecycleActionRef;
     use crate::aws::in_memory::InMemoryInstances;
     use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
+    use crate::node_marks::MARKED_LABEL;
+    use crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
     use crate::node_marks::checkpoint::{AddedTaint, OutOfService};
+    use serde_json::json;
 
     const INSTANCE: &str = "i-0123456789abcdef0";
 
@@ -284,6 +277,45 @@ mod tests {
         assert_eq!(restore_patch(&other, INSTANCE), None);
         let unreadable = drained_node(Some("{not json".into()));
         assert_eq!(restore_patch(&unreadable, INSTANCE), None);
+    }
+
+    /// The common label the reconciler lists marked nodes by goes with our last mark, in the
+    /// same write; another mark of ours (a maintenance plan) keeps it.
+    #[test]
+    fn the_common_label_goes_with_the_last_mark() {
+        let mut node = drained_node(Some(checkpoint(INSTANCE, Some(everything()))));
+        let labels = node.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(MARKED_LABEL.into(), "true".into());
+        let (patch, _) = restore_patch(&node, INSTANCE).unwrap();
+        assert_eq!(
+            patch["metadata"]["labels"][MARKED_LABEL],
+            Value::Null,
+            "{patch}"
+        );
+        assert!(
+            patch["metadata"]["labels"].get(MARKED_LABEL).is_some(),
+            "{patch}"
+        );
+        let plan = crate::node_marks::maintenance::MaintenanceRecord {
+            type_code: "AWS_EC2_INSTANCE_REBOOT_MAINTENANCE_SCHEDULED".into(),
+            instance_id: INSTANCE.into(),
+            auto_scaling_group_name: "g".into(),
+            starts_at: Timestamp::UNIX_EPOCH,
+            drain_from: Timestamp::UNIX_EPOCH,
+            event: None,
+        };
+        node.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                crate::node_marks::maintenance::MAINTENANCE_ANNOTATION.into(),
+                serde_json::to_string(&plan).unwrap(),
+            );
+        let (patch, _) = restore_patch(&node, INSTANCE).unwrap();
+        assert!(
+            patch["metadata"]["labels"].get(MARKED_LABEL).is_none(),
+            "{patch}"
+        );
     }
 
     #[test]

@@ -117,7 +117,7 @@ impl<C: HookClients, S: HookSettings> HookContext<C, S> {
                 invocation.function_account.as_deref(),
                 &notification.account_id,
                 &notification.action.auto_scaling_group_name,
-                &notification.action.token,
+                &notification.action.memo_key(),
             )
             .await
     }
@@ -131,7 +131,7 @@ impl<C: HookClients, S: HookSettings> HookContext<C, S> {
                 &self.autoscaling,
                 &action.auto_scaling_group_name,
                 &action.lifecycle_hook_name,
-                &action.token,
+                &action.memo_key(),
             )
             .await;
         HeartbeatKeeper::new(action.clone(), &hook, notification.time, notification.time)

@@ -5,7 +5,8 @@
 //! use ([`budget`]), the hook's timeouts ([`hook_timings`]; like group scope, re-read per action
 //! and after [`recent::MAX_AGE`]), heartbeats that keep the action
 //! alive ([`heartbeat`]), and the hand-over to a fresh invocation or the completion
-//! ([`hand_over`]).
+//! ([`hand_over`]); and the terminating actions nobody drains, published again by the sweep
+//! ([`redeliver`]).
 //!
 //! Shared by the terminating hook (`drain`) and the launching hook (`launch`).
 
@@ -24,6 +25,8 @@ pub mod node;
 pub mod notification;
 #[cfg(feature = "runtime")]
 pub mod recent;
+#[cfg(feature = "runtime")]
+pub mod redeliver;
 #[cfg(feature = "runtime")]
 pub mod scope;
 #[cfg(feature = "runtime")]

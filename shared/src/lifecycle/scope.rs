@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::aws::{AutoScaling, AwsError};
+use crate::aws::{AutoScaling, AwsError, GroupQuery};
 use crate::settings::ClusterScope;
 
 use super::recent::RecentReads;
@@ -217,7 +217,7 @@ pub(crate) fn decide_by_tags(
     tags: &BTreeMap<String, String>,
 ) -> ScopeDecision {
     for name in std::iter::once(&cluster.cluster_name).chain(&cluster.additional_cluster_names) {
-        for key in ["eks:cluster-name", "alpha.eksctl.io/cluster-name"] {
+        for key in CLUSTER_NAME_TAGS {
             if tags.get(key).is_some_and(|value| value == name) {
                 return ScopeDecision::Ours {
                     evidence: format!("tag {key}={name}"),
@@ -226,7 +226,7 @@ pub(crate) fn decide_by_tags(
         }
         // The cluster autoscaler convention: the key names the cluster, the value is
         // `owned` or `shared`; either way the group serves this cluster.
-        let key = format!("kubernetes.io/cluster/{name}");
+        let key = cluster_key_tag(name);
         if tags.contains_key(&key) {
             return ScopeDecision::Ours {
                 evidence: format!("tag {key}"),
@@ -234,6 +234,36 @@ pub(crate) fn decide_by_tags(
         }
     }
     ScopeDecision::Foreign(ForeignReason::NotTaggedForCluster)
+}
+
+/// The tags whose value names the cluster of a group (EKS's, eksctl's).
+const CLUSTER_NAME_TAGS: [&str; 2] = ["eks:cluster-name", "alpha.eksctl.io/cluster-name"];
+
+/// The cluster autoscaler's tag of a group of cluster `name`: its key names the cluster.
+fn cluster_key_tag(name: &str) -> String {
+    format!("kubernetes.io/cluster/{name}")
+}
+
+impl GroupScope {
+    /// The groups this scope takes as ours, as an Auto Scaling query: those tagged for the
+    /// cluster (any of its names, each convention [`decide_by_tags`] accepts) and those in
+    /// `AUTO_SCALING_GROUP_NAMES`. The account is checked on what is found.
+    pub fn query(&self) -> GroupQuery {
+        let cluster = &self.cluster;
+        let names: Vec<String> = std::iter::once(&cluster.cluster_name)
+            .chain(&cluster.additional_cluster_names)
+            .cloned()
+            .collect();
+        let mut tags: Vec<(String, Vec<String>)> = CLUSTER_NAME_TAGS
+            .iter()
+            .map(|key| ((*key).to_owned(), names.clone()))
+            .collect();
+        tags.extend(names.iter().map(|name| (cluster_key_tag(name), Vec::new())));
+        GroupQuery {
+            tags,
+            names: self.allowed_groups.clone(),
+        }
+    }
 }
 
 /// The account of a Lambda function ARN (`arn:aws:lambda:<region>:<account>:function:<name>`).
@@ -436,6 +466,79 @@ mod tests {
         assert_eq!(
             account_id_from_function_arn("arn:aws:sns:eu-west-1:1:t"),
             None
+        );
+    }
+
+    /// The query finds the groups the scope decides are ours, by every tag convention and
+    /// the allow-list, and no other.
+    #[tokio::test]
+    async fn the_group_query_finds_exactly_the_groups_decided_ours() {
+        use crate::aws::{GroupActivity, LifecycleActionRef, LifecycleActionResult, LifecycleHook};
+        let autoscaling = InMemoryAutoScaling::new();
+        let groups: [(&str, &[(&str, &str)]); 5] = [
+            ("eks", &[("eks:cluster-name", "ironman-old")]),
+            ("ca", &[("kubernetes.io/cluster/ironman-2022", "owned")]),
+            (
+                "eksctl",
+                &[("alpha.eksctl.io/cluster-name", "ironman-2022")],
+            ),
+            ("listed", &[]),
+            (
+                "foreign",
+                &[
+                    ("eks:cluster-name", "other"),
+                    ("kubernetes.io/cluster/other", "owned"),
+                ],
+            ),
+        ];
+        for (i, (group, group_tags)) in groups.iter().enumerate() {
+            autoscaling.add_group(group, group_tags);
+            autoscaling.add_hook(
+                group,
+                LifecycleHook {
+                    name: "drain".into(),
+                    transition: "autoscaling:EC2_INSTANCE_TERMINATING".into(),
+                    heartbeat_timeout: std::time::Duration::from_secs(300),
+                    global_timeout: std::time::Duration::from_secs(3600),
+                    default_result: LifecycleActionResult::Continue,
+                },
+            );
+            autoscaling.set_hook_target(group, "drain", "topic");
+            autoscaling.start_action(&LifecycleActionRef {
+                auto_scaling_group_name: (*group).to_owned(),
+                lifecycle_hook_name: "drain".into(),
+                instance_id: format!("i-0{i}"),
+                token: format!("t{i}"),
+            });
+        }
+        let scope = GroupScope::new(cluster(), vec!["listed".into()], None);
+        let decided = |group: &str, group_tags: &[(&str, &str)]| {
+            scope.allowed_groups.iter().any(|g| g == group)
+                || decide_by_tags(&scope.cluster, &tags(group_tags)).is_ours()
+        };
+        let found = autoscaling
+            .waiting_terminations(&scope.query(), "topic")
+            .await
+            .unwrap();
+        let found: Vec<&str> = found
+            .iter()
+            .map(|w| w.action.auto_scaling_group_name.as_str())
+            .collect();
+        let mut expected: Vec<&str> = groups
+            .iter()
+            .filter(|(g, t)| decided(g, t))
+            .map(|(g, _)| *g)
+            .collect();
+        expected.sort_by_key(|g| groups.iter().position(|(n, _)| n == g));
+        assert_eq!(found, expected);
+        assert_eq!(found.len(), 4, "{found:?}");
+        let elsewhere = autoscaling
+            .waiting_terminations(&scope.query(), "another")
+            .await
+            .unwrap();
+        assert!(
+            elsewhere.is_empty(),
+            "a hook notifying another topic is not ours: {elsewhere:?}"
         );
     }
 }

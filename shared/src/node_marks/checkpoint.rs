@@ -45,8 +45,24 @@ impl From<&LifecycleActionRef> for CheckpointAction {
 }
 
 impl CheckpointAction {
-    pub fn serves(&self, action: &LifecycleActionRef) -> bool {
-        *self == Self::from(action)
+    /// Whether a drain of `action` is this record's drain: the same action (group, hook,
+    /// instance: one pending action at a time) by the same token; or, while the drain is
+    /// not completed, one of them named by its instance alone (the sweep's re-delivery of a
+    /// lost notification and the notification itself are one action). A completed record
+    /// serves only its own token: an instance back from a warm pool is terminated again
+    /// under the same names, and that new action must be drained, not taken as completed
+    /// (a fresh drain proves its action pending before it writes anything).
+    pub fn serves(&self, action: &LifecycleActionRef, completed: bool) -> bool {
+        let same_names = self.auto_scaling_group_name == action.auto_scaling_group_name
+            && self.lifecycle_hook_name == action.lifecycle_hook_name
+            && self.instance_id == action.instance_id;
+        let by_instance = self.token.is_empty() || action.by_instance_only();
+        same_names
+            && if by_instance {
+                !completed
+            } else {
+                self.token == action.token
+            }
     }
 
     /// Whether this is the stand-in of a drain started by an instance notice (see
@@ -378,7 +394,10 @@ impl DrainCheckpoint {
         if existing.action.is_notice() && existing.action.instance_id == action.instance_id {
             return existing.adopted_by(action, holder, now, drain_timeout, lease_duration);
         }
-        if !existing.action.serves(action) {
+        if !existing
+            .action
+            .serves(action, existing.completed_at.is_some())
+        {
             return fresh();
         }
         if existing.completed_at.is_some() {
@@ -685,7 +704,8 @@ impl DrainCheckpoint {
     /// published, and it stopped working before publishing, even when it could not record
     /// the hand-over on the node. Any other holder, or another action's drain, is kept.
     pub fn handed_over_by(mut self, predecessor: &str, action: &LifecycleActionRef) -> Self {
-        if self.action.serves(action) && self.names_holder(predecessor) {
+        let completed = self.completed_at.is_some();
+        if self.action.serves(action, completed) && self.names_holder(predecessor) {
             self.lease.holder = None;
         }
         self
@@ -716,6 +736,34 @@ pub fn drain_holds(node: &Node) -> bool {
         Some(checkpoint) if checkpoint.completed_at.is_none() => true,
         Some(checkpoint) => checkpoint.to_warm_pool_at.is_none() && is_unschedulable(node),
     }
+}
+
+/// The merge patch that removes `record` from `node` and undoes what it says the drain
+/// changed, each only where still in place (one rule for the launching hook's undo on a
+/// return from the warm pool and the reconciler's); with the common label when the record is
+/// the node's last mark of ours. The patch carries the node's `resourceVersion`. What was
+/// undone is `None` when the record does not say what the drain changed (written by an early
+/// release): then only the record goes, and a cordon stays for a person to lift.
+pub(crate) fn undo_record_patch(
+    node: &Node,
+    record: &DrainCheckpoint,
+) -> (serde_json::Value, Option<super::out_of_service::Undone>) {
+    let mut patch = serde_json::json!({"metadata": {
+        "resourceVersion": node.metadata.resource_version,
+        "annotations": {CHECKPOINT_ANNOTATION: null},
+    }});
+    let others = super::marks::NodeMarks {
+        checkpoint: None,
+        ..super::marks::NodeMarks::of(node)
+    };
+    if others.labelled && !others.any() {
+        patch["metadata"]["labels"][super::MARKED_LABEL] = serde_json::Value::Null;
+    }
+    let undone = record
+        .out_of_service
+        .as_ref()
+        .map(|ours| super::out_of_service::add_undo_to_patch(ours, node, &mut patch));
+    (patch, undone)
 }
 
 /// The checkpoint stored on `node`, if any. An unreadable one is ignored (and replaced by the
@@ -1140,7 +1188,7 @@ mod tests {
             LEASE,
         ));
         assert!(resumed);
-        assert!(cp.action.serves(&action("t")));
+        assert!(cp.action.serves(&action("t"), false));
         assert_eq!(cp.started_at, at(0));
         assert_eq!(
             cp.deadline,
@@ -1519,6 +1567,48 @@ mod tests {
                 !notice_drain(kind, code).takes_over_refresh(),
                 "{kind:?} {code:?}"
             );
+        }
+    }
+
+    /// The sweep re-delivers a lost notification by instance (no token): its drain and the
+    /// notification's own, if that arrives after all, are one drain, whichever started it.
+    #[test]
+    fn a_drain_by_instance_and_one_by_token_of_the_same_action_are_one_drain() {
+        for (first, second) in [("", "t"), ("t", "")] {
+            let cp = DrainCheckpoint::start(&action(first), at(0), TIMEOUT, "req-1", LEASE);
+            let (same, resumed) = claimed(DrainCheckpoint::decide(
+                Some(&cp),
+                &action(second),
+                "req-2",
+                at(61),
+                TIMEOUT,
+                LEASE,
+            ));
+            assert!(resumed, "{first:?} then {second:?}");
+            assert_eq!(same.started_at, at(0));
+        }
+    }
+
+    /// A completed record serves only its own token: the same instance terminated again
+    /// (back from a warm pool) under the same names is a new action, drained afresh, never
+    /// taken as completed already.
+    #[test]
+    fn a_completed_record_is_not_taken_for_a_new_action_named_by_instance() {
+        for (first, second) in [("", "t"), ("t", ""), ("", "")] {
+            let mut cp = DrainCheckpoint::start(&action(first), at(0), TIMEOUT, "req-1", LEASE);
+            cp.completed_at = Some(at(100));
+            cp.lease.holder = None;
+            let decision = DrainCheckpoint::decide(
+                Some(&cp),
+                &action(second),
+                "req-2",
+                at(200),
+                TIMEOUT,
+                LEASE,
+            );
+            let (fresh, resumed) = claimed(decision);
+            assert!(!resumed, "{first:?} then {second:?}");
+            assert_eq!(fresh.started_at, at(200));
         }
     }
 }

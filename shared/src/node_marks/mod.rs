@@ -2,11 +2,13 @@
 //! the drain takes a node out of service and records what it did in its checkpoint
 //! ([`checkpoint`]); the launching hook undoes exactly that on a node back from a warm pool;
 //! node repair sees a drain at work by it. Also the pieces every Event about a Node shares
-//! ([`events`]) and the rule for writing a Node against concurrent changes.
+//! ([`events`]), every mark of ours one node carries read at once ([`marks`]), and the rule
+//! for writing a Node against concurrent changes.
 
 pub mod checkpoint;
 pub mod events;
 pub mod maintenance;
+pub mod marks;
 pub mod out_of_service;
 pub mod refresh;
 pub mod shutdown;

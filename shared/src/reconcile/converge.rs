@@ -10,10 +10,9 @@ use kube::Api;
 use serde_json::{Value, json};
 
 use super::desired::Action;
-use super::marks::NodeMarks;
-use crate::node_marks::checkpoint::{CHECKPOINT_ANNOTATION, DrainCheckpoint, checkpoint_of};
+use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of, undo_record_patch};
 use crate::node_marks::maintenance::{MaintenanceRecord, clear_maintenance, replan_maintenance};
-use crate::node_marks::out_of_service::add_undo_to_patch;
+use crate::node_marks::marks::NodeMarks;
 use crate::node_marks::refresh::unmark_node;
 use crate::node_marks::shutdown::lift_shutdown_taint;
 use crate::node_marks::{MARKED_LABEL, PatchStep, Patched, Reread, patch_recomputing};
@@ -120,13 +119,8 @@ async fn undo_drain_record(
         if checkpoint_of(node).as_ref() != Some(record) {
             return PatchStep::Stop(());
         }
-        let mut patch = json!({"metadata": {
-            "resourceVersion": node.metadata.resource_version,
-            "annotations": {CHECKPOINT_ANNOTATION: null},
-        }});
-        let ours = record.out_of_service.clone().unwrap_or_default();
-        let undone = add_undo_to_patch(&ours, node, &mut patch);
-        PatchStep::Write(patch, undone.items())
+        let (patch, undone) = undo_record_patch(node, record);
+        PatchStep::Write(patch, undone.unwrap_or_default().items())
     })
     .await?;
     Ok(match written {

@@ -11,11 +11,11 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::Serialize;
 
-use super::marks::NodeMarks;
 use crate::aws::{InstanceFacts, ScheduledInstanceEvent, marked_for_interruption};
 use crate::instance_notice::event::SPOT_NOTICE;
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
 use crate::node_marks::maintenance::{MaintenanceRecord, ScheduledEventRef};
+use crate::node_marks::marks::NodeMarks;
 use crate::node_marks::refresh::RefreshMarks;
 use crate::node_marks::shutdown::ShutdownRecord;
 

@@ -15,12 +15,12 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::desired::{AwsFacts, Fact, may_need_spot_drain};
-use super::marks::NodeMarks;
 use crate::aws::{
     AUTO_SCALING_BATCH, AwsError, GroupActivity, INSTANCE_FILTER_BATCH, INSTANCE_STATUS_BATCH,
     InstanceFacts, InstanceNoticesBatch,
 };
 use crate::node_marks::checkpoint::NoticeKind;
+use crate::node_marks::marks::NodeMarks;
 
 /// How long one AWS call of the reconciler may take.
 pub const CALL_BOUND: Duration = Duration::from_secs(10);

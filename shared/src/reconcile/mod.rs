@@ -16,10 +16,9 @@
 pub mod converge;
 pub mod desired;
 pub mod facts;
-pub mod marks;
 pub mod run;
 
+pub use crate::node_marks::marks::NodeMarks;
 pub use desired::{Action, AwsFacts, Fact, Policy, desired};
 pub use facts::KnownInstances;
-pub use marks::NodeMarks;
 pub use run::after_event;

@@ -2,7 +2,7 @@
 //! drains it decides on are handed back to the caller (the terminating hook's sweep), which
 //! runs them within its invocation.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -14,9 +14,10 @@ use serde::Serialize;
 use super::converge;
 use super::desired::{Action, Policy, desired};
 use super::facts::{CallCounts, KnownInstances, add_calls, gather, gather_knowing};
-use super::marks::NodeMarks;
 use crate::aws::{GroupActivity, InstanceNoticesBatch};
+use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::node_marks::maintenance::MAINTENANCE_LABEL;
+use crate::node_marks::marks::NodeMarks;
 use crate::node_marks::{EXCLUDE_FROM_LOAD_BALANCERS_LABEL, MARKED_LABEL};
 
 /// How long the writes of one node may take in all: a node that hangs is reported and the
@@ -64,6 +65,10 @@ pub struct Reconciled {
     /// rebalance cordon: a scheduled event of theirs is already planned, or their node is
     /// drained or draining (see [`NodeMarks::covers_maintenance`]).
     pub maintenance_covered: BTreeSet<String>,
+    /// The lifecycle drains' records found, by their action's instance: whether a
+    /// terminating action Auto Scaling lists as waiting has a drain (see
+    /// [`crate::lifecycle::redeliver`]).
+    pub lifecycle_drains: BTreeMap<String, DrainCheckpoint>,
 }
 
 /// Lists the marked nodes a page at a time ([`PAGE`]), asks AWS about each page's
@@ -129,6 +134,10 @@ async fn reconcile_page<E, A>(
             && let Some(instance) = marks.instance()
         {
             reconciled.maintenance_covered.insert(instance.to_owned());
+        }
+        if let Some(record) = marks.checkpoint.as_ref().filter(|c| !c.action.is_notice()) {
+            let instance = record.action.instance_id.clone();
+            reconciled.lifecycle_drains.insert(instance, record.clone());
         }
         let actions = desired(&marks, &facts, policy, now);
         converge_node(client, marks, actions, reconciled).await;

@@ -21,6 +21,12 @@ use crate::aws::LifecycleActionRef;
 /// never sends it; its absence means "fresh from Auto Scaling".
 pub const CONTINUATION_FIELD: &str = "NodeManagerContinuation";
 
+/// The field (`true`) of a notification the sweep publishes for a terminating action it
+/// found waiting whose own notification was lost or never handled. Auto Scaling lists no
+/// token for it, so the message has none and names the action by its instance; Auto
+/// Scaling never sends the field, and a message without a token is refused without it.
+pub const FOUND_WAITING_FIELD: &str = "NodeManagerFoundWaiting";
+
 /// The two instance transitions a lifecycle hook can pause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LifecycleTransition {
@@ -234,6 +240,14 @@ pub(super) fn lifecycle_notification(
         object: body,
     };
     let action = fields.action()?;
+    if action.by_instance_only() && transition != LifecycleTransition::Terminating {
+        return Err(NotificationError::InvalidField {
+            location,
+            field: FOUND_WAITING_FIELD,
+            value: "true".to_owned(),
+            expected: "only on a terminating action (the sweep finds no other)",
+        });
+    }
     let notification_metadata = fields.optional("NotificationMetadata")?;
     let origin = fields.optional("Origin")?;
     let destination = fields.optional("Destination")?;
@@ -275,7 +289,11 @@ pub(super) fn sns_shaped(notification: &LifecycleNotification) -> String {
         Some(notification.transition.as_str()),
     );
     put("RequestId", Some(&notification.request_id));
-    put("LifecycleActionToken", Some(&notification.action.token));
+    let by_instance = notification.action.by_instance_only();
+    put(
+        "LifecycleActionToken",
+        (!by_instance).then_some(notification.action.token.as_str()),
+    );
     put("EC2InstanceId", Some(&notification.action.instance_id));
     put(
         "LifecycleHookName",
@@ -289,7 +307,47 @@ pub(super) fn sns_shaped(notification: &LifecycleNotification) -> String {
         "NotificationMetadata",
         notification.notification_metadata.as_deref(),
     );
+    if by_instance {
+        fields.insert(FOUND_WAITING_FIELD.to_owned(), Value::Bool(true));
+    }
     Value::Object(fields).to_string()
+}
+
+/// The notification of a terminating action the sweep found waiting (see
+/// [`FOUND_WAITING_FIELD`]), as Auto Scaling would have written it to SNS, announced at
+/// `found_at` (when it was found: Auto Scaling does not say when the action started);
+/// `into_warm_pool`: the instance goes back to the warm pool, not out of the group.
+pub fn found_waiting_message(
+    action: &LifecycleActionRef,
+    account_id: &str,
+    found_at: Timestamp,
+    into_warm_pool: bool,
+) -> String {
+    let destination = if into_warm_pool {
+        InstancePlace::WarmPool
+    } else {
+        InstancePlace::Ec2
+    };
+    let route = LifecycleRoute {
+        origin: InstancePlace::AutoScalingGroup,
+        destination,
+    };
+    let notification = LifecycleNotification {
+        transition: LifecycleTransition::Terminating,
+        action: LifecycleActionRef {
+            token: String::new(),
+            ..action.clone()
+        },
+        account_id: account_id.to_owned(),
+        request_id: format!("found-waiting-{}", action.instance_id),
+        time: found_at,
+        notification_metadata: None,
+        origin: Some(route.origin.as_str().to_owned()),
+        destination: Some(route.destination.as_str().to_owned()),
+        route,
+        continuation: 0,
+    };
+    sns_shaped(&notification)
 }
 
 /// The route `Origin` → `Destination` names, refused unless it is one Auto Scaling uses for
@@ -417,8 +475,31 @@ impl LifecycleFields<'_> {
             auto_scaling_group_name: self.required("AutoScalingGroupName")?,
             lifecycle_hook_name: self.required("LifecycleHookName")?,
             instance_id,
-            token: self.required("LifecycleActionToken")?,
+            token: self.token()?,
         })
+    }
+
+    /// The action's token; none (empty) only in a message the sweep marked as found
+    /// waiting ([`FOUND_WAITING_FIELD`]), which must not carry one.
+    fn token(&self) -> Result<String, NotificationError> {
+        match self.object.get(FOUND_WAITING_FIELD) {
+            None | Some(Value::Null) => self.required("LifecycleActionToken"),
+            Some(Value::Bool(true)) => match self.optional("LifecycleActionToken")? {
+                None => Ok(String::new()),
+                Some(token) => Err(NotificationError::InvalidField {
+                    location: self.location,
+                    field: "LifecycleActionToken",
+                    value: truncated(&token),
+                    expected: "none in a message found waiting by the sweep",
+                }),
+            },
+            Some(other) => Err(NotificationError::InvalidField {
+                location: self.location,
+                field: FOUND_WAITING_FIELD,
+                value: truncated(&other.to_string()),
+                expected: "true",
+            }),
+        }
     }
 }
 

@@ -25,8 +25,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 pub use message::{
-    CONTINUATION_FIELD, InstancePlace, LifecycleMessage, LifecycleNotification, LifecycleRoute,
-    LifecycleTransition, TestNotification,
+    CONTINUATION_FIELD, FOUND_WAITING_FIELD, InstancePlace, LifecycleMessage,
+    LifecycleNotification, LifecycleRoute, LifecycleTransition, TestNotification,
+    found_waiting_message,
 };
 
 /// How the notification arrived, which is where a continuation is sent back to.

@@ -574,3 +574,67 @@ fn odd_origins_and_destinations_are_refused_by_name() {
         "{err}"
     );
 }
+
+/// The sweep's message for a terminating action found waiting: read back as the same action
+/// named by its instance (no token), announced when it was found.
+#[test]
+fn a_found_waiting_action_reads_back_without_a_token() {
+    let action = crate::aws::LifecycleActionRef {
+        auto_scaling_group_name: "asg".into(),
+        lifecycle_hook_name: "Terminate-LC-Hook".into(),
+        instance_id: "i-07e9ea9eb19a67337".into(),
+        token: "ignored".into(),
+    };
+    let found_at: Timestamp = "2026-12-07T09:00:00Z".parse().unwrap();
+    let message = found_waiting_message(&action, "111111111111", found_at, false);
+    let body: Value = serde_json::from_str(&message).unwrap();
+    assert!(body.get("LifecycleActionToken").is_none(), "{body}");
+    assert_eq!(body[FOUND_WAITING_FIELD], true, "{body}");
+    let delivery = only(&sns_event(&body));
+    let LifecycleMessage::Lifecycle(read) = delivery.message else {
+        panic!("{:?}", delivery.message);
+    };
+    assert!(read.action.by_instance_only());
+    assert_eq!(read.action.instance_id, action.instance_id);
+    assert_eq!(read.transition, LifecycleTransition::Terminating);
+    assert_eq!(read.time, found_at);
+    assert_eq!(read.account_id, "111111111111");
+    assert_eq!(read.route.destination, InstancePlace::Ec2);
+    let pooled = found_waiting_message(&action, "111111111111", found_at, true);
+    let pooled: Value = serde_json::from_str(&pooled).unwrap();
+    let LifecycleMessage::Lifecycle(read) = only(&sns_event(&pooled)).message else {
+        panic!("{pooled}");
+    };
+    assert!(read.route.is_into_warm_pool(), "{pooled}");
+}
+
+/// Without the sweep's mark a missing token is an error, as before; with it a token, a
+/// launching transition or a value other than `true` is.
+#[test]
+fn a_message_without_a_token_is_refused_unless_the_sweep_found_it_waiting() {
+    let refused = |message: Value, expected: &str| {
+        let err = parse_event(&sns_event(&message))
+            .remove(0)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(expected), "{message}: {err}");
+    };
+    let mut no_token = lifecycle_message();
+    no_token
+        .as_object_mut()
+        .unwrap()
+        .remove("LifecycleActionToken");
+    refused(no_token.clone(), "LifecycleActionToken");
+    let mut with_token = lifecycle_message();
+    with_token[FOUND_WAITING_FIELD] = Value::Bool(true);
+    refused(with_token, "LifecycleActionToken");
+    let mut launching = no_token.clone();
+    launching[FOUND_WAITING_FIELD] = Value::Bool(true);
+    launching["LifecycleTransition"] = Value::from("autoscaling:EC2_INSTANCE_LAUNCHING");
+    launching["Origin"] = Value::from("EC2");
+    launching["Destination"] = Value::from("AutoScalingGroup");
+    refused(launching, FOUND_WAITING_FIELD);
+    let mut not_true = no_token;
+    not_true[FOUND_WAITING_FIELD] = Value::from("yes");
+    refused(not_true, FOUND_WAITING_FIELD);
+}

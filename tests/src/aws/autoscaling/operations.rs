@@ -28,6 +28,7 @@ pub(crate) fn dispatch(
         "RecordLifecycleActionHeartbeat" => record_heartbeat(shared, params),
         "DescribeLifecycleHooks" => describe_lifecycle_hooks(shared, params),
         "DescribeAutoScalingGroups" => describe_groups(shared, params),
+        "DescribeWarmPool" => describe_warm_pool(shared, params),
         "StartInstanceRefresh" => start_instance_refresh(shared, params),
         "DescribeInstanceRefreshes" => describe_instance_refreshes(shared, params),
         "CancelInstanceRefresh" => cancel_instance_refresh(shared, params),
@@ -235,8 +236,12 @@ fn describe_groups(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiEr
             "HealthCheckGracePeriod",
             &group.health_check_grace_period.as_secs().to_string(),
         ));
+        if let Some(pool) = state.warm_pools.get(&group.name) {
+            members.push_str(&warm_pool_configuration(*pool));
+        }
         members.push_str("<Instances>");
-        for (instance_id, instance) in &record.instances {
+        // An instance in the warm pool is listed by `DescribeWarmPool` only.
+        for (instance_id, instance) in record.instances.iter().filter(|(_, i)| !in_pool(i)) {
             members.push_str("<member>");
             members.push_str(&element("InstanceId", instance_id));
             members.push_str(&instance_launch_configuration(instance));
@@ -268,6 +273,46 @@ fn describe_groups(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiEr
     }
     Ok(Reply::Xml(format!(
         "<AutoScalingGroups>{members}</AutoScalingGroups>"
+    )))
+}
+
+/// Whether `instance` is in its group's warm pool (on its way in, or waiting there).
+fn in_pool(instance: &GroupInstance) -> bool {
+    instance.lifecycle_state.starts_with("Warmed:")
+}
+
+fn warm_pool_configuration(pool: super::WarmPoolState) -> String {
+    format!(
+        "<WarmPoolConfiguration><MinSize>0</MinSize>{}</WarmPoolConfiguration>",
+        element("PoolState", pool.pool_state())
+    )
+}
+
+/// `DescribeWarmPool`: the group's pool and the instances in it (one page: the fake's pools
+/// are small).
+fn describe_warm_pool(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
+    let group_name = required(params, "AutoScalingGroupName")?;
+    let state = lock(&shared.autoscaling.state);
+    let record = state
+        .groups
+        .get(group_name)
+        .ok_or_else(|| ApiError::validation(format!("Group {group_name} not found")))?;
+    let mut members = String::new();
+    for (instance_id, instance) in record.instances.iter().filter(|(_, i)| in_pool(i)) {
+        members.push_str("<member>");
+        members.push_str(&element("InstanceId", instance_id));
+        members.push_str(&instance_launch_configuration(instance));
+        members.push_str(&element("AvailabilityZone", &instance.availability_zone));
+        members.push_str(&element("LifecycleState", &instance.lifecycle_state));
+        members.push_str("<HealthStatus>Healthy</HealthStatus><ProtectedFromScaleIn>false</ProtectedFromScaleIn></member>");
+    }
+    let configuration = state
+        .warm_pools
+        .get(group_name)
+        .map(|pool| warm_pool_configuration(*pool))
+        .unwrap_or_default();
+    Ok(Reply::Xml(format!(
+        "{configuration}<Instances>{members}</Instances>"
     )))
 }
 

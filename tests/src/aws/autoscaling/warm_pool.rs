@@ -22,6 +22,15 @@ impl WarmPoolState {
         }
     }
 
+    /// Its name in a `WarmPoolConfiguration` (`PoolState`).
+    pub(super) fn pool_state(self) -> &'static str {
+        match self {
+            Self::Stopped => "Stopped",
+            Self::Running => "Running",
+            Self::Hibernated => "Hibernated",
+        }
+    }
+
     /// What EC2 reports for it (a hibernated instance is `stopped` in EC2).
     pub(super) fn ec2_state(self) -> crate::aws::ec2::InstanceState {
         match self {

@@ -17,6 +17,7 @@ use node_manager::drain::Invocation;
 use node_manager::instance_notice::handle_terminating_hook_event;
 use node_manager::instance_refresh::handler as refresh_handler;
 use node_manager::lifecycle::budget::InvocationBudget;
+use node_manager::lifecycle::notification::FOUND_WAITING_FIELD;
 use node_manager::node_marks::refresh::refresh_marks_of;
 use serde_json::{Value, json};
 
@@ -40,6 +41,9 @@ pub struct Played {
     pub invocations: usize,
     pub failed_invocations: usize,
     pub continuations: usize,
+    /// Of the continuations, the terminating actions the sweep found waiting with nobody
+    /// draining them (their notification lost) and published again.
+    pub redeliveries: usize,
     pub brownouts: usize,
     /// Every pod seen, and its node (to tell where an eviction came from).
     pub pods: BTreeMap<String, String>,
@@ -116,11 +120,21 @@ impl<'w> Player<'w> {
             i = j;
         }
         self.end_brownout();
+        self.settle().await;
+    }
+
+    /// Lets what is in flight land: failed invocations are retried and what the functions
+    /// published (continuations, the sweep's re-deliveries) delivered, until none is left.
+    pub async fn settle(&mut self) {
         for _ in 0..20 {
             self.return_from_pool().await;
             let retries = std::mem::take(&mut self.retries);
             let continuations = self.continuations();
             self.played.continuations += continuations.len();
+            self.played.redeliveries += continuations
+                .iter()
+                .filter(|p| p.event.to_string().contains(FOUND_WAITING_FIELD))
+                .count();
             if retries.is_empty() && continuations.is_empty() {
                 break;
             }

@@ -29,6 +29,7 @@ use super::plan::{Fate, Member, initial};
 use crate::fixtures::{self, Workload};
 use crate::identity::function_client;
 use crate::kube::FakeApiServer;
+use crate::soak::corpus::{self, Target};
 
 pub const CLUSTER: &str = "soak-events";
 pub const GROUP: &str = "eks-soak-events-ng-1";
@@ -112,8 +113,10 @@ fn settings(rebalance_drains: bool) -> DrainSettings {
     let undo = REBALANCE_UNDO.as_secs().to_string();
     let lease = LEASE.as_secs().to_string();
     let margin = MAINTENANCE_MARGIN.as_secs().to_string();
+    let topic = lifecycle_topic();
     let env: Vec<(&str, &str)> = vec![
         ("CLUSTER_NAME", CLUSTER),
+        ("CONTINUATION_TOPIC_ARN", &topic),
         ("SETTLE_SECONDS", "0.05"),
         ("DRAIN_TIMEOUT_SECONDS", "20"),
         ("EVICTION_BACKOFF_SECONDS", "0.05"),
@@ -136,6 +139,16 @@ async fn identity(server: &FakeApiServer, function: &str) -> kube::Client {
     function_client(server, function)
         .await
         .unwrap_or_else(|e| panic!("{function} client: {e}"))
+}
+
+/// The topic the group's terminating hook notifies: the one its notifications arrive from
+/// (the SNS fixture's), where the sweep publishes an action found waiting again.
+fn lifecycle_topic() -> String {
+    let event = corpus::fresh_lifecycle_event(Target::TerminatingHook);
+    event["Records"][0]["Sns"]["TopicArn"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the SNS fixture names its topic: {event}"))
+        .to_owned()
 }
 
 /// The group's terminating hook (the drain) and launching hook (out of the warm pool).
@@ -163,6 +176,7 @@ fn add_hooks(autoscaling: &InMemoryAutoScaling) {
             },
         );
     }
+    autoscaling.set_hook_target(GROUP, HOOK, &lifecycle_topic());
 }
 
 /// The launching hook, with its own topic: a launch's continuation is no drain's.

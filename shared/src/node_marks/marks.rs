@@ -1,14 +1,14 @@
 //! The marks of ours one Node carries, read once from the Node as listed: the reconciler's
-//! input besides what AWS says.
+//! input besides what AWS says, and what tells whether a record is a node's last mark.
 
 use k8s_openapi::api::core::v1::Node;
 
+use super::MARKED_LABEL;
+use super::checkpoint::{DrainCheckpoint, checkpoint_of};
+use super::maintenance::MaintenanceRecord;
+use super::refresh::{RefreshMarks, refresh_marks_of};
+use super::shutdown::ShutdownRecord;
 use crate::lifecycle::node::{is_ready, node_instance_id};
-use crate::node_marks::MARKED_LABEL;
-use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of};
-use crate::node_marks::maintenance::MaintenanceRecord;
-use crate::node_marks::refresh::{RefreshMarks, refresh_marks_of};
-use crate::node_marks::shutdown::ShutdownRecord;
 
 /// Every mark of ours on one node.
 #[derive(Debug, Clone, PartialEq)]
