@@ -16,15 +16,12 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use serde_json::json;
 
 use crate::aws::LifecycleActionRef;
-use crate::node_marks::checkpoint::{
-    CHECKPOINT_ANNOTATION, DrainCheckpoint, LeaseDecision, checkpoint_of,
-};
+use crate::node_marks::checkpoint::{DrainCheckpoint, LeaseDecision, checkpoint_of, record_patch};
 use crate::node_marks::out_of_service::{CordonReport, CordonSteps};
-use crate::node_marks::refresh::{add_record_removal_to_patch, refresh_marks_of};
-use crate::node_marks::{CONFLICT_ATTEMPTS, MARKED_LABEL, conflicts_exhausted};
+use crate::node_marks::refresh::refresh_marks_of;
+use crate::node_marks::{CONFLICT_ATTEMPTS, conflicts_exhausted};
 use crate::retry::backoff_delay;
 
 /// Calls in total for a checkpoint write the API server keeps refusing transiently, and the
@@ -331,19 +328,7 @@ async fn write(
     checkpoint: &DrainCheckpoint,
     steps: Option<&CordonSteps>,
 ) -> Result<Written, kube::Error> {
-    let mut patch = json!({
-        "metadata": {
-            "resourceVersion": read.metadata.resource_version,
-            "annotations": {CHECKPOINT_ANNOTATION: checkpoint.to_json()},
-        }
-    });
-    if let Some(steps) = steps {
-        steps.add_to_patch(&mut patch, read);
-        patch["metadata"]["labels"][MARKED_LABEL] = json!("true");
-        if refresh_marks_of(read).is_some() && checkpoint.takes_over_refresh() {
-            add_record_removal_to_patch(&mut patch, read);
-        }
-    }
+    let patch = record_patch(read, checkpoint, steps);
     match nodes
         .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -424,6 +409,7 @@ pub(super) fn lease_wait(until: jiff::Timestamp) -> std::time::Duration {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 
     fn node(annotation: Option<&str>) -> Node {
         let mut node = Node::default();

@@ -16,7 +16,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Api;
-use serde_json::json;
 
 use super::drainer::{Drainer, kube_error};
 use super::events::{DrainEvents, reason};
@@ -27,7 +26,7 @@ use crate::aws::LifecycleActionRef;
 use crate::cluster::ThrottledRetries;
 use crate::lifecycle::handler::{HookClients, Invocation};
 use crate::node_marks::checkpoint::{
-    CHECKPOINT_ANNOTATION, DrainCheckpoint, DrainResult, InstanceNotice, checkpoint_of,
+    DrainCheckpoint, DrainResult, InstanceNotice, checkpoint_of, record_patch,
 };
 use crate::node_marks::out_of_service::CordonReport;
 use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
@@ -459,13 +458,7 @@ async fn join_lifecycle_drain(
                 return PatchStep::Stop(());
             };
             match current.joined_by(notice) {
-                Some(next) => PatchStep::Write(
-                    json!({"metadata": {
-                        "resourceVersion": node.metadata.resource_version,
-                        "annotations": {CHECKPOINT_ANNOTATION: next.to_json()},
-                    }}),
-                    (),
-                ),
+                Some(next) => PatchStep::Write(record_patch(node, &next, None), ()),
                 None => PatchStep::Stop(()),
             }
         },

@@ -36,7 +36,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind};
+use crate::node_marks::checkpoint::InstanceNotice;
 
 /// The annotation the kubelet puts on the API copy of a static pod.
 pub(crate) const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
@@ -85,18 +85,11 @@ pub struct PlanContext {
 /// Whether a drain for this instance notice is involuntary for the pods: AWS takes the
 /// instance (Spot interruption, stopping or shutting down, a scheduled retirement, stop,
 /// reboot or power maintenance) and nothing the pod asks changes that. A rebalance
-/// recommendation is only advice (the instance stays until Auto Scaling voluntarily replaces
-/// it), and network maintenance neither stops nor restarts the instance: pods that ask not
-/// to be disrupted stay for those.
+/// recommendation is only advice, and network maintenance neither stops nor restarts the
+/// instance: pods that ask not to be disrupted stay for those. The kind's rule
+/// ([`crate::reconcile::notice_kinds`]) decides.
 pub fn is_involuntary(notice: &InstanceNotice) -> bool {
-    match notice.kind {
-        NoticeKind::SpotInterruption | NoticeKind::InstanceStopping => true,
-        NoticeKind::ScheduledMaintenance => notice
-            .scheduled_event
-            .as_ref()
-            .is_none_or(|event| event.effect().involuntary()),
-        NoticeKind::RebalanceRecommendation => false,
-    }
+    (crate::reconcile::notice_kinds::rules(notice.kind).involuntary)(notice)
 }
 
 /// How long before an instance notice's end a pod's grace period must be over: the kubelet
@@ -521,6 +514,7 @@ impl DrainPlan {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::node_marks::checkpoint::NoticeKind;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
     use serde_json::json;
 

@@ -738,6 +738,29 @@ pub fn drain_holds(node: &Node) -> bool {
     }
 }
 
+/// The merge patch that writes `record` on the node as `read` (conditional on its
+/// `resourceVersion`); on a claim, `steps` take the node out of service in the same write,
+/// with the common label, and a drain whose node goes with its instance takes a refresh's
+/// record over (removes it: the refresh's end must not undo the drain's cordon).
+pub(crate) fn record_patch(
+    read: &Node,
+    record: &DrainCheckpoint,
+    steps: Option<&super::out_of_service::CordonSteps>,
+) -> serde_json::Value {
+    let mut patch = serde_json::json!({"metadata": {
+        "resourceVersion": read.metadata.resource_version,
+        "annotations": {CHECKPOINT_ANNOTATION: record.to_json()},
+    }});
+    if let Some(steps) = steps {
+        steps.add_to_patch(&mut patch, read);
+        patch["metadata"]["labels"][super::MARKED_LABEL] = serde_json::json!("true");
+        if super::refresh::refresh_marks_of(read).is_some() && record.takes_over_refresh() {
+            super::refresh::add_record_removal_to_patch(&mut patch, read);
+        }
+    }
+    patch
+}
+
 /// The merge patch that removes `record` from `node` and undoes what it says the drain
 /// changed, each only where still in place (one rule for the launching hook's undo on a
 /// return from the warm pool and the reconciler's); with the common label when the record is

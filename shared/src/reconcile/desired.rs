@@ -11,6 +11,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use serde::Serialize;
 
+use super::notice_kinds::{Stands, rules};
 use crate::aws::{InstanceFacts, ScheduledInstanceEvent, marked_for_interruption};
 use crate::instance_notice::event::SPOT_NOTICE;
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
@@ -28,7 +29,7 @@ pub enum Fact<T> {
 }
 
 impl<T> Fact<T> {
-    fn known(&self) -> Result<&T, String> {
+    pub(super) fn known(&self) -> Result<&T, String> {
         match self {
             Self::Known(value) => Ok(value),
             Self::Unknown(why) => Err(why.clone()),
@@ -503,7 +504,7 @@ fn rebalance_cordon(
 
 /// Whether the instance is on its way out: EC2 does not know it, it is not running, or its
 /// group is terminating it or sending it to its warm pool.
-fn leaving(facts: &AwsFacts) -> Result<bool, String> {
+pub(super) fn leaving(facts: &AwsFacts) -> Result<bool, String> {
     let state = facts
         .instance
         .known()?
@@ -565,83 +566,15 @@ fn abandoned_notice_drain(
     }
 }
 
-/// `Ok(Ok(()))`: AWS still reports what the notice announced; `Ok(Err(why))`: it no longer
-/// does; `Err`: it could not be asked.
+/// Whether AWS still reports what the notice announced, by its kind's rule
+/// ([`super::notice_kinds`]).
 fn reason_stands(
     notice: &InstanceNotice,
     facts: &AwsFacts,
     policy: &Policy,
     now: Timestamp,
-) -> Result<Result<(), String>, String> {
-    let state = facts
-        .instance
-        .known()?
-        .as_ref()
-        .and_then(|i| i.state.clone())
-        .unwrap_or_else(|| "unknown".to_owned());
-    Ok(match notice.kind {
-        NoticeKind::SpotInterruption => match facts.spot_status.known()? {
-            Some(status) if marked_for_interruption(status) => Ok(()),
-            _ if state != "running" => Ok(()),
-            status => Err(format!(
-                "the Spot request is {}, no longer marked for interruption",
-                status.as_deref().unwrap_or("unknown")
-            )),
-        },
-        NoticeKind::InstanceStopping => match state.as_str() {
-            "running" | "pending" => Err(format!("the instance is {state} again")),
-            _ => Ok(()),
-        },
-        NoticeKind::ScheduledMaintenance => maintenance_stands(notice, facts.scheduled.known()?),
-        // EC2 has no call that reads a recommendation again, and AWS documents that an
-        // interruption may never follow one: it stands for `REBALANCE_UNDO_SECONDS`, then
-        // only an interruption (the Spot request marked) or a termination keeps the node out.
-        NoticeKind::RebalanceRecommendation => {
-            let until = notice
-                .received_at
-                .checked_add(policy.rebalance_undo)
-                .unwrap_or(Timestamp::MAX);
-            let interrupted = facts
-                .spot_status
-                .known()?
-                .as_deref()
-                .is_some_and(marked_for_interruption);
-            if now < until || interrupted || leaving(facts)? {
-                Ok(())
-            } else {
-                Err(format!(
-                    "no interruption or termination followed the rebalance recommendation by {until}"
-                ))
-            }
-        }
-    })
-}
-
-/// A maintenance drain's reason is its own EC2 event: it stands while EC2 lists that event
-/// as pending, whatever other events the instance has (an unrelated event must not keep the
-/// node out of service, nor the end of one end a drain for another). A record written before
-/// the event was kept stands while any event is pending.
-fn maintenance_stands(
-    notice: &InstanceNotice,
-    scheduled: &[ScheduledInstanceEvent],
-) -> Result<(), String> {
-    let pending = match &notice.scheduled_event {
-        Some(event) => event
-            .find_pending(scheduled, notice.instance_ends_at)
-            .is_some(),
-        None => scheduled.iter().any(ScheduledInstanceEvent::is_pending),
-    };
-    if pending {
-        return Ok(());
-    }
-    Err(match &notice.scheduled_event {
-        Some(event) => format!(
-            "EC2 no longer lists {} {} as pending: completed or cancelled",
-            event.code,
-            event.id.as_deref().unwrap_or("(no id)")
-        ),
-        None => "EC2 lists no pending scheduled event: completed or cancelled".to_owned(),
-    })
+) -> Stands {
+    (rules(notice.kind).stands)(notice, facts, policy, now)
 }
 
 /// A maintenance plan follows EC2's schedule: dropped when EC2 lists no pending event any

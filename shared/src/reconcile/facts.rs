@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use super::desired::{AwsFacts, Fact, may_need_spot_drain};
+use super::notice_kinds::rules;
 use crate::aws::{
     AUTO_SCALING_BATCH, AwsError, GroupActivity, INSTANCE_FILTER_BATCH, INSTANCE_STATUS_BATCH,
     InstanceFacts, InstanceNoticesBatch,
@@ -297,16 +298,13 @@ fn facts_of(
 /// is checked against its Spot request, and so is a marked node's Spot instance no drain
 /// runs on (its interruption warning may be lost).
 fn needs_spot_status(node: &NodeMarks) -> bool {
-    matches!(
-        notice_kind(node),
-        Some(NoticeKind::SpotInterruption | NoticeKind::RebalanceRecommendation)
-    ) || may_need_spot_drain(node)
+    notice_kind(node).is_some_and(|kind| rules(kind).needs_spot_status) || may_need_spot_drain(node)
 }
 
 /// A maintenance plan, or a maintenance drain (running or done: after the maintenance our
 /// cordon goes), is checked against EC2's schedule.
 fn needs_schedule(node: &NodeMarks) -> bool {
-    node.maintenance.is_some() || notice_kind(node) == Some(NoticeKind::ScheduledMaintenance)
+    node.maintenance.is_some() || notice_kind(node).is_some_and(|kind| rules(kind).needs_schedule)
 }
 
 /// The notice of a notice drain of this node's instance, running or done.

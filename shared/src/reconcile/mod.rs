@@ -16,6 +16,7 @@
 pub mod converge;
 pub mod desired;
 pub mod facts;
+pub mod notice_kinds;
 pub mod run;
 
 pub use crate::node_marks::marks::NodeMarks;
