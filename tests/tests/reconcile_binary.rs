@@ -77,6 +77,21 @@ fn evictions(w: &FunctionWorld) -> usize {
         .len()
 }
 
+/// The terminating hook's answer to `event` in a short invocation: with the world's five
+/// seconds of hand-over margin, eight seconds leave three to work.
+async fn short_invocation(w: &FunctionWorld, event: &Value) -> Value {
+    let lambda = w.function(Target::TerminatingHook);
+    let outcome = lambda
+        .runtime
+        .invoke(event, Duration::from_secs(8))
+        .await
+        .unwrap();
+    let InvocationOutcome::Response(answer) = outcome else {
+        panic!("{outcome:?}\n{}", lambda.runtime.output());
+    };
+    answer
+}
+
 /// The outcomes of a sweep's response, as `outcome` strings in order.
 fn outcomes(answer: &Value) -> Vec<String> {
     answer["instances"]
@@ -283,15 +298,7 @@ async fn reconcile_a_maintenance_drain_that_ran_out_of_time_is_resumed_by_the_ne
             at(3600),
         )
         .unwrap();
-    // A short invocation: five seconds of margin leave three to work.
-    let outcome = lambda
-        .runtime
-        .invoke(&event, Duration::from_secs(8))
-        .await
-        .unwrap();
-    let InvocationOutcome::Response(answer) = outcome else {
-        panic!("{outcome:?}\n{}", lambda.runtime.output());
-    };
+    let answer = short_invocation(&w, &event).await;
     assert_eq!(answer["instances"][0]["outcome"], "OutOfTime", "{answer}");
     assert!(is_cordoned(&node(&w, &w.node)));
 
@@ -556,14 +563,7 @@ async fn reconcile_a_terminating_action_handed_over_is_not_published_again() {
         ))
         .unwrap();
     let (mut subscription, event) = w.start_termination().await;
-    let outcome = lambda
-        .runtime
-        .invoke(&event, Duration::from_secs(8))
-        .await
-        .unwrap();
-    let InvocationOutcome::Response(answer) = outcome else {
-        panic!("{outcome:?}\n{}", lambda.runtime.output());
-    };
+    let answer = short_invocation(&w, &event).await;
     assert_eq!(answer["records"][0]["outcome"], "HandedOver", "{answer}");
     subscription
         .next_event(Duration::from_secs(5))

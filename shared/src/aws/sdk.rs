@@ -281,16 +281,8 @@ impl AutoScaling for SdkAutoScaling {
         group_name: &str,
         hook_name: &str,
     ) -> Result<Option<LifecycleHook>, AwsError> {
-        let output = self
-            .client()
-            .describe_lifecycle_hooks()
-            .auto_scaling_group_name(group_name)
-            .lifecycle_hook_names(hook_name)
-            .send()
-            .await
-            .map_err(|e| classify("DescribeLifecycleHooks", e))?;
-        let Some(hook) = output
-            .lifecycle_hooks()
+        let hooks = self.lifecycle_hooks(group_name, Some(hook_name)).await?;
+        let Some(hook) = hooks
             .iter()
             .find(|h| h.lifecycle_hook_name() == Some(hook_name))
         else {
@@ -1389,21 +1381,32 @@ impl SdkAutoScaling {
         }
     }
 
+    /// `group`'s lifecycle hooks (`DescribeLifecycleHooks`), or only the one named `name`.
+    async fn lifecycle_hooks(
+        &self,
+        group: &str,
+        name: Option<&str>,
+    ) -> Result<Vec<aws_sdk_autoscaling::types::LifecycleHook>, AwsError> {
+        let output = self
+            .client()
+            .describe_lifecycle_hooks()
+            .auto_scaling_group_name(group)
+            .set_lifecycle_hook_names(name.map(|n| vec![n.to_owned()]))
+            .send()
+            .await
+            .map_err(|e| classify("DescribeLifecycleHooks", e))?;
+        Ok(output.lifecycle_hooks.unwrap_or_default())
+    }
+
     /// The names of `group`'s terminating hooks whose notifications go to `topic_arn`.
     async fn terminating_hooks_notifying(
         &self,
         group: &str,
         topic_arn: &str,
     ) -> Result<Vec<String>, AwsError> {
-        let output = self
-            .client()
-            .describe_lifecycle_hooks()
-            .auto_scaling_group_name(group)
-            .send()
-            .await
-            .map_err(|e| classify("DescribeLifecycleHooks", e))?;
-        Ok(output
-            .lifecycle_hooks()
+        Ok(self
+            .lifecycle_hooks(group, None)
+            .await?
             .iter()
             .filter(|h| h.lifecycle_transition() == Some(LifecycleTransition::Terminating.as_str()))
             .filter(|h| h.notification_target_arn() == Some(topic_arn))

@@ -12,7 +12,9 @@ use super::lifecycle::end_action;
 use super::refresh_operations::{
     cancel_instance_refresh, describe_instance_refreshes, start_instance_refresh,
 };
-use super::{AsgState, CompletedBy, FakeAutoScalingGroup, GroupInstance, HeartbeatRecord};
+use super::{
+    AsgState, CompletedBy, FakeAutoScalingGroup, GroupInstance, GroupRecord, HeartbeatRecord,
+};
 use crate::aws::protocol::{self, ApiError, QueryParams, Reply, element, xml_escape};
 use crate::aws::{Shared, lock};
 
@@ -130,10 +132,7 @@ fn describe_lifecycle_hooks(shared: &Shared, params: &QueryParams) -> Result<Rep
     let group_name = required(params, "AutoScalingGroupName")?;
     let wanted = protocol::query_list(params, "LifecycleHookNames");
     let state = lock(&shared.autoscaling.state);
-    let record = state
-        .groups
-        .get(group_name)
-        .ok_or_else(|| ApiError::validation(format!("Group {group_name} not found")))?;
+    let record = group_record(&state, group_name)?;
     let mut members = String::new();
     for hook in record.hooks.values() {
         if !wanted.is_empty() && !wanted.contains(&hook.name) {
@@ -163,6 +162,14 @@ fn describe_lifecycle_hooks(shared: &Shared, params: &QueryParams) -> Result<Rep
     Ok(Reply::Xml(format!(
         "<LifecycleHooks>{members}</LifecycleHooks>"
     )))
+}
+
+/// The group named `group_name`, or Auto Scaling's validation error naming it.
+fn group_record<'a>(state: &'a AsgState, group_name: &str) -> Result<&'a GroupRecord, ApiError> {
+    state
+        .groups
+        .get(group_name)
+        .ok_or_else(|| ApiError::validation(format!("Group {group_name} not found")))
 }
 
 /// Whether a group passes the `DescribeAutoScalingGroups` filters (`tag:<key>`, `tag-key`,
@@ -293,10 +300,7 @@ fn warm_pool_configuration(pool: super::WarmPoolState) -> String {
 fn describe_warm_pool(shared: &Shared, params: &QueryParams) -> Result<Reply, ApiError> {
     let group_name = required(params, "AutoScalingGroupName")?;
     let state = lock(&shared.autoscaling.state);
-    let record = state
-        .groups
-        .get(group_name)
-        .ok_or_else(|| ApiError::validation(format!("Group {group_name} not found")))?;
+    let record = group_record(&state, group_name)?;
     let mut members = String::new();
     for (instance_id, instance) in record.instances.iter().filter(|(_, i)| in_pool(i)) {
         members.push_str("<member>");
