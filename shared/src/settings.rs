@@ -132,9 +132,14 @@ impl ClusterScope {
         })
     }
 
+    /// Every name the cluster is known by: `CLUSTER_NAME`, then `ADDITIONAL_CLUSTER_NAMES`.
+    pub fn names(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.cluster_name).chain(&self.additional_cluster_names)
+    }
+
     /// Whether `name` is this function's cluster.
     pub fn includes(&self, name: &str) -> bool {
-        self.cluster_name == name || self.additional_cluster_names.iter().any(|n| n == name)
+        self.names().any(|n| n == name)
     }
 }
 

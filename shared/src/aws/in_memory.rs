@@ -219,7 +219,7 @@ impl GroupActivity for InMemoryAutoScaling {
                 into_warm_pool: state
                     .lifecycle_states
                     .get(instance)
-                    .is_some_and(|s| s == "Warmed:Pending:Wait"),
+                    .is_some_and(|s| s == WARMED_PENDING_WAIT),
             })
             .collect();
         waiting.sort_by(|a, b| a.action.instance_id.cmp(&b.action.instance_id));

@@ -117,6 +117,11 @@ pub struct WaitingTermination {
     pub into_warm_pool: bool,
 }
 
+/// The lifecycle state of an instance whose terminating action waits for its hook.
+pub const TERMINATING_WAIT: &str = "Terminating:Wait";
+/// The lifecycle state of an instance on its way into the warm pool waiting for a hook.
+pub const WARMED_PENDING_WAIT: &str = "Warmed:Pending:Wait";
+
 /// Which groups are the cluster's, as a query: groups carrying one of `tags` (a key with
 /// the values it may have; no values: any value), or named in `names`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -1298,11 +1298,6 @@ impl GroupActivity for SdkAutoScaling {
     }
 }
 
-/// The lifecycle state of an instance whose terminating action waits for its hook.
-const TERMINATING_WAIT: &str = "Terminating:Wait";
-/// The lifecycle state of an instance on its way into the warm pool waiting for a hook.
-const WARMED_PENDING_WAIT: &str = "Warmed:Pending:Wait";
-
 impl SdkAutoScaling {
     /// The groups `query` finds, each once: one `DescribeAutoScalingGroups` (every page) per
     /// tag, and the named ones in batches.

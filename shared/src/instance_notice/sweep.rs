@@ -108,14 +108,17 @@ where
     let Some(topic_arn) = context.settings.lifecycle.continuation_topic_arn.as_deref() else {
         return Vec::new();
     };
-    let found = redeliver_waiting(
-        &context.autoscaling,
-        &context.notifications,
-        &context.scope,
-        topic_arn,
-        lifecycle_drains,
+    let groups = context.scope.query();
+    let Some(waiting) = scan(
+        "the waiting terminating actions",
+        context.autoscaling.waiting_terminations(&groups, topic_arn),
     )
-    .await;
+    .await
+    else {
+        return Vec::new();
+    };
+    let found =
+        redeliver_waiting(&context.notifications, topic_arn, waiting, lifecycle_drains).await;
     found
         .into_iter()
         .map(|r| InstanceOutcome {
@@ -126,12 +129,12 @@ where
         .collect()
 }
 
-/// How long each account-wide scan of EC2 (the Spot requests marked for interruption, the
-/// scheduled events) may take.
+/// How long each account-wide scan (EC2's Spot requests marked for interruption and
+/// scheduled events, Auto Scaling's waiting terminating actions) may take.
 const SCAN_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The answer of one account-wide scan of EC2 within [`SCAN_BOUND`]; `None` (logged) when it
-/// failed or took too long: the next run scans again.
+/// The answer of one account-wide scan within [`SCAN_BOUND`]; `None` (logged) when it failed
+/// or took too long: the next run scans again.
 async fn scan<T>(
     what: &'static str,
     call: impl std::future::Future<Output = Result<T, crate::aws::AwsError>>,
@@ -139,13 +142,13 @@ async fn scan<T>(
     match tokio::time::timeout(SCAN_BOUND, call).await {
         Ok(Ok(found)) => Some(found),
         Ok(Err(error)) => {
-            tracing::warn!(%error, what, "could not scan EC2: the next run does");
+            tracing::warn!(%error, what, "could not scan AWS: the next run does");
             None
         }
         Err(_) => {
             tracing::warn!(
                 what,
-                "EC2 did not answer the scan in time: the next run does"
+                "AWS did not answer the scan in time: the next run does"
             );
             None
         }

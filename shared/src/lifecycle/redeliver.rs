@@ -18,8 +18,9 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 
 use super::notification::found_waiting_message;
-use super::scope::GroupScope;
-use crate::aws::{GroupActivity, LifecycleActionRef, Notifications};
+#[cfg(doc)]
+use crate::aws::GroupActivity;
+use crate::aws::{LifecycleActionRef, Notifications, WaitingTermination};
 use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::retry::{RetryPolicy, with_retries};
 
@@ -42,53 +43,28 @@ pub fn why_redeliver(
     let Some(record) = record else {
         return Some("no drain of it started: its notification was lost or never handled");
     };
-    let completed = record.completed_at.is_some();
-    if !record.action.serves(action, completed) {
+    if !record.serves(action) {
         return Some("the node's drain record is of an earlier action: this one was not handled");
     }
     // A lease let go at a hand-over keeps its time: the continuation it published has that
     // long to land before the action counts as abandoned.
     let at_work = now < record.lease.expires_at();
-    if completed || at_work {
+    if record.completed_at.is_some() || at_work {
         return None;
     }
     Some("its drain stopped and nobody resumed it (a hand-over or a retry was lost)")
 }
 
-/// How long finding the waiting actions may take (`DescribeAutoScalingGroups` by each
-/// cluster tag, `DescribeLifecycleHooks` of each group with one): the next run asks again.
-pub const FIND_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Publishes to `topic_arn` every terminating action waiting in `scope`'s groups for a hook
-/// that notifies it, that no drain (`drains`, by instance) works on or finished. Nothing
-/// found (Auto Scaling failed or was slow: logged) is nothing done; one failed publish is
-/// reported and the others go on.
-pub async fn redeliver_waiting<A, N>(
-    autoscaling: &A,
+/// Publishes to `topic_arn` every action of `waiting` (found by
+/// [`crate::aws::GroupActivity::waiting_terminations`] for the hooks that notify it) that no
+/// drain (`drains`, by instance) works on or finished. One failed publish is reported and
+/// the others go on.
+pub async fn redeliver_waiting<N: Notifications>(
     notifications: &N,
-    scope: &GroupScope,
     topic_arn: &str,
+    waiting: Vec<WaitingTermination>,
     drains: &BTreeMap<String, DrainCheckpoint>,
-) -> Vec<Redelivery>
-where
-    A: GroupActivity,
-    N: Notifications,
-{
-    let groups = scope.query();
-    let asked = autoscaling.waiting_terminations(&groups, topic_arn);
-    let waiting = match tokio::time::timeout(FIND_BOUND, asked).await {
-        Ok(Ok(waiting)) => waiting,
-        Ok(Err(error)) => {
-            tracing::warn!(%error, "could not list the waiting terminating actions: the next run does");
-            return Vec::new();
-        }
-        Err(_) => {
-            tracing::warn!(
-                "Auto Scaling did not list the waiting terminating actions in time: the next run does"
-            );
-            return Vec::new();
-        }
-    };
+) -> Vec<Redelivery> {
     let now = Timestamp::now();
     let mut out = Vec::new();
     for found in waiting {

@@ -216,7 +216,7 @@ pub(crate) fn decide_by_tags(
     cluster: &ClusterScope,
     tags: &BTreeMap<String, String>,
 ) -> ScopeDecision {
-    for name in std::iter::once(&cluster.cluster_name).chain(&cluster.additional_cluster_names) {
+    for name in cluster.names() {
         for key in CLUSTER_NAME_TAGS {
             if tags.get(key).is_some_and(|value| value == name) {
                 return ScopeDecision::Ours {
@@ -249,11 +249,7 @@ impl GroupScope {
     /// cluster (any of its names, each convention [`decide_by_tags`] accepts) and those in
     /// `AUTO_SCALING_GROUP_NAMES`. The account is checked on what is found.
     pub fn query(&self) -> GroupQuery {
-        let cluster = &self.cluster;
-        let names: Vec<String> = std::iter::once(&cluster.cluster_name)
-            .chain(&cluster.additional_cluster_names)
-            .cloned()
-            .collect();
+        let names: Vec<String> = self.cluster.names().cloned().collect();
         let mut tags: Vec<(String, Vec<String>)> = CLUSTER_NAME_TAGS
             .iter()
             .map(|key| ((*key).to_owned(), names.clone()))
@@ -524,12 +520,11 @@ mod tests {
             .iter()
             .map(|w| w.action.auto_scaling_group_name.as_str())
             .collect();
-        let mut expected: Vec<&str> = groups
+        let expected: Vec<&str> = groups
             .iter()
             .filter(|(g, t)| decided(g, t))
             .map(|(g, _)| *g)
             .collect();
-        expected.sort_by_key(|g| groups.iter().position(|(n, _)| n == g));
         assert_eq!(found, expected);
         assert_eq!(found.len(), 4, "{found:?}");
         let elsewhere = autoscaling

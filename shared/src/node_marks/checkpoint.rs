@@ -45,26 +45,6 @@ impl From<&LifecycleActionRef> for CheckpointAction {
 }
 
 impl CheckpointAction {
-    /// Whether a drain of `action` is this record's drain: the same action (group, hook,
-    /// instance: one pending action at a time) by the same token; or, while the drain is
-    /// not completed, one of them named by its instance alone (the sweep's re-delivery of a
-    /// lost notification and the notification itself are one action). A completed record
-    /// serves only its own token: an instance back from a warm pool is terminated again
-    /// under the same names, and that new action must be drained, not taken as completed
-    /// (a fresh drain proves its action pending before it writes anything).
-    pub fn serves(&self, action: &LifecycleActionRef, completed: bool) -> bool {
-        let same_names = self.auto_scaling_group_name == action.auto_scaling_group_name
-            && self.lifecycle_hook_name == action.lifecycle_hook_name
-            && self.instance_id == action.instance_id;
-        let by_instance = self.token.is_empty() || action.by_instance_only();
-        same_names
-            && if by_instance {
-                !completed
-            } else {
-                self.token == action.token
-            }
-    }
-
     /// Whether this is the stand-in of a drain started by an instance notice (see
     /// [`notice_action`]): it serves no lifecycle action.
     pub fn is_notice(&self) -> bool {
@@ -356,6 +336,27 @@ impl DrainCheckpoint {
         }
     }
 
+    /// Whether a drain of `action` is this record's drain: the same action (group, hook,
+    /// instance: one pending action at a time) by the same token; or, while the drain is
+    /// not completed, one of them named by its instance alone (the sweep's re-delivery of a
+    /// lost notification and the notification itself are one action). A completed record
+    /// serves only its own token: an instance back from a warm pool is terminated again
+    /// under the same names, and that new action must be drained, not taken as completed
+    /// (a fresh drain proves its action pending before it writes anything).
+    pub fn serves(&self, action: &LifecycleActionRef) -> bool {
+        let ours = &self.action;
+        let same_names = ours.auto_scaling_group_name == action.auto_scaling_group_name
+            && ours.lifecycle_hook_name == action.lifecycle_hook_name
+            && ours.instance_id == action.instance_id;
+        let by_instance = ours.token.is_empty() || action.by_instance_only();
+        same_names
+            && if by_instance {
+                self.completed_at.is_none()
+            } else {
+                ours.token == action.token
+            }
+    }
+
     pub fn parse(json: &str) -> Result<Self, serde_json::Error> {
         serde_json::from_str(json)
     }
@@ -394,10 +395,7 @@ impl DrainCheckpoint {
         if existing.action.is_notice() && existing.action.instance_id == action.instance_id {
             return existing.adopted_by(action, holder, now, drain_timeout, lease_duration);
         }
-        if !existing
-            .action
-            .serves(action, existing.completed_at.is_some())
-        {
+        if !existing.serves(action) {
             return fresh();
         }
         if existing.completed_at.is_some() {
@@ -704,8 +702,7 @@ impl DrainCheckpoint {
     /// published, and it stopped working before publishing, even when it could not record
     /// the hand-over on the node. Any other holder, or another action's drain, is kept.
     pub fn handed_over_by(mut self, predecessor: &str, action: &LifecycleActionRef) -> Self {
-        let completed = self.completed_at.is_some();
-        if self.action.serves(action, completed) && self.names_holder(predecessor) {
+        if self.serves(action) && self.names_holder(predecessor) {
             self.lease.holder = None;
         }
         self
@@ -1211,7 +1208,7 @@ mod tests {
             LEASE,
         ));
         assert!(resumed);
-        assert!(cp.action.serves(&action("t"), false));
+        assert!(cp.serves(&action("t")));
         assert_eq!(cp.started_at, at(0));
         assert_eq!(
             cp.deadline,

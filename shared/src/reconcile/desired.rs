@@ -567,13 +567,14 @@ fn abandoned_notice_drain(
 }
 
 /// Whether AWS still reports what the notice announced, by its kind's rule
-/// ([`super::notice_kinds`]).
+/// ([`super::notice_kinds`]); never without EC2's answer about the instance.
 fn reason_stands(
     notice: &InstanceNotice,
     facts: &AwsFacts,
     policy: &Policy,
     now: Timestamp,
 ) -> Stands {
+    facts.instance.known()?;
     (rules(notice.kind).stands)(notice, facts, policy, now)
 }
 

@@ -25,7 +25,7 @@ pub struct KindRules {
     /// Whether the reconciler asks for the instance's scheduled events.
     pub needs_schedule: bool,
     /// Whether the notice stands, from the instance's facts (its EC2 state and group
-    /// lifecycle state are always asked).
+    /// lifecycle state are always asked; the rule is applied only once EC2 answered).
     pub stands: fn(&InstanceNotice, &AwsFacts, &Policy, Timestamp) -> Stands,
 }
 
@@ -140,7 +140,6 @@ fn maintenance_stands(
     _: &Policy,
     _: Timestamp,
 ) -> Stands {
-    instance_state(facts)?;
     let scheduled = facts.scheduled.known()?;
     let pending = match &notice.scheduled_event {
         Some(event) => event
@@ -170,7 +169,6 @@ fn rebalance_stands(
     policy: &Policy,
     now: Timestamp,
 ) -> Stands {
-    instance_state(facts)?;
     let until = notice
         .received_at
         .checked_add(policy.rebalance_undo)
