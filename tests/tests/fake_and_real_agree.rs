@@ -34,13 +34,20 @@ struct Cluster<'a> {
     node: String,
     /// A client presenting a token.
     client_with_token: Box<dyn Fn(String) -> kube::Client + 'a>,
-    /// The audit log, one event per request.
+    /// The audit log, one event per request (as the tests read it).
     audit: Box<dyn Fn() -> Vec<AuditEvent> + 'a>,
+    /// The audit log as written, every stage of a request on its own.
+    audit_log: Box<dyn Fn() -> Vec<AuditEvent> + 'a>,
     /// Adds a Ready, cordoned node for the instance named; returns the node's name.
     add_node: Box<dyn Fn(&str) -> String + 'a>,
     /// A client whose requests in the namespace named the server sheds as API Priority and
     /// Fairness does when their priority level has no seat (429).
     shed_in: Box<dyn Fn(&str) -> kube::Client + 'a>,
+    /// Compacts the storage's history now (the fake); kube-apiserver does it on its own
+    /// interval, so for the real one this does nothing and the check waits.
+    compact: Box<dyn Fn() + 'a>,
+    /// Restarts the API server, and returns once it is ready again.
+    restart: Box<dyn Fn() + 'a>,
 }
 
 async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
@@ -59,6 +66,7 @@ async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
             kube::Client::try_from(config).unwrap()
         }),
         audit: Box::new(|| w.server.audit().events()),
+        audit_log: Box::new(|| w.server.audit().events()),
         add_node: Box::new(|instance| {
             let name = format!("node-{instance}");
             w.server
@@ -85,6 +93,8 @@ async fn fake_cluster(w: &FunctionWorld) -> Cluster<'_> {
                 .add(FaultRule::new(throttled).namespace(namespace));
             shedding_admin.clone()
         }),
+        compact: Box::new(|| w.server.store().compact()),
+        restart: Box::new(|| w.server.restart()),
     }
 }
 
@@ -92,6 +102,7 @@ fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
     let handle = tokio::runtime::Handle::current();
     let nodes_handle = handle.clone();
     let shed_handle = handle.clone();
+    let restart_handle = handle.clone();
     Cluster {
         name: "real",
         admin,
@@ -104,6 +115,7 @@ fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
             })
         }),
         audit: Box::new(|| w.plane.audit()),
+        audit_log: Box::new(|| w.plane.audit_stages()),
         add_node: Box::new(move |instance| {
             tokio::task::block_in_place(|| {
                 nodes_handle
@@ -113,6 +125,11 @@ fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
         }),
         shed_in: Box::new(move |namespace| {
             tokio::task::block_in_place(|| shed_handle.block_on(shed_the_node_agent(w, namespace)))
+        }),
+        compact: Box::new(|| {}),
+        restart: Box::new(move || {
+            tokio::task::block_in_place(|| restart_handle.block_on(w.plane.restart_apiserver()))
+                .unwrap();
         }),
     }
 }
@@ -328,8 +345,10 @@ async fn fake_session_templates_resolve_as_aws_iam_authenticator_does() {
 
 // --- (3) The audit log counts a watch once ---------------------------------------------
 
-/// A watch is one request in the audit log as the tests read it (the real log writes it at
-/// two stages; the test kit keeps the first).
+/// A watch is one request in the audit log as the tests read it. Counted here from the log
+/// itself, not through the kit's reader: the real log writes a watch at two stages
+/// (`ResponseStarted`, `ResponseComplete`) under one `auditID`, the fake writes it once; the
+/// requests are the distinct IDs, and the reader the tests use must give the same count.
 async fn check_a_watch_is_one_request(cluster: &Cluster<'_>) {
     let namespace = "audit-check";
     let config_maps: Api<ConfigMap> = Api::namespaced(cluster.admin.clone(), namespace);
@@ -339,15 +358,18 @@ async fn check_a_watch_is_one_request(cluster: &Cluster<'_>) {
         .unwrap();
     // Until the server ends it (after a second).
     let _events: Vec<_> = futures::StreamExt::collect(stream).await;
+    let ours = |e: &AuditEvent| {
+        e.verb == "watch" && e.namespace() == namespace && e.user.username == "kubernetes-admin"
+    };
     let started = Instant::now();
     loop {
-        let watches = (cluster.audit)()
-            .into_iter()
-            .filter(|e| e.verb == "watch" && e.namespace() == namespace)
-            .filter(|e| e.user.username == "kubernetes-admin")
-            .count();
-        if watches == 1 || started.elapsed() > Duration::from_secs(3) {
-            assert_eq!(watches, 1, "{}", cluster.name);
+        let logged: Vec<AuditEvent> = (cluster.audit_log)().into_iter().filter(ours).collect();
+        let requests: std::collections::BTreeSet<&str> =
+            logged.iter().map(|e| e.audit_id.as_str()).collect();
+        if requests.len() == 1 || started.elapsed() > Duration::from_secs(3) {
+            assert_eq!(requests.len(), 1, "{}: {logged:?}", cluster.name);
+            let read = (cluster.audit)().into_iter().filter(ours).count();
+            assert_eq!(read, 1, "{}: the tests' reader", cluster.name);
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -358,6 +380,199 @@ async fn check_a_watch_is_one_request(cluster: &Cluster<'_>) {
 async fn fake_audit_log_counts_a_watch_once() {
     let w = fake_world(SimulationTimings::default()).await;
     check_a_watch_is_one_request(&fake_cluster(&w).await).await;
+}
+
+// --- (3b) Bookmarks come before a watch's deadline, not every second ----------------------
+
+/// A watch with `allowWatchBookmarks` (kube-rs asks for them) and a 5 s timeout on a
+/// namespace's Roles, one of which is created half a second in, gets that Role and then
+/// bookmarks only in the last three seconds: the watch cache schedules one two seconds before
+/// the deadline in buckets of a second (so it may come a second early, and once more), and
+/// the others a minute apart, only once its resource moved past the watch's start. Each
+/// carries a version no older than the Role's.
+async fn check_bookmarks_come_before_the_deadline(cluster: &Cluster<'_>) {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::rbac::v1::Role;
+    use kube::api::WatchEvent;
+    create_namespace(&cluster.admin, "bookmarks").await;
+    // Roles: the controllers put a ConfigMap in every new namespace, but no Role.
+    let roles: Api<Role> = Api::namespaced(cluster.admin.clone(), "bookmarks");
+    let listed = roles.list(&ListParams::default()).await.unwrap();
+    let from = listed.metadata.resource_version.unwrap();
+    let started = Instant::now();
+    let params = WatchParams::default().timeout(5);
+    let mut stream = roles.watch(&params, &from).await.unwrap().boxed();
+    let writer = roles.clone();
+    let created = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let role = serde_json::from_value(json!({"metadata": {"name": "r"}, "rules": []}));
+        let role = writer.create(&PostParams::default(), &role.unwrap()).await;
+        role.unwrap().metadata.resource_version.unwrap()
+    });
+    let mut seen = Vec::new();
+    while let Some(event) = stream.next().await {
+        let event = event.unwrap();
+        if let WatchEvent::Bookmark(bookmark) = &event {
+            seen.push((
+                "bookmark",
+                bookmark.metadata.resource_version.clone(),
+                started.elapsed(),
+            ));
+        } else {
+            seen.push((kind_of(&event), String::new(), started.elapsed()));
+        }
+    }
+    let role_version: u64 = created.await.unwrap().parse().unwrap();
+    let ([("added", _, _), bookmarks @ ..], 1..=2) = (&seen[..], seen.len().saturating_sub(1))
+    else {
+        panic!(
+            "{}: the Role and one or two bookmarks expected, got {seen:?}",
+            cluster.name
+        );
+    };
+    for (kind, version, at) in bookmarks {
+        assert_eq!(*kind, "bookmark", "{}: {seen:?}", cluster.name);
+        assert!(
+            version.parse::<u64>().unwrap() >= role_version,
+            "{}: bookmark at {version}, Role at {role_version}",
+            cluster.name
+        );
+        assert!(
+            *at >= Duration::from_secs(2) && *at < Duration::from_secs(5),
+            "{}: a bookmark came {at:?} into a 5 s watch",
+            cluster.name
+        );
+    }
+}
+
+fn kind_of<K>(event: &kube::api::WatchEvent<K>) -> &'static str {
+    match event {
+        kube::api::WatchEvent::Added(_) => "added",
+        kube::api::WatchEvent::Modified(_) => "modified",
+        kube::api::WatchEvent::Deleted(_) => "deleted",
+        kube::api::WatchEvent::Bookmark(_) => "bookmark",
+        kube::api::WatchEvent::Error(_) => "error",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_bookmarks_come_before_the_deadline() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_bookmarks_come_before_the_deadline(&fake_cluster(&w).await).await;
+}
+
+// --- (3c) A watch across an API server's restart ------------------------------------------
+
+/// Across a restart of the API server (kube-apiserver's rolling update; [`Cluster::restart`])
+/// every watch is cut, and the new server's watch cache reaches back only to its start: a
+/// watch resuming from a version before it is answered `ERROR` `410 Expired` ("too old
+/// resource version"). The drain's watch of a node's pods (`drain::node_pods::NodePods`,
+/// kube-runtime's watcher) lists again (a second list in the audit log) and sees a pod
+/// deleted and one created after the restart.
+async fn check_a_watch_across_a_restart(cluster: &Cluster<'_>) {
+    use futures::StreamExt as _;
+    use node_manager::drain::node_pods::NodePods;
+    let namespace = "restarting";
+    create_namespace(&cluster.admin, namespace).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), namespace);
+    let pod = |name: &str| fixtures::running_pod(namespace, name, &cluster.node, &[]);
+    for name in ["a", "b"] {
+        pods.create(&PostParams::default(), &pod(name))
+            .await
+            .unwrap();
+    }
+    let mut watched = NodePods::watch(&cluster.admin, &cluster.node);
+    wait_for_view(&mut watched, namespace, &["a", "b"], cluster.name).await;
+    let roles: Api<k8s_openapi::api::rbac::v1::Role> =
+        Api::namespaced(cluster.admin.clone(), namespace);
+    let role = |name: &str| {
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": []})).unwrap()
+    };
+    let before = roles
+        .create(&PostParams::default(), &role("before"))
+        .await
+        .unwrap();
+    let before = before.metadata.resource_version.unwrap();
+    // The storage moves past `before`, so the new cache starts after it.
+    roles
+        .create(&PostParams::default(), &role("after"))
+        .await
+        .unwrap();
+    (cluster.restart)();
+    let mut resumed = roles
+        .watch(&WatchParams::default().timeout(5), &before)
+        .await
+        .unwrap()
+        .boxed();
+    match resumed.next().await {
+        Some(Ok(kube::api::WatchEvent::Error(error))) => {
+            assert_eq!(
+                (error.code, error.reason.as_str()),
+                (410, "Expired"),
+                "{}",
+                cluster.name
+            );
+            assert!(
+                error.message.starts_with("too old resource version"),
+                "{}: {}",
+                cluster.name,
+                error.message
+            );
+        }
+        other => panic!(
+            "{}: a watch from before the restart got {other:?}",
+            cluster.name
+        ),
+    }
+    let gone = kube::api::DeleteParams::default().grace_period(0);
+    pods.delete("a", &gone).await.unwrap();
+    pods.create(&PostParams::default(), &pod("c"))
+        .await
+        .unwrap();
+    wait_for_view(&mut watched, namespace, &["b", "c"], cluster.name).await;
+    let node_field = format!("spec.nodeName%3D{}", cluster.node);
+    let lists = (cluster.audit)()
+        .into_iter()
+        .filter(|e| e.verb == "list" && e.request_uri.starts_with("/api/v1/pods?"))
+        .filter(|e| e.request_uri.contains(&node_field))
+        .count();
+    assert_eq!(
+        lists, 2,
+        "{}: the watcher's lists of the node's pods",
+        cluster.name
+    );
+}
+
+/// Waits (30 s at most) until the watch's view of `namespace` is exactly `names`.
+async fn wait_for_view(
+    watched: &mut node_manager::drain::node_pods::NodePods,
+    namespace: &str,
+    names: &[&str],
+    cluster: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen: Vec<String> = watched
+            .pods()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .filter_map(|p| p.metadata.name.clone())
+            .collect();
+        if watched.is_synced() && seen == names {
+            return;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{cluster}: the watch saw {seen:?}, not {names:?}"
+        );
+        let _ = tokio::time::timeout(left, watched.changed()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_watches_across_a_restart_as_kube_apiserver_does() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_a_watch_across_a_restart(&fake_cluster(&w).await).await;
 }
 
 // --- (4) A budget's status lags -----------------------------------------------------------
@@ -778,6 +993,131 @@ async fn check_list_pages(cluster: &Cluster<'_>) {
 async fn fake_list_pages_as_kube_apiserver_does() {
     let w = fake_world(SimulationTimings::default()).await;
     check_list_pages(&fake_cluster(&w).await).await;
+}
+
+// --- (8b) A list's pages keep its revision; an expired token names the rest -------------------
+
+/// The pages after a list's first are read at its revision: in namespace `continuing`,
+/// Roles `r-1`..`r-5`; after the first page (`r-1`, `r-2`), `r-2a` is created and `r-3`
+/// deleted, and the next page is still `r-3`, `r-4`. Once the revision is compacted (the
+/// fake: [`Cluster::compact`]; kube-apiserver every few seconds under this test's
+/// `--etcd-compaction-interval`, learnt by its cache within 15 s) the token is refused with
+/// `410 Expired` and a token for the rest at the latest state (`r-2a`, `r-4`, `r-5`), which
+/// the code's own pager follows (`cluster::pages::Pages`).
+async fn check_pages_keep_their_revision_until_it_expires(cluster: &Cluster<'_>) {
+    use k8s_openapi::api::rbac::v1::Role;
+    use node_manager::cluster::pages::Pages;
+    create_namespace(&cluster.admin, "continuing").await;
+    let roles: Api<Role> = Api::namespaced(cluster.admin.clone(), "continuing");
+    let create = |name: &str| {
+        let role = serde_json::from_value(json!({"metadata": {"name": name}, "rules": []}));
+        let roles = roles.clone();
+        async move {
+            roles
+                .create(&PostParams::default(), &role.unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    for i in 1..=5 {
+        create(&format!("r-{i}")).await;
+    }
+    let names = |roles: &[Role]| -> Vec<String> {
+        roles
+            .iter()
+            .filter_map(|r| r.metadata.name.clone())
+            .collect()
+    };
+    let first = roles.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(names(&first.items), ["r-1", "r-2"], "{}", cluster.name);
+    let token = first.metadata.continue_.clone().expect("a continue token");
+    create("r-2a").await;
+    roles.delete("r-3", &Default::default()).await.unwrap();
+    let at_first = ListParams::default().limit(2).continue_token(&token);
+    let second = roles.list(&at_first).await.unwrap();
+    assert_eq!(
+        names(&second.items),
+        ["r-3", "r-4"],
+        "{}: at the first page's revision",
+        cluster.name
+    );
+    (cluster.compact)();
+    let expired = wait_for_expiry(&roles, &at_first, cluster.name).await;
+    assert_eq!(
+        (expired.code, expired.reason.as_str()),
+        (410, "Expired"),
+        "{}",
+        cluster.name
+    );
+    assert!(
+        expired
+            .message
+            .starts_with("The provided continue parameter is too old"),
+        "{}: {}",
+        cluster.name,
+        expired.message
+    );
+    let rest = expired
+        .metadata
+        .and_then(|m| m.continue_)
+        .expect("a token for the rest");
+    let latest = roles
+        .list(&ListParams::default().limit(2).continue_token(&rest))
+        .await
+        .unwrap();
+    assert_eq!(
+        names(&latest.items),
+        ["r-2a", "r-4"],
+        "{}: the rest at the latest state",
+        cluster.name
+    );
+    let mut pages = Pages::new(roles.clone(), at_first);
+    let mut followed = Vec::new();
+    while let Some(page) = pages.next().await.unwrap() {
+        followed.extend(names(&page));
+    }
+    assert_eq!(
+        followed,
+        ["r-2a", "r-4", "r-5"],
+        "{}: the pager",
+        cluster.name
+    );
+}
+
+/// Lists with `params` until the server refuses its token as expired (60 s at most).
+async fn wait_for_expiry<K>(api: &Api<K>, params: &ListParams, cluster: &str) -> kube::core::Status
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let started = Instant::now();
+    loop {
+        match api.list(params).await {
+            Err(kube::Error::Api(status)) => return *status,
+            Err(other) => panic!("{cluster}: {other}"),
+            Ok(_) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(60),
+                    "{cluster}: the token never expired"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+async fn create_namespace(admin: &kube::Client, name: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    let namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_pages_keep_their_revision_until_it_expires() {
+    let w = fake_world(SimulationTimings::default()).await;
+    check_pages_keep_their_revision_until_it_expires(&fake_cluster(&w).await).await;
 }
 
 // --- (9) Eviction answers, as the drain reads them -----------------------------------------
@@ -1541,6 +1881,9 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_default()
 }
 
+/// How often the real test's kube-apiserver compacts etcd (default: five minutes).
+const COMPACTION_INTERVAL: &str = "5s";
+
 /// A check of `fake_and_real_agree`, on one cluster.
 type Check<'c> = std::pin::Pin<Box<dyn Future<Output = ()> + 'c>>;
 
@@ -1561,10 +1904,22 @@ fn every_check<'c>(cluster: &'c Cluster<'c>) -> Vec<(&'static str, Check<'c>)> {
             Box::pin(check_a_watch_is_one_request(cluster)),
         ),
         (
+            "bookmarks come before the deadline",
+            Box::pin(check_bookmarks_come_before_the_deadline(cluster)),
+        ),
+        (
+            "a watch across a restart",
+            Box::pin(check_a_watch_across_a_restart(cluster)),
+        ),
+        (
             "pods need their service account",
             Box::pin(check_pods_need_their_service_account(cluster)),
         ),
         ("list pages", Box::pin(check_list_pages(cluster))),
+        (
+            "pages keep their revision until it expires",
+            Box::pin(check_pages_keep_their_revision_until_it_expires(cluster)),
+        ),
         (
             "eviction answers",
             Box::pin(check_eviction_answers(cluster)),
@@ -1611,8 +1966,10 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     let Some(bin) = binaries_or_skip("the_real_api_server_passes_every_check_the_fake_does") else {
         return;
     };
+    // Compactions every few seconds, so that a continue token expires within the check.
     let w = RealFunctionWorld::builder()
         .functions(&[])
+        .apiserver_flag(&format!("--etcd-compaction-interval={COMPACTION_INTERVAL}"))
         .start(&bin)
         .await
         .unwrap();
@@ -1622,9 +1979,11 @@ async fn the_real_api_server_passes_every_check_the_fake_does() {
     let mut failed = Vec::new();
     for (name, check) in every_check(&cluster) {
         use futures::FutureExt as _;
+        let started = Instant::now();
         if let Err(panic) = std::panic::AssertUnwindSafe(check).catch_unwind().await {
             failed.push(format!("{name}: {}", panic_message(&*panic)));
         }
+        println!("real control plane: {name}: {:.1?}", started.elapsed());
     }
     assert!(
         failed.is_empty(),

@@ -24,6 +24,7 @@ pub mod clock;
 pub mod connection;
 pub mod discovery;
 pub mod error;
+pub mod pages;
 mod server_retry;
 pub mod token;
 

@@ -14,6 +14,7 @@ use super::event::RefreshEvent;
 use super::handler::{RefreshError, RefreshReport, UnmarkedNode};
 use super::plan::MarkPlan;
 use super::room::{RoomDecision, choose};
+use crate::cluster::pages::Pages;
 use crate::lifecycle::node::node_instance_id;
 use crate::node_marks::refresh::{
     MarkAs, Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node,
@@ -27,16 +28,12 @@ async fn list_all<K>(api: &Api<K>, params: ListParams) -> Result<Vec<K>, kube::E
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let mut params = params.limit(PAGE_SIZE);
+    let mut pages = Pages::new(api.clone(), params.limit(PAGE_SIZE));
     let mut all = Vec::new();
-    loop {
-        let page = api.list(&params).await?;
-        all.extend(page.items);
-        match page.metadata.continue_.filter(|t| !t.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(all),
-        }
+    while let Some(page) = pages.next().await? {
+        all.extend(page);
     }
+    Ok(all)
 }
 
 /// Every node `params` selects.
@@ -233,16 +230,13 @@ impl<'a> OtherRefreshes<'a> {
 /// Tallies the pods placed on nodes page by page ([`PodTally`]): at most one page of pods
 /// is held at a time.
 async fn tally_placed_pods(pods: &Api<Pod>) -> Result<PodTally, RefreshError> {
-    let mut params = ListParams::default().fields(PLACED_PODS).limit(PAGE_SIZE);
+    let params = ListParams::default().fields(PLACED_PODS).limit(PAGE_SIZE);
+    let mut pages = Pages::new(pods.clone(), params);
     let mut tally = PodTally::default();
-    loop {
-        let page = pods.list(&params).await.map_err(RefreshError::ListPods)?;
-        page.items.iter().for_each(|pod| tally.add(pod));
-        match page.metadata.continue_.filter(|t| !t.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(tally),
-        }
+    while let Some(page) = pages.next().await.map_err(RefreshError::ListPods)? {
+        page.iter().for_each(|pod| tally.add(pod));
     }
+    Ok(tally)
 }
 
 async fn mark_one(

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::api::{Api, ListParams};
 
 use crate::aws::{AwsError, Instances};
+use crate::cluster::pages::Pages;
 
 use crate::retry::{RetryPolicy, with_retries};
 
@@ -222,13 +223,11 @@ async fn scan_all(
     nodes: &Api<Node>,
     instance_id: &str,
 ) -> Result<(Option<Node>, std::collections::HashMap<String, String>), kube::Error> {
-    let mut params = ListParams::default().limit(SCAN_PAGE_SIZE);
+    let mut pages = Pages::new(nodes.clone(), ListParams::default().limit(SCAN_PAGE_SIZE));
     let mut names = std::collections::HashMap::new();
     let mut found = None;
-    loop {
-        let page = nodes.list(&params).await?;
-        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
-        for node in page.items {
+    while let Some(page) = pages.next().await? {
+        for node in page {
             if let (Some(instance), Some(name)) = (node_instance_id(&node), &node.metadata.name) {
                 names.insert(instance.to_owned(), name.clone());
             }
@@ -236,11 +235,8 @@ async fn scan_all(
                 found = Some(node);
             }
         }
-        match next {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok((found, names)),
-        }
     }
+    Ok((found, names))
 }
 
 /// Pages through all nodes for the one whose providerID names `instance_id`: the fallback
@@ -249,22 +245,16 @@ pub(crate) async fn scan_by_provider_id(
     nodes: &Api<Node>,
     instance_id: &str,
 ) -> Result<Option<Node>, NodeLookupError> {
-    let mut params = ListParams::default().limit(SCAN_PAGE_SIZE);
-    loop {
-        let page = nodes.list(&params).await?;
-        let next = page.metadata.continue_.clone().filter(|c| !c.is_empty());
+    let mut pages = Pages::new(nodes.clone(), ListParams::default().limit(SCAN_PAGE_SIZE));
+    while let Some(page) = pages.next().await? {
         if let Some(node) = page
-            .items
             .into_iter()
             .find(|node| node_provider_id_matches(node, instance_id))
         {
             return Ok(Some(node));
         }
-        match next {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(None),
-        }
     }
+    Ok(None)
 }
 
 #[cfg(test)]

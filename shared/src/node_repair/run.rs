@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::aws::{InstanceHealth, RepairInstances};
 use crate::cluster::connection::KubeConnection;
+use crate::cluster::pages::Pages;
 
 use super::act::Repairs;
 use super::decision::decide_group;
@@ -78,16 +79,12 @@ where
 }
 
 async fn list_nodes(api: &Api<Node>) -> Result<(Vec<Node>, u32), RepairError> {
-    let mut params = ListParams::default().limit(NODE_PAGE_SIZE);
+    let mut pages = Pages::new(api.clone(), ListParams::default().limit(NODE_PAGE_SIZE));
     let mut nodes = Vec::new();
-    let mut pages = 0;
-    loop {
-        let page = api.list(&params).await.map_err(RepairError::ListNodes)?;
-        pages += 1;
-        nodes.extend(page.items);
-        match page.metadata.continue_.filter(|t| !t.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok((nodes, pages)),
-        }
+    let mut count = 0;
+    while let Some(page) = pages.next().await.map_err(RepairError::ListNodes)? {
+        count += 1;
+        nodes.extend(page);
     }
+    Ok((nodes, count))
 }

@@ -15,6 +15,7 @@ use super::converge;
 use super::desired::{Action, Policy, desired};
 use super::facts::{CallCounts, KnownInstances, add_calls, gather, gather_knowing};
 use crate::aws::{GroupActivity, InstanceNoticesBatch};
+use crate::cluster::pages::Pages;
 use crate::node_marks::checkpoint::DrainCheckpoint;
 use crate::node_marks::maintenance::MAINTENANCE_LABEL;
 use crate::node_marks::marks::NodeMarks;
@@ -340,45 +341,32 @@ fn marked_selectors() -> [(String, bool); 3] {
 /// The marked nodes of one selector, a page at a time (each request bounded by
 /// [`LIST_BOUND`]).
 struct MarkedPages<'a> {
-    nodes: Api<Node>,
+    pages: Pages<Node>,
     selector: &'a str,
-    continue_token: Option<String>,
-    done: bool,
 }
 
 impl<'a> MarkedPages<'a> {
     fn new(client: &kube::Client, selector: &'a str) -> Self {
+        let params = ListParams::default().labels(selector).limit(PAGE);
         Self {
-            nodes: Api::all(client.clone()),
+            pages: Pages::new(Api::all(client.clone()), params),
             selector,
-            continue_token: None,
-            done: false,
         }
     }
 
     /// The next page's nodes that carry a mark of ours or the common label; `None` after the
     /// last page.
     async fn next(&mut self) -> Result<Option<Vec<NodeMarks>>, kube::Error> {
-        if self.done {
-            return Ok(None);
-        }
-        let mut params = ListParams::default().labels(self.selector).limit(PAGE);
-        if let Some(token) = self.continue_token.take() {
-            params = params.continue_token(&token);
-        }
-        let listed = tokio::time::timeout(LIST_BOUND, self.nodes.list(&params))
+        let listed = tokio::time::timeout(LIST_BOUND, self.pages.next())
             .await
             .unwrap_or_else(|_| Err(list_timeout(self.selector)))?;
-        self.continue_token = listed.metadata.continue_.filter(|t| !t.is_empty());
-        self.done = self.continue_token.is_none();
-        Ok(Some(
-            listed
-                .items
+        Ok(listed.map(|nodes| {
+            nodes
                 .iter()
                 .map(NodeMarks::of)
                 .filter(|marks| marks.any() || marks.labelled)
-                .collect(),
-        ))
+                .collect()
+        }))
     }
 }
 

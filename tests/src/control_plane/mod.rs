@@ -248,8 +248,13 @@ pub struct RealControlPlane {
     admin: StaticUser,
     kubelet: StaticUser,
     webhook: TokenWebhook,
-    processes: Vec<(String, Child)>,
-    watchdog: Option<Child>,
+    /// The folder the binaries were started from.
+    bin: PathBuf,
+    /// kube-apiserver's flags, for a restart.
+    apiserver_args: Vec<String>,
+    /// Behind locks only so that a test holding the plane shared can restart kube-apiserver.
+    processes: std::sync::Mutex<Vec<(String, Child)>>,
+    watchdog: std::sync::Mutex<Option<Child>>,
     ready_after: Duration,
 }
 
@@ -345,8 +350,10 @@ impl RealControlPlane {
             admin,
             kubelet,
             webhook,
-            processes: Vec::new(),
-            watchdog: None,
+            bin: bin.to_owned(),
+            apiserver_args: Vec::new(),
+            processes: std::sync::Mutex::default(),
+            watchdog: std::sync::Mutex::default(),
             ready_after: Duration::ZERO,
         };
         plane.write_files(&[&controller_manager, &scheduler, &kubelets])?;
@@ -354,6 +361,7 @@ impl RealControlPlane {
         let mut apiserver_args = plane.apiserver_args(&ports);
         apiserver_args.extend_from_slice(apiserver_flags);
         plane.spawn(bin, "kube-apiserver", &apiserver_args)?;
+        plane.apiserver_args = apiserver_args;
         plane.wait_ready(&admin_client, started).await?;
         check_served_version(&admin_client).await?;
         kwok::grant(&admin_client).await?;
@@ -445,7 +453,7 @@ impl RealControlPlane {
 
     /// Resident memory of each process now (kB, from /proc), for the report of a run.
     pub fn memory_kib(&self) -> Vec<(String, u64)> {
-        self.processes
+        self.processes()
             .iter()
             .map(|(name, child)| {
                 let rss = crate::lambda_api::status_kib(&child.id().to_string(), "VmRSS");
@@ -456,6 +464,33 @@ impl RealControlPlane {
 
     fn path(&self, name: &str) -> String {
         self.dir.join(name).display().to_string()
+    }
+
+    fn processes(&self) -> std::sync::MutexGuard<'_, Vec<(String, Child)>> {
+        self.processes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Restarts kube-apiserver as when a control plane instance is lost and replaced: killed,
+    /// started again with the same flags, and ready (about two seconds here; a `SIGTERM`'s
+    /// graceful shutdown takes 45). Every watch is cut, and the new watch cache starts from a
+    /// list at the current revision: a watch resuming from an earlier one is answered
+    /// `410 Expired`. The other processes reconnect by themselves.
+    pub async fn restart_apiserver(&self) -> Result<(), ControlPlaneError> {
+        let started = Instant::now();
+        let old = {
+            let mut processes = self.processes();
+            let index = processes
+                .iter()
+                .position(|(name, _)| name == "kube-apiserver");
+            index.map(|i| processes.remove(i).1)
+        };
+        let mut old = old.ok_or_else(|| setup("restarting kube-apiserver", "it is not running"))?;
+        let _ = old.kill();
+        let _ = old.wait();
+        self.spawn(&self.bin, "kube-apiserver", &self.apiserver_args)?;
+        self.start_watchdog()?;
+        let admin = self.admin_client().await?;
+        self.wait_ready(&admin, started).await
     }
 
     fn write(&self, name: &str, contents: &str) -> Result<(), ControlPlaneError> {
@@ -574,16 +609,21 @@ impl RealControlPlane {
             "--kube-api-qps=200".into(),
             "--kube-api-burst=400".into(),
         ]
+        .into_iter()
+        .chain(long_leader_leases())
+        .collect()
     }
 
     fn scheduler_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             format!("--kubeconfig={}", self.path("kube-scheduler.kubeconfig")),
             "--secure-port=0".into(),
-        ]
+        ];
+        args.extend(long_leader_leases());
+        args
     }
 
-    fn spawn(&mut self, bin: &Path, name: &str, args: &[String]) -> Result<(), ControlPlaneError> {
+    fn spawn(&self, bin: &Path, name: &str, args: &[String]) -> Result<(), ControlPlaneError> {
         let log =
             std::fs::File::create(self.dir.join(format!("{name}.log"))).map_err(|source| {
                 ControlPlaneError::Io {
@@ -606,15 +646,15 @@ impl RealControlPlane {
                 what: format!("starting {}", bin.join(name).display()),
                 source,
             })?;
-        self.processes.push((name.to_owned(), child));
+        self.processes().push((name.to_owned(), child));
         Ok(())
     }
 
     /// A shell that kills the plane's processes once this test process is gone (a test killed
     /// by a timeout runs no destructor).
-    fn start_watchdog(&mut self) -> Result<(), ControlPlaneError> {
+    fn start_watchdog(&self) -> Result<(), ControlPlaneError> {
         let pids: Vec<String> = self
-            .processes
+            .processes()
             .iter()
             .map(|(_, c)| c.id().to_string())
             .collect();
@@ -632,13 +672,21 @@ impl RealControlPlane {
                 what: "starting the control plane's watchdog".into(),
                 source,
             })?;
-        self.watchdog = Some(child);
+        let previous = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(child);
+        if let Some(mut previous) = previous {
+            let _ = previous.kill();
+            let _ = previous.wait();
+        }
         Ok(())
     }
 
     /// An error when a process has exited, with the end of its log.
-    fn check_alive(&mut self) -> Result<(), ControlPlaneError> {
-        for (name, child) in &mut self.processes {
+    fn check_alive(&self) -> Result<(), ControlPlaneError> {
+        for (name, child) in self.processes().iter_mut() {
             if let Ok(Some(status)) = child.try_wait() {
                 return Err(ControlPlaneError::Exited {
                     process: name.clone(),
@@ -651,7 +699,7 @@ impl RealControlPlane {
     }
 
     async fn wait_ready(
-        &mut self,
+        &self,
         client: &kube::Client,
         started: Instant,
     ) -> Result<(), ControlPlaneError> {
@@ -670,7 +718,7 @@ impl RealControlPlane {
 
     /// Both controllers hold their leader leases and the `default` service account exists.
     async fn wait_for_controllers(
-        &mut self,
+        &self,
         client: &kube::Client,
         started: Instant,
     ) -> Result<(), ControlPlaneError> {
@@ -705,11 +753,16 @@ impl RealControlPlane {
 
 impl Drop for RealControlPlane {
     fn drop(&mut self) {
-        for (_, child) in self.processes.iter_mut().rev() {
+        for (_, child) in self.processes().iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if let Some(mut watchdog) = self.watchdog.take() {
+        let watchdog = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut watchdog) = watchdog {
             let _ = watchdog.kill();
             let _ = watchdog.wait();
         }
@@ -717,6 +770,17 @@ impl Drop for RealControlPlane {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// Leader leases that outlast a restart of kube-apiserver ([`RealControlPlane::restart_apiserver`]):
+/// with the default 10 s to renew, a controller that cannot reach the API server for longer
+/// gives up its lease and exits, as it should in a cluster where the kubelet restarts it; the
+/// plane has one of each and nothing to restart them.
+fn long_leader_leases() -> [String; 2] {
+    [
+        "--leader-elect-lease-duration=90s".into(),
+        "--leader-elect-renew-deadline=60s".into(),
+    ]
 }
 
 /// The test kit's own components and the kubelets (kwok and the kit's) are not audited: the log holds

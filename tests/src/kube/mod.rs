@@ -32,6 +32,7 @@ mod event_views;
 mod eviction_api;
 pub mod faults;
 pub mod fields;
+mod paging;
 pub mod patch;
 pub mod resources;
 mod reviews;
@@ -149,7 +150,8 @@ impl FakeApiServerBuilder {
         self
     }
 
-    /// How often watches with `allowWatchBookmarks` get a BOOKMARK (default 1 s).
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK (default 60 s, kube-apiserver's
+    /// "roughly every minute"; one comes two seconds before a watch's deadline too).
     pub fn bookmark_interval(mut self, interval: Duration) -> Self {
         self.bookmark_interval = interval;
         self
@@ -337,7 +339,7 @@ impl FakeApiServer {
             ec2: None,
             plain_http: false,
             timings: SimulationTimings::default(),
-            bookmark_interval: Duration::from_secs(1),
+            bookmark_interval: Duration::from_secs(60),
             fault_seed: 0,
             store: None,
             cluster_creator_arn: None,
@@ -576,6 +578,13 @@ impl FakeApiServer {
     }
 
     /// Stops serving and the emulation (also done on drop).
+    /// Restarts the API server as far as its clients see it (kube-apiserver's rolling update):
+    /// every open watch ends, and one resuming from a version before the restart is answered
+    /// `410 Expired`, so its client lists again.
+    pub fn restart(&self) {
+        self.store.restart_watch_cache();
+    }
+
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
     }

@@ -18,6 +18,8 @@ pub struct ApiError {
     pub details: Option<Box<Value>>,
     /// Seconds for a `Retry-After` header (429 and some 5xx).
     pub retry_after: Option<u64>,
+    /// A `continue` token in the status's list metadata (an expired one's replacement).
+    pub continue_token: Option<String>,
 }
 
 impl ApiError {
@@ -28,6 +30,7 @@ impl ApiError {
             message: message.into(),
             details: None,
             retry_after: None,
+            continue_token: None,
         }
     }
 
@@ -168,6 +171,22 @@ impl ApiError {
         Self::new(410, "Expired", message)
     }
 
+    /// A list's `continue` token whose revision was compacted, as kube-apiserver's etcd3 store
+    /// answers it: `410 Expired`, and in the list metadata a token for the rest of the list at
+    /// its latest state (`rest`).
+    pub fn continue_expired(rest: String) -> Self {
+        let mut error = Self::gone(
+            "The provided continue parameter is too old to display a consistent list result. \
+             You can start a new list without the continue parameter, or use the continue token \
+             in this response to retrieve the remainder of the results. Continuing with the \
+             provided token results in an inconsistent list - objects that were created, \
+             modified, or deleted between the time the first chunk was returned and now may show \
+             up in the list.",
+        );
+        error.continue_token = Some(rest);
+        error
+    }
+
     /// The `Status` object sent as the body.
     pub fn to_status(&self) -> Value {
         let mut status = json!({
@@ -181,6 +200,9 @@ impl ApiError {
         });
         if let Some(details) = &self.details {
             status["details"] = (**details).clone();
+        }
+        if let Some(token) = &self.continue_token {
+            status["metadata"] = json!({ "continue": token });
         }
         if self.reason.is_empty()
             && let Some(map) = status.as_object_mut()

@@ -11,7 +11,6 @@ use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rand::Rng as _;
 use serde::Serialize;
@@ -134,7 +133,7 @@ pub struct ListPage {
     pub remaining: Option<usize>,
 }
 
-type Key = (String, String);
+use super::paging::{AtRevision, ContinueFrom, Key, continue_token, parse_continue};
 
 /// The backlog of a watch and the receiver of the changes after it.
 pub(crate) type WatchStart = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
@@ -149,6 +148,13 @@ pub(crate) struct State {
     pub(crate) deletion_deadlines: HashMap<String, Instant>,
     /// Real seconds of a grace period are multiplied by this (tests scale time down).
     pub(crate) grace_scale: f64,
+    /// The revision of the last compaction: `continue` tokens of earlier ones are expired.
+    compacted: u64,
+    /// The revision at the API server's last restart: its new watch cache reaches back no
+    /// further, so a watch from an earlier one is `410 Expired`.
+    watch_floor: u64,
+    /// Counts restarts; every open watch ends at one.
+    restarts: tokio::sync::watch::Sender<u64>,
 }
 
 /// RFC 3339 with second precision, as `metav1.Time` serializes.
@@ -274,30 +280,6 @@ fn spec_part(object: &Value) -> Value {
     copy
 }
 
-fn continue_token(rv: u64, key: &Key) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .encode(json!({ "rv": rv, "ns": key.0, "name": key.1 }).to_string())
-}
-
-fn parse_continue(token: &str) -> Result<Key, ApiError> {
-    let invalid = || {
-        ApiError::bad_request(
-            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
-        )
-    };
-    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(token)
-        .map_err(|_| invalid())?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|_| invalid())?;
-    match (
-        value.get("ns").and_then(Value::as_str),
-        value.get("name").and_then(Value::as_str),
-    ) {
-        (Some(ns), Some(name)) => Ok((ns.to_owned(), name.to_owned())),
-        _ => Err(invalid()),
-    }
-}
-
 impl State {
     fn new() -> Self {
         let (changes, _) = broadcast::channel(4096);
@@ -308,6 +290,9 @@ impl State {
             changes,
             deletion_deadlines: HashMap::new(),
             grace_scale: 1.0,
+            compacted: 0,
+            watch_floor: 0,
+            restarts: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -400,30 +385,33 @@ impl State {
         continue_from: Option<&str>,
     ) -> Result<ListPage, ApiError> {
         let start = continue_from.map(parse_continue).transpose()?;
+        let at = self.list_revision(start.as_ref())?;
         let namespace = namespace.filter(|_| resource.namespaced);
-        let mut items = Vec::new();
-        let mut last_key = None;
-        let Some(bucket) = self.bucket(resource) else {
-            return Ok(ListPage {
-                items,
-                resource_version: self.rv,
-                continue_token: None,
-                remaining: None,
-            });
-        };
+        let empty = BTreeMap::new();
+        let bucket = self.bucket(resource).unwrap_or(&empty);
         // Read from the continue key on, as etcd does: a page costs its own items, not the
         // whole collection (a 150,000-pod list in pages of 500 must not scan it 300 times).
-        let after = match &start {
-            Some(key) => bucket.range((Bound::Excluded(key.clone()), Bound::Unbounded)),
-            None => bucket.range::<Key, _>(..),
+        let (after, mut past) = match &start {
+            Some(from) => (
+                bucket.range((Bound::Excluded(from.key.clone()), Bound::Unbounded)),
+                self.changed_since(resource, at),
+            ),
+            None => (bucket.range::<Key, _>(..), BTreeMap::new()),
         };
-        let mut in_scope = after.filter(|(key, _)| namespace.is_none_or(|ns| ns == key.0));
+        if let Some(from) = &start {
+            past = past.split_off(&from.key);
+            past.remove(&from.key);
+        }
+        let mut in_scope =
+            AtRevision::new(after, past).filter(|(key, _)| namespace.is_none_or(|ns| ns == key.0));
+        let mut items = Vec::new();
+        let mut last_key = None;
         for (key, object) in in_scope.by_ref() {
-            let object = view(resource, object.clone());
+            let object = view(resource, object.into_owned());
             if !labels.matches(&labels_of(&object)) || !fields.matches(resource, &object) {
                 continue;
             }
-            last_key = Some(key.clone());
+            last_key = Some(key.into_owned());
             items.push(object);
             if limit.is_some_and(|l| items.len() >= l) {
                 break;
@@ -442,16 +430,71 @@ impl State {
             }
         };
         let continue_token = if more {
-            last_key.map(|k| continue_token(self.rv, &k))
+            last_key.map(|k| continue_token(Some(at), &k))
         } else {
             None
         };
         Ok(ListPage {
             items,
-            resource_version: self.rv,
+            resource_version: at,
             remaining: remaining.filter(|_| continue_token.is_some()),
             continue_token,
         })
+    }
+
+    /// The revision a page is read at: the latest for a first page (or a token for the rest
+    /// at the latest state), else the first page's. A token whose revision was compacted, or
+    /// lies beyond the history kept, has expired.
+    fn list_revision(&self, start: Option<&ContinueFrom>) -> Result<u64, ApiError> {
+        match start {
+            Some(ContinueFrom { rv: Some(rv), key })
+                if *rv < self.compacted || self.changes_since(*rv).is_none() =>
+            {
+                Err(ApiError::continue_expired(continue_token(None, key)))
+            }
+            Some(ContinueFrom { rv: Some(rv), .. }) => Ok((*rv).min(self.rv)),
+            _ => Ok(self.rv),
+        }
+    }
+
+    /// For each key of `resource`'s storage changed after `rv`, its value before the first
+    /// such change (`None`: created since).
+    fn changed_since(&self, resource: &ResourceType, rv: u64) -> BTreeMap<Key, Option<Value>> {
+        let mut past = BTreeMap::new();
+        let since = self.history.iter().rev();
+        for change in since.take_while(|c| c.resource_version > rv) {
+            if change.resource.storage == resource.storage {
+                let key = Self::key(
+                    change.resource,
+                    meta_str(&change.object, "namespace"),
+                    meta_str(&change.object, "name"),
+                );
+                // Newest first: the earliest change's value is written last.
+                past.insert(key, change.previous.clone());
+            }
+        }
+        past
+    }
+
+    /// A receiver that changes when the API server restarts (its open watches end then).
+    pub(crate) fn restarts(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.restarts.subscribe()
+    }
+
+    /// What a restart of kube-apiserver does to watches: every open one ends, and the new
+    /// watch cache starts from a list at the current revision, so a watch resuming from an
+    /// earlier one is `410 Expired` ("too old resource version") and its client lists again.
+    /// Lists and their `continue` tokens are read from storage and are not affected.
+    pub(crate) fn restart_watch_cache(&mut self) {
+        self.watch_floor = self.rv;
+        self.restarts.send_modify(|count| *count += 1);
+    }
+
+    /// Compacts the history as etcd does when kube-apiserver compacts it: `continue` tokens of
+    /// earlier revisions expire. Watches are served from the history, as from kube-apiserver's
+    /// watch cache, which a compaction leaves alone.
+    pub(crate) fn compact(&mut self) {
+        self.compacted = self.rv;
     }
 
     fn namespace(&self, namespace: &str) -> Option<&Value> {
@@ -973,6 +1016,7 @@ impl State {
     /// taken under the same lock so that no change is missed or seen twice.
     pub(crate) fn watch_from(&self, resource_version: u64) -> Result<WatchStart, ApiError> {
         let oldest = self.history.front().map_or(self.rv, |c| c.resource_version);
+        let oldest = oldest.max(self.watch_floor + 1);
         if resource_version + 1 < oldest {
             return Err(ApiError::gone(format!(
                 "too old resource version: {resource_version} ({})",
@@ -1081,6 +1125,17 @@ impl Store {
     /// The current (latest) resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.lock().resource_version()
+    }
+
+    /// Compacts the history (etcd's compaction by kube-apiserver): `continue` tokens of
+    /// earlier revisions expire with `410 Expired` and a token for the rest of their list.
+    pub fn compact(&self) {
+        self.lock().compact();
+    }
+
+    /// Restarts the API server's watch cache (see [`State::restart_watch_cache`]).
+    pub fn restart_watch_cache(&self) {
+        self.lock().restart_watch_cache();
     }
 
     pub(crate) fn set_grace_scale(&self, scale: f64) {

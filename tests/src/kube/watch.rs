@@ -4,7 +4,8 @@
 //! `ADDED` events for what exists; a watch from a version older than the kept history gets an
 //! `ERROR` event with `410 Expired` ("too old resource version"); with a selector, an object
 //! that stops matching is sent as `DELETED` and one that starts matching as `ADDED`;
-//! `allowWatchBookmarks` adds periodic `BOOKMARK` events carrying the latest version.
+//! `allowWatchBookmarks` adds `BOOKMARK` events carrying the latest version, as the watch cache
+//! sends them: every minute and two seconds before the watch's deadline.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -69,6 +70,19 @@ fn line(event: &Value) -> Bytes {
     Bytes::from(bytes)
 }
 
+/// When a watch's next `BOOKMARK` is due, as kube-apiserver's watch cache schedules them:
+/// every `interval` (a minute by default) and two seconds before the watch's deadline, so the
+/// client resumes from a recent version; `None` once that moment has passed (a watch of two
+/// seconds or less gets none).
+fn next_bookmark_time(
+    now: tokio::time::Instant,
+    deadline: tokio::time::Instant,
+    interval: Duration,
+) -> Option<tokio::time::Instant> {
+    let heartbeat = (now + interval).min(deadline.checked_sub(Duration::from_secs(2))?);
+    (heartbeat >= now).then_some(heartbeat)
+}
+
 fn expired(message: String) -> Value {
     json!({ "type": "ERROR", "object": ApiError::gone(message).to_status() })
 }
@@ -88,9 +102,10 @@ pub(crate) fn start(
     };
     let (sender, receiver) = mpsc::channel::<Bytes>(256);
     let mut initial = Vec::new();
-    let (last_rv, changes) = {
+    let (position, changes, restarted) = {
         let store = state.store.lock();
-        match requested {
+        let restarted = store.restarts();
+        let (position, changes) = match requested {
             None => {
                 let current = store.resource_version();
                 for object in store.iter_view(request.resource, request.namespace.as_deref()) {
@@ -99,7 +114,11 @@ pub(crate) fn start(
                     }
                 }
                 let (_, changes) = store.watch_from(current)?;
-                (current, Some(changes))
+                let position = Position {
+                    sent: current,
+                    progressed: None,
+                };
+                (position, Some(changes))
             }
             Some(rv) => match store.watch_from(rv) {
                 Ok((backlog, changes)) => {
@@ -109,24 +128,43 @@ pub(crate) fn start(
                         }
                     }
                     let last = backlog.last().map_or(rv, |c| c.resource_version);
-                    (last, Some(changes))
+                    let progressed = backlog
+                        .iter()
+                        .filter(|c| c.resource.storage == request.resource.storage)
+                        .map(|c| c.resource_version)
+                        .next_back();
+                    (
+                        Position {
+                            sent: last,
+                            progressed,
+                        },
+                        Some(changes),
+                    )
                 }
                 Err(error) => {
                     initial.push(line(&expired(error.message)));
-                    (rv, None)
+                    let position = Position {
+                        sent: rv,
+                        progressed: None,
+                    };
+                    (position, None)
                 }
             },
-        }
+        };
+        (position, changes, restarted)
     };
-    let shutdown = state.shutdown.clone();
+    let ends = Ends {
+        shutdown: state.shutdown.clone(),
+        restarted,
+    };
     let bookmark_interval = state.bookmark_interval;
     tokio::spawn(stream_events(
         request,
         initial,
-        last_rv,
+        position,
         changes,
         sender,
-        shutdown,
+        ends,
         bookmark_interval,
     ));
     let body = StreamBody::new(futures::stream::unfold(
@@ -150,13 +188,30 @@ pub(crate) fn start(
     Ok(response)
 }
 
+/// Where a watch stands.
+struct Position {
+    /// The version of the last change looked at (sent or not).
+    sent: u64,
+    /// The version of the last change of the watch's resource since it started: what the
+    /// watch cache of that resource has processed. A bookmark carries it, and none is sent
+    /// before the resource changed: kube-apiserver sends only bookmarks newer than the
+    /// version a watch started from.
+    progressed: Option<u64>,
+}
+
+/// What ends every open watch: the server stopping or restarting.
+struct Ends {
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    restarted: tokio::sync::watch::Receiver<u64>,
+}
+
 async fn stream_events(
     request: WatchRequest,
     initial: Vec<Bytes>,
-    mut last_rv: u64,
+    mut position: Position,
     changes: Option<broadcast::Receiver<Arc<Change>>>,
     sender: mpsc::Sender<Bytes>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    mut ends: Ends,
     bookmark_interval: Duration,
 ) {
     for bytes in initial {
@@ -167,22 +222,35 @@ async fn stream_events(
     let Some(mut changes) = changes else {
         return;
     };
-    let deadline = tokio::time::sleep(request.timeout);
+    let ends_at = tokio::time::Instant::now() + request.timeout;
+    let deadline = tokio::time::sleep_until(ends_at);
     tokio::pin!(deadline);
-    let mut bookmarks = tokio::time::interval(bookmark_interval);
-    bookmarks.tick().await;
+    let mut next_bookmark =
+        next_bookmark_time(tokio::time::Instant::now(), ends_at, bookmark_interval)
+            .filter(|_| request.bookmarks);
     loop {
+        let bookmark_due = async {
+            match next_bookmark {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = &mut deadline => return,
-            _ = shutdown.changed() => return,
+            _ = ends.shutdown.changed() => return,
+            _ = ends.restarted.changed() => return,
             () = sender.closed() => return,
-            _ = bookmarks.tick(), if request.bookmarks => {
+            () = bookmark_due => {
+                next_bookmark = next_bookmark_time(tokio::time::Instant::now(), ends_at, bookmark_interval);
+                let Some(progressed) = position.progressed else {
+                    continue;
+                };
                 let bookmark = json!({
                     "type": "BOOKMARK",
                     "object": {
                         "kind": request.resource.kind,
                         "apiVersion": request.resource.api_version(),
-                        "metadata": { "resourceVersion": last_rv.to_string() },
+                        "metadata": { "resourceVersion": progressed.to_string() },
                     },
                 });
                 if sender.send(line(&bookmark)).await.is_err() {
@@ -191,10 +259,13 @@ async fn stream_events(
             }
             received = changes.recv() => match received {
                 Ok(change) => {
-                    if change.resource_version <= last_rv {
+                    if change.resource_version <= position.sent {
                         continue;
                     }
-                    last_rv = change.resource_version;
+                    position.sent = change.resource_version;
+                    if change.resource.storage == request.resource.storage {
+                        position.progressed = Some(change.resource_version);
+                    }
                     if let Some(event) = request.event_for(&change)
                         && sender.send(line(&event)).await.is_err()
                     {
@@ -203,7 +274,10 @@ async fn stream_events(
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     let _ = sender
-                        .send(line(&expired(format!("too old resource version: {last_rv}"))))
+                        .send(line(&expired(format!(
+                            "too old resource version: {}",
+                            position.sent
+                        ))))
                         .await;
                     return;
                 }
