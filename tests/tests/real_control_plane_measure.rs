@@ -39,6 +39,37 @@ struct Figure {
     refused: usize,
 }
 
+/// The evictions of a drain as kube-apiserver logged them: from the first one received to
+/// the last one accepted, and how long the server took over each on average.
+struct EvictionPhase {
+    span: Duration,
+    mean_latency: Duration,
+}
+
+/// The [`EvictionPhase`] of the requests `by` chose since `from`; `None` without an eviction.
+fn eviction_phase(
+    audit: &[AuditEvent],
+    from: usize,
+    by: impl Fn(&AuditEvent) -> bool,
+) -> Option<EvictionPhase> {
+    let at = |stamp: &str| stamp.parse::<jiff::Timestamp>().ok();
+    let timings: Vec<(jiff::Timestamp, jiff::Timestamp)> = audit[from.min(audit.len())..]
+        .iter()
+        .filter(|e| by(e) && e.request_uri.ends_with("/eviction"))
+        .filter_map(|e| Some((at(&e.request_received_timestamp)?, at(&e.stage_timestamp)?)))
+        .collect();
+    let first = timings.iter().map(|(received, _)| *received).min()?;
+    let last = timings.iter().map(|(_, done)| *done).max()?;
+    let total: Duration = timings
+        .iter()
+        .filter_map(|(received, done)| Duration::try_from(*done - *received).ok())
+        .sum();
+    Some(EvictionPhase {
+        span: Duration::try_from(last - first).ok()?,
+        mean_latency: total / u32::try_from(timings.len()).ok()?,
+    })
+}
+
 /// The 110 pods of run `run` on `target` (every other node cordoned meanwhile), with a PDB per
 /// Deployment when `budgets`; waits until all are Ready (and the budgets allow one), then
 /// opens the `spares` for the replacements.
@@ -164,9 +195,16 @@ async fn drain_with_the_hook(w: &RealFunctionWorld, instance: &str) -> Figure {
         .scale_in_and_drain(instance, Duration::from_secs(120))
         .await
         .unwrap();
-    let (requests, refused) = requests_since(&w.plane.audit(), from, |e| {
-        e.user.username == RealFunctionWorld::username(Target::TerminatingHook)
-    });
+    let ours =
+        |e: &AuditEvent| e.user.username == RealFunctionWorld::username(Target::TerminatingHook);
+    let audit = w.plane.audit();
+    let (requests, refused) = requests_since(&audit, from, ours);
+    if let Some(phase) = eviction_phase(&audit, from, ours) {
+        println!(
+            "the terminating hook's evictions: accepted within {:?} of the first, {:?} each at the API server on average",
+            phase.span, phase.mean_latency
+        );
+    }
     Figure {
         took,
         requests,
