@@ -13,19 +13,19 @@
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use node_manager::aws::LifecycleActionResult;
 use node_manager_testkit::control_plane::binaries_or_skip;
 use node_manager_testkit::control_plane::workload::{
-    GuardedDeployment, available_by_app, evictions_per_pod, set_cordoned, wait_for_available,
+    GuardedDeployment, available_by_app, evictions_per_pod, live_pods_on, set_cordoned,
+    wait_for_available,
 };
 use node_manager_testkit::control_plane::world::{RealFunctionWorld, apply_manifest};
-use node_manager_testkit::e2e::{GROUP, Target};
+use node_manager_testkit::e2e::Target;
 use node_manager_testkit::kube::AuditEvent;
-use node_manager_testkit::lambda_api::InvocationOutcome;
 
 const DRAINED: usize = 20;
 const SURVIVORS: usize = 2;
@@ -249,19 +249,10 @@ async fn twenty_drains_at_once(bin: &std::path::Path, limit: LimitResponse) {
     for pod in &seeded {
         assert_eq!(evicted.get(pod), Some(&1), "{pod}: evictions {evicted:?}");
     }
-    let left: Vec<String> = pods
-        .list(&kube::api::ListParams::default().labels("brownout=yes"))
+    let left: Vec<String> = live_pods_on(&pods, "brownout=yes", &drained_nodes)
         .await
         .unwrap()
-        .items
         .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some_and(|n| drained_nodes.contains(n))
-        })
         .filter_map(|p| p.metadata.name)
         .collect();
     assert!(left.is_empty(), "still on drained nodes: {left:?}");
@@ -291,47 +282,21 @@ async fn seed_nodes(w: &RealFunctionWorld) -> (Vec<String>, BTreeSet<String>, Ve
 /// long before an invocation's time). Returns how long they took together, and how many
 /// steps the invocations tried again after the server throttled them past a request's bound.
 async fn drain_all_at_once(w: &RealFunctionWorld, instances: &[String]) -> (Duration, usize) {
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    for instance in instances {
-        w.aws
-            .autoscaling()
-            .terminate_instance(GROUP, instance)
-            .unwrap();
-    }
-    let mut events = Vec::new();
-    for _ in 0..instances.len() {
-        events.push(
-            subscription
-                .next_event(Duration::from_secs(5))
-                .await
-                .unwrap(),
-        );
-    }
-    let started = Instant::now();
-    let processes = w.processes_of(Target::TerminatingHook);
-    let outcomes = futures::future::join_all(
-        processes
-            .iter()
-            .zip(&events)
-            .map(|(f, event)| f.runtime.invoke(event, Duration::from_secs(60))),
-    )
-    .await;
-    let took = started.elapsed();
+    let (took, answers) = w
+        .scale_in_at_once(instances, Duration::from_secs(60))
+        .await
+        .unwrap();
     let mut tried_again = 0;
-    for (outcome, process) in outcomes.into_iter().zip(&processes) {
-        let output = process.runtime.output();
-        match outcome {
-            Ok(InvocationOutcome::Response(answer)) => {
-                // Completed after a drain that emptied the node, not at its deadline.
-                let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
-                assert!(
-                    summary.starts_with("completed CONTINUE (Drained,"),
-                    "{answer}\n{output}"
-                );
-            }
-            other => panic!("{other:?}\n{output}"),
-        }
-        tried_again += output
+    for answer in answers {
+        // Completed after a drain that emptied the node, not at its deadline.
+        let summary = answer.summary().unwrap();
+        assert!(
+            summary.starts_with("completed CONTINUE (Drained,"),
+            "{summary}\n{}",
+            answer.output
+        );
+        tried_again += answer
+            .output
             .matches("trying it again within the invocation")
             .count();
     }

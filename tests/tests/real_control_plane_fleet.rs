@@ -29,11 +29,10 @@ use kube::api::{Api, ListParams, PostParams};
 use node_manager_testkit::aws::FakeInstance;
 use node_manager_testkit::control_plane::binaries_or_skip;
 use node_manager_testkit::control_plane::workload::{
-    GuardedDeployment, count_available_by_app, evictions_per_pod,
+    GuardedDeployment, count_available_by_app, evictions_per_pod, live_pods_on,
 };
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
-use node_manager_testkit::e2e::{GROUP, Target};
-use node_manager_testkit::lambda_api::InvocationOutcome;
+use node_manager_testkit::e2e::Target;
 use serde_json::json;
 
 const ZONES: [&str; 3] = ["eu-west-1a", "eu-west-1b", "eu-west-1c"];
@@ -234,43 +233,16 @@ impl ReadyByApp {
 /// together and how many ended drained (the others at their deadline, which the caller
 /// reports before it fails).
 async fn scale_in_at_once(w: &RealFunctionWorld, fleet: &[(String, String)]) -> (Duration, usize) {
-    let mut subscription = w.aws.sns().subscribe(&w.topic).unwrap();
-    for (instance, _) in fleet {
-        w.aws
-            .autoscaling()
-            .terminate_instance(GROUP, instance)
-            .unwrap();
-    }
-    let mut events = Vec::new();
-    for _ in fleet {
-        events.push(
-            subscription
-                .next_event(Duration::from_secs(30))
-                .await
-                .unwrap(),
-        );
-    }
-    let started = Instant::now();
-    let processes = w.processes_of(Target::TerminatingHook);
-    assert!(processes.len() >= fleet.len(), "a process per drain");
-    let outcomes = futures::future::join_all(
-        processes
-            .iter()
-            .zip(&events)
-            .map(|(f, event)| f.runtime.invoke(event, Duration::from_secs(900))),
-    )
-    .await;
-    let took = started.elapsed();
+    let instances: Vec<String> = fleet.iter().map(|(instance, _)| instance.clone()).collect();
+    let (took, answers) = w
+        .scale_in_at_once(&instances, Duration::from_secs(900))
+        .await
+        .unwrap();
     let mut drained = 0;
-    for (outcome, process) in outcomes.into_iter().zip(&processes) {
-        match outcome {
-            Ok(InvocationOutcome::Response(answer)) => {
-                let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
-                assert!(summary.starts_with("completed CONTINUE ("), "{answer}");
-                drained += usize::from(summary.starts_with("completed CONTINUE (Drained,"));
-            }
-            other => panic!("{other:?}\n{}", process.runtime.output()),
-        }
+    for answer in answers {
+        let summary = answer.summary().unwrap();
+        assert!(summary.starts_with("completed CONTINUE ("), "{summary}");
+        drained += usize::from(summary.starts_with("completed CONTINUE (Drained,"));
     }
     let completions = w.aws.autoscaling().completions();
     let completed: BTreeSet<&str> = completions.iter().map(|c| c.instance_id.as_str()).collect();
@@ -289,19 +261,9 @@ async fn scale_in_at_once(w: &RealFunctionWorld, fleet: &[(String, String)]) -> 
 
 /// The pods on `nodes` (not being deleted), by name, with their `app`.
 async fn pods_on(admin: &kube::Client, nodes: &BTreeSet<String>) -> BTreeMap<String, String> {
-    let pods = Api::<Pod>::namespaced(admin.clone(), "fleet")
-        .list(&ListParams::default())
-        .await;
-    pods.unwrap()
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some_and(|n| nodes.contains(n))
-        })
+    let pods = Api::<Pod>::namespaced(admin.clone(), "fleet");
+    let left = live_pods_on(&pods, "", nodes).await.unwrap();
+    left.into_iter()
         .filter_map(|p| {
             let app = p.metadata.labels.as_ref()?.get("app")?.clone();
             Some((p.metadata.name?, app))

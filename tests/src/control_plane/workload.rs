@@ -84,6 +84,25 @@ pub async fn available_by_app(pods: &Api<Pod>, selector: &str) -> BTreeMap<Strin
     }
 }
 
+/// The pods `selector` chooses (`""`: all) that run on one of `nodes` and are not being
+/// deleted: what a drain of those nodes left behind.
+pub async fn live_pods_on(
+    pods: &Api<Pod>,
+    selector: &str,
+    nodes: &std::collections::BTreeSet<String>,
+) -> Result<Vec<Pod>, kube::Error> {
+    let listed = pods.list(&ListParams::default().labels(selector)).await?;
+    Ok(listed
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.as_ref());
+            node.is_some_and(|n| nodes.contains(n))
+        })
+        .collect())
+}
+
 /// `pods` per `app` label: how many are Ready and not terminating.
 pub fn count_available_by_app(pods: &[Pod]) -> BTreeMap<String, usize> {
     let mut available = BTreeMap::new();

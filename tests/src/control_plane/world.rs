@@ -24,7 +24,7 @@ use crate::aws::{
 };
 use crate::binaries::function_binary;
 use crate::e2e::{CLUSTER, GROUP, NODE_ROLE, RunningFunction, Target, function_group};
-use crate::lambda_api::{FunctionSpec, LambdaRuntimeApi};
+use crate::lambda_api::{FunctionSpec, InvocationOutcome, LambdaApiError, LambdaRuntimeApi};
 use crate::soak::corpus;
 
 const ZONE: &str = "eu-west-1a";
@@ -125,6 +125,55 @@ impl RealFunctionWorld {
     }
 
     /// The process of `target`. Panics when the world was built without it (a test bug).
+    /// Terminates `instances` at once and answers each terminating notification in its own
+    /// terminating-hook process (the world needs as many, [`RealWorldBuilder::processes`]),
+    /// with the function timeout `bound`. Returns how long the invocations took together and
+    /// each one's outcome with its process's output.
+    pub async fn scale_in_at_once(
+        &self,
+        instances: &[String],
+        bound: Duration,
+    ) -> Result<(Duration, Vec<ScaleInAnswer>), String> {
+        let mut subscription = self
+            .aws
+            .sns()
+            .subscribe(&self.topic)
+            .map_err(|e| e.to_string())?;
+        for instance in instances {
+            let terminated = self.aws.autoscaling().terminate_instance(GROUP, instance);
+            terminated.map_err(|e| e.to_string())?;
+        }
+        let mut events = Vec::new();
+        for instance in instances {
+            let event = subscription.next_event(Duration::from_secs(30)).await;
+            events.push(event.ok_or(format!("no terminating notification for {instance}"))?);
+        }
+        let processes = self.processes_of(Target::TerminatingHook);
+        if processes.len() < instances.len() {
+            return Err(format!(
+                "{} processes for {} drains",
+                processes.len(),
+                instances.len()
+            ));
+        }
+        let started = std::time::Instant::now();
+        let invocations = processes
+            .iter()
+            .zip(&events)
+            .map(|(f, event)| f.runtime.invoke(event, bound));
+        let outcomes = futures::future::join_all(invocations).await;
+        let took = started.elapsed();
+        let answers = outcomes
+            .into_iter()
+            .zip(&processes)
+            .map(|(outcome, process)| ScaleInAnswer {
+                outcome,
+                output: process.runtime.output(),
+            })
+            .collect();
+        Ok((took, answers))
+    }
+
     pub fn function(&self, target: Target) -> &RunningFunction {
         self.functions
             .iter()
@@ -155,6 +204,27 @@ static FUNCTIONS_UNDER_LAMBDA_RIE: std::sync::atomic::AtomicBool =
 
 /// The function timeout the emulator enforces (`AWS_LAMBDA_FUNCTION_TIMEOUT`).
 const RIE_FUNCTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// One terminating-hook invocation of [`RealFunctionWorld::scale_in_at_once`].
+pub struct ScaleInAnswer {
+    pub outcome: Result<InvocationOutcome, LambdaApiError>,
+    /// Its process's output so far.
+    pub output: String,
+}
+
+impl ScaleInAnswer {
+    /// The summary of the drain the invocation answered with (`completed CONTINUE (Drained,
+    /// ...)`); `Err` with the outcome and the output when it answered nothing.
+    pub fn summary(&self) -> Result<String, String> {
+        match &self.outcome {
+            Ok(InvocationOutcome::Response(response)) => Ok(response["records"][0]["summary"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()),
+            other => Err(format!("{other:?}\n{}", self.output)),
+        }
+    }
+}
 
 /// Every world this process starts from now on runs its functions under AWS's Lambda Runtime
 /// Interface Emulator: a test binary of its own calls it first (the scenarios build their
