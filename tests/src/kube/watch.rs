@@ -83,6 +83,18 @@ fn next_bookmark_time(
     (heartbeat >= now).then_some(heartbeat)
 }
 
+/// A `BOOKMARK` event at `version`.
+fn bookmark(request: &WatchRequest, version: u64) -> Bytes {
+    line(&json!({
+        "type": "BOOKMARK",
+        "object": {
+            "kind": request.resource.kind,
+            "apiVersion": request.resource.api_version(),
+            "metadata": { "resourceVersion": version.to_string() },
+        },
+    }))
+}
+
 fn expired(message: String) -> Value {
     json!({ "type": "ERROR", "object": ApiError::gone(message).to_status() })
 }
@@ -101,57 +113,16 @@ pub(crate) fn start(
         ),
     };
     let (sender, receiver) = mpsc::channel::<Bytes>(256);
-    let mut initial = Vec::new();
-    let (position, changes, restarted) = {
+    let (
+        Opening {
+            initial,
+            position,
+            changes,
+        },
+        restarted,
+    ) = {
         let store = state.store.lock();
-        let restarted = store.restarts();
-        let (position, changes) = match requested {
-            None => {
-                let current = store.resource_version();
-                for object in store.iter_view(request.resource, request.namespace.as_deref()) {
-                    if request.selects(&object) {
-                        initial.push(line(&json!({ "type": "ADDED", "object": object })));
-                    }
-                }
-                let (_, changes) = store.watch_from(current)?;
-                let position = Position {
-                    sent: current,
-                    progressed: None,
-                };
-                (position, Some(changes))
-            }
-            Some(rv) => match store.watch_from(rv) {
-                Ok((backlog, changes)) => {
-                    for change in &backlog {
-                        if let Some(event) = request.event_for(change) {
-                            initial.push(line(&event));
-                        }
-                    }
-                    let last = backlog.last().map_or(rv, |c| c.resource_version);
-                    let progressed = backlog
-                        .iter()
-                        .filter(|c| c.resource.storage == request.resource.storage)
-                        .map(|c| c.resource_version)
-                        .next_back();
-                    (
-                        Position {
-                            sent: last,
-                            progressed,
-                        },
-                        Some(changes),
-                    )
-                }
-                Err(error) => {
-                    initial.push(line(&expired(error.message)));
-                    let position = Position {
-                        sent: rv,
-                        progressed: None,
-                    };
-                    (position, None)
-                }
-            },
-        };
-        (position, changes, restarted)
+        (open(&store, &request, requested)?, store.restarts())
     };
     let ends = Ends {
         shutdown: state.shutdown.clone(),
@@ -186,6 +157,75 @@ pub(crate) fn start(
         HeaderValue::from_static("chunked"),
     );
     Ok(response)
+}
+
+/// What a watch starts with: the events it is sent first, where it stands, and the changes to
+/// come (`None` when it ends at once: it resumed from a version no longer kept).
+struct Opening {
+    initial: Vec<Bytes>,
+    position: Position,
+    changes: Option<broadcast::Receiver<Arc<Change>>>,
+}
+
+/// Opens a watch from `requested` (`None`: the current state as `ADDED` events first), under
+/// the store's lock so that no change is missed or sent twice.
+fn open(
+    store: &super::store::State,
+    request: &WatchRequest,
+    requested: Option<u64>,
+) -> Result<Opening, ApiError> {
+    let Some(rv) = requested else {
+        let current = store.resource_version();
+        let initial = store
+            .iter_view(request.resource, request.namespace.as_deref())
+            .into_iter()
+            .filter(|object| request.selects(object))
+            .map(|object| line(&json!({ "type": "ADDED", "object": object })))
+            .collect();
+        let (_, changes) = store.watch_from(current)?;
+        let position = Position {
+            sent: current,
+            progressed: None,
+        };
+        return Ok(Opening {
+            initial,
+            position,
+            changes: Some(changes),
+        });
+    };
+    let (backlog, changes) = match store.watch_from(rv) {
+        Ok(started) => started,
+        Err(error) => {
+            let position = Position {
+                sent: rv,
+                progressed: None,
+            };
+            let initial = vec![line(&expired(error.message))];
+            return Ok(Opening {
+                initial,
+                position,
+                changes: None,
+            });
+        }
+    };
+    let initial = backlog
+        .iter()
+        .filter_map(|change| request.event_for(change))
+        .map(|event| line(&event))
+        .collect();
+    let position = Position {
+        sent: backlog.last().map_or(rv, |c| c.resource_version),
+        progressed: backlog
+            .iter()
+            .filter(|c| c.resource.storage == request.resource.storage)
+            .map(|c| c.resource_version)
+            .next_back(),
+    };
+    Ok(Opening {
+        initial,
+        position,
+        changes: Some(changes),
+    })
 }
 
 /// Where a watch stands.
@@ -245,15 +285,7 @@ async fn stream_events(
                 let Some(progressed) = position.progressed else {
                     continue;
                 };
-                let bookmark = json!({
-                    "type": "BOOKMARK",
-                    "object": {
-                        "kind": request.resource.kind,
-                        "apiVersion": request.resource.api_version(),
-                        "metadata": { "resourceVersion": progressed.to_string() },
-                    },
-                });
-                if sender.send(line(&bookmark)).await.is_err() {
+                if sender.send(bookmark(&request, progressed)).await.is_err() {
                     return;
                 }
             }
