@@ -405,8 +405,9 @@ async fn check_bookmarks_come_before_the_deadline(cluster: &Cluster<'_>) {
     let writer = roles.clone();
     let created = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let role = serde_json::from_value(json!({"metadata": {"name": "r"}, "rules": []}));
-        let role = writer.create(&PostParams::default(), &role.unwrap()).await;
+        let role = writer
+            .create(&PostParams::default(), &empty_role("r"))
+            .await;
         role.unwrap().metadata.resource_version.unwrap()
     });
     let mut seen = Vec::new();
@@ -485,17 +486,14 @@ async fn check_a_watch_across_a_restart(cluster: &Cluster<'_>) {
     wait_for_view(&mut watched, namespace, &["a", "b"], cluster.name).await;
     let roles: Api<k8s_openapi::api::rbac::v1::Role> =
         Api::namespaced(cluster.admin.clone(), namespace);
-    let role = |name: &str| {
-        serde_json::from_value(json!({"metadata": {"name": name}, "rules": []})).unwrap()
-    };
     let before = roles
-        .create(&PostParams::default(), &role("before"))
+        .create(&PostParams::default(), &empty_role("before"))
         .await
         .unwrap();
     let before = before.metadata.resource_version.unwrap();
     // The storage moves past `before`, so the new cache starts after it.
     roles
-        .create(&PostParams::default(), &role("after"))
+        .create(&PostParams::default(), &empty_role("after"))
         .await
         .unwrap();
     (cluster.restart)();
@@ -934,14 +932,7 @@ async fn fake_a_node_takes_only_what_fits() {
 ///   server would have to read every key to count matches); the next page `page-4` and no
 ///   token (the keys after it do not match, and the page is not full).
 async fn check_list_pages(cluster: &Cluster<'_>) {
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(cluster.admin.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "paging"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_namespace(&cluster.admin, "paging").await;
     let roles: Api<k8s_openapi::api::rbac::v1::Role> =
         Api::namespaced(cluster.admin.clone(), "paging");
     for (i, selected) in [(1, "yes"), (2, "yes"), (3, "no"), (4, "yes"), (5, "no")] {
@@ -1010,14 +1001,9 @@ async fn check_pages_keep_their_revision_until_it_expires(cluster: &Cluster<'_>)
     create_namespace(&cluster.admin, "continuing").await;
     let roles: Api<Role> = Api::namespaced(cluster.admin.clone(), "continuing");
     let create = |name: &str| {
-        let role = serde_json::from_value(json!({"metadata": {"name": name}, "rules": []}));
+        let role = empty_role(name);
         let roles = roles.clone();
-        async move {
-            roles
-                .create(&PostParams::default(), &role.unwrap())
-                .await
-                .unwrap()
-        }
+        async move { roles.create(&PostParams::default(), &role).await.unwrap() }
     };
     for i in 1..=5 {
         create(&format!("r-{i}")).await;
@@ -1105,6 +1091,12 @@ where
     }
 }
 
+/// A Role granting nothing: an object no controller creates or touches, for the checks of
+/// lists and watches.
+fn empty_role(name: &str) -> k8s_openapi::api::rbac::v1::Role {
+    serde_json::from_value(json!({"metadata": {"name": name}, "rules": []})).unwrap()
+}
+
 async fn create_namespace(admin: &kube::Client, name: &str) {
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
     let namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
@@ -1128,14 +1120,7 @@ async fn seed_eviction_pods(
     cluster: &Cluster<'_>,
 ) -> std::collections::BTreeMap<&'static str, String> {
     let admin = &cluster.admin;
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
-    namespaces
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "evictions"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    create_namespace(admin, "evictions").await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "evictions");
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), "evictions");
     let mut uids = std::collections::BTreeMap::new();
@@ -1313,13 +1298,8 @@ async fn observed_budget(cluster: &Cluster<'_>, name: &str, policy: Option<&str>
 /// pod is refused by default (`IfHealthyBudget`) and evicted with `AlwaysAllow`; a pod already
 /// being deleted is evicted without asking its budget, even one that allows nothing.
 async fn check_unready_and_leaving_evictions(cluster: &Cluster<'_>) {
-    use k8s_openapi::api::core::v1::Namespace;
     use node_manager::drain::eviction::{EvictionOutcome, evict};
-    let namespace = serde_json::from_value(json!({"metadata": {"name": "unhealthy"}})).unwrap();
-    Api::<Namespace>::all(cluster.admin.clone())
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
+    create_namespace(&cluster.admin, "unhealthy").await;
     let by_default = running_unready_pod(cluster, "by-default").await;
     let always = running_unready_pod(cluster, "always").await;
     let leaving = running_unready_pod(cluster, "leaving").await;
@@ -1473,12 +1453,8 @@ async fn check_a_terminating_namespace(cluster: &Cluster<'_>) {
     use k8s_openapi::api::core::v1::Namespace;
     use node_manager::drain::eviction::{EvictionOutcome, evict};
     use node_manager::drain::plan::PodKey;
+    create_namespace(&cluster.admin, "leaving").await;
     let namespaces: Api<Namespace> = Api::all(cluster.admin.clone());
-    let namespace = serde_json::from_value(json!({"metadata": {"name": "leaving"}})).unwrap();
-    namespaces
-        .create(&PostParams::default(), &namespace)
-        .await
-        .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.admin.clone(), "leaving");
     let uid = create_running_pod(cluster, &pods, "slow").await;
     let deleted = namespaces

@@ -29,7 +29,7 @@ use kube::api::{Api, ListParams, PostParams};
 use node_manager_testkit::aws::FakeInstance;
 use node_manager_testkit::control_plane::binaries_or_skip;
 use node_manager_testkit::control_plane::workload::{
-    GuardedDeployment, count_available_by_app, evictions_per_pod, live_pods_on,
+    GuardedDeployment, evictions_per_pod, is_available, live_pods_on,
 };
 use node_manager_testkit::control_plane::world::RealFunctionWorld;
 use node_manager_testkit::e2e::Target;
@@ -134,10 +134,7 @@ fn own_memory_kib() -> u64 {
 async fn drain_one_node(w: &RealFunctionWorld) -> (Duration, usize) {
     let admin = w.plane.admin_client().await.unwrap();
     let on_node = ListParams::default().fields(&format!("spec.nodeName={}", w.node));
-    let pods = Api::<k8s_openapi::api::core::v1::Pod>::all(admin)
-        .list(&on_node)
-        .await
-        .unwrap();
+    let pods = Api::<Pod>::all(admin).list(&on_node).await.unwrap();
     println!(
         "the drained node {} holds {} pods",
         w.node,
@@ -212,11 +209,7 @@ impl ReadyByApp {
     fn set(&mut self, pod: &Pod, present: bool) -> Option<usize> {
         let name = pod.metadata.name.clone()?;
         let app = pod.metadata.labels.as_ref()?.get("app")?.clone();
-        let counts = present
-            && count_available_by_app(std::slice::from_ref(pod))
-                .values()
-                .sum::<usize>()
-                > 0;
+        let counts = present && is_available(pod);
         if let Some((before, true)) = self.pods.insert(name, (app.clone(), counts)) {
             *self.by_app.entry(before).or_default() -= 1;
         }

@@ -588,7 +588,7 @@ impl RealControlPlane {
     }
 
     fn controller_manager_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             format!(
                 "--kubeconfig={}",
                 self.path("kube-controller-manager.kubeconfig")
@@ -608,10 +608,9 @@ impl RealControlPlane {
             format!("--root-ca-file={}", self.certificates.ca_file.display()),
             "--kube-api-qps=200".into(),
             "--kube-api-burst=400".into(),
-        ]
-        .into_iter()
-        .chain(long_leader_leases())
-        .collect()
+        ];
+        args.extend(long_leader_leases());
+        args
     }
 
     fn scheduler_args(&self) -> Vec<String> {

@@ -103,6 +103,11 @@ pub async fn live_pods_on(
         .collect())
 }
 
+/// Whether `pod` counts as available: Ready and not being deleted.
+pub fn is_available(pod: &Pod) -> bool {
+    fixtures::pod_is_ready(pod) && pod.metadata.deletion_timestamp.is_none()
+}
+
 /// `pods` per `app` label: how many are Ready and not terminating.
 pub fn count_available_by_app(pods: &[Pod]) -> BTreeMap<String, usize> {
     let mut available = BTreeMap::new();
@@ -111,7 +116,7 @@ pub fn count_available_by_app(pods: &[Pod]) -> BTreeMap<String, usize> {
         let counted = available
             .entry(app.cloned().unwrap_or_default())
             .or_insert(0);
-        if fixtures::pod_is_ready(pod) && pod.metadata.deletion_timestamp.is_none() {
+        if is_available(pod) {
             *counted += 1;
         }
     }

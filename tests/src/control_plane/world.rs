@@ -98,33 +98,15 @@ impl RealFunctionWorld {
         instance: &str,
         bound: Duration,
     ) -> Result<Duration, String> {
-        let mut subscription = self
-            .aws
-            .sns()
-            .subscribe(&self.topic)
-            .map_err(|e| e.to_string())?;
-        self.aws
-            .autoscaling()
-            .terminate_instance(GROUP, instance)
-            .map_err(|e| e.to_string())?;
-        let event = subscription
-            .next_event(Duration::from_secs(5))
-            .await
-            .ok_or("no terminating notification within 5 s")?;
-        let started = std::time::Instant::now();
-        let hook = self.function(Target::TerminatingHook);
-        let outcome = hook.runtime.invoke(&event, bound).await;
-        let took = started.elapsed();
-        if let Ok(crate::lambda_api::InvocationOutcome::Response(answer)) = &outcome {
-            let summary = answer["records"][0]["summary"].as_str().unwrap_or_default();
-            if summary.starts_with("completed CONTINUE (Drained,") {
-                return Ok(took);
-            }
+        let (took, answers) = self.scale_in_at_once(&[instance.to_owned()], bound).await?;
+        let answer = answers.first().ok_or("no invocation")?;
+        match answer.summary() {
+            Ok(summary) if summary.starts_with("completed CONTINUE (Drained,") => Ok(took),
+            Ok(summary) => Err(format!("{summary}\n{}", answer.output)),
+            Err(error) => Err(error),
         }
-        Err(format!("{outcome:?}\n{}", hook.runtime.output()))
     }
 
-    /// The process of `target`. Panics when the world was built without it (a test bug).
     /// Terminates `instances` at once and answers each terminating notification in its own
     /// terminating-hook process (the world needs as many, [`RealWorldBuilder::processes`]),
     /// with the function timeout `bound`. Returns how long the invocations took together and
@@ -145,8 +127,9 @@ impl RealFunctionWorld {
         }
         let mut events = Vec::new();
         for instance in instances {
-            let event = subscription.next_event(Duration::from_secs(30)).await;
-            events.push(event.ok_or(format!("no terminating notification for {instance}"))?);
+            let event = subscription.next_event(Duration::from_secs(5)).await;
+            let missing = format!("no terminating notification for {instance} within 5 s");
+            events.push(event.ok_or(missing)?);
         }
         let processes = self.processes_of(Target::TerminatingHook);
         if processes.len() < instances.len() {
@@ -174,6 +157,7 @@ impl RealFunctionWorld {
         Ok((took, answers))
     }
 
+    /// The process of `target`. Panics when the world was built without it (a test bug).
     pub fn function(&self, target: Target) -> &RunningFunction {
         self.functions
             .iter()

@@ -577,7 +577,6 @@ impl FakeApiServer {
         }
     }
 
-    /// Stops serving and the emulation (also done on drop).
     /// Restarts the API server as far as its clients see it (kube-apiserver's rolling update):
     /// every open watch ends, and one resuming from a version before the restart is answered
     /// `410 Expired`, so its client lists again.
@@ -585,6 +584,7 @@ impl FakeApiServer {
         self.store.restart_watch_cache();
     }
 
+    /// Stops serving and the emulation (also done on drop).
     pub fn shutdown(&self) {
         let _ = self.shutdown.send(true);
     }

@@ -20,6 +20,7 @@ use tokio::sync::broadcast;
 
 use super::event_views;
 use super::fields::FieldQuery;
+use super::paging::{AtRevision, ContinueFrom, Key, continue_token, parse_continue};
 use super::resources::{self, ResourceType};
 use super::selectors::LabelQuery;
 use super::status::ApiError;
@@ -132,8 +133,6 @@ pub struct ListPage {
     pub continue_token: Option<String>,
     pub remaining: Option<usize>,
 }
-
-use super::paging::{AtRevision, ContinueFrom, Key, continue_token, parse_continue};
 
 /// The backlog of a watch and the receiver of the changes after it.
 pub(crate) type WatchStart = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);

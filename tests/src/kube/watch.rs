@@ -184,7 +184,7 @@ fn open(
             .collect();
         let (_, changes) = store.watch_from(current)?;
         let position = Position {
-            sent: current,
+            seen: current,
             progressed: None,
         };
         return Ok(Opening {
@@ -197,7 +197,7 @@ fn open(
         Ok(started) => started,
         Err(error) => {
             let position = Position {
-                sent: rv,
+                seen: rv,
                 progressed: None,
             };
             let initial = vec![line(&expired(error.message))];
@@ -214,7 +214,7 @@ fn open(
         .map(|event| line(&event))
         .collect();
     let position = Position {
-        sent: backlog.last().map_or(rv, |c| c.resource_version),
+        seen: backlog.last().map_or(rv, |c| c.resource_version),
         progressed: backlog
             .iter()
             .filter(|c| c.resource.storage == request.resource.storage)
@@ -231,7 +231,7 @@ fn open(
 /// Where a watch stands.
 struct Position {
     /// The version of the last change looked at (sent or not).
-    sent: u64,
+    seen: u64,
     /// The version of the last change of the watch's resource since it started: what the
     /// watch cache of that resource has processed. A bookmark carries it, and none is sent
     /// before the resource changed: kube-apiserver sends only bookmarks newer than the
@@ -291,10 +291,10 @@ async fn stream_events(
             }
             received = changes.recv() => match received {
                 Ok(change) => {
-                    if change.resource_version <= position.sent {
+                    if change.resource_version <= position.seen {
                         continue;
                     }
-                    position.sent = change.resource_version;
+                    position.seen = change.resource_version;
                     if change.resource.storage == request.resource.storage {
                         position.progressed = Some(change.resource_version);
                     }
@@ -308,7 +308,7 @@ async fn stream_events(
                     let _ = sender
                         .send(line(&expired(format!(
                             "too old resource version: {}",
-                            position.sent
+                            position.seen
                         ))))
                         .await;
                     return;
