@@ -20,11 +20,11 @@ use node_manager::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
 use node_manager_testkit::soak::events::check::{
     self, CORDON_WITHOUT_LEAVING, DRAIN_NOT_RUNNING, EVICTION_FROM_KEPT_NODE,
     LIFECYCLE_NOT_DRAINED, MARK_AFTER_WARM_POOL, MARK_WITHOUT_REASON, REFRESH_MARK_ON_KEPT_NODE,
-    REPAIR_BEYOND_LIMITS,
+    REFRESH_MARKS_WITHOUT_ROOM, REPAIR_BEYOND_LIMITS,
 };
 use node_manager_testkit::soak::events::plan::{Fate, Member};
-use node_manager_testkit::soak::events::world::{EventWorld, GROUP, REFRESH_ID};
-use node_manager_testkit::soak::events::{SeedReport, run_seed};
+use node_manager_testkit::soak::events::world::{EventWorld, GROUPS, REFRESH_IDS};
+use node_manager_testkit::soak::events::{SEEDS_AT_ONCE, SeedReport, run_seed};
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -35,9 +35,10 @@ fn env_number(name: &str, default: u64) -> u64 {
 
 fn print(report: &SeedReport) {
     println!(
-        "seed {}: {:?}; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations ({} re-deliveries), {} brownouts, {} evictions, {} refresh writes, {} warm-pool returns, {} repairs; {} violations; {:.1}s",
+        "seed {}: {:?}; {} groups refreshing; {} steps ({} lost, {} duplicated, {} late), {} invocations ({} failed), {} continuations ({} re-deliveries), {} brownouts, {} evictions, {} refresh writes ({} room checks), {} warm-pool returns, {} repairs; {} violations; {:.1}s",
         report.seed,
         report.fates,
+        report.groups_refreshing,
         report.steps,
         report.lost,
         report.duplicated,
@@ -49,6 +50,7 @@ fn print(report: &SeedReport) {
         report.brownouts,
         report.evictions,
         report.refresh_writes,
+        report.room_checks,
         report.warm_pool_returns,
         report.repairs,
         report.violations.len(),
@@ -69,11 +71,11 @@ async fn event_soak_keeps_every_invariant() {
     // A few seeds at a time (each is its own world), each printed as it ends.
     let mut reports = futures::stream::iter(first..first + count)
         .map(run_seed)
-        .buffer_unordered(6);
+        .buffer_unordered(SEEDS_AT_ONCE);
     let mut failing = Vec::new();
     let (mut lost, mut duplicated, mut late, mut brownouts, mut evictions) = (0, 0, 0, 0, 0);
     let (mut refresh_writes, mut warm_pool_returns, mut repairs) = (0, 0, 0);
-    let mut redeliveries = 0;
+    let (mut redeliveries, mut two_refreshing, mut room_checks) = (0, 0, 0);
     while let Some(report) = reports.next().await {
         let report = &report;
         print(report);
@@ -86,6 +88,8 @@ async fn event_soak_keeps_every_invariant() {
         warm_pool_returns += report.warm_pool_returns;
         repairs += report.repairs;
         redeliveries += report.redeliveries;
+        two_refreshing += usize::from(report.groups_refreshing == 2);
+        room_checks += report.room_checks;
         if !report.violations.is_empty() {
             failing.push(format!(
                 "seed {}: {:?}\n  rerun alone: {}",
@@ -96,7 +100,7 @@ async fn event_soak_keeps_every_invariant() {
         }
     }
     println!(
-        "EVENT SOAK: {count} seeds, {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes, {warm_pool_returns} warm-pool returns, {repairs} repairs, {redeliveries} re-deliveries, {} failing seeds",
+        "EVENT SOAK: {count} seeds ({two_refreshing} with two groups refreshing at once), {lost} lost, {duplicated} duplicated, {late} late, {brownouts} brownouts, {evictions} evictions, {refresh_writes} refresh writes ({room_checks} room checks), {warm_pool_returns} warm-pool returns, {repairs} repairs, {redeliveries} re-deliveries, {} failing seeds",
         failing.len()
     );
     if count >= 20 {
@@ -109,7 +113,9 @@ async fn event_soak_keeps_every_invariant() {
                 && refresh_writes > 0
                 && warm_pool_returns > 0
                 && repairs > 0
-                && redeliveries > 0,
+                && redeliveries > 0
+                && two_refreshing > 0
+                && room_checks > 0,
             "the soak exercised too little"
         );
     }
@@ -121,6 +127,7 @@ fn member(i: u32, fate: Fate) -> Member {
         instance_id: format!("i-0feed000000000{i:02}"),
         node: format!("ip-10-99-0-{i}.eu-west-1.compute.internal"),
         fate,
+        group: 0,
     }
 }
 
@@ -131,7 +138,7 @@ fn stale_rebalance_cordon(instance: &str) -> String {
     };
     let past = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
     let mut record = DrainCheckpoint::start(
-        &notice_action(GROUP, instance),
+        &notice_action(GROUPS[0], instance),
         past,
         Duration::ZERO,
         "req-planted",
@@ -191,7 +198,7 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         &spot.instance_id,
         InstanceFacts {
             state: Some("running".into()),
-            auto_scaling_group: Some(GROUP.into()),
+            auto_scaling_group: Some(GROUPS[0].into()),
             spot_request_id: spot.spot_request(),
             private_dns_name: None,
         },
@@ -202,19 +209,22 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         .set_spot_status(&spot.spot_request().unwrap(), "marked-for-termination");
     // 4: a lifecycle action nobody completes.
     world.autoscaling.start_action(&scaled.action());
-    // 6: the refresh's mark on a node it does not replace.
+    // 6: the refresh's mark on nodes it does not replace; 9: taken out of service with no
+    // room left for their pods (the other nodes are cordoned by the plants of 1 and 7).
     let nodes: kube::Api<Node> = kube::Api::all(world.client.clone());
-    let node = store.get::<Node>("", &scaled.node).unwrap();
-    node_manager::node_marks::refresh::mark_node(
-        &nodes,
-        node,
-        REFRESH_ID,
-        GROUP,
-        &scaled.instance_id,
-        node_manager::node_marks::refresh::MarkAs::OutOfService { taint: None },
-    )
-    .await
-    .unwrap();
+    for marked in [&scaled, &spot] {
+        let node = store.get::<Node>("", &marked.node).unwrap();
+        node_manager::node_marks::refresh::mark_node(
+            &nodes,
+            node,
+            REFRESH_IDS[0],
+            GROUPS[0],
+            &marked.instance_id,
+            node_manager::node_marks::refresh::MarkAs::OutOfService { taint: None },
+        )
+        .await
+        .unwrap();
+    }
     // 7: back from the warm pool (its launch completed), still cordoned by its drain.
     world.autoscaling.start_action(&pooled.launch_action());
     node_manager::aws::AutoScaling::complete_lifecycle_action(
@@ -260,7 +270,16 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
     pods.evict(&name, &Default::default()).await.unwrap();
     let seen = BTreeMap::from([(name, kept.node.clone())]);
 
-    let found = check::check(&world, &seen, &[]).await;
+    let mut found = check::check(&world, &seen, &[]).await;
+    let (all_nodes, all_pods) = (store.list::<Node>(), store.list::<Pod>());
+    let taken = check::taken_by_refreshes(&all_nodes);
+    assert_eq!(taken.len(), 2, "{taken:?}");
+    found.extend(check::refresh_marks_have_room(
+        &BTreeMap::new(),
+        &taken,
+        &all_nodes,
+        &all_pods,
+    ));
     let invariants: std::collections::BTreeSet<&str> = found.iter().map(|v| v.invariant).collect();
     for expected in [
         MARK_WITHOUT_REASON,
@@ -271,6 +290,7 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         REFRESH_MARK_ON_KEPT_NODE,
         MARK_AFTER_WARM_POOL,
         REPAIR_BEYOND_LIMITS,
+        REFRESH_MARKS_WITHOUT_ROOM,
     ] {
         assert!(
             invariants.contains(expected),

@@ -1042,7 +1042,8 @@ impl InMemoryInstanceRefreshes {
         lock(&self.groups).insert(group.name.clone(), group);
     }
 
-    /// EC2 reports `at` as the instance's `LaunchTime`.
+    /// The instance was first launched at `at` (what
+    /// [`RefreshInstances::launch_times`] answers).
     pub fn put_launch_time(&self, instance_id: &str, at: jiff::Timestamp) {
         lock(&self.launch_times).insert(instance_id.to_owned(), at);
     }

@@ -865,7 +865,10 @@ pub struct LaunchTemplateVersions {
 /// EC2 as the instance refresh handler reads it: when instances were launched, and what a
 /// launch template's symbolic versions stand for.
 pub trait RefreshInstances: Send + Sync {
-    /// Each instance's `LaunchTime`; an instance EC2 does not know is absent.
+    /// When each instance was first launched; an instance EC2 does not know is absent. Not
+    /// `LaunchTime`, which a stop and a start move forward (a return from a stopped warm
+    /// pool, an instance stopped and started again): Auto Scaling still replaces such an
+    /// instance, launched before the refresh started.
     fn launch_times(
         &self,
         instance_ids: &[String],

@@ -1138,11 +1138,29 @@ impl RepairInstances for SdkInstances {
 }
 
 impl RefreshInstances for SdkInstances {
+    /// The primary network interface's (device index 0) attach time, which a stop and a
+    /// start leave alone; `LaunchTime` when EC2 lists no such interface.
     async fn launch_times(
         &self,
         instance_ids: &[String],
     ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
-        RepairInstances::launch_times(self, instance_ids).await
+        let mut times = BTreeMap::new();
+        self.each_described_instance(instance_ids, |id, instance| {
+            let primary = instance
+                .network_interfaces()
+                .iter()
+                .filter_map(|interface| interface.attachment())
+                .find(|attachment| attachment.device_index() == Some(0))
+                .and_then(|attachment| attachment.attach_time());
+            let launched = primary
+                .or(instance.launch_time())
+                .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok());
+            if let Some(at) = launched {
+                times.insert(id.to_owned(), at);
+            }
+        })
+        .await?;
+        Ok(times)
     }
 
     /// One `DescribeLaunchTemplates` per template (an unknown id or name fails a call that

@@ -42,7 +42,7 @@ pub struct MarkPlan {
 /// What EC2 says about the group's instances and templates, read for the plan.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LaunchFacts {
-    /// Each instance's `LaunchTime`; an instance EC2 no longer knows is absent.
+    /// When each instance was first launched ([`crate::aws::RefreshInstances::launch_times`]); an instance EC2 no longer knows is absent.
     pub launch_times: BTreeMap<String, Timestamp>,
     /// What `$Default` and `$Latest` of the templates involved stand for.
     pub versions: ResolvedVersions,

@@ -12,7 +12,10 @@
 //!   claim room first, and stay marked: the rule never lifts a mark to plan again. (The
 //!   caller passes the nodes of the group's leaving instances, and those another group's
 //!   refresh took out of service, the same way: their pods move too, and their nodes are
-//!   no room.)
+//!   no room.) When their pods do not all fit, the ones short of room will land on the
+//!   outdated nodes still in service, so none of those is marked, not even an empty one (a
+//!   refresh that started later would otherwise cordon the empty node another group's
+//!   leaving pods were counted on).
 //! - Then the other outdated nodes, oldest launch first (then fewest pods to move, then
 //!   instance id): each is marked when every one of its pods can be placed, largest first,
 //!   on a room node where it fits (first fit), on top of the pods placed before. Its pods
@@ -57,9 +60,10 @@ pub struct RoomDecision {
 /// Which of `outdated` to mark, with `room` the free capacity of each room node.
 pub fn choose(mut room: Vec<Resources>, outdated: &[OutdatedNode]) -> RoomDecision {
     let mut decision = RoomDecision::default();
+    let mut short = false;
     for node in outdated.iter().filter(|n| n.out_of_service) {
         // Already out: its pods need the room whatever comes; what does not fit is short.
-        let _ = place_all(&mut room, &node.pods_to_move);
+        short |= !place_all(&mut room, &node.pods_to_move);
         decision.mark.push(node.instance_id.clone());
     }
     let mut candidates: Vec<&OutdatedNode> =
@@ -74,7 +78,9 @@ pub fn choose(mut room: Vec<Resources>, outdated: &[OutdatedNode]) -> RoomDecisi
     });
     for node in candidates {
         let mut tentative = room.clone();
-        if place_all(&mut tentative, &node.pods_to_move) {
+        // Pods short of room go where the outdated nodes still in service have it: none of
+        // them is taken out of service then, not even an empty one.
+        if !short && place_all(&mut tentative, &node.pods_to_move) {
             room = tentative;
             decision.mark.push(node.instance_id.clone());
         } else {
@@ -194,6 +200,23 @@ mod tests {
             "i-new's pod no longer fits"
         );
         assert_eq!(decision.kept, vec!["i-big", "i-new"]);
+    }
+
+    /// A node already out of service whose pods do not fit keeps every outdated node in
+    /// service, an empty one too: the pods short of room can only go there.
+    #[test]
+    fn pods_short_of_room_keep_every_outdated_node_in_service() {
+        let mut nodes = vec![
+            outdated("i-leaving", &[500, 500]),
+            outdated("i-empty", &[]),
+            outdated("i-small", &[100]),
+        ];
+        nodes[0].out_of_service = true;
+        let decision = choose(vec![node_room(600, 110)], &nodes);
+        assert_eq!(decision.mark, vec!["i-leaving"]);
+        assert_eq!(decision.kept, vec!["i-empty", "i-small"]);
+        let decision = choose(vec![node_room(1100, 110)], &nodes);
+        assert_eq!(decision.mark, vec!["i-leaving", "i-empty", "i-small"]);
     }
 
     /// Terminate first, one group, as at `Started`: every node is outdated, so there is no

@@ -53,6 +53,9 @@ pub struct FakeInstance {
     /// `LaunchTime`: when the instance last started (EC2 moves it forward when a stopped
     /// instance starts again).
     pub launch_time: jiff::Timestamp,
+    /// When its primary network interface was attached: its first launch (the interface
+    /// stays attached across a stop and a start).
+    pub first_launch: jiff::Timestamp,
     /// The Spot request of a Spot instance (`None`: On-Demand).
     pub spot_request: Option<FakeSpotRequest>,
     /// What `DescribeInstanceStatus` reports in `eventsSet`, oldest first.
@@ -68,6 +71,7 @@ impl FakeInstance {
     /// `....ec2.internal` in us-east-1).
     pub fn new(instance_id: &str, region: &str) -> Self {
         let digest = Sha256::digest(instance_id.as_bytes());
+        let now = jiff::Timestamp::now();
         let ip = format!("10.0.{}.{}", digest[0], digest[1].max(4));
         let host = format!("ip-{}", ip.replace('.', "-"));
         let private_dns_name = if region == "us-east-1" {
@@ -85,7 +89,8 @@ impl FakeInstance {
             state: InstanceState::Running,
             tags: BTreeMap::new(),
             iam_instance_profile_arn: None,
-            launch_time: jiff::Timestamp::now(),
+            launch_time: now,
+            first_launch: now,
             spot_request: None,
             scheduled_events: Vec::new(),
             impaired: false,
@@ -123,8 +128,10 @@ impl FakeInstance {
         self
     }
 
+    /// Launched at `at` and running since (its first launch too).
     pub fn launch_time(mut self, at: jiff::Timestamp) -> Self {
         self.launch_time = at;
+        self.first_launch = at;
         self
     }
 
@@ -268,10 +275,12 @@ impl FakeEc2 {
         lock(&self.shared.ec2).instances.get(instance_id).cloned()
     }
 
-    /// EC2 reports `at` as the instance's `LaunchTime` from now on.
+    /// The instance was launched at `at` and has run since: EC2 reports it as its
+    /// `LaunchTime` and its primary network interface's attach time.
     pub fn set_launch_time(&self, instance_id: &str, at: jiff::Timestamp) {
         if let Some(instance) = lock(&self.shared.ec2).instances.get_mut(instance_id) {
             instance.launch_time = at;
+            instance.first_launch = at;
         }
     }
 
@@ -571,28 +580,31 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
             })
             .unwrap_or_default();
         reservations.push_str(&format!(
-            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}{spot}<tagSet>{tags}</tagSet></item></instancesSet></item>",
+            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}{spot}<networkInterfaceSet><item><networkInterfaceId>eni-{}</networkInterfaceId><attachment><attachmentId>eni-attach-{}</attachmentId><deviceIndex>0</deviceIndex><status>attached</status>{}</attachment></item></networkInterfaceSet><tagSet>{tags}</tagSet></item></instancesSet></item>",
             element("instanceId", &instance.instance_id),
             element("imageId", &instance.image_id),
             element("privateDnsName", &instance.private_dns_name),
             element("instanceType", &instance.instance_type),
-            element(
-                "launchTime",
-                &jiff::Timestamp::from_second(instance.launch_time.as_second())
-                    .unwrap_or(instance.launch_time)
-                    .to_string()
-            ),
+            element("launchTime", &whole_seconds(instance.launch_time).to_string()),
             element("availabilityZone", &instance.availability_zone),
             if instance.state == InstanceState::Terminated {
                 String::new()
             } else {
                 element("privateIpAddress", &instance.private_ip_address)
             },
+            instance.instance_id.trim_start_matches("i-"),
+            instance.instance_id.trim_start_matches("i-"),
+            element("attachTime", &whole_seconds(instance.first_launch).to_string()),
         ));
     }
     Ok(Reply::Xml(format!(
         "<reservationSet>{reservations}</reservationSet>"
     )))
+}
+
+/// EC2 reports times to the second.
+fn whole_seconds(at: jiff::Timestamp) -> jiff::Timestamp {
+    jiff::Timestamp::from_second(at.as_second()).unwrap_or(at)
 }
 
 #[cfg(test)]

@@ -747,3 +747,35 @@ async fn a_stop_interruption_outside_a_group_stops_the_instance_after_the_notice
         Some("instance-stopped-no-capacity")
     );
 }
+
+/// A stop and a start move `LaunchTime` forward (node repair's grace counts from it) but not
+/// the first launch the instance refresh reads (its primary network interface's attach
+/// time): Auto Scaling still replaces an instance launched before the refresh started.
+#[tokio::test]
+async fn a_stop_and_start_moves_the_launch_time_but_not_the_first_launch() {
+    use node_manager::aws::{RefreshInstances, RepairInstances};
+    let account = FakeAccount::reference();
+    let credentials = account.add_role_credentials("launch-times-test");
+    let aws = FakeAws::start(account).await.unwrap();
+    let instances = node_manager::aws::sdk::SdkInstances::new(&aws.sdk_config(&credentials).await);
+    const RESTARTED: &str = "i-0d1b2c3d4e5f6071b";
+    let hour_ago: jiff::Timestamp =
+        jiff::Timestamp::from_second(jiff::Timestamp::now().as_second() - 3600).unwrap();
+    aws.ec2()
+        .add_instance(FakeInstance::new(RESTARTED, "eu-west-1").launch_time(hour_ago));
+    aws.ec2().set_state(RESTARTED, InstanceState::Stopped);
+    aws.ec2().set_state(RESTARTED, InstanceState::Running);
+    let ids = [RESTARTED.to_owned()];
+
+    let first = RefreshInstances::launch_times(&instances, &ids)
+        .await
+        .unwrap();
+    let last = RepairInstances::launch_times(&instances, &ids)
+        .await
+        .unwrap();
+    assert_eq!(first.get(RESTARTED), Some(&hour_ago), "{first:?}");
+    assert!(
+        last.get(RESTARTED).is_some_and(|at| *at > hour_ago),
+        "LaunchTime moved on the start: {last:?}"
+    );
+}

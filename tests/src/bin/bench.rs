@@ -304,7 +304,8 @@ async fn volume_wait(mode: Mode) -> Result<(), String> {
 /// The seeded event soak (issue 35) over more seeds than the test suite's fifty:
 /// `EVENT_SOAK_SEEDS` (default 5 quick, 500 full) from `EVENT_SOAK_SEED` (default 1).
 async fn event_soak(mode: Mode) -> Result<(), String> {
-    use node_manager_testkit::soak::events::run_seed;
+    use futures::StreamExt as _;
+    use node_manager_testkit::soak::events::{SEEDS_AT_ONCE, run_seed};
     let number = |name: &str, default: u64| {
         std::env::var(name)
             .ok()
@@ -316,20 +317,23 @@ async fn event_soak(mode: Mode) -> Result<(), String> {
     let started = std::time::Instant::now();
     let mut totals = SoakTotals::default();
     let mut failing = Vec::new();
-    for seed in first..first + count {
-        let report = run_seed(seed).await;
+    let mut reports = futures::stream::iter(first..first + count)
+        .map(run_seed)
+        .buffer_unordered(SEEDS_AT_ONCE);
+    while let Some(report) = reports.next().await {
         totals.add(&report);
         for violation in &report.violations {
-            eprintln!("seed {seed}: {violation}");
+            eprintln!("seed {}: {violation}", report.seed);
         }
         if !report.violations.is_empty() {
-            failing.push(format!("seed {seed} ({})", report.rerun_hint()));
+            failing.push(format!("seed {} ({})", report.seed, report.rerun_hint()));
         }
     }
     let t = &totals;
     println!(
-        "## Event soak\n\n{count} seeds from {first} in {:.0} s: {} events lost, {} repeated, {} late, {} brownouts; {} invocations ({} failed, {} continued), {} evictions, {} instance-refresh node writes, {} warm-pool returns, {} repairs; {} seeds with violations\n",
+        "## Event soak\n\n{count} seeds from {first} in {:.0} s ({} with two groups refreshing at once): {} events lost, {} repeated, {} late, {} brownouts; {} invocations ({} failed, {} continued), {} evictions, {} instance-refresh node writes ({} room checks), {} warm-pool returns, {} repairs; {} seeds with violations\n",
         started.elapsed().as_secs_f64(),
+        t.two_refreshing,
         t.lost,
         t.duplicated,
         t.delayed,
@@ -339,6 +343,7 @@ async fn event_soak(mode: Mode) -> Result<(), String> {
         t.continuations,
         t.evictions,
         t.refresh_writes,
+        t.room_checks,
         t.warm_pool_returns,
         t.repairs,
         failing.len()
@@ -362,6 +367,8 @@ struct SoakTotals {
     continuations: usize,
     evictions: usize,
     refresh_writes: usize,
+    room_checks: usize,
+    two_refreshing: usize,
     warm_pool_returns: usize,
     repairs: usize,
 }
@@ -377,6 +384,8 @@ impl SoakTotals {
         self.continuations += report.continuations;
         self.evictions += report.evictions;
         self.refresh_writes += report.refresh_writes;
+        self.room_checks += report.room_checks;
+        self.two_refreshing += usize::from(report.groups_refreshing == 2);
         self.warm_pool_returns += report.warm_pool_returns;
         self.repairs += report.repairs;
     }

@@ -6,6 +6,8 @@
 //!    about to;
 //! 3. `drain-not-running`: every drain whose reason stands (a pending lifecycle action, a
 //!    running Spot instance whose request is marked, a maintenance due) is running or done;
+//!    a pod left because its budget refused its eviction to the end is the budget honoured
+//!    (as in 4: room ran out, the replacements of pods evicted before are Pending);
 //! 4. `lifecycle-not-drained`: every lifecycle action gets a full drain, completed once, with
 //!    PDBs honoured (evictions only, never a delete); a pod left because its budget refused
 //!    its eviction to the end (another pod of it unavailable, say on a dead node) is the
@@ -17,12 +19,22 @@
 //!    the refresh runs);
 //! 7. `mark-after-warm-pool`: a node back from the warm pool (its launching action out of
 //!    the pool completed) is Ready and carries none of our marks: no drain record, no
-//!    cordon, label or taint of ours; and its launching action completed once, with CONTINUE;
+//!    cordon, label or taint of ours (but an instance refresh's that replaces it, started
+//!    after its return); and its launching action completed once, with CONTINUE;
 //! 8. `repair-beyond-limits`: node repair marks unhealthy only broken nodes' instances, never
-//!    more than EKS's `maxParallelNodesRepairedCount` (1) being replaced at once (checked as
+//!    more than EKS's `maxParallelNodesRepairedCount` (1) of a group being replaced at once (checked as
 //!    each repair is seen); a broken node's pods are evicted only once it is being replaced.
+//! 9. `refresh-marks-without-room`: instance refreshes take nodes out of service only as far
+//!    as the nodes no refresh marked can take their pods: whenever a refresh takes out of
+//!    service a node that accepted pods (one cordoned already, say by a rebalance
+//!    recommendation, takes no room away), the pods on every node refreshes took out of service (any group's)
+//!    fit in the room free on the nodes that accept pods and carry no refresh's record,
+//!    counted as the step before saw it (checked after every step: two groups refreshing at
+//!    once must not count the same room twice, or pods go Pending). Every pod of the soak
+//!    requests [`WEB_CPU_MILLIS`], so room is counted in such pods, from each node's
+//!    allocatable CPU.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -30,10 +42,11 @@ use node_manager::aws::{GroupActivity, InstanceFacts, InstanceNotices, Scheduled
 use node_manager::lifecycle::node::is_ready;
 use node_manager::node_marks::checkpoint::{DrainCheckpoint, NoticeKind};
 use node_manager::node_marks::maintenance::ScheduledEventRef;
+use node_manager::node_marks::refresh::refresh_marks_of;
 use node_manager::reconcile::NodeMarks;
 
 use super::plan::{Fate, Member};
-use super::world::{EventWorld, MAINTENANCE_MARGIN, REBALANCE_UNDO};
+use super::world::{EventWorld, GROUPS, MAINTENANCE_MARGIN, REBALANCE_UNDO, WEB_CPU_MILLIS};
 
 pub const MARK_WITHOUT_REASON: &str = "mark-without-reason";
 pub const CORDON_WITHOUT_LEAVING: &str = "cordon-without-leaving";
@@ -43,6 +56,7 @@ pub const EVICTION_FROM_KEPT_NODE: &str = "eviction-from-kept-node";
 pub const REFRESH_MARK_ON_KEPT_NODE: &str = "refresh-mark-on-kept-node";
 pub const MARK_AFTER_WARM_POOL: &str = "mark-after-warm-pool";
 pub const REPAIR_BEYOND_LIMITS: &str = "repair-beyond-limits";
+pub const REFRESH_MARKS_WITHOUT_ROOM: &str = "refresh-marks-without-room";
 /// EKS's default `maxParallelNodesRepairedCount`.
 pub const REPAIR_MAX_PARALLEL: usize = 1;
 
@@ -222,20 +236,32 @@ fn repairs_within_limits(world: &EventWorld) -> Vec<Violation> {
             )
         })
         .collect();
-    let in_flight: Vec<&String> = marked
-        .iter()
-        .filter(|id| world.autoscaling_state(id).as_deref() != Some("Terminated"))
-        .collect();
-    if in_flight.len() > REPAIR_MAX_PARALLEL {
-        out.push(violation(
-            REPAIR_BEYOND_LIMITS,
-            format!(
-                "{} instances being replaced at once: {in_flight:?}",
-                in_flight.len()
-            ),
-        ));
+    for group in 0..GROUPS.len() {
+        let in_flight = repairs_in_flight(world, group);
+        if in_flight.len() > REPAIR_MAX_PARALLEL {
+            out.push(violation(
+                REPAIR_BEYOND_LIMITS,
+                format!(
+                    "{} instances of {} being replaced at once: {in_flight:?}",
+                    in_flight.len(),
+                    GROUPS[group]
+                ),
+            ));
+        }
     }
     out
+}
+
+/// The instances of `group` node repair marked unhealthy that are still being replaced (EKS
+/// limits repairs per node group).
+pub fn repairs_in_flight(world: &EventWorld, group: usize) -> Vec<String> {
+    world
+        .health
+        .marked_unhealthy()
+        .into_iter()
+        .filter(|id| world.member(id).is_some_and(|m| m.group == group))
+        .filter(|id| world.autoscaling_state(id).as_deref() != Some("Terminated"))
+        .collect()
 }
 
 /// Invariant 1 for one node.
@@ -399,7 +425,7 @@ fn drain_runs_or_done(
         c.completed_at.is_some() || (c.lease.holder.is_some() && now < c.lease.expires_at())
     });
     let left = evictable_on(world, &member.node);
-    if running_or_done || left.is_empty() {
+    if running_or_done || left.iter().all(|pod| budget_held(world, pod)) {
         return None;
     }
     Some(violation(
@@ -411,6 +437,21 @@ fn drain_runs_or_done(
             left.join(", ")
         ),
     ))
+}
+
+/// Whether the last eviction of `pod` was refused by its PodDisruptionBudget (a 429 the API
+/// server decided, not an injected brownout).
+pub fn budget_held(world: &EventWorld, pod: &str) -> bool {
+    let refusals = world.server.audit().filter(|e| {
+        e.object_ref
+            .as_ref()
+            .is_some_and(|o| o.subresource == "eviction" && o.name == pod)
+    });
+    refusals.last().is_some_and(|last| {
+        last.response_status.code == 429
+            && last.injected_fault.is_none()
+            && last.response_status.message.contains("disruption budget")
+    })
 }
 
 /// Invariant 4 for one member: its action, if it has one, completed once with CONTINUE.
@@ -478,6 +519,15 @@ fn back_from_the_pool(world: &EventWorld, member: &Member, node: Option<&Node>) 
         )];
     };
     let marks = NodeMarks::of(node);
+    // A refresh that started after its return replaces it too (without `SkipMatching`): that
+    // record's reasons are invariants 1 and 6's.
+    let refresh_only = marks.refresh.is_some()
+        && marks.checkpoint.is_none()
+        && marks.maintenance.is_none()
+        && world.refresh_replaces(member);
+    if refresh_only && is_ready(node) {
+        return vec![];
+    }
     let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
     let excluded = node
         .metadata
@@ -546,4 +596,101 @@ fn evictions_from_replaced_nodes(
         }
     }
     out
+}
+
+/// The nodes an instance refresh took out of service (cordoned, not only marked outdated),
+/// whichever group's.
+pub fn taken_by_refreshes(nodes: &[Node]) -> BTreeSet<String> {
+    nodes
+        .iter()
+        .filter(|n| refresh_marks_of(n).is_some_and(|m| !m.outdated_only))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
+}
+
+/// The room on each node that accepts new pods (Ready, not cordoned, no `NoSchedule` or
+/// `NoExecute` taint) and carries no refresh's record: how many more of the workload's pods
+/// its allocatable CPU takes.
+pub fn room_by_node(nodes: &[Node], pods: &[Pod]) -> BTreeMap<String, u64> {
+    nodes
+        .iter()
+        .filter(|n| accepts_pods(n) && refresh_marks_of(n).is_none())
+        .filter_map(|n| {
+            let name = n.metadata.name.clone()?;
+            let bound = pods.iter().filter(|p| node_of(p) == Some(&name)).count();
+            let slots = allocatable_cpu_millis(n) / WEB_CPU_MILLIS;
+            Some((name, slots.saturating_sub(bound as u64)))
+        })
+        .collect()
+}
+
+/// Invariant 9 after a step in which refreshes took `newly_taken` out of service: the pods on
+/// every node they took out of service fit in the room of the nodes that are still room now,
+/// each counted as it was before the step (the refresh decided on what it saw) or is now,
+/// whichever is more.
+pub fn refresh_marks_have_room(
+    room_before: &BTreeMap<String, u64>,
+    newly_taken: &BTreeSet<String>,
+    nodes: &[Node],
+    pods: &[Pod],
+) -> Option<Violation> {
+    let taken = taken_by_refreshes(nodes);
+    let moving = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| node_of(p).is_some_and(|n| taken.contains(n)))
+        .count() as u64;
+    let room_now = room_by_node(nodes, pods);
+    let room: u64 = room_now
+        .iter()
+        .map(|(node, now)| (*now).max(room_before.get(node).copied().unwrap_or(0)))
+        .sum();
+    (moving > room).then(|| {
+        violation(
+            REFRESH_MARKS_WITHOUT_ROOM,
+            format!(
+                "taking {newly_taken:?} out of service: {moving} pods on the nodes refreshes took out of service ({taken:?}), room for {room} on the nodes no refresh marked ({room_now:?})"
+            ),
+        )
+    })
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+/// The nodes that accept new pods now (Ready, not cordoned, no `NoSchedule` or `NoExecute`
+/// taint), marked by a refresh or not.
+pub fn accepting_pods(nodes: &[Node]) -> BTreeSet<String> {
+    nodes
+        .iter()
+        .filter(|n| accepts_pods(n))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
+}
+
+fn accepts_pods(node: &Node) -> bool {
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable) == Some(true);
+    let repelled = spec.and_then(|s| s.taints.as_ref()).is_some_and(|taints| {
+        taints
+            .iter()
+            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute")
+    });
+    is_ready(node) && !cordoned && !repelled
+}
+
+/// The node's allocatable CPU in millicores (`3920m` or whole cores); none when unreported.
+fn allocatable_cpu_millis(node: &Node) -> u64 {
+    let cpu = node
+        .status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get("cpu"))
+        .map(|q| q.0.as_str());
+    match cpu {
+        Some(millis) if millis.ends_with('m') => millis[..millis.len() - 1].parse().unwrap_or(0),
+        Some(cores) => cores.parse::<u64>().map_or(0, |c| c * 1000),
+        None => 0,
+    }
 }

@@ -23,10 +23,11 @@ use serde_json::{Value, json};
 
 use super::check::{
     LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, REPAIR_BEYOND_LIMITS, REPAIR_MAX_PARALLEL,
-    Violation,
+    Violation, accepting_pods, budget_held, refresh_marks_have_room, repairs_in_flight,
+    room_by_node, taken_by_refreshes,
 };
 use super::plan::{Delivery, Fate, Member, Step, Truth};
-use super::world::{EventWorld, GROUP, LAUNCH_HOOK, REFRESH_ID};
+use super::world::{EventWorld, GROUPS, LAUNCH_HOOK, REFRESH_IDS};
 use crate::fixtures::lifecycle_notification;
 use crate::kube::{FaultAction, FaultId, FaultRule};
 use crate::soak::corpus::{self, Target};
@@ -45,6 +46,9 @@ pub struct Played {
     /// draining them (their notification lost) and published again.
     pub redeliveries: usize,
     pub brownouts: usize,
+    /// Steps after which invariant 9 was checked (a refresh took a node that accepted pods
+    /// out of service).
+    pub room_checks: usize,
     /// Every pod seen, and its node (to tell where an eviction came from).
     pub pods: BTreeMap<String, String>,
     /// What was seen wrong while playing (a lifecycle action completed with pods left).
@@ -71,8 +75,8 @@ struct Pending {
 pub struct Player<'w> {
     world: &'w EventWorld,
     starts: BTreeMap<String, Timestamp>,
-    /// When the group's refresh started (its `StartTime`).
-    refresh_started: Option<Timestamp>,
+    /// When each group's refresh started (its `StartTime`), by group.
+    refresh_started: BTreeMap<usize, Timestamp>,
     /// How many of node repair's `SetInstanceHealth` calls were seen.
     repairs_seen: usize,
     /// Instances stopped in the warm pool, to be launched out of it after the next step.
@@ -80,6 +84,13 @@ pub struct Player<'w> {
     rng: rand::rngs::StdRng,
     /// Nodes already reported carrying a refresh's mark they should not.
     wrongly_marked: std::collections::BTreeSet<String>,
+    /// The room on the nodes no refresh marked, the nodes refreshes took out of service and
+    /// the nodes that accepted pods, as the last step left them (invariant 9); whether a
+    /// lack of room was reported.
+    room_before: BTreeMap<String, u64>,
+    taken_before: std::collections::BTreeSet<String>,
+    accepting_before: std::collections::BTreeSet<String>,
+    room_reported: bool,
     brownout: Option<(usize, Vec<FaultId>)>,
     retries: Vec<Pending>,
     completed: usize,
@@ -89,13 +100,19 @@ pub struct Player<'w> {
 impl<'w> Player<'w> {
     pub fn new(world: &'w EventWorld, seed: u64) -> Self {
         use rand::SeedableRng;
+        let store = world.server.store();
+        let (nodes, pods) = (store.list::<Node>(), store.list::<Pod>());
         Self {
+            room_before: room_by_node(&nodes, &pods),
+            taken_before: taken_by_refreshes(&nodes),
+            accepting_before: accepting_pods(&nodes),
+            room_reported: false,
             pooled: Vec::new(),
             repairs_seen: 0,
             rng: rand::rngs::StdRng::seed_from_u64(seed ^ 0x3a_97),
             world,
             starts: BTreeMap::new(),
-            refresh_started: None,
+            refresh_started: BTreeMap::new(),
             wrongly_marked: Default::default(),
             brownout: None,
             retries: Vec::new(),
@@ -261,12 +278,13 @@ impl<'w> Player<'w> {
                 // Auto Scaling's `EC2 Instance Terminate Successful`, for the refresh function.
                 self.retries.push(Pending {
                     function: Function::InstanceRefresh,
-                    event: instance_event(TERMINATED, &member.instance_id),
+                    event: instance_event(TERMINATED, &member),
                     attempt: 0,
                 });
             }
         }
         self.check_refresh_marks();
+        self.check_refresh_room();
         self.replace_repaired().await;
         if let Some((left, _)) = &mut self.brownout {
             *left = left.saturating_sub(1);
@@ -300,6 +318,32 @@ impl<'w> Player<'w> {
         }
     }
 
+    /// Refreshes take a node that accepted pods out of service only with room for the pods
+    /// of every node they took out of service (invariant 9), checked after every step against
+    /// the room the step began with.
+    fn check_refresh_room(&mut self) {
+        let store = self.world.server.store();
+        let (nodes, pods) = (store.list::<Node>(), store.list::<Pod>());
+        let taken = taken_by_refreshes(&nodes);
+        let newly_taken: std::collections::BTreeSet<String> = taken
+            .difference(&self.taken_before)
+            .filter(|node| self.accepting_before.contains(*node))
+            .cloned()
+            .collect();
+        self.played.room_checks += usize::from(!newly_taken.is_empty());
+        if !newly_taken.is_empty()
+            && !self.room_reported
+            && let Some(violation) =
+                refresh_marks_have_room(&self.room_before, &newly_taken, &nodes, &pods)
+        {
+            self.played.violations.push(violation);
+            self.room_reported = true;
+        }
+        self.taken_before = taken;
+        self.accepting_before = accepting_pods(&nodes);
+        self.room_before = room_by_node(&nodes, &pods);
+    }
+
     /// A terminating lifecycle action completes only once its node is drained; the members
     /// whose action completed since the last look, and the action's hook.
     fn check_new_completions(&mut self) -> Vec<(Member, String)> {
@@ -328,7 +372,7 @@ impl<'w> Player<'w> {
                 .collect();
             // A budget that refused to the end is honoured, not broken: the drain ran out of
             // time as `kubectl drain` would (a managed node group's PodEvictionFailure).
-            if !left.is_empty() && !left.iter().all(|pod| self.budget_held(pod)) {
+            if !left.iter().all(|pod| budget_held(self.world, pod)) {
                 self.played.violations.push(Violation {
                     invariant: LIFECYCLE_NOT_DRAINED,
                     detail: format!(
@@ -342,21 +386,6 @@ impl<'w> Player<'w> {
         }
         self.completed = completions.len();
         done
-    }
-
-    /// Whether the last eviction of `pod` was refused by its PodDisruptionBudget (a 429
-    /// the API server decided, not an injected brownout).
-    fn budget_held(&self, pod: &str) -> bool {
-        let refusals = self.world.server.audit().filter(|e| {
-            e.object_ref
-                .as_ref()
-                .is_some_and(|o| o.subresource == "eviction" && o.name == pod)
-        });
-        refusals.last().is_some_and(|last| {
-            last.response_status.code == 429
-                && last.injected_fault.is_none()
-                && last.response_status.message.contains("disruption budget")
-        })
     }
 
     fn continuations(&self) -> Vec<Pending> {
@@ -425,7 +454,7 @@ fn with_route(event: &Value, origin: &str, destination: &str) -> Value {
 
 impl Player<'_> {
     /// Node repair marked instances unhealthy: each repair must be of a broken node and
-    /// within EKS's limit (one instance replaced at a time); Auto Scaling then starts the
+    /// within EKS's limit (one instance of a group replaced at a time); Auto Scaling then starts the
     /// instance's terminating lifecycle action, whose notification reaches the terminating
     /// hook.
     async fn replace_repaired(&mut self) {
@@ -434,11 +463,11 @@ impl Player<'_> {
         self.repairs_seen = marked.len();
         for id in new {
             let w = self.world;
-            let in_flight: Vec<&String> = marked
-                .iter()
-                .filter(|i| w.autoscaling_state(i).as_deref() != Some("Terminated"))
-                .collect();
             let member = w.member(&id).cloned();
+            let in_flight = member
+                .as_ref()
+                .map(|m| repairs_in_flight(w, m.group))
+                .unwrap_or_default();
             if in_flight.len() > REPAIR_MAX_PARALLEL
                 || !member.as_ref().is_some_and(|m| m.fate == Fate::Unhealthy)
             {
@@ -551,9 +580,9 @@ fn cordoned_nodes(world: &EventWorld) -> String {
 fn function_of(delivery: &Delivery) -> Function {
     match delivery {
         Delivery::RepairRun => Function::NodeRepair,
-        Delivery::RefreshStart
-        | Delivery::RefreshCheckpoint
-        | Delivery::RefreshEnd(_)
+        Delivery::RefreshStart(_)
+        | Delivery::RefreshCheckpoint(_)
+        | Delivery::RefreshEnd(..)
         | Delivery::InstanceLaunched(_) => Function::InstanceRefresh,
         _ => Function::TerminatingHook,
     }
@@ -627,15 +656,16 @@ impl Player<'_> {
                     w.instances.notices.set_schedule(id, schedule);
                 }
             }
-            Truth::RefreshRuns => {
+            Truth::RefreshRuns(group) => {
                 // EC2 reports launch times to the second: the start is a second after the
                 // fleet's launch, and replacements launch after it.
                 let started = now_second();
-                self.refresh_started = Some(started);
-                w.set_refresh("InProgress", started);
+                self.refresh_started.insert(*group, started);
+                w.set_refresh(*group, "InProgress", started);
             }
-            Truth::RefreshOver(status) => {
-                w.set_refresh(status, self.refresh_started.unwrap_or_else(now_second));
+            Truth::RefreshOver(group, status) => {
+                let started = self.refresh_started.get(group).copied();
+                w.set_refresh(*group, status, started.unwrap_or_else(now_second));
             }
         }
     }
@@ -723,10 +753,10 @@ impl Player<'_> {
                 health_event(instance, *self.starts.get(instance)?)
             }
             Delivery::Tick | Delivery::RepairRun => tick(),
-            Delivery::RefreshStart => refresh_event("Started"),
-            Delivery::RefreshCheckpoint => refresh_event("Checkpoint Reached"),
-            Delivery::RefreshEnd(outcome) => refresh_event(outcome),
-            Delivery::InstanceLaunched(id) => instance_event(LAUNCHED, id),
+            Delivery::RefreshStart(group) => refresh_event("Started", *group),
+            Delivery::RefreshCheckpoint(group) => refresh_event("Checkpoint Reached", *group),
+            Delivery::RefreshEnd(group, outcome) => refresh_event(outcome, *group),
+            Delivery::InstanceLaunched(id) => instance_event(LAUNCHED, w.member(id)?),
         })
     }
 }
@@ -734,32 +764,35 @@ impl Player<'_> {
 const LAUNCHED: &str = "EC2 Instance Launch Successful";
 const TERMINATED: &str = "EC2 Instance Terminate Successful";
 
-fn group_arn() -> String {
+fn group_arn(group: &str) -> String {
     format!(
-        "arn:aws:autoscaling:eu-west-1:{ACCOUNT}:autoScalingGroup:5f0e7e7e-0000-4000-8000-000000000035:autoScalingGroupName/{GROUP}"
+        "arn:aws:autoscaling:eu-west-1:{ACCOUNT}:autoScalingGroup:5f0e7e7e-0000-4000-8000-000000000035:autoScalingGroupName/{group}"
     )
 }
 
-/// `EC2 Auto Scaling Instance Refresh {what}`, as Auto Scaling sends it to EventBridge.
-fn refresh_event(what: &str) -> Value {
+/// `EC2 Auto Scaling Instance Refresh {what}` of `group`'s refresh, as Auto Scaling sends it
+/// to EventBridge.
+fn refresh_event(what: &str, group: usize) -> Value {
+    let (name, id) = (GROUPS[group], REFRESH_IDS[group]);
     json!({
         "version": "0", "id": format!("soak-{}", uuid_like()),
         "detail-type": format!("EC2 Auto Scaling Instance Refresh {what}"),
         "source": "aws.autoscaling", "account": ACCOUNT, "time": now_second().to_string(),
-        "region": "eu-west-1", "resources": [group_arn()],
-        "detail": {"InstanceRefreshId": REFRESH_ID, "AutoScalingGroupName": GROUP},
+        "region": "eu-west-1", "resources": [group_arn(name)],
+        "detail": {"InstanceRefreshId": id, "AutoScalingGroupName": name},
     })
 }
 
-/// `EC2 Instance Launch Successful` or `EC2 Instance Terminate Successful`.
-fn instance_event(detail_type: &str, instance: &str) -> Value {
+/// `EC2 Instance Launch Successful` or `EC2 Instance Terminate Successful` of `member`.
+fn instance_event(detail_type: &str, member: &Member) -> Value {
     let now = now_second().to_string();
+    let (instance, group) = (&member.instance_id, member.group_name());
     json!({
         "version": "0", "id": format!("soak-{}", uuid_like()), "detail-type": detail_type,
         "source": "aws.autoscaling", "account": ACCOUNT, "time": now, "region": "eu-west-1",
-        "resources": [group_arn(), format!("arn:aws:ec2:eu-west-1:{ACCOUNT}:instance/{instance}")],
+        "resources": [group_arn(group), format!("arn:aws:ec2:eu-west-1:{ACCOUNT}:instance/{instance}")],
         "detail": {
-            "StatusCode": "InProgress", "AutoScalingGroupName": GROUP,
+            "StatusCode": "InProgress", "AutoScalingGroupName": group,
             "ActivityId": format!("soak-activity-{}", uuid_like()), "RequestId": "soak",
             "EC2InstanceId": instance, "StartTime": now, "EndTime": now,
             "Cause": "an instance refresh, in the soak", "Details": {"Subnet ID": "subnet-0soak"},

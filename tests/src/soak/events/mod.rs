@@ -3,9 +3,10 @@
 //! recommendations, stopping notifications, AWS Health scheduled changes, schedule ticks) and
 //! every event the instance refresh function gets (the refresh's start, checkpoint and end,
 //! its replacements' `EC2 Instance Launch Successful` and its terminations' `Terminate
-//! Successful`, through the function's own handler), each lost, repeated (at once:
-//! concurrently) or late, failed invocations retried as Lambda does, and API brownouts (429
-//! and 5xx on the fake API server, failures of the AWS fakes). The shared crate's handlers
+//! Successful`, through the function's own handler; in half the seeds two groups refresh at
+//! once), each lost, repeated (at once: concurrently) or late, failed invocations retried as
+//! Lambda does, and API brownouts (429 and 5xx on the fake API server, failures of the AWS
+//! fakes). The shared crate's handlers
 //! run in process over the test kit's fake API server and the in-memory AWS, so fifty seeds
 //! fit in the test suite.
 //!
@@ -26,6 +27,10 @@ use deliver::{Player, final_tick};
 use plan::{Fate, plan};
 use world::{EventWorld, LEASE, REBALANCE_UNDO};
 
+/// Seeds played at once (each in its own world): a seed mostly waits (leases, drains held by
+/// a budget until room or the instance's end), so several share the cores.
+pub const SEEDS_AT_ONCE: usize = 6;
+
 /// What one seed did and found.
 #[derive(Debug)]
 pub struct SeedReport {
@@ -41,6 +46,10 @@ pub struct SeedReport {
     /// Terminating actions found waiting by the sweep and published again.
     pub redeliveries: usize,
     pub brownouts: usize,
+    /// Groups whose instance refresh ran in the seed (two: at once).
+    pub groups_refreshing: usize,
+    /// Times a refresh took a node that accepted pods out of service (invariant 9 checked).
+    pub room_checks: usize,
     pub evictions: usize,
     /// Node patches the instance refresh function made (marks and their undo).
     pub refresh_writes: usize,
@@ -102,27 +111,7 @@ pub async fn run_seed(seed: u64) -> SeedReport {
     let mut played = player.played;
     played.pods.extend(watcher.stop().await);
     violations.extend(check::check(&world, &played.pods, &played.violations).await);
-    let evictions = world
-        .server
-        .audit()
-        .subresource_requests("pods", "eviction")
-        .iter()
-        .filter(|e| e.user.username == "terminating-hook" && (200..300).contains(&e.code()))
-        .count();
-    let refresh_writes = world
-        .server
-        .audit()
-        .requests("patch", "nodes")
-        .iter()
-        .filter(|e| e.user.username == "instance-refresh" && (200..300).contains(&e.code()))
-        .count();
-    let warm_pool_returns = world
-        .autoscaling
-        .completions()
-        .iter()
-        .filter(|c| c.action.lifecycle_hook_name == world::LAUNCH_HOOK)
-        .count();
-    let repairs = world.health.marked_unhealthy().len();
+    let counted = Counted::of(&world);
     world.server.shutdown();
     SeedReport {
         seed,
@@ -136,13 +125,61 @@ pub async fn run_seed(seed: u64) -> SeedReport {
         continuations: played.continuations,
         redeliveries: played.redeliveries,
         brownouts: played.brownouts,
-        evictions,
-        refresh_writes,
-        warm_pool_returns,
-        repairs,
+        groups_refreshing: groups_refreshing(&plan.fleet),
+        room_checks: played.room_checks,
+        evictions: counted.evictions,
+        refresh_writes: counted.refresh_writes,
+        warm_pool_returns: counted.warm_pool_returns,
+        repairs: counted.repairs,
         violations,
         elapsed: started.elapsed(),
     }
+}
+
+/// What the functions did in a seed, from the API server's audit log and the fakes.
+struct Counted {
+    evictions: usize,
+    refresh_writes: usize,
+    warm_pool_returns: usize,
+    repairs: usize,
+}
+
+impl Counted {
+    fn of(world: &EventWorld) -> Self {
+        let audit = world.server.audit();
+        let by = |user: &str, e: &crate::kube::AuditEvent| {
+            e.user.username == user && (200..300).contains(&e.code())
+        };
+        Self {
+            evictions: audit
+                .subresource_requests("pods", "eviction")
+                .iter()
+                .filter(|e| by("terminating-hook", e))
+                .count(),
+            refresh_writes: audit
+                .requests("patch", "nodes")
+                .iter()
+                .filter(|e| by("instance-refresh", e))
+                .count(),
+            warm_pool_returns: world
+                .autoscaling
+                .completions()
+                .iter()
+                .filter(|c| c.action.lifecycle_hook_name == world::LAUNCH_HOOK)
+                .count(),
+            repairs: world.health.marked_unhealthy().len(),
+        }
+    }
+}
+
+/// How many groups of `fleet` run an instance refresh.
+fn groups_refreshing(fleet: &[plan::Member]) -> usize {
+    let groups: std::collections::BTreeSet<usize> = fleet
+        .iter()
+        .filter(|m| m.fate.is_refreshed())
+        .map(|m| m.group)
+        .collect();
+    groups.len()
 }
 
 /// Auto Scaling terminates what it completed the terminating action of (an instance back

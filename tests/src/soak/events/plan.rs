@@ -7,7 +7,7 @@ use rand::{Rng, SeedableRng};
 
 use node_manager::aws::LifecycleActionRef;
 
-use super::world::{GROUP, HOOK, LAUNCH_HOOK};
+use super::world::{GROUPS, HOOK, LAUNCH_HOOK};
 
 /// One instance's story in a seed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,9 +127,16 @@ pub struct Member {
     pub instance_id: String,
     pub node: String,
     pub fate: Fate,
+    /// Its Auto Scaling group: an index of [`GROUPS`].
+    pub group: usize,
 }
 
 impl Member {
+    /// Its Auto Scaling group's name.
+    pub fn group_name(&self) -> &'static str {
+        GROUPS[self.group.min(GROUPS.len() - 1)]
+    }
+
     pub fn provider_id(&self) -> String {
         format!("aws:///eu-west-1a/{}", self.instance_id)
     }
@@ -143,7 +150,7 @@ impl Member {
     /// Its terminating lifecycle action (scale-in only).
     pub fn action(&self) -> LifecycleActionRef {
         LifecycleActionRef {
-            auto_scaling_group_name: GROUP.into(),
+            auto_scaling_group_name: self.group_name().into(),
             lifecycle_hook_name: HOOK.into(),
             instance_id: self.instance_id.clone(),
             token: format!("token-{}", &self.instance_id[2..]),
@@ -153,7 +160,7 @@ impl Member {
     /// Its launching lifecycle action out of the warm pool.
     pub fn launch_action(&self) -> LifecycleActionRef {
         LifecycleActionRef {
-            auto_scaling_group_name: GROUP.into(),
+            auto_scaling_group_name: self.group_name().into(),
             lifecycle_hook_name: LAUNCH_HOOK.into(),
             instance_id: self.instance_id.clone(),
             token: format!("launch-token-{}", &self.instance_id[2..]),
@@ -181,9 +188,10 @@ pub enum Truth {
     },
     /// EC2 cancels it.
     Cancelled(String),
-    /// The group's instance refresh runs / is over with this status.
-    RefreshRuns,
-    RefreshOver(&'static str),
+    /// The instance refresh of group `.0` (an index of [`GROUPS`]) runs / is over with
+    /// this status.
+    RefreshRuns(usize),
+    RefreshOver(usize, &'static str),
     /// A replacement is in service: its node registers and turns Ready.
     Launched(String),
     /// The instance's kubelet dies: its node NotReady, as if for longer than node repair's
@@ -202,12 +210,12 @@ pub enum Delivery {
         instance: String,
         soon: bool,
     },
-    /// The instance refresh function's events, as EventBridge delivers them: the refresh's
-    /// start, a checkpoint, its end (`Succeeded`, `Cancelled`, `Failed`), and a replacement
-    /// in service.
-    RefreshStart,
-    RefreshCheckpoint,
-    RefreshEnd(&'static str),
+    /// The instance refresh function's events, as EventBridge delivers them: a group's
+    /// refresh's start, a checkpoint, its end (`Succeeded`, `Cancelled`, `Failed`), and a
+    /// replacement in service.
+    RefreshStart(usize),
+    RefreshCheckpoint(usize),
+    RefreshEnd(usize, &'static str),
     InstanceLaunched(String),
     /// Node repair's schedule.
     RepairRun,
@@ -256,11 +264,7 @@ fn fate(rng: &mut StdRng) -> Fate {
             cancelled: rng.random_bool(0.4),
             another: rng.random_bool(0.4),
         },
-        7 => Fate::Refreshed {
-            ended: rng.random_bool(0.6),
-            replaced: rng.random_bool(0.6),
-            rebalanced: rng.random_bool(0.3),
-        },
+        7 => refreshed(rng),
         8 => Fate::WarmPoolReturn {
             launch_lost: rng.random_bool(0.3),
         },
@@ -269,7 +273,16 @@ fn fate(rng: &mut StdRng) -> Fate {
     }
 }
 
-fn seed_member(seed: u64, i: usize, fate: Fate) -> Member {
+/// An instance the refresh of its group replaces or keeps outdated (see [`Fate::Refreshed`]).
+fn refreshed(rng: &mut StdRng) -> Fate {
+    Fate::Refreshed {
+        ended: rng.random_bool(0.6),
+        replaced: rng.random_bool(0.6),
+        rebalanced: rng.random_bool(0.3),
+    }
+}
+
+fn seed_member(seed: u64, i: usize, fate: Fate, group: usize) -> Member {
     Member {
         instance_id: format!("i-0{seed:08x}{i:08x}"),
         node: format!(
@@ -278,32 +291,59 @@ fn seed_member(seed: u64, i: usize, fate: Fate) -> Member {
             seed / 250 % 250
         ),
         fate,
+        group,
     }
 }
 
-/// The fleet of `seed`: 3 to 5 instances, at least one that stays (room for the pods), and
-/// after them a replacement for each refreshed instance the refresh replaces (one refresh of
-/// the group: every refreshed instance shares whether it ends).
+/// The fleet of `seed`: a group of 3 to 5 instances, at least one that stays (room for the
+/// pods); in half the seeds a second group of 2 or 3, and then both groups refresh at once
+/// (the last instance of each is refreshed, whatever the others' fates). After them, a
+/// replacement for each refreshed instance its group's refresh replaces (one refresh per
+/// group: every refreshed instance of a group shares whether it ends).
 fn fleet(rng: &mut StdRng, seed: u64) -> Vec<Member> {
-    let size = rng.random_range(3..=5usize);
-    let mut fleet: Vec<Member> = (0..size)
-        .map(|i| seed_member(seed, i, if i == 0 { Fate::Stays } else { fate(rng) }))
+    let two_groups = rng.random_bool(0.5);
+    let mut sizes = vec![rng.random_range(3..=5usize)];
+    if two_groups {
+        sizes.push(rng.random_range(2..=3usize));
+    }
+    let mut fleet: Vec<Member> = Vec::new();
+    for (group, size) in sizes.iter().enumerate() {
+        for k in 0..*size {
+            let fate = match (group, k) {
+                (0, 0) => Fate::Stays,
+                _ if two_groups && k + 1 == *size => refreshed(rng),
+                _ => fate(rng),
+            };
+            fleet.push(seed_member(seed, fleet.len(), fate, group));
+        }
+        share_the_refresh_end(&mut fleet, group);
+    }
+    let replaced: Vec<usize> = fleet
+        .iter()
+        .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
+        .map(|m| m.group)
         .collect();
-    let refresh_ends = fleet.iter().find_map(|m| match m.fate {
-        Fate::Refreshed { ended, .. } => Some(ended),
-        _ => None,
-    });
-    for member in &mut fleet {
+    for group in replaced {
+        fleet.push(seed_member(seed, fleet.len(), Fate::Replacement, group));
+    }
+    fleet
+}
+
+/// Every refreshed instance of `group` takes whether the refresh ends from the first one.
+fn share_the_refresh_end(fleet: &mut [Member], group: usize) {
+    let in_group = |m: &&mut Member| m.group == group;
+    let refresh_ends = fleet
+        .iter_mut()
+        .filter(in_group)
+        .find_map(|m| match m.fate {
+            Fate::Refreshed { ended, .. } => Some(ended),
+            _ => None,
+        });
+    for member in fleet.iter_mut().filter(in_group) {
         if let (Fate::Refreshed { ended, .. }, Some(ends)) = (&mut member.fate, refresh_ends) {
             *ended = ends;
         }
     }
-    let replaced = fleet
-        .iter()
-        .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
-        .count();
-    fleet.extend((0..replaced).map(|k| seed_member(seed, size + k, Fate::Replacement)));
-    fleet
 }
 
 /// Whether `member` is in the group from the start (a replacement joins later).
@@ -388,11 +428,12 @@ fn story(member: &Member, rng: &mut StdRng) -> Vec<(u32, Step)> {
     steps
 }
 
-/// The group's refresh, if any member is refreshed: it runs from one time; each replaced
-/// instance's replacement comes into service, then the instance is terminated (its
+/// The refresh of `group`, if any of its members is refreshed: it runs from one time; each
+/// replaced instance's replacement comes into service, then the instance is terminated (its
 /// lifecycle action); maybe a checkpoint; then it ends (or not), `Succeeded` only when it
 /// replaced every outdated instance.
-fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
+fn refresh_story(fleet: &[Member], group: usize, rng: &mut StdRng) -> Vec<(u32, Step)> {
+    let fleet: Vec<&Member> = fleet.iter().filter(|m| m.group == group).collect();
     let Some(ended) = fleet.iter().find_map(|m| match m.fate {
         Fate::Refreshed { ended, .. } => Some(ended),
         _ => None,
@@ -401,10 +442,10 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
     };
     let t = rng.random_range(0..15u32);
     let mut steps = vec![
-        (t, Step::Truth(Truth::RefreshRuns)),
-        (t, Step::Deliver(Delivery::RefreshStart)),
+        (t, Step::Truth(Truth::RefreshRuns(group))),
+        (t, Step::Deliver(Delivery::RefreshStart(group))),
     ];
-    let replaced: Vec<&Member> = fleet
+    let replaced: Vec<&&Member> = fleet
         .iter()
         .filter(|m| matches!(m.fate, Fate::Refreshed { replaced: true, .. }))
         .collect();
@@ -436,7 +477,7 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
     if rng.random_bool(0.4) {
         steps.push((
             rng.random_range(t..=last),
-            Step::Deliver(Delivery::RefreshCheckpoint),
+            Step::Deliver(Delivery::RefreshCheckpoint(group)),
         ));
     }
     if ended {
@@ -449,28 +490,40 @@ fn refresh_story(fleet: &[Member], rng: &mut StdRng) -> Vec<(u32, Step)> {
                 }
             )
         });
-        let (status, detail) = match rng.random_range(0..4u32) {
-            0 if every_one => ("Successful", "Succeeded"),
-            0 | 1 => ("Cancelled", "Cancelled"),
-            2 => ("Failed", "Failed"),
-            // A rollback: Auto Scaling keeps the outdated instances (the soak does not model
-            // its replacing the new ones), so their marks lose their reason at its start.
-            _ => ("RollbackInProgress", "Rollback Started"),
-        };
-        let end = last + rng.random_range(1..8u32);
-        // Sometimes the event runs ahead of `DescribeInstanceRefreshes`: Auto Scaling reports
-        // the end a tick after the event is delivered.
-        let reported = end + u32::from(rng.random_bool(0.3));
-        steps.push((reported, Step::Truth(Truth::RefreshOver(status))));
-        steps.push((end, Step::Deliver(Delivery::RefreshEnd(detail))));
-        if status == "RollbackInProgress" && rng.random_bool(0.5) {
-            let over = reported + rng.random_range(1..4u32);
-            steps.push((over, Step::Truth(Truth::RefreshOver("RollbackSuccessful"))));
-            steps.push((
-                over,
-                Step::Deliver(Delivery::RefreshEnd("Rollback Succeeded")),
-            ));
-        }
+        steps.extend(refresh_end(group, every_one, last, rng));
+    }
+    steps
+}
+
+/// How `group`'s refresh ends after `last` (`Succeeded` only when it replaced `every_one`
+/// outdated instance): what Auto Scaling reports and the event it sends.
+fn refresh_end(group: usize, every_one: bool, last: u32, rng: &mut StdRng) -> Vec<(u32, Step)> {
+    let (status, detail) = match rng.random_range(0..4u32) {
+        0 if every_one => ("Successful", "Succeeded"),
+        0 | 1 => ("Cancelled", "Cancelled"),
+        2 => ("Failed", "Failed"),
+        // A rollback: Auto Scaling keeps the outdated instances (the soak does not model its
+        // replacing the new ones), so their marks lose their reason at its start.
+        _ => ("RollbackInProgress", "Rollback Started"),
+    };
+    let end = last + rng.random_range(1..8u32);
+    // Sometimes the event runs ahead of `DescribeInstanceRefreshes`: Auto Scaling reports the
+    // end a tick after the event is delivered.
+    let reported = end + u32::from(rng.random_bool(0.3));
+    let mut steps = vec![
+        (reported, Step::Truth(Truth::RefreshOver(group, status))),
+        (end, Step::Deliver(Delivery::RefreshEnd(group, detail))),
+    ];
+    if status == "RollbackInProgress" && rng.random_bool(0.5) {
+        let over = reported + rng.random_range(1..4u32);
+        steps.push((
+            over,
+            Step::Truth(Truth::RefreshOver(group, "RollbackSuccessful")),
+        ));
+        steps.push((
+            over,
+            Step::Deliver(Delivery::RefreshEnd(group, "Rollback Succeeded")),
+        ));
     }
     steps
 }
@@ -482,7 +535,9 @@ pub fn plan(seed: u64) -> SeedPlan {
     let fleet = fleet(&mut rng, seed);
     let skip_matching = rng.random_bool(0.7);
     let mut timed: Vec<(u32, Step)> = fleet.iter().flat_map(|m| story(m, &mut rng)).collect();
-    timed.extend(refresh_story(&fleet, &mut rng));
+    for group in 0..GROUPS.len() {
+        timed.extend(refresh_story(&fleet, group, &mut rng));
+    }
     for _ in 0..rng.random_range(1..4) {
         timed.push((rng.random_range(0..30), Step::Deliver(Delivery::Tick)));
     }

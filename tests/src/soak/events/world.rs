@@ -1,9 +1,10 @@
 //! One seed's world: the fake API server (with `infra/rbac.yaml` and each function's own
 //! identity: the terminating and launching hooks, the instance refresh function, node
-//! repair), a node per instance with a PDB-guarded workload spread over them, and the shared
-//! crate's in-memory Auto Scaling, EC2 and SNS, which the soak sets to what AWS says (each
-//! function's view of Auto Scaling kept in step: lifecycle states, the group's configuration
-//! and refresh, membership and health).
+//! repair), a node per instance of one or two Auto Scaling groups with a PDB-guarded workload
+//! spread over them (each pod requests CPU, so the nodes' room is finite and counted), and the
+//! shared crate's in-memory Auto Scaling, EC2 and SNS, which the soak sets to what AWS says
+//! (each function's view of Auto Scaling kept in step: lifecycle states, each group's
+//! configuration and refresh, membership and health).
 
 use std::time::Duration;
 
@@ -32,7 +33,8 @@ use crate::kube::FakeApiServer;
 use crate::soak::corpus::{self, Target};
 
 pub const CLUSTER: &str = "soak-events";
-pub const GROUP: &str = "eks-soak-events-ng-1";
+/// The seeds' Auto Scaling groups: the first in every seed, the second in half of them.
+pub const GROUPS: [&str; 2] = ["eks-soak-events-ng-1", "eks-soak-events-ng-2"];
 pub const HOOK: &str = "Terminate-LC-Hook";
 pub const LAUNCH_HOOK: &str = "Launch-LC-Hook";
 /// How long a rebalance cordon holds before the reconciler may undo it.
@@ -54,8 +56,15 @@ pub type SoakRepair = RepairContext<kube::Client, InMemoryInstanceHealth, InMemo
 /// group configuration, EC2's launch times and templates.
 pub type SoakRefresh =
     RefreshContext<kube::Client, InMemoryInstanceRefreshes, InMemoryInstanceRefreshes>;
-/// The instance refresh that runs in a seed with refreshed instances.
-pub const REFRESH_ID: &str = "0d4a5c7e-1111-4222-8333-9444455556aa";
+/// The instance refresh of each group of [`GROUPS`] (in a seed with refreshed instances).
+pub const REFRESH_IDS: [&str; 2] = [
+    "0d4a5c7e-1111-4222-8333-9444455556aa",
+    "0d4a5c7e-2222-4333-8444-9555566667bb",
+];
+/// The CPU each pod of the workload requests: a node (the kit's allocatable 3,920m) takes
+/// four, and holds about two at the start, so room for moved pods is counted and can run
+/// out.
+pub const WEB_CPU_MILLIS: u64 = 900;
 const TEMPLATE_ID: &str = "lt-0500a0e7e7";
 
 /// The world one seed plays in.
@@ -81,8 +90,9 @@ pub struct EventWorld {
     pub skip_matching: bool,
     /// `REBALANCE_ACTION=drain` (odd seeds): a rebalance recommendation drains its node.
     pub rebalance_drains: bool,
-    /// The group's configuration as the soak sets it (read without the fakes' faults).
-    group: std::sync::Mutex<GroupConfiguration>,
+    /// Each group's configuration as the soak sets it (read without the fakes' faults), in
+    /// the order of [`GROUPS`].
+    groups: std::sync::Mutex<Vec<GroupConfiguration>>,
     pub fleet: Vec<Member>,
 }
 
@@ -118,7 +128,7 @@ fn settings(rebalance_drains: bool) -> DrainSettings {
         ("CLUSTER_NAME", CLUSTER),
         ("CONTINUATION_TOPIC_ARN", &topic),
         ("SETTLE_SECONDS", "0.05"),
-        ("DRAIN_TIMEOUT_SECONDS", "20"),
+        ("DRAIN_TIMEOUT_SECONDS", "8"),
         ("EVICTION_BACKOFF_SECONDS", "0.05"),
         ("EVICTION_BACKOFF_MAX_SECONDS", "0.2"),
         ("DRAIN_LEASE_SECONDS", &lease),
@@ -151,8 +161,8 @@ fn lifecycle_topic() -> String {
         .to_owned()
 }
 
-/// The group's terminating hook (the drain) and launching hook (out of the warm pool).
-fn add_hooks(autoscaling: &InMemoryAutoScaling) {
+/// A group's terminating hook (the drain) and launching hook (out of the warm pool).
+fn add_hooks(autoscaling: &InMemoryAutoScaling, group: &str) {
     for (name, transition, default_result) in [
         (
             HOOK,
@@ -166,7 +176,7 @@ fn add_hooks(autoscaling: &InMemoryAutoScaling) {
         ),
     ] {
         autoscaling.add_hook(
-            GROUP,
+            group,
             LifecycleHook {
                 name: name.into(),
                 transition: transition.into(),
@@ -176,7 +186,7 @@ fn add_hooks(autoscaling: &InMemoryAutoScaling) {
             },
         );
     }
-    autoscaling.set_hook_target(GROUP, HOOK, &lifecycle_topic());
+    autoscaling.set_hook_target(group, HOOK, &lifecycle_topic());
 }
 
 /// The launching hook, with its own topic: a launch's continuation is no drain's.
@@ -222,8 +232,10 @@ impl EventWorld {
             .unwrap_or_else(|e| panic!("rbac: {e}"));
         let client = identity(&server, "terminating-hook").await;
         let autoscaling = InMemoryAutoScaling::new();
-        autoscaling.add_group(GROUP, &[("eks:cluster-name", CLUSTER)]);
-        add_hooks(&autoscaling);
+        for group in GROUPS {
+            autoscaling.add_group(group, &[("eks:cluster-name", CLUSTER)]);
+            add_hooks(&autoscaling, group);
+        }
         let instances = InMemoryInstances::default();
         let notifications = InMemoryNotifications::default();
         let drainer = Drainer::new(
@@ -243,7 +255,9 @@ impl EventWorld {
                 .unwrap_or_else(|e| panic!("refresh settings: {e}")),
         };
         let health = InMemoryInstanceHealth::new();
-        health.add_group(GROUP, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
+        for group in GROUPS {
+            health.add_group(group, &[("eks:cluster-name", CLUSTER)], Duration::ZERO);
+        }
         let repair = RepairContext {
             kube: identity(&server, "node-repair").await,
             health: health.clone(),
@@ -263,61 +277,68 @@ impl EventWorld {
             refreshes,
             health,
             repair,
-            group: std::sync::Mutex::default(),
+            groups: std::sync::Mutex::default(),
             skip_matching: true,
             rebalance_drains,
             fleet,
         };
-        world.configure_group();
+        world.configure_groups();
         world.register_fleet().await;
         world
     }
 
-    /// The group as `DescribeAutoScalingGroups` reports it to the instance refresh function:
-    /// this cluster's, on version 2 of its template, its initial instances launched an hour
-    /// ago.
-    fn configure_group(&self) {
+    /// The groups as `DescribeAutoScalingGroups` reports them to the instance refresh
+    /// function: this cluster's, on version 2 of their template, their initial instances
+    /// launched an hour ago.
+    fn configure_groups(&self) {
         let hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
-        let instances: Vec<ConfiguredInstance> = self
-            .fleet
-            .iter()
-            .filter(|m| initial(m))
-            .map(configured)
-            .collect();
-        for instance in &instances {
-            self.refreshes
-                .put_launch_time(&instance.instance_id, hour_ago);
-            self.health.set_launch_time(&instance.instance_id, hour_ago);
-            self.health.add_instance(GROUP, &instance.instance_id);
-        }
         self.refreshes.put_launch_template(LaunchTemplateVersions {
             id: TEMPLATE_ID.into(),
             name: "soak-nodes".into(),
             default_version: 2,
             latest_version: 2,
         });
-        let group = GroupConfiguration {
-            name: GROUP.into(),
-            tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
-            desired_capacity: u32::try_from(instances.len()).unwrap_or(u32::MAX),
-            launch_template: Some(template("2")),
-            instances,
-            ..GroupConfiguration::default()
-        };
-        self.refreshes.put_group(group.clone());
-        *self
-            .group
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = group;
+        let mut groups = Vec::new();
+        for (index, name) in GROUPS.iter().enumerate() {
+            let instances: Vec<ConfiguredInstance> = self
+                .fleet
+                .iter()
+                .filter(|m| m.group == index && initial(m))
+                .map(configured)
+                .collect();
+            for instance in &instances {
+                self.refreshes
+                    .put_launch_time(&instance.instance_id, hour_ago);
+                self.health.set_launch_time(&instance.instance_id, hour_ago);
+                self.health.add_instance(name, &instance.instance_id);
+            }
+            let group = GroupConfiguration {
+                name: (*name).into(),
+                tags: [("eks:cluster-name".to_owned(), CLUSTER.to_owned())].into(),
+                desired_capacity: u32::try_from(instances.len()).unwrap_or(u32::MAX),
+                launch_template: Some(template("2")),
+                instances,
+                ..GroupConfiguration::default()
+            };
+            self.refreshes.put_group(group.clone());
+            groups.push(group);
+        }
+        *self.groups_lock() = groups;
     }
 
-    /// What both fakes say of the group's refresh: `status`, started at `started`.
-    pub fn set_refresh(&self, status: &str, started: jiff::Timestamp) {
-        self.autoscaling
-            .set_refresh_status(GROUP, REFRESH_ID, status);
+    fn groups_lock(&self) -> std::sync::MutexGuard<'_, Vec<GroupConfiguration>> {
+        self.groups
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// What both fakes say of `group`'s refresh: `status`, started at `started`.
+    pub fn set_refresh(&self, group: usize, status: &str, started: jiff::Timestamp) {
+        let (name, id) = (GROUPS[group], REFRESH_IDS[group]);
+        self.autoscaling.set_refresh_status(name, id, status);
         self.refreshes.put_refresh(InstanceRefreshDescription {
-            instance_refresh_id: REFRESH_ID.into(),
-            auto_scaling_group_name: GROUP.into(),
+            instance_refresh_id: id.into(),
+            auto_scaling_group_name: name.into(),
             status: status.into(),
             start_time: Some(started),
             min_healthy_percentage: Some(90),
@@ -327,9 +348,12 @@ impl EventWorld {
         });
     }
 
-    /// The group's instance `instance_id` is now in `state` (`None`: it left the group),
+    /// The instance `instance_id` is now in `state` in its group (`None`: it left the group),
     /// for both fakes.
     pub fn set_group_state(&self, instance_id: &str, state: Option<&str>) {
+        let Some(member) = self.member(instance_id) else {
+            return;
+        };
         if let Some(state) = state {
             self.autoscaling.set_lifecycle_state(instance_id, state);
             let health = if self
@@ -342,16 +366,17 @@ impl EventWorld {
             } else {
                 "HEALTHY"
             };
-            self.health.set_instance(GROUP, instance_id, state, health);
+            self.health
+                .set_instance(member.group_name(), instance_id, state, health);
         } else {
             self.health.remove_instance(instance_id);
         }
-        let mut group = self
-            .group
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut groups = self.groups_lock();
+        let Some(group) = groups.get_mut(member.group) else {
+            return;
+        };
         group.instances.retain(|i| i.instance_id != instance_id);
-        if let (Some(state), Some(member)) = (state, self.member(instance_id)) {
+        if let Some(state) = state {
             group.instances.push(ConfiguredInstance {
                 lifecycle_state: state.into(),
                 ..configured(member)
@@ -361,17 +386,18 @@ impl EventWorld {
         self.refreshes.put_group(group.clone());
     }
 
-    /// EC2 reports now as the instance's `LaunchTime` (its last start: a launch, or a start
-    /// after a stop).
+    /// The instance started again after a stop: EC2 reports now as its `LaunchTime` (node
+    /// repair's view); its first launch (the instance refresh function's) stays.
     pub fn started_now(&self, member: &Member) {
-        let now = jiff::Timestamp::now();
-        self.refreshes.put_launch_time(&member.instance_id, now);
-        self.health.set_launch_time(&member.instance_id, now);
+        self.health
+            .set_launch_time(&member.instance_id, jiff::Timestamp::now());
     }
 
     /// A replacement comes into service: EC2 launched it now, its node registers Ready.
     pub fn launch(&self, member: &Member) {
-        self.started_now(member);
+        let now = jiff::Timestamp::now();
+        self.refreshes.put_launch_time(&member.instance_id, now);
+        self.health.set_launch_time(&member.instance_id, now);
         self.register(member);
         self.set_group_state(&member.instance_id, Some("InService"));
     }
@@ -395,6 +421,7 @@ impl EventWorld {
         let web = Workload::new("default", "web")
             .replicas(replicas)
             .container("web", "nginx")
+            .cpu_request_millis(WEB_CPU_MILLIS)
             .grace_period_seconds(Some(0));
         let store = self.server.store();
         store
@@ -439,7 +466,7 @@ impl EventWorld {
             &member.instance_id,
             InstanceFacts {
                 state: Some(state.into()),
-                auto_scaling_group: Some(GROUP.into()),
+                auto_scaling_group: Some(member.group_name().into()),
                 spot_request_id: member.spot_request(),
                 private_dns_name: Some(member.node.clone()),
             },
@@ -448,23 +475,26 @@ impl EventWorld {
 
     /// The lifecycle state Auto Scaling reports for `instance_id` (read without faults).
     pub fn autoscaling_state(&self, instance_id: &str) -> Option<String> {
-        let group = self
-            .group
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match group
-            .instances
-            .iter()
-            .find(|i| i.instance_id == instance_id)
+        let member = self.member(instance_id)?;
+        let groups = self.groups_lock();
+        match groups
+            .get(member.group)
+            .and_then(|g| g.instances.iter().find(|i| i.instance_id == instance_id))
         {
             Some(instance) => Some(instance.lifecycle_state.clone()),
-            None => self.member(instance_id).map(|_| "Terminated".to_owned()),
+            None => Some("Terminated".to_owned()),
         }
     }
 
-    /// Whether the refresh replaces `member` (its node may carry the refresh's marks).
+    /// Whether its group's refresh replaces `member` (its node may carry that refresh's
+    /// marks): a refreshed instance, or, without `SkipMatching`, any of the group's initial
+    /// instances when the group refreshes.
     pub fn refresh_replaces(&self, member: &Member) -> bool {
-        member.fate.is_refreshed() || (!self.skip_matching && initial(member))
+        let group_refreshes = self
+            .fleet
+            .iter()
+            .any(|m| m.group == member.group && m.fate.is_refreshed());
+        member.fate.is_refreshed() || (!self.skip_matching && initial(member) && group_refreshes)
     }
 
     pub fn member(&self, instance_id: &str) -> Option<&Member> {
