@@ -579,8 +579,9 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
                 )
             })
             .unwrap_or_default();
+        let interface = primary_network_interface(instance);
         reservations.push_str(&format!(
-            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}{spot}<networkInterfaceSet><item><networkInterfaceId>eni-{}</networkInterfaceId><attachment><attachmentId>eni-attach-{}</attachmentId><deviceIndex>0</deviceIndex><status>attached</status>{}</attachment></item></networkInterfaceSet><tagSet>{tags}</tagSet></item></instancesSet></item>",
+            "<item><reservationId>{reservation_id}</reservationId><ownerId>{account_id}</ownerId><groupSet/><instancesSet><item>{}{}<instanceState><code>{code}</code><name>{name}</name></instanceState>{}<dnsName/>{}<amiLaunchIndex>0</amiLaunchIndex>{}<placement>{}<groupName/><tenancy>default</tenancy></placement>{}{profile}{spot}{interface}<tagSet>{tags}</tagSet></item></instancesSet></item>",
             element("instanceId", &instance.instance_id),
             element("imageId", &instance.image_id),
             element("privateDnsName", &instance.private_dns_name),
@@ -592,14 +593,23 @@ fn describe_instances(shared: &Shared, params: &QueryParams) -> Result<Reply, Ap
             } else {
                 element("privateIpAddress", &instance.private_ip_address)
             },
-            instance.instance_id.trim_start_matches("i-"),
-            instance.instance_id.trim_start_matches("i-"),
-            element("attachTime", &whole_seconds(instance.first_launch).to_string()),
         ));
     }
     Ok(Reply::Xml(format!(
         "<reservationSet>{reservations}</reservationSet>"
     )))
+}
+
+/// The instance's primary network interface (device index 0), attached at its first launch.
+fn primary_network_interface(instance: &FakeInstance) -> String {
+    let id = instance.instance_id.trim_start_matches("i-");
+    format!(
+        "<networkInterfaceSet><item><networkInterfaceId>eni-{id}</networkInterfaceId><attachment><attachmentId>eni-attach-{id}</attachmentId><deviceIndex>0</deviceIndex><status>attached</status>{}</attachment></item></networkInterfaceSet>",
+        element(
+            "attachTime",
+            &whole_seconds(instance.first_launch).to_string()
+        )
+    )
 }
 
 /// EC2 reports times to the second.

@@ -236,15 +236,14 @@ fn repairs_within_limits(world: &EventWorld) -> Vec<Violation> {
             )
         })
         .collect();
-    for group in 0..GROUPS.len() {
+    for (group, name) in GROUPS.iter().enumerate() {
         let in_flight = repairs_in_flight(world, group);
         if in_flight.len() > REPAIR_MAX_PARALLEL {
             out.push(violation(
                 REPAIR_BEYOND_LIMITS,
                 format!(
-                    "{} instances of {} being replaced at once: {in_flight:?}",
-                    in_flight.len(),
-                    GROUPS[group]
+                    "{} instances of {name} being replaced at once: {in_flight:?}",
+                    in_flight.len()
                 ),
             ));
         }
