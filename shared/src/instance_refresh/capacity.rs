@@ -139,7 +139,10 @@ pub fn holds_a_place(pod: &Pod) -> bool {
 }
 
 /// Whether a drain of the node would move `pod` somewhere else: not a DaemonSet's (its
-/// controller does not reschedule it elsewhere), not a mirror pod, not finished.
+/// controller does not reschedule it elsewhere), not a mirror pod, not finished, not being
+/// deleted (its controller created its replacement already, which holds its own place; on a
+/// dead node such a pod stays `Terminating` until the Node goes, and counting it would keep
+/// the room short for good).
 pub fn moves_on_drain(pod: &Pod) -> bool {
     let daemon = pod
         .metadata
@@ -152,7 +155,8 @@ pub fn moves_on_drain(pod: &Pod) -> bool {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key("kubernetes.io/config.mirror"));
-    !daemon && !mirror && holds_a_place(pod)
+    let deleted = pod.metadata.deletion_timestamp.is_some();
+    !daemon && !mirror && !deleted && holds_a_place(pod)
 }
 
 /// The node `pod` is bound to.
@@ -443,6 +447,11 @@ mod tests {
             pod("web", "old", json!({})),
             pod("ds-old", "old", daemon.clone()),
             pod("done", "old", json!({"status": {"phase": "Succeeded"}})),
+            pod(
+                "leaving",
+                "old",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            ),
             pod("ds-new", "new", daemon),
             pod("busy", "cordoned", json!({})),
         ];
@@ -466,7 +475,7 @@ mod tests {
                 memory_bytes: 1 << 30,
                 pods: 1
             }],
-            "the DaemonSet's and the finished pod do not move"
+            "the DaemonSet's, the finished and the deleted pod do not move"
         );
     }
 }

@@ -7,7 +7,7 @@
 //!   refresh marked outdated: they go too). A node's free capacity is
 //!   its allocatable minus the requests of the pods bound to it, in CPU, memory and pods.
 //! - **Pods to move** are a node's pods that its drain would move elsewhere (not a
-//!   DaemonSet's, not mirror pods, not finished), with their requests.
+//!   DaemonSet's, not mirror pods, not finished, not being deleted), with their requests.
 //! - Outdated nodes already out of service (marked, being drained, or cordoned by someone)
 //!   claim room first, and stay marked: the rule never lifts a mark to plan again. (The
 //!   caller passes the nodes of the group's leaving instances, and those another group's
