@@ -209,8 +209,10 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
         .set_spot_status(&spot.spot_request().unwrap(), "marked-for-termination");
     // 4: a lifecycle action nobody completes.
     world.autoscaling.start_action(&scaled.action());
-    // 6: the refresh's mark on nodes it does not replace; 9: taken out of service with no
-    // room left for their pods (the other nodes are cordoned by the plants of 1 and 7).
+    // 6: the refresh's mark on nodes it does not replace; 9: taken out of service while they
+    // accepted pods, with no room left for their pods (the other nodes are cordoned by the
+    // plants of 1 and 7).
+    let before_marks = check::RoomView::of(&store.list::<Node>(), &store.list::<Pod>());
     let nodes: kube::Api<Node> = kube::Api::all(world.client.clone());
     for marked in [&scaled, &spot] {
         let node = store.get::<Node>("", &marked.node).unwrap();
@@ -271,14 +273,13 @@ async fn the_checker_reports_a_planted_violation_of_each_invariant() {
     let seen = BTreeMap::from([(name, kept.node.clone())]);
 
     let mut found = check::check(&world, &seen, &[]).await;
-    let (all_nodes, all_pods) = (store.list::<Node>(), store.list::<Pod>());
-    let taken = check::taken_by_refreshes(&all_nodes);
-    assert_eq!(taken.len(), 2, "{taken:?}");
+    let now = check::RoomView::of(&store.list::<Node>(), &store.list::<Pod>());
+    let newly_taken = now.newly_taken(&before_marks);
+    assert_eq!(newly_taken.len(), 2, "{newly_taken:?}");
     found.extend(check::refresh_marks_have_room(
-        &BTreeMap::new(),
-        &taken,
-        &all_nodes,
-        &all_pods,
+        &before_marks,
+        &now,
+        &newly_taken,
     ));
     let invariants: std::collections::BTreeSet<&str> = found.iter().map(|v| v.invariant).collect();
     for expected in [

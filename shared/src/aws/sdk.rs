@@ -1050,6 +1050,25 @@ impl SdkInstances {
     /// `visit`s each instance EC2 describes of `instance_ids`, by an `instance-id` filter
     /// (200 ids a call, every page), not `InstanceIds`: an id EC2 no longer knows (terminated
     /// and gone) is then simply absent instead of failing the whole call.
+    /// The time `pick` reads of each instance EC2 describes (an instance without one is
+    /// absent).
+    async fn instance_times(
+        &self,
+        instance_ids: &[String],
+        pick: impl Fn(&aws_sdk_ec2::types::Instance) -> Option<&aws_sdk_ec2::primitives::DateTime>,
+    ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
+        let mut times = BTreeMap::new();
+        self.each_described_instance(instance_ids, |id, instance| {
+            let at = pick(instance)
+                .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok());
+            if let Some(at) = at {
+                times.insert(id.to_owned(), at);
+            }
+        })
+        .await?;
+        Ok(times)
+    }
+
     async fn each_described_instance(
         &self,
         instance_ids: &[String],
@@ -1092,17 +1111,8 @@ impl RepairInstances for SdkInstances {
         &self,
         instance_ids: &[String],
     ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
-        let mut times = BTreeMap::new();
-        self.each_described_instance(instance_ids, |id, instance| {
-            let launched = instance
-                .launch_time()
-                .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok());
-            if let Some(at) = launched {
-                times.insert(id.to_owned(), at);
-            }
-        })
-        .await?;
-        Ok(times)
+        self.instance_times(instance_ids, |instance| instance.launch_time())
+            .await
     }
 
     async fn reboot_instance(&self, instance_id: &str) -> Result<(), AwsError> {
@@ -1144,23 +1154,16 @@ impl RefreshInstances for SdkInstances {
         &self,
         instance_ids: &[String],
     ) -> Result<BTreeMap<String, jiff::Timestamp>, AwsError> {
-        let mut times = BTreeMap::new();
-        self.each_described_instance(instance_ids, |id, instance| {
+        self.instance_times(instance_ids, |instance| {
             let primary = instance
                 .network_interfaces()
                 .iter()
                 .filter_map(|interface| interface.attachment())
                 .find(|attachment| attachment.device_index() == Some(0))
                 .and_then(|attachment| attachment.attach_time());
-            let launched = primary
-                .or(instance.launch_time())
-                .and_then(|at| jiff::Timestamp::new(at.secs(), at.subsec_nanos() as i32).ok());
-            if let Some(at) = launched {
-                times.insert(id.to_owned(), at);
-            }
+            primary.or(instance.launch_time())
         })
-        .await?;
-        Ok(times)
+        .await
     }
 
     /// One `DescribeLaunchTemplates` per template (an unknown id or name fails a call that

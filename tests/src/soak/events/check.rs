@@ -393,13 +393,13 @@ fn rebalance_holds(received_at: Timestamp, now: Timestamp) -> bool {
 }
 
 /// Pods on `node` a drain must evict: running, not being deleted.
-fn evictable_on(world: &EventWorld, node: &str) -> Vec<String> {
+pub fn evictable_on(world: &EventWorld, node: &str) -> Vec<String> {
     world
         .server
         .store()
         .list::<Pod>()
         .into_iter()
-        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|p| node_of(p) == Some(node))
         .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter_map(|p| p.metadata.name)
         .collect()
@@ -597,75 +597,98 @@ fn evictions_from_replaced_nodes(
     out
 }
 
-/// The nodes an instance refresh took out of service (cordoned, not only marked outdated),
-/// whichever group's.
-pub fn taken_by_refreshes(nodes: &[Node]) -> BTreeSet<String> {
-    nodes
-        .iter()
-        .filter(|n| refresh_marks_of(n).is_some_and(|m| !m.outdated_only))
-        .filter_map(|n| n.metadata.name.clone())
-        .collect()
+/// What invariant 9 reads of the cluster at one moment. The oracle judges the room rule, so
+/// it counts room its own way (from the soak's one pod size), not with the rule's code.
+#[derive(Debug, Clone, Default)]
+pub struct RoomView {
+    /// The nodes an instance refresh took out of service (cordoned, not only marked
+    /// outdated), whichever group's.
+    pub taken: BTreeSet<String>,
+    /// The nodes that accept new pods (Ready, not cordoned, no `NoSchedule` or `NoExecute`
+    /// taint), marked by a refresh or not.
+    pub accepting: BTreeSet<String>,
+    /// The room on each node that accepts new pods and carries no refresh's record: how many
+    /// more of the workload's pods its allocatable CPU takes.
+    pub room: BTreeMap<String, u64>,
+    /// The pods (not being deleted) on the nodes refreshes took out of service.
+    pub moving: u64,
 }
 
-/// The room on each node that accepts new pods (Ready, not cordoned, no `NoSchedule` or
-/// `NoExecute` taint) and carries no refresh's record: how many more of the workload's pods
-/// its allocatable CPU takes.
-pub fn room_by_node(nodes: &[Node], pods: &[Pod]) -> BTreeMap<String, u64> {
-    nodes
-        .iter()
-        .filter(|n| accepts_pods(n) && refresh_marks_of(n).is_none())
-        .filter_map(|n| {
-            let name = n.metadata.name.clone()?;
-            let bound = pods.iter().filter(|p| node_of(p) == Some(&name)).count();
-            let slots = allocatable_cpu_millis(n) / WEB_CPU_MILLIS;
-            Some((name, slots.saturating_sub(bound as u64)))
-        })
-        .collect()
+impl RoomView {
+    pub fn of(nodes: &[Node], pods: &[Pod]) -> Self {
+        let name = |n: &Node| n.metadata.name.clone();
+        let taken: BTreeSet<String> = nodes
+            .iter()
+            .filter(|n| refresh_marks_of(n).is_some_and(|m| !m.outdated_only))
+            .filter_map(name)
+            .collect();
+        let accepting: BTreeSet<String> = nodes
+            .iter()
+            .filter(|n| accepts_pods(n))
+            .filter_map(name)
+            .collect();
+        let bound = |node: &str| pods.iter().filter(|p| node_of(p) == Some(node)).count();
+        let room = nodes
+            .iter()
+            .filter(|n| accepts_pods(n) && refresh_marks_of(n).is_none())
+            .filter_map(|n| {
+                let node = name(n)?;
+                let slots = allocatable_cpu_millis(n) / WEB_CPU_MILLIS;
+                let free = slots.saturating_sub(bound(&node) as u64);
+                Some((node, free))
+            })
+            .collect();
+        let moving = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| node_of(p).is_some_and(|n| taken.contains(n)))
+            .count() as u64;
+        Self {
+            taken,
+            accepting,
+            room,
+            moving,
+        }
+    }
+
+    /// The nodes refreshes took out of service since `before` that accepted pods then (one
+    /// cordoned already, say by a rebalance cordon, takes no room away).
+    pub fn newly_taken(&self, before: &Self) -> BTreeSet<String> {
+        self.taken
+            .difference(&before.taken)
+            .filter(|node| before.accepting.contains(*node))
+            .cloned()
+            .collect()
+    }
 }
 
-/// Invariant 9 after a step in which refreshes took `newly_taken` out of service: the pods on
-/// every node they took out of service fit in the room of the nodes that are still room now,
-/// each counted as it was before the step (the refresh decided on what it saw) or is now,
-/// whichever is more.
+/// Invariant 9 after a step in which refreshes took `newly_taken` out of service (`before`
+/// and `now` the cluster around the step): the pods on every node they took out of service
+/// fit in the room of the nodes that are still room now, each counted as it was before the
+/// step (the refresh decided on what it saw) or is now, whichever is more.
 pub fn refresh_marks_have_room(
-    room_before: &BTreeMap<String, u64>,
+    before: &RoomView,
+    now: &RoomView,
     newly_taken: &BTreeSet<String>,
-    nodes: &[Node],
-    pods: &[Pod],
 ) -> Option<Violation> {
-    let taken = taken_by_refreshes(nodes);
-    let moving = pods
+    let room: u64 = now
+        .room
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| node_of(p).is_some_and(|n| taken.contains(n)))
-        .count() as u64;
-    let room_now = room_by_node(nodes, pods);
-    let room: u64 = room_now
-        .iter()
-        .map(|(node, now)| (*now).max(room_before.get(node).copied().unwrap_or(0)))
+        .map(|(node, free)| (*free).max(before.room.get(node).copied().unwrap_or(0)))
         .sum();
-    (moving > room).then(|| {
+    (now.moving > room).then(|| {
         violation(
             REFRESH_MARKS_WITHOUT_ROOM,
             format!(
-                "taking {newly_taken:?} out of service: {moving} pods on the nodes refreshes took out of service ({taken:?}), room for {room} on the nodes no refresh marked ({room_now:?})"
+                "taking {newly_taken:?} out of service: {} pods on the nodes refreshes took out of service ({:?}), room for {room} on the nodes no refresh marked ({:?})",
+                now.moving, now.taken, now.room
             ),
         )
     })
 }
 
-fn node_of(pod: &Pod) -> Option<&str> {
+pub fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
-}
-
-/// The nodes that accept new pods now (Ready, not cordoned, no `NoSchedule` or `NoExecute`
-/// taint), marked by a refresh or not.
-pub fn accepting_pods(nodes: &[Node]) -> BTreeSet<String> {
-    nodes
-        .iter()
-        .filter(|n| accepts_pods(n))
-        .filter_map(|n| n.metadata.name.clone())
-        .collect()
 }
 
 fn accepts_pods(node: &Node) -> bool {

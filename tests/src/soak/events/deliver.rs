@@ -23,8 +23,8 @@ use serde_json::{Value, json};
 
 use super::check::{
     LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, REPAIR_BEYOND_LIMITS, REPAIR_MAX_PARALLEL,
-    Violation, accepting_pods, budget_held, refresh_marks_have_room, repairs_in_flight,
-    room_by_node, taken_by_refreshes,
+    RoomView, Violation, budget_held, evictable_on, node_of, refresh_marks_have_room,
+    repairs_in_flight,
 };
 use super::plan::{Delivery, Fate, Member, Step, Truth};
 use super::world::{EventWorld, GROUPS, LAUNCH_HOOK, REFRESH_IDS};
@@ -84,12 +84,9 @@ pub struct Player<'w> {
     rng: rand::rngs::StdRng,
     /// Nodes already reported carrying a refresh's mark they should not.
     wrongly_marked: std::collections::BTreeSet<String>,
-    /// The room on the nodes no refresh marked, the nodes refreshes took out of service and
-    /// the nodes that accepted pods, as the last step left them (invariant 9); whether a
-    /// lack of room was reported.
-    room_before: BTreeMap<String, u64>,
-    taken_before: std::collections::BTreeSet<String>,
-    accepting_before: std::collections::BTreeSet<String>,
+    /// The cluster as invariant 9 reads it, as the last step left it; whether a lack of room
+    /// was reported.
+    room_before: RoomView,
     room_reported: bool,
     brownout: Option<(usize, Vec<FaultId>)>,
     retries: Vec<Pending>,
@@ -101,11 +98,8 @@ impl<'w> Player<'w> {
     pub fn new(world: &'w EventWorld, seed: u64) -> Self {
         use rand::SeedableRng;
         let store = world.server.store();
-        let (nodes, pods) = (store.list::<Node>(), store.list::<Pod>());
         Self {
-            room_before: room_by_node(&nodes, &pods),
-            taken_before: taken_by_refreshes(&nodes),
-            accepting_before: accepting_pods(&nodes),
+            room_before: RoomView::of(&store.list::<Node>(), &store.list::<Pod>()),
             room_reported: false,
             pooled: Vec::new(),
             repairs_seen: 0,
@@ -323,25 +317,19 @@ impl<'w> Player<'w> {
     /// the room the step began with.
     fn check_refresh_room(&mut self) {
         let store = self.world.server.store();
-        let (nodes, pods) = (store.list::<Node>(), store.list::<Pod>());
-        let taken = taken_by_refreshes(&nodes);
-        let newly_taken: std::collections::BTreeSet<String> = taken
-            .difference(&self.taken_before)
-            .filter(|node| self.accepting_before.contains(*node))
-            .cloned()
-            .collect();
-        self.played.room_checks += usize::from(!newly_taken.is_empty());
-        if !newly_taken.is_empty()
-            && !self.room_reported
-            && let Some(violation) =
-                refresh_marks_have_room(&self.room_before, &newly_taken, &nodes, &pods)
-        {
-            self.played.violations.push(violation);
-            self.room_reported = true;
+        let now = RoomView::of(&store.list::<Node>(), &store.list::<Pod>());
+        let newly_taken = now.newly_taken(&self.room_before);
+        if !newly_taken.is_empty() {
+            self.played.room_checks += 1;
+            if !self.room_reported
+                && let Some(violation) =
+                    refresh_marks_have_room(&self.room_before, &now, &newly_taken)
+            {
+                self.played.violations.push(violation);
+                self.room_reported = true;
+            }
         }
-        self.taken_before = taken;
-        self.accepting_before = accepting_pods(&nodes);
-        self.room_before = room_by_node(&nodes, &pods);
+        self.room_before = now;
     }
 
     /// A terminating lifecycle action completes only once its node is drained; the members
@@ -358,18 +346,7 @@ impl<'w> Player<'w> {
             if hook == LAUNCH_HOOK {
                 continue;
             }
-            let left: Vec<String> = self
-                .world
-                .server
-                .store()
-                .list::<Pod>()
-                .into_iter()
-                .filter(|p| {
-                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&member.node)
-                })
-                .filter(|p| p.metadata.deletion_timestamp.is_none())
-                .filter_map(|p| p.metadata.name)
-                .collect();
+            let left = evictable_on(self.world, &member.node);
             // A budget that refused to the end is honoured, not broken: the drain ran out of
             // time as `kubectl drain` would (a managed node group's PodEvictionFailure).
             if !left.iter().all(|pod| budget_held(self.world, pod)) {
@@ -711,7 +688,7 @@ impl Player<'_> {
         w.set_group_state(&member.instance_id, None);
         let store = w.server.store();
         for pod in store.list::<Pod>() {
-            if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&member.node) {
+            if node_of(&pod) == Some(&member.node) {
                 let _ = store.remove::<Pod>(
                     pod.metadata.namespace.as_deref().unwrap_or(""),
                     pod.metadata.name.as_deref().unwrap_or(""),

@@ -134,7 +134,7 @@ pub struct Member {
 impl Member {
     /// Its Auto Scaling group's name.
     pub fn group_name(&self) -> &'static str {
-        GROUPS[self.group.min(GROUPS.len() - 1)]
+        GROUPS[self.group]
     }
 
     pub fn provider_id(&self) -> String {
