@@ -29,7 +29,6 @@ async fn server() -> FakeApiServer {
         .simulation(SimulationTimings {
             pod_start_delay: Duration::from_millis(20),
             node_ready_after: Duration::ZERO,
-            prefer_cached_images: true,
             ..SimulationTimings::default()
         })
         .start()

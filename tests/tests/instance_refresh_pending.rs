@@ -22,7 +22,6 @@ const DRAIN_TIMEOUT_SECONDS: f64 = 20.0;
 fn scenario() -> Scenario {
     Scenario::from_yaml(&format!(
         "name: refresh-newest-first
-preferCachedImages: true
 timings: {{ settleSeconds: 0.2, drainTimeoutSeconds: {DRAIN_TIMEOUT_SECONDS}, launchTimeoutSeconds: 20, nodeRegisterSeconds: 0.3, nodeReadySeconds: 0.3, podStartSeconds: 0.3, gracePeriodScale: 0.01 }}
 nodegroups:
   - {{ name: ng, autoScalingGroup: asg-newest-first, nodeRole: NodeRole, nodes: 3, terminationPolicies: [NewestInstance] }}

@@ -97,10 +97,7 @@ fn the_same_refresh_without_instance_refresh_moves_pods_twice() {
     let path = dir.join("refresh-off.yaml");
     let text = std::fs::read_to_string(scenario("instance-refresh.yaml"))
         .expect("scenario")
-        .replace(
-            "preferCachedImages: true",
-            "preferCachedImages: true\nrefreshEvents: false",
-        );
+        .replacen("\nnodegroups:", "\nrefreshEvents: false\nnodegroups:", 1);
     std::fs::write(&path, text).expect("write scenario");
     let (code, output) = run_sandbox(&["--scenario", &path.display().to_string()]);
     assert_eq!(code, 1, "{output}");

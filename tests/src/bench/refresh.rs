@@ -45,7 +45,7 @@ fn scenario_with(
     extra: &str,
 ) -> String {
     let mut yaml = format!(
-        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\npreferCachedImages: true\ntimings: {{ {timings} }}\n{extra}nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
+        "name: refresh-{nodes}\nrefreshEvents: {refresh_events}\ntimings: {{ {timings} }}\n{extra}nodegroups:\n  - {{ name: ng, autoScalingGroup: asg-refresh, nodeRole: NodeRole, nodes: {nodes}, zones: {zones} }}\nworkloads:\n  - {{ kind: DaemonSet, namespace: kube-system, name: aws-node }}\n"
     );
     for d in 0..nodes {
         let placement: Vec<String> = (0..nodes).map(|n| n.to_string()).collect();

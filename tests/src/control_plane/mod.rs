@@ -470,6 +470,35 @@ impl RealControlPlane {
         self.processes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Freezes the named component with `SIGSTOP` until [`Self::resume`], as a component that
+    /// hangs does: it sends nothing, handles nothing and renews no lease. Returns once every
+    /// thread of it has stopped (the signal is delivered asynchronously).
+    pub fn pause(&self, name: &str) -> Result<(), ControlPlaneError> {
+        let pid = self.pid_of(name)?;
+        send_signal(pid, "STOP")?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !every_thread_stopped(pid) {
+            if Instant::now() > deadline {
+                return Err(setup(&format!("pausing {name}"), "still running after 5 s"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(())
+    }
+
+    /// Lets a component [`Self::pause`] froze run on (`SIGCONT`).
+    pub fn resume(&self, name: &str) -> Result<(), ControlPlaneError> {
+        send_signal(self.pid_of(name)?, "CONT")
+    }
+
+    fn pid_of(&self, name: &str) -> Result<u32, ControlPlaneError> {
+        self.processes()
+            .iter()
+            .find(|(running, _)| running == name)
+            .map(|(_, child)| child.id())
+            .ok_or_else(|| setup(&format!("signalling {name}"), "it is not running"))
+    }
+
     /// Restarts kube-apiserver as when a control plane instance is lost and replaced: killed,
     /// started again with the same flags, and ready (about two seconds here; a `SIGTERM`'s
     /// graceful shutdown takes 45). Every watch is cut, and the new watch cache starts from a
@@ -897,4 +926,36 @@ fn log_tail(path: &Path) -> String {
     }
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// Sends `SIG<signal>` to `pid` with kill(1).
+fn send_signal(pid: u32, signal: &str) -> Result<(), ControlPlaneError> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .map_err(|source| ControlPlaneError::Io {
+            what: format!("sending SIG{signal} to {pid}"),
+            source,
+        })?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(setup(&format!("sending SIG{signal} to {pid}"), status))
+    }
+}
+
+/// Whether every thread of `pid` is in the stopped state (`T` in `/proc/<pid>/task/*/stat`).
+fn every_thread_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            // The state follows the command name, which is in parentheses and may hold spaces.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "T" || state == "t")
+        })
+    })
 }

@@ -45,9 +45,10 @@ pub struct Scenario {
     /// shows a stack without them, where only lifecycle notifications drain nodes.
     #[serde(default = "yes")]
     pub instance_notice_events: bool,
-    /// The fake scheduler prefers nodes that already hold a pod's image, then the least
-    /// loaded (kube-scheduler's ImageLocality); off: least loaded only.
-    #[serde(default)]
+    /// The fake kubelets report the images they pulled and the fake scheduler weighs them
+    /// (kube-scheduler's ImageLocality) as a cluster does. On by default; off: the least
+    /// loaded node only, as if every image were too small to count.
+    #[serde(default = "yes")]
     pub prefer_cached_images: bool,
     /// The cluster's one Service of type LoadBalancer: an instance-mode target group every
     /// Ready node's instance is registered with (delay `timings.deregistrationDelaySeconds`).

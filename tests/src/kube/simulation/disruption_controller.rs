@@ -21,6 +21,9 @@ impl Simulation {
         memory: &mut Memory,
         now: std::time::Instant,
     ) -> bool {
+        if memory.disruption_held {
+            return false;
+        }
         let recheck_due = memory
             .recheck_at
             .is_some_and(|at| at <= jiff::Timestamp::now());

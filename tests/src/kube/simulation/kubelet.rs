@@ -11,7 +11,7 @@ use super::scoring::pod_images;
 use super::{
     Memory, Simulation, being_deleted, condition_true, resource, spec_str, status_str, update_full,
 };
-use crate::kube::store::{NOT_READY_TAINT, State, meta_str, now_rfc3339};
+use crate::kube::store::{ChangeType, NOT_READY_TAINT, State, meta_str, now_rfc3339};
 
 /// The size the test kit's kubelets report every image with: an application image's order
 /// of magnitude, so kube-scheduler's ImageLocality score (which ignores images under 23 MB)
@@ -20,41 +20,27 @@ pub const REPORTED_IMAGE_BYTES: u64 = 500 * 1024 * 1024;
 
 /// Adds the images of the pods that ran on a node to its `status.images`, as a kubelet
 /// reports what it pulled (a node keeps an image after its pods are gone). Pods seeded
-/// Running count as started.
-pub(super) fn report_pulled_images(state: &mut State) {
+/// Running count as started. Only the pods changed since resource version `since` are
+/// looked at (a pod's images can only be new to its node when it changed), every pod when
+/// the history does not reach back that far or a node was added since (pods seeded before
+/// their node).
+pub(super) fn report_pulled_images(state: &mut State, since: u64) {
     let nodes = resource("", "nodes");
-    // This runs every tick over every pod: look up before allocating anything.
-    let reported: BTreeMap<&str, BTreeSet<&str>> = state
-        .iter(nodes, None)
-        .map(|node| {
-            let names = node["status"]["images"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|i| i["names"][0].as_str())
-                .collect();
-            (meta_str(node, "name"), names)
-        })
-        .collect();
-    let mut pulled: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for pod in state.iter(resource("", "pods"), None) {
-        let node = spec_str(pod, "nodeName");
-        let phase = status_str(pod, "phase");
-        let Some(known) = reported.get(node) else {
-            continue;
-        };
-        if phase.is_empty() || phase == "Pending" {
-            continue;
-        }
-        for image in pod_images(pod) {
-            if !known.contains(image.as_ref()) {
-                pulled
-                    .entry(node.to_owned())
-                    .or_default()
-                    .insert(image.into_owned());
-            }
-        }
-    }
+    let changes = state.changes_since(since).filter(|changes| {
+        !changes
+            .iter()
+            .any(|c| c.resource.plural == "nodes" && c.change == ChangeType::Added)
+    });
+    let pulled = match &changes {
+        Some(changes) => new_images(
+            state,
+            changes
+                .iter()
+                .filter(|c| c.resource.plural == "pods" && c.change != ChangeType::Deleted)
+                .map(|c| &c.object),
+        ),
+        None => new_images(state, state.iter(resource("", "pods"), None)),
+    };
     for (name, images) in pulled {
         let Ok(mut node) = state.get(nodes, "", &name) else {
             continue;
@@ -71,6 +57,44 @@ pub(super) fn report_pulled_images(state: &mut State) {
         node["status"]["images"] = json!(listed);
         update_full(state, nodes, node);
     }
+}
+
+/// The images of the started `pods` their node does not report yet, by node.
+fn new_images<'a>(
+    state: &State,
+    pods: impl Iterator<Item = &'a Value>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let nodes = resource("", "nodes");
+    let mut reported: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
+    let mut pulled: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in pods {
+        let phase = status_str(pod, "phase");
+        if phase.is_empty() || phase == "Pending" {
+            continue;
+        }
+        let node = spec_str(pod, "nodeName");
+        let known = reported.entry(node.to_owned()).or_insert_with(|| {
+            let node = state.get(nodes, "", node).ok()?;
+            let names = node["status"]["images"].as_array().into_iter().flatten();
+            Some(
+                names
+                    .filter_map(|i| i["names"][0].as_str().map(str::to_owned))
+                    .collect(),
+            )
+        });
+        let Some(known) = known else {
+            continue;
+        };
+        for image in pod_images(pod) {
+            if !known.contains(image.as_ref()) {
+                pulled
+                    .entry(node.to_owned())
+                    .or_default()
+                    .insert(image.into_owned());
+            }
+        }
+    }
+    pulled
 }
 
 impl Simulation {

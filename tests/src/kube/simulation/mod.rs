@@ -55,9 +55,9 @@ pub struct SimulationTimings {
     pub enabled: bool,
     /// The kubelets list the images they pulled in their node's `status.images` (500 MiB
     /// each), which the scheduler's ImageLocality score weighs as kube-scheduler's does: it
-    /// tilts the choice toward nodes that ran the workload before. Off: no node reports an
-    /// image, as if every image were under ImageLocality's 23 MB floor (every test but the
-    /// node-update ones).
+    /// tilts the choice toward nodes that ran the workload before. On by default, as a
+    /// kubelet does; off: no node reports an image, as if every image were under
+    /// ImageLocality's 23 MB floor.
     pub prefer_cached_images: bool,
     /// How long the disruption controller takes to see a change (a pod turning Ready, a
     /// replica count, a new budget): a budget's status is at least this old. The real one
@@ -80,7 +80,7 @@ impl Default for SimulationTimings {
             node_ready_after: Duration::from_millis(200),
             disrupted_pod_timeout: Duration::from_secs(120),
             enabled: true,
-            prefer_cached_images: false,
+            prefer_cached_images: true,
             pdb_status_lag: Duration::from_millis(50),
             volume_detach_delay: Duration::from_millis(200),
         }
@@ -97,7 +97,7 @@ impl SimulationTimings {
             node_ready_after: Duration::from_secs(30),
             disrupted_pod_timeout: Duration::from_secs(120),
             enabled: true,
-            prefer_cached_images: false,
+            prefer_cached_images: true,
             pdb_status_lag: Duration::from_secs(1),
             volume_detach_delay: Duration::from_secs(10),
         }
@@ -135,6 +135,8 @@ struct Memory {
     images_rv: u64,
     /// Nodes whose kubelet was stopped ([`Simulation::kill_kubelet`]).
     dead_kubelets: HashSet<String>,
+    /// The disruption controller is held ([`Simulation::hold_disruption_controller`]).
+    disruption_held: bool,
     /// The attachments whose volume is no longer used on their node, by name.
     detaching: HashMap<String, attach_detach::Detach>,
 }
@@ -264,6 +266,13 @@ impl Simulation {
         &self.timings
     }
 
+    /// Holds the disruption controller (`true`) until released (`false`), as a stopped
+    /// kube-controller-manager would: budgets created or changed meanwhile keep the status
+    /// they had, so an eviction they cover meets a status behind its budget's generation.
+    pub fn hold_disruption_controller(&self, held: bool) {
+        self.memory().disruption_held = held;
+    }
+
     fn memory(&self) -> std::sync::MutexGuard<'_, Memory> {
         self.memory.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -313,7 +322,7 @@ impl Simulation {
         self.kubelet_starts_pods(&mut state, &mut memory, now);
         // Only what changed can have pulled an image: a quiet store skips the pass over pods.
         if self.timings.prefer_cached_images && state.resource_version() != memory.images_rv {
-            kubelet::report_pulled_images(&mut state);
+            kubelet::report_pulled_images(&mut state, memory.images_rv);
             memory.images_rv = state.resource_version();
         }
         self.workload_status(&mut state);
