@@ -246,3 +246,56 @@ impl Simulation {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use k8s_openapi::api::core::v1::Node;
+
+    use super::super::{Simulation, SimulationTimings};
+    use crate::fixtures;
+    use crate::kube::store::Store;
+
+    const IMAGE: &str = "public.ecr.aws/nginx/nginx:latest";
+
+    fn reported(store: &Store, node: &str) -> Vec<String> {
+        let node: Node = store.get("", node).unwrap();
+        let images = node.status.and_then(|s| s.images).unwrap_or_default();
+        images
+            .into_iter()
+            .flat_map(|i| i.names.unwrap_or_default())
+            .collect()
+    }
+
+    /// Each step looks only at what changed since the last report; a pod seeded before its
+    /// node exists, and a pod started after the first report, are both reported.
+    #[test]
+    fn a_node_reports_the_images_of_the_pods_it_ran_by_default() {
+        let store = Store::new();
+        store.create(&fixtures::ready_node("n1")).unwrap();
+        store
+            .create(&fixtures::running_pod("default", "early", "n2", &[]))
+            .unwrap();
+        let simulation = Simulation::new(store.clone(), SimulationTimings::default());
+        simulation.step();
+        assert!(reported(&store, "n1").is_empty(), "n1 ran nothing yet");
+        store
+            .create(&fixtures::running_pod("default", "later", "n1", &[]))
+            .unwrap();
+        store.create(&fixtures::ready_node("n2")).unwrap();
+        simulation.step();
+        assert_eq!(
+            reported(&store, "n1"),
+            [IMAGE],
+            "a pod started since the last report"
+        );
+        assert_eq!(
+            reported(&store, "n2"),
+            [IMAGE],
+            "a pod seeded before its node"
+        );
+        simulation.step();
+        assert_eq!(reported(&store, "n1"), [IMAGE], "reported once");
+    }
+}
