@@ -788,6 +788,28 @@ async fn an_end_that_runs_ahead_of_auto_scaling_waits_for_its_status() {
     assert!(!cordoned(&world.node(0)) && !cordoned(&world.node(1)));
 }
 
+/// A refresh that failed and rolls back keeps exactly the outdated instances, which must be
+/// schedulable: its `Failed` event read while Auto Scaling reports `RollbackInProgress` undoes
+/// the marks at once, as the reconciler would (before, the event waited for a final status,
+/// failed, and the marks stayed until the sweep; one rule now decides both).
+#[tokio::test]
+async fn an_end_read_during_the_rollback_undoes_the_marks_at_once() {
+    let world = World::start(2).await;
+    world.refresh("InProgress", 100, 200);
+    assert_eq!(world.send("Started").await.unwrap().marked.len(), 2);
+    world.refresh("RollbackInProgress", 100, 200);
+    let ended = world.send("Failed").await.unwrap();
+    assert_eq!(ended.outcome, "Unmarked", "{ended:?}");
+    assert_eq!(ended.unmarked.len(), 2, "{ended:?}");
+    for i in 0..2 {
+        let node = world.node(i);
+        assert!(
+            !cordoned(&node) && refresh_marks_of(&node).is_none(),
+            "node {i}"
+        );
+    }
+}
+
 fn aws_refresh(aws: &InMemoryInstanceRefreshes) -> InstanceRefreshDescription {
     futures_lite_block(aws.describe_instance_refresh(GROUP, REFRESH))
         .unwrap()

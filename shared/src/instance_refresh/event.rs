@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::node_marks::refresh::is_label_safe;
+use crate::reconcile::desired::refresh_in_progress;
 
 const AUTOSCALING_SOURCE: &str = "aws.autoscaling";
 const DETAIL_TYPE_PREFIX: &str = "EC2 Auto Scaling Instance Refresh ";
@@ -80,26 +81,15 @@ impl RefreshEventKind {
 
     /// The refresh statuses that prove this event's claim. Auto Scaling reports the status
     /// the event announces; anything else means the event is stale or not Auto Scaling's,
-    /// and nothing is written.
+    /// and nothing is written. An end is proven by exactly the statuses in which the
+    /// reconciler drops the refresh's records ([`refresh_in_progress`]): one rule for the
+    /// end of a refresh's marks, whether its event arrives or the sweep finds it lost.
     pub fn proven_by(self, status: &str) -> bool {
-        match self {
-            Self::Started
-            | Self::CheckpointReached
-            | Self::InstanceLaunched
-            | Self::InstanceTerminated => matches!(status, "Pending" | "InProgress"),
-            Self::RollbackStarted => status == "RollbackInProgress" || is_final(status),
-            Self::Succeeded | Self::Failed | Self::Cancelled => is_final(status),
-            Self::RollbackSucceeded | Self::RollbackFailed => is_final(status),
+        if self.ends_replacement() {
+            return !refresh_in_progress(status);
         }
+        matches!(status, "Pending" | "InProgress")
     }
-}
-
-/// A status after which the refresh replaces nothing more.
-fn is_final(status: &str) -> bool {
-    matches!(
-        status,
-        "Successful" | "Failed" | "Cancelled" | "RollbackSuccessful" | "RollbackFailed"
-    )
 }
 
 /// One refresh event, checked for shape.
@@ -234,6 +224,45 @@ mod tests {
 
     fn detail() -> Value {
         json!({"InstanceRefreshId": "c613620e-07e2-4ed2-a9e2-ef8258911ade", "AutoScalingGroupName": "ng"})
+    }
+
+    /// One rule for the end of a refresh's marks: an end event is proven by exactly the
+    /// statuses in which the reconciler drops the refresh's records, a rollback included
+    /// (it keeps the outdated instances, which must be schedulable) and a status this
+    /// release does not know.
+    #[test]
+    fn an_end_is_proven_exactly_where_the_reconciler_ends_the_marks() {
+        let statuses = [
+            "Pending",
+            "InProgress",
+            "Cancelling",
+            "Baking",
+            "Successful",
+            "Failed",
+            "Cancelled",
+            "RollbackInProgress",
+            "RollbackSuccessful",
+            "RollbackFailed",
+            "SomethingNew",
+        ];
+        let ends = [
+            RefreshEventKind::Succeeded,
+            RefreshEventKind::Failed,
+            RefreshEventKind::Cancelled,
+            RefreshEventKind::RollbackStarted,
+            RefreshEventKind::RollbackSucceeded,
+            RefreshEventKind::RollbackFailed,
+        ];
+        for kind in ends {
+            assert!(kind.ends_replacement(), "{kind:?}");
+            for status in statuses {
+                assert_eq!(
+                    kind.proven_by(status),
+                    !refresh_in_progress(status),
+                    "{kind:?} with the refresh {status}"
+                );
+            }
+        }
     }
 
     #[test]

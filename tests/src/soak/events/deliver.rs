@@ -355,7 +355,7 @@ impl<'w> Player<'w> {
                     detail: format!(
                         "{}: completed with pods left: {}; cordoned then: {}",
                         member.instance_id,
-                        left.join(", "),
+                        eviction_answers(self.world, &left),
                         cordoned_nodes(self.world)
                     ),
                 });
@@ -533,6 +533,37 @@ impl Player<'_> {
 }
 
 /// The cordoned nodes and the marks of ours they carry, for a violation's detail.
+/// Each pod with the answers its evictions got, in order (`-` for none asked), so a
+/// violation says what held the pod: its budget, an injected fault, nothing at all.
+fn eviction_answers(world: &EventWorld, pods: &[String]) -> String {
+    let described: Vec<String> = pods
+        .iter()
+        .map(|pod| {
+            let answers: Vec<String> = world
+                .server
+                .audit()
+                .filter(|e| {
+                    e.object_ref
+                        .as_ref()
+                        .is_some_and(|o| o.subresource == "eviction" && o.name == *pod)
+                })
+                .iter()
+                .map(|e| match &e.injected_fault {
+                    Some(fault) => format!("{} ({fault})", e.response_status.code),
+                    None => e.response_status.code.to_string(),
+                })
+                .collect();
+            let answers = if answers.is_empty() {
+                "-".to_owned()
+            } else {
+                answers.join(" ")
+            };
+            format!("{pod} [{answers}]")
+        })
+        .collect();
+    described.join(", ")
+}
+
 fn cordoned_nodes(world: &EventWorld) -> String {
     let described: Vec<String> = world
         .server
