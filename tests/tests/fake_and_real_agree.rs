@@ -138,12 +138,12 @@ fn real_cluster(w: &RealFunctionWorld, admin: kube::Client) -> Cluster<'_> {
                 .unwrap();
         }),
         hold_disruption_controller: Box::new(|held| {
-            let held = if held {
+            let signalled = if held {
                 w.plane.pause("kube-controller-manager")
             } else {
                 w.plane.resume("kube-controller-manager")
             };
-            held.unwrap();
+            signalled.unwrap();
         }),
     }
 }

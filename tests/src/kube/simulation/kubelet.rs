@@ -3,6 +3,7 @@
 //! nodes after the start delay. A dead kubelet ([`Simulation::kill_kubelet`]) does none of it.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ptr;
 use std::time::Instant;
 
 use serde_json::{Value, json};
@@ -26,20 +27,21 @@ pub const REPORTED_IMAGE_BYTES: u64 = 500 * 1024 * 1024;
 /// their node).
 pub(super) fn report_pulled_images(state: &mut State, since: u64) {
     let nodes = resource("", "nodes");
+    let pods = resource("", "pods");
     let changes = state.changes_since(since).filter(|changes| {
         !changes
             .iter()
-            .any(|c| c.resource.plural == "nodes" && c.change == ChangeType::Added)
+            .any(|c| ptr::eq(c.resource, nodes) && c.change == ChangeType::Added)
     });
     let pulled = match &changes {
         Some(changes) => new_images(
             state,
             changes
                 .iter()
-                .filter(|c| c.resource.plural == "pods" && c.change != ChangeType::Deleted)
+                .filter(|c| ptr::eq(c.resource, pods) && c.change != ChangeType::Deleted)
                 .map(|c| &c.object),
         ),
-        None => new_images(state, state.iter(resource("", "pods"), None)),
+        None => new_images(state, state.iter(pods, None)),
     };
     for (name, images) in pulled {
         let Ok(mut node) = state.get(nodes, "", &name) else {

@@ -45,6 +45,8 @@ use node_manager::node_marks::maintenance::ScheduledEventRef;
 use node_manager::node_marks::refresh::refresh_marks_of;
 use node_manager::reconcile::NodeMarks;
 
+use crate::kube::audit::AuditEvent;
+
 use super::plan::{Fate, Member};
 use super::world::{EventWorld, GROUPS, MAINTENANCE_MARGIN, REBALANCE_UNDO, WEB_CPU_MILLIS};
 
@@ -438,15 +440,19 @@ fn drain_runs_or_done(
     ))
 }
 
-/// Whether the last eviction of `pod` was refused by its PodDisruptionBudget (a 429 the API
-/// server decided, not an injected brownout).
-pub fn budget_held(world: &EventWorld, pod: &str) -> bool {
-    let refusals = world.server.audit().filter(|e| {
+/// The eviction requests for `pod` the API server's audit log holds, oldest first.
+pub fn evictions_of(world: &EventWorld, pod: &str) -> Vec<AuditEvent> {
+    world.server.audit().filter(|e| {
         e.object_ref
             .as_ref()
             .is_some_and(|o| o.subresource == "eviction" && o.name == pod)
-    });
-    refusals.last().is_some_and(|last| {
+    })
+}
+
+/// Whether the last eviction of `pod` was refused by its PodDisruptionBudget (a 429 the API
+/// server decided, not an injected brownout).
+pub fn budget_held(world: &EventWorld, pod: &str) -> bool {
+    evictions_of(world, pod).last().is_some_and(|last| {
         last.response_status.code == 429
             && last.injected_fault.is_none()
             && last.response_status.message.contains("disruption budget")

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use super::check::{
     LIFECYCLE_NOT_DRAINED, REFRESH_MARK_ON_KEPT_NODE, REPAIR_BEYOND_LIMITS, REPAIR_MAX_PARALLEL,
-    RoomView, Violation, budget_held, evictable_on, node_of, refresh_marks_have_room,
+    RoomView, Violation, budget_held, evictable_on, evictions_of, node_of, refresh_marks_have_room,
     repairs_in_flight,
 };
 use super::plan::{Delivery, Fate, Member, Step, Truth};
@@ -532,21 +532,13 @@ impl Player<'_> {
     }
 }
 
-/// The cordoned nodes and the marks of ours they carry, for a violation's detail.
 /// Each pod with the answers its evictions got, in order (`-` for none asked), so a
 /// violation says what held the pod: its budget, an injected fault, nothing at all.
 fn eviction_answers(world: &EventWorld, pods: &[String]) -> String {
     let described: Vec<String> = pods
         .iter()
         .map(|pod| {
-            let answers: Vec<String> = world
-                .server
-                .audit()
-                .filter(|e| {
-                    e.object_ref
-                        .as_ref()
-                        .is_some_and(|o| o.subresource == "eviction" && o.name == *pod)
-                })
+            let answers: Vec<String> = evictions_of(world, pod)
                 .iter()
                 .map(|e| match &e.injected_fault {
                     Some(fault) => format!("{} ({fault})", e.response_status.code),
@@ -564,6 +556,7 @@ fn eviction_answers(world: &EventWorld, pods: &[String]) -> String {
     described.join(", ")
 }
 
+/// The cordoned nodes and the marks of ours they carry, for a violation's detail.
 fn cordoned_nodes(world: &EventWorld) -> String {
     let described: Vec<String> = world
         .server
