@@ -510,6 +510,22 @@ async fn a_node_ready_only_after_the_launch_timeout_still_gets_the_drain_undone(
 // terminating hook's schedule (the reconciler) used to leave it so for good.
 #[tokio::test]
 async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_by_the_sweep() {
+    sweep_after_a_lost_launch(Some(Duration::from_millis(200))).await;
+}
+
+// The same with a node that never turns Ready again: the launching hook undoes the drain at
+// its launch timeout, Ready or not (the instance goes into service either way), and the
+// sweep now ends the record by that same rule. Before, it required the node Ready and left
+// this one cordoned, labelled out of load balancers and recorded for good.
+#[tokio::test]
+async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_ready_or_not() {
+    sweep_after_a_lost_launch(None).await;
+}
+
+/// Scales the instance in to a stopped pool, back out with nobody answering its launch (the
+/// node turning Ready `ready_after` the start, or never), waits for the launch action to time
+/// out into service, then runs the sweep: it must undo exactly the drain, once.
+async fn sweep_after_a_lost_launch(ready_after: Option<Duration>) {
     let w = world().functions(&[Target::TerminatingHook]).start().await;
     let mut subscription = scale_in_to_stopped_pool(&w).await;
     let aws = &w.aws;
@@ -519,7 +535,12 @@ async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_by_the
         .launch_from_warm_pool(GROUP, &w.instance)
         .unwrap();
     w.server
-        .restart_node(&w.node, &w.provider_id(), Some(Duration::from_millis(200)))
+        .restart_node(
+            &w.node,
+            &w.provider_id(),
+            // An hour: longer than the test, so never Ready in it.
+            Some(ready_after.unwrap_or(Duration::from_secs(3600))),
+        )
         .unwrap();
     let lost = subscription
         .next_event(Duration::from_secs(5))
@@ -544,14 +565,17 @@ async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_by_the
             .as_deref(),
         Some("InService")
     );
-    w.server
-        .wait_for("the node Ready again", Duration::from_secs(10), |store| {
-            store
-                .find::<Node>("", &w.node)
-                .is_some_and(|n| node_manager::lifecycle::node::is_ready(&n))
-        })
-        .await
-        .unwrap();
+    let ready = |store: &node_manager_testkit::kube::Store| {
+        store
+            .find::<Node>("", &w.node)
+            .is_some_and(|n| node_manager::lifecycle::node::is_ready(&n))
+    };
+    if ready_after.is_some() {
+        w.server
+            .wait_for("the node Ready again", Duration::from_secs(10), ready)
+            .await
+            .unwrap();
+    }
     assert!(unschedulable(&node_of(&w)), "left as the drain left it");
 
     let sweep = w
@@ -570,6 +594,7 @@ async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_by_the
     assert!(!has_exclude_label(&node));
     assert!(!has_taint(&node, DRAIN_TAINT));
     assert!(checkpoint(&node).is_none(), "the drain record is gone");
+    assert_eq!(ready(w.server.store()), ready_after.is_some());
     // A second run finds nothing of ours left.
     let before = node_writes(&w).len();
     w.function(Target::TerminatingHook)

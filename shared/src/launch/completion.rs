@@ -255,13 +255,12 @@ impl<C: HookClients> Launcher<C> {
     ) -> Result<(Node, Option<Restored>), LaunchError> {
         let node_name = node.metadata.name.clone().unwrap_or_default();
         let nodes: kube::Api<Node> = kube::Api::all(client.clone());
-        let restore =
-            restore_returning_node(&nodes, node.clone(), &notification.action.instance_id)
-                .await
-                .map_err(|source| LaunchError::Restore {
-                    node: node_name.clone(),
-                    source,
-                })?;
+        let restore = restore_returning_node(&nodes, node.clone())
+            .await
+            .map_err(|source| LaunchError::Restore {
+                node: node_name.clone(),
+                source,
+            })?;
         match restore {
             Restore::Restored { node, restored } => {
                 tracing::info!(
@@ -307,15 +306,7 @@ impl<C: HookClients> Launcher<C> {
                 log_step(
                     notification,
                     Some(&node_name),
-                    "node back from the warm pool carries no drain of ours: nothing to undo",
-                );
-                Ok((node, None))
-            }
-            Restore::NodeGone => {
-                log_step(
-                    notification,
-                    Some(&node_name),
-                    "node deleted while its drain was being undone; completing as Ready was seen",
+                    "node back from the warm pool carries no drain record of ours for its launch to end (none, one a drain holds, or it changed meanwhile): nothing undone here, the reconciler decides the rest",
                 );
                 Ok((node, None))
             }

@@ -8,20 +8,22 @@
 //! - **out of the pool** (`WarmPool -> AutoScalingGroup`): the node comes back under the name
 //!   it had, still carrying what the terminating hook did when the instance was scaled in
 //!   with reuse (cordon, exclude-from-load-balancers label, taint, drain checkpoint). Once the
-//!   node is Ready, [`restore_returning_node`] undoes exactly what the checkpoint records the
-//!   drain changed, in one conditional write, before the action is completed.
+//!   node is Ready (or the launch timeout passed, completing with `CONTINUE`),
+//!   [`restore_returning_node`] ends the drain's record by the reconciler's rule and writer,
+//!   undoing exactly what it records the drain changed, before the action is completed.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::aws::{AwsError, Instances};
-use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of, undo_record_patch};
+use crate::node_marks::checkpoint::DrainCheckpoint;
+use crate::node_marks::marks::NodeMarks;
 use crate::node_marks::out_of_service::Undone;
-use crate::node_marks::{PatchStep, Patched, Reread, patch_recomputing};
+use crate::reconcile::converge::{self, RecordUndo};
+use crate::reconcile::desired::{self, Action};
 use crate::retry::{RetryPolicy, with_retries};
 
 /// How often EC2 is asked whether an instance launching into the pool runs yet.
@@ -87,25 +89,26 @@ impl Restored {
     }
 }
 
-/// The merge patch that undoes our drain on `node` and what it undoes; `None` when the node
-/// carries no checkpoint of ours for `instance_id` (nothing of ours to undo).
-///
-/// Only what the checkpoint records the drain changed is undone, and only where it is still
-/// in place: a cordon or taint somebody else put there (before or after the drain) stays. The
-/// patch carries the node's `resourceVersion`, so it applies to exactly the node it was
-/// computed from.
-pub(crate) fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Restored)> {
-    let checkpoint: DrainCheckpoint = checkpoint_of(node)?;
-    if checkpoint.action.instance_id != instance_id {
-        return None;
+impl Restored {
+    /// The report of `record` ended with `undone` undone (`None`: the record did not say
+    /// what the drain changed).
+    pub(crate) fn of(record: &DrainCheckpoint, undone: Option<Undone>) -> Self {
+        Self {
+            went_to_pool_at: record.to_warm_pool_at.map(|t| t.to_string()),
+            unknown_changes: undone.is_none(),
+            undone: undone.unwrap_or_default(),
+        }
     }
-    let (patch, undone) = undo_record_patch(node, &checkpoint);
-    let restored = Restored {
-        went_to_pool_at: checkpoint.to_warm_pool_at.map(|t| t.to_string()),
-        unknown_changes: undone.is_none(),
-        undone: undone.unwrap_or_default(),
-    };
-    Some((patch, restored))
+}
+
+/// The drain record a node back from the warm pool loses as its launch completes with
+/// `CONTINUE`, as the reconciler's one rule for a lifecycle drain's end decides it
+/// ([`desired::at_return_from_warm_pool`]); `None`: nothing of ours for the launch to end.
+pub(crate) fn record_to_end(node: &Node, now: jiff::Timestamp) -> Option<Box<DrainCheckpoint>> {
+    match desired::at_return_from_warm_pool(&NodeMarks::of(node), now)? {
+        Action::UndoDrainRecord { record, .. } => Some(record),
+        _ => None,
+    }
 }
 
 /// The outcome of [`restore_returning_node`].
@@ -113,36 +116,31 @@ pub(crate) fn restore_patch(node: &Node, instance_id: &str) -> Option<(Value, Re
 pub enum Restore {
     /// Our drain was undone; the node as written.
     Restored { node: Box<Node>, restored: Restored },
-    /// The node carries no drain checkpoint of ours for this instance: left as it is.
+    /// The node carries no drain record of ours for the launch to end, or it changed
+    /// meanwhile (or the node was deleted): left as it is.
     NothingOfOurs,
-    /// The node was deleted meanwhile.
-    NodeGone,
 }
 
-/// Undoes our drain on the node of `instance_id`, which came back from the warm pool, in one
-/// conditional write; on a conflict (the kubelet updates the node often) reads it again and
-/// recomputes. Safe to repeat: once the checkpoint is gone there is nothing of ours left.
+/// Ends the lifecycle drain's record on the node of an instance back from the warm pool,
+/// through the reconciler's one writer ([`converge::undo_drain_record`]: one conditional
+/// write of exactly what the record says we did). Safe to repeat: once the record is gone
+/// there is nothing of ours left.
 pub(crate) async fn restore_returning_node(
     nodes: &Api<Node>,
     node: Node,
-    instance_id: &str,
 ) -> Result<Restore, kube::Error> {
-    let patched = patch_recomputing(
-        nodes,
-        node,
-        Reread::Get,
-        "its drain was being undone",
-        |node| match restore_patch(node, instance_id) {
-            Some((patch, restored)) => PatchStep::Write(patch, restored),
-            None => PatchStep::Stop(()),
+    let Some(record) = record_to_end(&node, jiff::Timestamp::now()) else {
+        return Ok(Restore::NothingOfOurs);
+    };
+    Ok(
+        match converge::undo_drain_record(nodes, node, &record).await? {
+            RecordUndo::Undone(node, undone) => Restore::Restored {
+                node,
+                restored: Restored::of(&record, undone),
+            },
+            RecordUndo::Left => Restore::NothingOfOurs,
         },
     )
-    .await?;
-    Ok(match patched {
-        Patched::Written(node, restored) => Restore::Restored { node, restored },
-        Patched::Stopped(()) => Restore::NothingOfOurs,
-        Patched::NodeGone => Restore::NodeGone,
-    })
 }
 
 #[cfg(test)]
@@ -158,10 +156,19 @@ mod tests {
     use crate::node_marks::EXCLUDE_FROM_LOAD_BALANCERS_LABEL;
     use crate::node_marks::MARKED_LABEL;
     use crate::node_marks::checkpoint::CHECKPOINT_ANNOTATION;
+    use crate::node_marks::checkpoint::undo_record_patch;
     use crate::node_marks::checkpoint::{AddedTaint, OutOfService};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     const INSTANCE: &str = "i-0123456789abcdef0";
+
+    /// The patch the launch's undo writes on `node` (the record the one rule ends, and
+    /// exactly what it did), and its report; `None`: nothing for the launch to end.
+    fn restore_patch(node: &Node) -> Option<(Value, Restored)> {
+        let record = record_to_end(node, Timestamp::now())?;
+        let (patch, undone) = undo_record_patch(node, &record);
+        Some((patch, Restored::of(&record, undone)))
+    }
 
     fn checkpoint(instance_id: &str, out_of_service: Option<OutOfService>) -> String {
         let action = LifecycleActionRef {
@@ -191,6 +198,7 @@ mod tests {
                 "labels": {EXCLUDE_FROM_LOAD_BALANCERS_LABEL: "true", "team": "a"},
             },
             "spec": {
+                "providerID": format!("aws:///us-east-1a/{INSTANCE}"),
                 "unschedulable": true,
                 "taints": [
                     {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
@@ -219,7 +227,7 @@ mod tests {
     #[test]
     fn undoes_exactly_what_the_drain_recorded_in_one_conditional_patch() {
         let node = drained_node(Some(checkpoint(INSTANCE, Some(everything()))));
-        let (patch, restored) = restore_patch(&node, INSTANCE).unwrap();
+        let (patch, restored) = restore_patch(&node).unwrap();
         assert_eq!(
             patch,
             json!({
@@ -253,7 +261,7 @@ mod tests {
             ..OutOfService::default()
         };
         let node = drained_node(Some(checkpoint(INSTANCE, Some(only_label))));
-        let (patch, restored) = restore_patch(&node, INSTANCE).unwrap();
+        let (patch, restored) = restore_patch(&node).unwrap();
         assert!(patch.get("spec").is_none(), "{patch}");
         assert!(!restored.undone.uncordoned && restored.undone.unlabelled);
         assert_eq!(restored.undone.untainted, None);
@@ -262,7 +270,7 @@ mod tests {
     #[test]
     fn a_checkpoint_without_the_record_only_loses_the_annotation() {
         let node = drained_node(Some(checkpoint(INSTANCE, None)));
-        let (patch, restored) = restore_patch(&node, INSTANCE).unwrap();
+        let (patch, restored) = restore_patch(&node).unwrap();
         assert_eq!(
             patch,
             json!({"metadata": {"resourceVersion": "42", "annotations": {CHECKPOINT_ANNOTATION: null}}})
@@ -272,11 +280,49 @@ mod tests {
 
     #[test]
     fn a_node_without_our_checkpoint_for_this_instance_is_left_alone() {
-        assert_eq!(restore_patch(&drained_node(None), INSTANCE), None);
+        assert_eq!(restore_patch(&drained_node(None)), None);
         let other = drained_node(Some(checkpoint("i-0fedcba9876543210", Some(everything()))));
-        assert_eq!(restore_patch(&other, INSTANCE), None);
+        assert_eq!(restore_patch(&other), None);
         let unreadable = drained_node(Some("{not json".into()));
-        assert_eq!(restore_patch(&unreadable, INSTANCE), None);
+        assert_eq!(restore_patch(&unreadable), None);
+    }
+
+    /// The launch ends a lifecycle drain's record by the reconciler's own gate: not one a
+    /// drain holds right now (left to it, then to the reconciler), and not a notice drain's
+    /// (whether its reason stands is AWS's answer, the reconciler's to ask).
+    #[test]
+    fn a_held_or_notice_record_is_not_the_launchs_to_end() {
+        let action = LifecycleActionRef {
+            auto_scaling_group_name: "g".into(),
+            lifecycle_hook_name: "h".into(),
+            instance_id: INSTANCE.into(),
+            token: "t".into(),
+        };
+        let mut held = DrainCheckpoint::start(
+            &action,
+            Timestamp::now(),
+            Duration::from_secs(900),
+            "req",
+            Duration::from_secs(60),
+        );
+        held.out_of_service = Some(everything());
+        assert_eq!(restore_patch(&drained_node(Some(held.to_json()))), None);
+        let released = held.released(Timestamp::now());
+        assert!(restore_patch(&drained_node(Some(released.to_json()))).is_some());
+
+        let notice = crate::node_marks::checkpoint::notice_action("g", INSTANCE);
+        let mut notice_record = DrainCheckpoint::start(
+            &notice,
+            Timestamp::UNIX_EPOCH,
+            Duration::from_secs(900),
+            "req",
+            Duration::from_secs(60),
+        );
+        notice_record.out_of_service = Some(everything());
+        assert_eq!(
+            restore_patch(&drained_node(Some(notice_record.to_json()))),
+            None
+        );
     }
 
     /// The common label the reconciler lists marked nodes by goes with our last mark, in the
@@ -286,7 +332,7 @@ mod tests {
         let mut node = drained_node(Some(checkpoint(INSTANCE, Some(everything()))));
         let labels = node.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(MARKED_LABEL.into(), "true".into());
-        let (patch, _) = restore_patch(&node, INSTANCE).unwrap();
+        let (patch, _) = restore_patch(&node).unwrap();
         assert_eq!(
             patch["metadata"]["labels"][MARKED_LABEL],
             Value::Null,
@@ -311,7 +357,7 @@ mod tests {
                 crate::node_marks::maintenance::MAINTENANCE_ANNOTATION.into(),
                 serde_json::to_string(&plan).unwrap(),
             );
-        let (patch, _) = restore_patch(&node, INSTANCE).unwrap();
+        let (patch, _) = restore_patch(&node).unwrap();
         assert!(
             patch["metadata"]["labels"].get(MARKED_LABEL).is_none(),
             "{patch}"
@@ -324,7 +370,7 @@ mod tests {
         node.spec.as_mut().unwrap().unschedulable = Some(false);
         node.spec.as_mut().unwrap().taints = None;
         node.metadata.labels = None;
-        let (patch, restored) = restore_patch(&node, INSTANCE).unwrap();
+        let (patch, restored) = restore_patch(&node).unwrap();
         assert!(patch.get("spec").is_none() && patch["metadata"].get("labels").is_none());
         assert!(
             !restored.undone.uncordoned

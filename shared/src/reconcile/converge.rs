@@ -13,6 +13,7 @@ use super::desired::Action;
 use crate::node_marks::checkpoint::{DrainCheckpoint, checkpoint_of, undo_record_patch};
 use crate::node_marks::maintenance::{MaintenanceRecord, clear_maintenance, replan_maintenance};
 use crate::node_marks::marks::NodeMarks;
+use crate::node_marks::out_of_service::Undone;
 use crate::node_marks::refresh::unmark_node;
 use crate::node_marks::shutdown::lift_shutdown_taint;
 use crate::node_marks::{MARKED_LABEL, PatchStep, Patched, Reread, patch_recomputing};
@@ -60,8 +61,10 @@ async fn apply_to(
         }
         Action::UndoDrainRecord { record, why } => {
             Ok(match undo_drain_record(nodes, node, record).await? {
-                Some(undone) => described(why, &undone),
-                None => "the record changed meanwhile: left".to_owned(),
+                RecordUndo::Undone(_, undone) => {
+                    described(why, &undone.unwrap_or_default().items())
+                }
+                RecordUndo::Left => "the record changed meanwhile: left".to_owned(),
             })
         }
         Action::LiftShutdownTaint { record, why } => {
@@ -108,24 +111,35 @@ fn described(why: &str, undone: &[String]) -> String {
     }
 }
 
-/// Undoes what `record` says the drain did and removes it, if the node still
-/// carries exactly `record`; what was undone, `None` when it did not.
-async fn undo_drain_record(
+/// What undoing a drain record came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordUndo {
+    /// Written: the node as written, and what was undone (`None`: the record does not say
+    /// what the drain changed, written by an older version; only the record went).
+    Undone(Box<Node>, Option<Undone>),
+    /// The node no longer carries exactly that record, or is gone: nothing written.
+    Left,
+}
+
+/// Undoes what `record` says the drain did and removes it, if the node still carries
+/// exactly `record`: the one write that ends a drain record, whoever decided it (the
+/// reconciler, the launching hook on a return from the warm pool).
+pub async fn undo_drain_record(
     nodes: &Api<Node>,
     node: Node,
     record: &DrainCheckpoint,
-) -> Result<Option<Vec<String>>, kube::Error> {
+) -> Result<RecordUndo, kube::Error> {
     let written = patch_recomputing(nodes, node, Reread::Get, "undoing a drain record", |node| {
         if checkpoint_of(node).as_ref() != Some(record) {
             return PatchStep::Stop(());
         }
         let (patch, undone) = undo_record_patch(node, record);
-        PatchStep::Write(patch, undone.unwrap_or_default().items())
+        PatchStep::Write(patch, undone)
     })
     .await?;
     Ok(match written {
-        Patched::Written(_, items) => Some(items),
-        Patched::Stopped(()) | Patched::NodeGone => None,
+        Patched::Written(node, undone) => RecordUndo::Undone(node, undone),
+        Patched::Stopped(()) | Patched::NodeGone => RecordUndo::Left,
     })
 }
 

@@ -296,12 +296,11 @@ fn for_checkpoint(
     policy: &Policy,
     now: Timestamp,
 ) -> Option<Action> {
-    let same_instance = marks.instance_id.as_deref() == Some(&checkpoint.action.instance_id);
-    if !same_instance || checkpoint.lease.held_by_other("", now) {
+    if !record_open_to_change(checkpoint, marks, now) {
         return None;
     }
     if !checkpoint.action.is_notice() {
-        return back_in_service(checkpoint, marks, facts);
+        return back_in_service(checkpoint, facts);
     }
     let notice = checkpoint.notice.as_ref()?;
     if checkpoint.completed_at.is_some() {
@@ -317,15 +316,10 @@ fn for_checkpoint(
 /// A lifecycle drain's record names a terminating lifecycle action, which exists only while
 /// Auto Scaling holds the instance in a `*:Wait` state on its way out. Once Auto Scaling
 /// reports the instance `InService` and EC2 running, that action is over and the instance
-/// stays (a return from the warm pool whose launch notification was lost, or whose
-/// launching hook failed or timed out with `CONTINUE`): the record and what it did go, as
-/// soon as the node is Ready. A record of a later action (another token) is another record:
-/// the write is conditional on this one.
-fn back_in_service(
-    checkpoint: &DrainCheckpoint,
-    marks: &NodeMarks,
-    facts: &AwsFacts,
-) -> Option<Action> {
+/// stays: the record ends by [`lifecycle_drain_ends`], seen after the fact (the launch out of
+/// the warm pool was lost, or its launching hook failed). A record of a later action (another
+/// token) is another record: the write is conditional on this one.
+fn back_in_service(checkpoint: &DrainCheckpoint, facts: &AwsFacts) -> Option<Action> {
     let unchecked = |why| {
         Some(Action::Unchecked {
             mark: "lifecycle-drain",
@@ -340,17 +334,66 @@ fn back_in_service(
         return None;
     }
     match facts.instance.known() {
-        Err(why) => return unchecked(why),
-        Ok(Some(instance)) if instance.state.as_deref() == Some("running") => {}
-        Ok(_) => return None,
+        Err(why) => unchecked(why),
+        Ok(Some(instance)) if instance.state.as_deref() == Some("running") => Some(
+            lifecycle_drain_ends(checkpoint, BackInService::ListedInService),
+        ),
+        Ok(_) => None,
     }
-    marks.ready.then(|| Action::UndoDrainRecord {
+}
+
+/// How a lifecycle drain's instance is seen going back into service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackInService {
+    /// The launching hook is about to complete the instance's launch out of the warm pool
+    /// with `CONTINUE`: its node is Ready, or the launch timeout passed (the instance goes
+    /// into service either way).
+    LaunchCompleting,
+    /// Auto Scaling lists the instance `InService` and EC2 `running`: the same transition
+    /// after the fact, for the reconciler.
+    ListedInService,
+}
+
+/// The one rule for the end of a lifecycle drain's record: it goes, with what it did, when
+/// its instance goes back into service (a return from the warm pool), however that is seen.
+/// Whether the node is Ready does not matter: the instance serves from then on, and a
+/// NotReady node takes no pods anyway.
+pub fn lifecycle_drain_ends(checkpoint: &DrainCheckpoint, seen: BackInService) -> Action {
+    let action = &checkpoint.action;
+    let how = match seen {
+        BackInService::LaunchCompleting => "its launch out of the warm pool completes",
+        BackInService::ListedInService => "Auto Scaling lists it InService and EC2 running",
+    };
+    Action::UndoDrainRecord {
         record: Box::new(checkpoint.clone()),
         why: format!(
-            "Auto Scaling put instance {} back in service (lifecycle action of hook {} over), and the node is Ready",
-            checkpoint.action.instance_id, checkpoint.action.lifecycle_hook_name
+            "instance {} is back in service ({how}): lifecycle action of hook {} over",
+            action.instance_id, action.lifecycle_hook_name
         ),
-    })
+    }
+}
+
+/// What the launching hook, about to complete a launch out of the warm pool with
+/// `CONTINUE`, must converge the returning node to: its lifecycle drain's record ended by
+/// [`lifecycle_drain_ends`], when the record is of this instance and no drain holds it (the
+/// same gate as the reconciler's). Other marks are not the launch's to judge: the
+/// reconciler's next run does.
+pub fn at_return_from_warm_pool(marks: &NodeMarks, now: Timestamp) -> Option<Action> {
+    let checkpoint = marks.checkpoint.as_ref()?;
+    if !record_open_to_change(checkpoint, marks, now) || checkpoint.action.is_notice() {
+        return None;
+    }
+    Some(lifecycle_drain_ends(
+        checkpoint,
+        BackInService::LaunchCompleting,
+    ))
+}
+
+/// Whether a drain record may be changed by a decision: it is of the node's own instance
+/// and no drain holds its lease (a drain at work is left to its invocation).
+fn record_open_to_change(checkpoint: &DrainCheckpoint, marks: &NodeMarks, now: Timestamp) -> bool {
+    marks.instance_id.as_deref() == Some(&checkpoint.action.instance_id)
+        && !checkpoint.lease.held_by_other("", now)
 }
 
 /// A completed notice drain: once the instance runs again, its group is not terminating

@@ -423,13 +423,18 @@ fn a_lifecycle_drain_record_goes_once_auto_scaling_put_the_instance_back_in_serv
     };
     assert_eq!(**undone, record, "exactly the record decided on");
 
+    // This asserted that a node not Ready keeps the record. The launching hook ends it at
+    // its launch timeout with `CONTINUE`, Ready or not (the instance goes into service either
+    // way: issue #24 item 3), so the reconciler, seeing the same transition after the fact,
+    // decides it the same way now: one rule for the end of a lifecycle drain's record
+    // (`lifecycle_drain_ends`, issue #43's "no second rule for any transition").
     let not_ready = NodeMarks {
         ready: false,
         ..node.clone()
     };
     assert_eq!(
         desired(&not_ready, &running(false), &POLICY, at(600)),
-        vec![]
+        desired(&node, &running(false), &POLICY, at(600))
     );
     let stopped = AwsFacts {
         instance: Fact::Known(Some(InstanceFacts {
@@ -456,6 +461,55 @@ fn a_lifecycle_drain_record_goes_once_auto_scaling_put_the_instance_back_in_serv
         names(&desired(&other_instance, &running(false), &POLICY, at(600))),
         Vec::<&str>::new()
     );
+}
+
+/// The launching hook (a launch out of the warm pool completing) and the reconciler (the
+/// instance listed `InService`, EC2 running) end a lifecycle drain's record by one rule:
+/// for every node, the same record ends or stays.
+#[test]
+fn the_launch_and_the_sweep_end_a_lifecycle_record_alike() {
+    let record = lifecycle_record();
+    let node = NodeMarks {
+        checkpoint: Some(record.clone()),
+        ..marks()
+    };
+    let variants = [
+        node.clone(),
+        NodeMarks {
+            ready: false,
+            ..node.clone()
+        },
+        NodeMarks {
+            checkpoint: Some(record.renewed("req-2", at(590), Duration::from_secs(60))),
+            ..node.clone()
+        },
+        NodeMarks {
+            instance_id: Some("i-0ffffffffffffffff".into()),
+            ..node.clone()
+        },
+        NodeMarks {
+            checkpoint: None,
+            ..node
+        },
+    ];
+    let ended = |actions: Vec<Action>| -> Vec<DrainCheckpoint> {
+        actions
+            .into_iter()
+            .filter_map(|a| match a {
+                Action::UndoDrainRecord { record, .. } => Some(*record),
+                _ => None,
+            })
+            .collect()
+    };
+    for variant in variants {
+        let by_launch = ended(
+            crate::reconcile::desired::at_return_from_warm_pool(&variant, at(600))
+                .into_iter()
+                .collect(),
+        );
+        let by_sweep = ended(desired(&variant, &running(false), &POLICY, at(600)));
+        assert_eq!(by_launch, by_sweep, "{variant:?}");
+    }
 }
 
 // Issue #43 item 2: a rebalance drain (`REBALANCE_ACTION=drain`) is undone like a cordon once
