@@ -35,9 +35,9 @@ use crate::lifecycle::scope::{ScopeDecision, managed_node_group};
 use crate::lifecycle::settings::DrainSettings;
 use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, notice_action};
 use crate::node_marks::maintenance::{
-    MaintenanceRecord, PlannedMaintenance, ScheduledEventRef, announced_event, clear_maintenance,
-    plan_maintenance,
+    MaintenanceRecord, PlannedMaintenance, ScheduledEventRef, announced_event, plan_maintenance,
 };
+use crate::reconcile::converge::drop_maintenance_plan;
 use crate::reconcile::run::reconcile_node;
 use crate::reconcile::{KnownInstances, NodeMarks, after_event};
 
@@ -419,7 +419,7 @@ where
                 .await
                 .map_err(|source| kube_error(&name, source))?;
             if let Some(fresh) = fresh {
-                clear_maintenance(client, fresh, &record)
+                drop_maintenance_plan(client, fresh, &record)
                     .await
                     .map_err(|source| kube_error(&name, source))?;
             }

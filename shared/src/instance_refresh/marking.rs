@@ -16,9 +16,8 @@ use super::plan::MarkPlan;
 use super::room::{RoomDecision, choose};
 use crate::cluster::pages::Pages;
 use crate::lifecycle::node::node_instance_id;
-use crate::node_marks::refresh::{
-    MarkAs, Marked, REFRESH_LABEL, mark_node, refresh_marks_of, unmark_node,
-};
+use crate::node_marks::refresh::{MarkAs, Marked, REFRESH_LABEL, mark_node, refresh_marks_of};
+use crate::reconcile::converge::remove_refresh_marks;
 
 /// Objects per page of a list.
 const PAGE_SIZE: u32 = 500;
@@ -293,7 +292,7 @@ async fn unmark_one(
     failures: &mut Vec<String>,
 ) {
     let name = node.metadata.name.clone().unwrap_or_default();
-    match unmark_node(nodes, node.clone(), refresh_id).await {
+    match remove_refresh_marks(nodes, node.clone(), refresh_id).await {
         Ok(Some(undone)) => report.unmarked.push(UnmarkedNode {
             node: name,
             instance_refresh_id: refresh_id.to_owned(),

@@ -1,7 +1,8 @@
 //! What our functions leave on a Node and read back, shared by the three that touch nodes:
 //! the drain takes a node out of service and records what it did in its checkpoint
-//! ([`checkpoint`]); the launching hook undoes exactly that on a node back from a warm pool;
-//! node repair sees a drain at work by it. Also the pieces every Event about a Node shares
+//! ([`checkpoint`]); exactly that is undone when the record ends, always through the
+//! reconciler's writer ([`crate::reconcile::converge`]); node repair sees a drain at work by
+//! it. Also the pieces every Event about a Node shares
 //! ([`events`]), every mark of ours one node carries read at once ([`marks`]), and the rule
 //! for writing a Node against concurrent changes.
 

@@ -1,5 +1,8 @@
 //! Applies one node's [`Action`]s that change marks (the drains are the terminating hook's
-//! notice feature's, [`crate::instance_notice::sweep`]). Every write reads the node again
+//! notice feature's, [`crate::instance_notice::sweep`]), and is the one place a record of
+//! ours is ended: a feature that sees a record's end at once (the launching hook on a return
+//! from the warm pool, a refresh's end event, a maintenance drain that ran) writes it through
+//! the functions here, never the record's own module. Every write reads the node again
 //! and is conditional on its `resourceVersion`, recomputed on conflicts: what is undone is
 //! only what the record says we did, only where it is still in place, and only while the
 //! record is the one the decision was made on (a drain that took it over meanwhile keeps
@@ -54,7 +57,7 @@ async fn apply_to(
 ) -> Result<String, kube::Error> {
     match action {
         Action::RemoveRefreshMarks { refresh_id, why } => {
-            Ok(match unmark_node(nodes, node, refresh_id).await? {
+            Ok(match remove_refresh_marks(nodes, node, refresh_id).await? {
                 Some(undone) => described(why, &undone.items()),
                 None => "no longer on the node".to_owned(),
             })
@@ -74,7 +77,7 @@ async fn apply_to(
             })
         }
         Action::DropMaintenancePlan { record, why } => {
-            clear_maintenance(client, node, record).await?;
+            drop_maintenance_plan(client, node, record).await?;
             Ok(why.clone())
         }
         Action::ReplanMaintenance {
@@ -109,6 +112,29 @@ fn described(why: &str, undone: &[String]) -> String {
     } else {
         format!("{why}: {}", undone.join(", "))
     }
+}
+
+/// Ends an instance refresh's record on `node`: its marks undone (only what the record says,
+/// only where still in place) and the record removed; `None` when the node no longer carries
+/// it. The reconciler's write, and the refresh's own at its end event (one rule decides both:
+/// [`crate::reconcile::desired::refresh_in_progress`]).
+pub async fn remove_refresh_marks(
+    nodes: &Api<Node>,
+    node: Node,
+    refresh_id: &str,
+) -> Result<Option<Undone>, kube::Error> {
+    unmark_node(nodes, node, refresh_id).await
+}
+
+/// Removes a maintenance plan from `node`, if it is still `record`: its reason is gone (the
+/// reconciler), or the drain it planned has run (the notice's drain, which the plan stood
+/// for).
+pub async fn drop_maintenance_plan(
+    client: &kube::Client,
+    node: Node,
+    record: &MaintenanceRecord,
+) -> Result<(), kube::Error> {
+    clear_maintenance(client, node, record).await
 }
 
 /// What undoing a drain record came to.
