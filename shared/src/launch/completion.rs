@@ -211,8 +211,8 @@ impl<C: HookClients> Launcher<C> {
     }
 
     /// Back from the warm pool, not Ready within the launch timeout, about to be completed
-    /// with CONTINUE: undo the scale-in's drain all the same (the instance goes into service;
-    /// the scheduler keeps pods off the node while it is NotReady). `node` is the node as the
+    /// with CONTINUE: the scale-in's drain ends all the same (the instance goes into service;
+    /// the scheduler keeps pods off the node while it is NotReady), by the same rule. `node` is the node as the
     /// wait last saw it; when it saw none, the node is looked up afresh. When the cluster has
     /// no node of the instance, nothing of ours is left to undo: the drain's marks live only
     /// on that Node object, and a Node the kubelet registers afresh has none of them. A
@@ -244,8 +244,10 @@ impl<C: HookClients> Launcher<C> {
         Ok((Some(node), restored))
     }
 
-    /// Back from the warm pool with a Ready node: undo the scale-in's drain if the node carries
-    /// ours, before the action completes (the group counts the instance in service from then).
+    /// Back from the warm pool, the launch about to complete with CONTINUE (its node Ready, or
+    /// the launch timeout passed): end the scale-in's drain record by the reconciler's rule
+    /// and writer ([`restore_returning_node`]), before the action completes (the group counts
+    /// the instance in service from then).
     pub(super) async fn restore(
         &self,
         client: &kube::Client,

@@ -170,20 +170,31 @@ mod tests {
         Some((patch, Restored::of(&record, undone)))
     }
 
-    fn checkpoint(instance_id: &str, out_of_service: Option<OutOfService>) -> String {
-        let action = LifecycleActionRef {
-            auto_scaling_group_name: "g".into(),
-            lifecycle_hook_name: "h".into(),
-            instance_id: instance_id.into(),
-            token: "t".into(),
-        };
-        let mut checkpoint = DrainCheckpoint::start(
-            &action,
-            Timestamp::UNIX_EPOCH,
+    /// A drain record of `action` started at `at`, held by its invocation, that took the node
+    /// out of service.
+    fn record(action: &LifecycleActionRef, at: Timestamp) -> DrainCheckpoint {
+        let mut record = DrainCheckpoint::start(
+            action,
+            at,
             Duration::from_secs(900),
             "req",
             Duration::from_secs(60),
         );
+        record.out_of_service = Some(everything());
+        record
+    }
+
+    fn lifecycle_action(instance_id: &str) -> LifecycleActionRef {
+        LifecycleActionRef {
+            auto_scaling_group_name: "g".into(),
+            lifecycle_hook_name: "h".into(),
+            instance_id: instance_id.into(),
+            token: "t".into(),
+        }
+    }
+
+    fn checkpoint(instance_id: &str, out_of_service: Option<OutOfService>) -> String {
+        let mut checkpoint = record(&lifecycle_action(instance_id), Timestamp::UNIX_EPOCH);
         checkpoint.out_of_service = out_of_service;
         checkpoint.completed_at = Some(Timestamp::UNIX_EPOCH);
         checkpoint.to_warm_pool_at = Some(Timestamp::UNIX_EPOCH);
@@ -292,33 +303,13 @@ mod tests {
     /// (whether its reason stands is AWS's answer, the reconciler's to ask).
     #[test]
     fn a_held_or_notice_record_is_not_the_launchs_to_end() {
-        let action = LifecycleActionRef {
-            auto_scaling_group_name: "g".into(),
-            lifecycle_hook_name: "h".into(),
-            instance_id: INSTANCE.into(),
-            token: "t".into(),
-        };
-        let mut held = DrainCheckpoint::start(
-            &action,
-            Timestamp::now(),
-            Duration::from_secs(900),
-            "req",
-            Duration::from_secs(60),
-        );
-        held.out_of_service = Some(everything());
+        let held = record(&lifecycle_action(INSTANCE), Timestamp::now());
         assert_eq!(restore_patch(&drained_node(Some(held.to_json()))), None);
         let released = held.released(Timestamp::now());
         assert!(restore_patch(&drained_node(Some(released.to_json()))).is_some());
 
         let notice = crate::node_marks::checkpoint::notice_action("g", INSTANCE);
-        let mut notice_record = DrainCheckpoint::start(
-            &notice,
-            Timestamp::UNIX_EPOCH,
-            Duration::from_secs(900),
-            "req",
-            Duration::from_secs(60),
-        );
-        notice_record.out_of_service = Some(everything());
+        let notice_record = record(&notice, Timestamp::UNIX_EPOCH);
         assert_eq!(
             restore_patch(&drained_node(Some(notice_record.to_json()))),
             None
