@@ -35,7 +35,8 @@ use crate::lifecycle::scope::{ScopeDecision, managed_node_group};
 use crate::lifecycle::settings::DrainSettings;
 use crate::node_marks::checkpoint::{InstanceNotice, NoticeKind, notice_action};
 use crate::node_marks::maintenance::{
-    MaintenanceRecord, PlannedMaintenance, ScheduledEventRef, announced_event, plan_maintenance,
+    MaintenanceRecord, PlannedMaintenance, ScheduledEventRef, announced_event, drain_from,
+    plan_maintenance,
 };
 use crate::reconcile::converge::drop_maintenance_plan;
 use crate::reconcile::run::reconcile_node;
@@ -710,9 +711,7 @@ fn maintenance_plan(
         );
     };
     let event = ScheduledEventRef::of(event, Some(type_code));
-    let drain_from = first
-        .checked_sub(settings.notices.maintenance_margin)
-        .unwrap_or(first);
+    let drain_from = drain_from(first, settings.notices.maintenance_margin);
     if now >= first {
         return Plan::Nothing("Past", format!("{type_code} started at {first}"));
     }

@@ -272,6 +272,13 @@ pub struct MaintenanceRecord {
     pub event: Option<ScheduledEventRef>,
 }
 
+/// When the drain for a maintenance starting at `starts_at` is due:
+/// `MAINTENANCE_DRAIN_MARGIN_SECONDS` (`margin`) before it. The one formula for the plan the
+/// Health event writes and for the plan the reconciler moves when EC2 reschedules.
+pub fn drain_from(starts_at: Timestamp, margin: std::time::Duration) -> Timestamp {
+    starts_at.checked_sub(margin).unwrap_or(starts_at)
+}
+
 impl MaintenanceRecord {
     pub fn of(node: &Node) -> Option<Self> {
         let raw = node

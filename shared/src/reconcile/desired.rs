@@ -15,7 +15,7 @@ use super::notice_kinds::{Stands, rules};
 use crate::aws::{InstanceFacts, ScheduledInstanceEvent, marked_for_interruption};
 use crate::instance_notice::event::SPOT_NOTICE;
 use crate::node_marks::checkpoint::{DrainCheckpoint, InstanceNotice, NoticeKind};
-use crate::node_marks::maintenance::{MaintenanceRecord, ScheduledEventRef};
+use crate::node_marks::maintenance::{MaintenanceRecord, ScheduledEventRef, drain_from};
 use crate::node_marks::marks::NodeMarks;
 use crate::node_marks::refresh::RefreshMarks;
 use crate::node_marks::shutdown::ShutdownRecord;
@@ -662,9 +662,7 @@ fn for_maintenance(
     let mut current = plan.clone();
     if starts_at != plan.starts_at {
         current.starts_at = starts_at;
-        current.drain_from = starts_at
-            .checked_sub(policy.maintenance_margin)
-            .unwrap_or(starts_at);
+        current.drain_from = drain_from(starts_at, policy.maintenance_margin);
         actions.push(Action::ReplanMaintenance {
             record: plan.clone(),
             starts_at: current.starts_at,
