@@ -87,9 +87,7 @@ impl Restored {
         items.push("drain checkpoint removed".to_owned());
         items.join(", ")
     }
-}
 
-impl Restored {
     /// The report of `record` ended with `undone` undone (`None`: the record did not say
     /// what the drain changed).
     pub(crate) fn of(record: &DrainCheckpoint, undone: Option<Undone>) -> Self {
