@@ -449,10 +449,10 @@ pub(super) fn may_need_spot_drain(marks: &NodeMarks) -> bool {
 /// while it still runs: its drain is due now, whether or not the warning arrived.
 fn spot_interruption(marks: &NodeMarks, facts: &AwsFacts, now: Timestamp) -> Option<Action> {
     if !may_need_spot_drain(marks)
-        || marks.checkpoint.as_ref().is_some_and(|c| {
-            c.lease.held_by_other("", now)
-                || marks.instance_id.as_deref() != Some(&c.action.instance_id)
-        })
+        || marks
+            .checkpoint
+            .as_ref()
+            .is_some_and(|c| !record_open_to_change(c, marks, now))
     {
         return None;
     }
