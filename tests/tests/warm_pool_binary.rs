@@ -522,6 +522,30 @@ async fn a_node_back_from_the_warm_pool_whose_launch_was_lost_is_restored_ready_
     sweep_after_a_lost_launch(None).await;
 }
 
+/// Waits (10 s at most) for the launch action nobody answers to time out with `CONTINUE`,
+/// putting the instance in service.
+async fn launch_times_out_into_service(w: &FunctionWorld) {
+    let launch_timed_out =
+        || {
+            w.aws.autoscaling().completions().into_iter().find(|c| {
+                c.instance_id == w.instance && c.transition == LifecycleTransition::Launching
+            })
+        };
+    let started = Instant::now();
+    while launch_timed_out().is_none() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let timed_out = launch_timed_out().expect("the launch action times out");
+    assert_eq!(timed_out.result, LifecycleActionResult::Continue);
+    assert_eq!(
+        w.aws
+            .autoscaling()
+            .instance_state(GROUP, &w.instance)
+            .as_deref(),
+        Some("InService")
+    );
+}
+
 /// Scales the instance in to a stopped pool, back out with nobody answering its launch (the
 /// node turning Ready `ready_after` the start, or never), waits for the launch action to time
 /// out into service, then runs the sweep: it must undo exactly the drain, once.
@@ -547,24 +571,7 @@ async fn sweep_after_a_lost_launch(ready_after: Option<Duration>) {
         .await
         .unwrap();
     assert_eq!(corpus::message_of(&lost)["Origin"], "WarmPool");
-    let launch_timed_out = || {
-        aws.autoscaling()
-            .completions()
-            .into_iter()
-            .find(|c| c.instance_id == w.instance && c.transition == LifecycleTransition::Launching)
-    };
-    let started = Instant::now();
-    while launch_timed_out().is_none() && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let timed_out = launch_timed_out().expect("the launch action times out");
-    assert_eq!(timed_out.result, LifecycleActionResult::Continue);
-    assert_eq!(
-        aws.autoscaling()
-            .instance_state(GROUP, &w.instance)
-            .as_deref(),
-        Some("InService")
-    );
+    launch_times_out_into_service(&w).await;
     let ready = |store: &node_manager_testkit::kube::Store| {
         store
             .find::<Node>("", &w.node)
